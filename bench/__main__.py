@@ -1,0 +1,63 @@
+"""python -m bench run | paths | profiles"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from bench.paths import PATHS, paths_for
+from bench.profiles import PROFILES, get_profile
+from shapes.catalog import catalog, select
+from shapes.errors import run_cli
+from shapes.grid import parse_m
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench", description="GPU and host time of BF16 GEMM paths.")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p_run = sub.add_parser("run", help="sweep the shape catalog x M grid x paths on this GPU")
+    p_run.add_argument("--gpu", required=True, help=f"GPU profile: {', '.join(PROFILES)}")
+    p_run.add_argument("--shapes", help="comma list of shape names (n2048_k4096) or NxK; default: the whole catalog")
+    p_run.add_argument("--model", help="only the shapes of one model")
+    p_run.add_argument("--tp", type=int, default=1, help="tensor-parallel degree of the catalog (default 1)")
+    p_run.add_argument("--m", help="M values: 1,8,32 or 1-16384 (powers of two) or 64:512:64; default: the full grid")
+    p_run.add_argument("--paths", help=f"comma list of paths (default: the profile's); known: {', '.join(PATHS)}")
+    p_run.add_argument("--out", default="results/latest", help="output folder (default results/latest)")
+    p_run.add_argument("--resume", action="store_true", help="continue an interrupted sweep in --out")
+    p_run.add_argument("--timer", choices=("cupti", "events"), default="cupti",
+                       help="GPU timer: CUPTI kernel records (default) or CUDA events only")
+    p_run.add_argument("--samples", type=int, default=15, help="timed graph replays per path and cell (default 15)")
+    p_run.add_argument("--warm-l2", action="store_true", help="no input rotation: time with a warm L2")
+    p_run.add_argument("--no-tune", action="store_true", help="skip FlashInfer's autotuner (time its default tactics)")
+    p_run.add_argument("--allow-mismatch", action="store_true", help="run although the GPU is not the profile's")
+    sub.add_parser("paths", help="list the path registry")
+    sub.add_parser("profiles", help="list the GPU profiles")
+    args = parser.parse_args(argv)
+
+    if args.cmd == "paths":
+        for p in PATHS.values():
+            sms = "any" if p.sms is None else "/".join(map(str, p.sms))
+            print(f"{p.name:22s} SM {sms:24s} {p.note}")
+        return 0
+    if args.cmd == "profiles":
+        for p in PROFILES.values():
+            print(f"{p.name:6s} SM{p.sm} {p.name_pattern:6s} backends={','.join(p.flashinfer_backends)} "
+                  f"low-M={p.low_m_backend} capture={p.capture_size}")
+        return 0
+
+    from bench.sweep import SweepConfig, require_cuda, run_sweep
+    profile = get_profile(args.gpu)
+    shapes = select(catalog(args.model, args.tp), args.shapes)
+    cfg = SweepConfig(profile=profile, shapes=shapes, ms=parse_m(args.m), paths=paths_for(profile.flashinfer_backends, args.paths),
+                      out=Path(args.out), timer=args.timer, samples=args.samples, warm_l2=args.warm_l2,
+                      resume=args.resume, allow_mismatch=args.allow_mismatch, tune=not args.no_tune,
+                      command=["python", "-m", "bench", *(argv if argv is not None else sys.argv[1:])])
+    require_cuda()
+    out = run_sweep(cfg)
+    print(f"results: {out}/results.csv, {out}/run.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main, "bench"))

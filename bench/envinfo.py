@@ -1,0 +1,99 @@
+"""Environment fingerprint of a run: GPU, driver, libraries, harness SHA, clocks."""
+from __future__ import annotations
+
+import importlib.metadata as md
+import platform
+import subprocess
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return md.version(dist)
+    except md.PackageNotFoundError:
+        return None
+
+
+def git_sha() -> str | None:
+    try:
+        out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def nvml_clocks() -> dict[str, Any]:
+    """SM/memory clocks now and their maxima, and the throttle reasons seen (NVML, when present)."""
+    try:
+        import pynvml as nv
+        nv.nvmlInit()
+        h = nv.nvmlDeviceGetHandleByIndex(0)
+        info = {
+            "sm_clock_mhz": nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM),
+            "mem_clock_mhz": nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM),
+            "sm_clock_max_mhz": nv.nvmlDeviceGetMaxClockInfo(h, nv.NVML_CLOCK_SM),
+            "throttle_reasons": int(nv.nvmlDeviceGetCurrentClocksEventReasons(h)),
+            "temperature_c": nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU),
+            "power_limit_w": nv.nvmlDeviceGetPowerManagementLimit(h) / 1000,
+        }
+        nv.nvmlShutdown()
+        return info
+    except Exception as exc:  # NVML missing or not permitted: record why, never fail the run
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def fingerprint() -> dict[str, Any]:
+    import torch
+    props = torch.cuda.get_device_properties(0)
+    try:
+        import flashinfer
+        fi_version = flashinfer.__version__
+    except Exception:
+        fi_version = None
+    try:
+        cublas = torch._C._cuda_getCompiledVersion()  # CUDA runtime torch was built with
+    except Exception:
+        cublas = None
+    driver = None
+    try:
+        import pynvml as nv
+        nv.nvmlInit()
+        driver = nv.nvmlSystemGetDriverVersion()
+        nv.nvmlShutdown()
+    except Exception:
+        pass
+    return {
+        "gpu_name": torch.cuda.get_device_name(0),
+        "sm": props.major * 10 + props.minor,
+        "sm_count": props.multi_processor_count,
+        "l2_bytes": props.L2_cache_size,
+        "memory_bytes": props.total_memory,
+        "driver": driver,
+        "driver_major": int(driver.split(".")[0]) if driver else None,
+        "cuda": torch.version.cuda,
+        "torch": torch.__version__,
+        "cublas": _version("nvidia-cublas") or _version("nvidia-cublas-cu12") or cublas,
+        "cudnn": torch.backends.cudnn.version(),
+        "flashinfer": fi_version,
+        "cupti_python": _version("cupti-python"),
+        "libcupti": _version("nvidia-cuda-cupti") or _version("nvidia-cuda-cupti-cu12"),
+        "cutlass_dsl": _version("nvidia-cutlass-dsl"),
+        "python": platform.python_version(),
+        "harness_sha": git_sha(),
+        "preferred_blas": str(torch.backends.cuda.preferred_blas_library()),
+        "allow_bf16_reduced_precision_reduction": torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction,
+    }
+
+
+def run_info(command: list[str] | None = None, **extra: Any) -> dict[str, Any]:
+    return {"fingerprint": fingerprint(), "command": " ".join(command or sys.argv),
+            "started": datetime.now(timezone.utc).isoformat(timespec="seconds"), **extra}

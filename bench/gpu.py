@@ -1,0 +1,190 @@
+"""The GPU side of a measurement: rotated inputs, correctness gate, host timing, CUDA-graph capture and replay."""
+from __future__ import annotations
+
+import gc
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from bench.stats import Window, attribute, kernels_per_call, rel_err, summary
+
+REL_ERR_BOUND = 2e-2  # bf16 output rounding is ~4e-3; K-long fp32 accumulation keeps the Frobenius error well below this
+
+
+@dataclass
+class Operands:
+    xs: list[Any]
+    ws: list[Any]
+
+    @property
+    def rotations(self) -> int:
+        return len(self.xs)
+
+
+def make_operands(m: int, n: int, k: int, rotations: int, seed: int = 0) -> Operands:
+    """Random bf16 inputs and weights (never zeros: they run faster), one independent copy per rotation."""
+    import torch
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    scale = k ** -0.5
+    xs = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(rotations)]
+    ws = [(torch.randn(n, k, device="cuda", dtype=torch.float32, generator=gen) * scale).to(torch.bfloat16)
+          for _ in range(rotations)]
+    return Operands(xs, ws)
+
+
+def check_output(fn: Callable, x, w, max_rows: int = 256) -> float:
+    """Relative error of fn(x, w) against an fp32 reference on up to max_rows rows."""
+    import torch
+    out = fn(x, w)
+    rows = torch.arange(x.shape[0], device=x.device)
+    if x.shape[0] > max_rows:
+        rows = torch.linspace(0, x.shape[0] - 1, max_rows, device=x.device).long()
+    ref = x[rows].float() @ w.float().t()
+    if tuple(out.shape) != (x.shape[0], w.shape[0]):
+        raise ValueError(f"output shape {tuple(out.shape)}, expected {(x.shape[0], w.shape[0])}")
+    return rel_err(out[rows], ref)
+
+
+@contextmanager
+def flashinfer_choices():
+    """Records (runner class, tactic) of every FlashInfer autotuner decision made inside the block."""
+    seen: list[tuple[str, Any]] = []
+    try:
+        from flashinfer.autotuner import AutoTuner
+    except ImportError:
+        yield seen
+        return
+    original = AutoTuner.choose_one
+
+    def recording(self, *args, **kwargs):
+        runner, tactic = original(self, *args, **kwargs)
+        seen.append((type(runner).__name__, tactic))
+        return runner, tactic
+
+    AutoTuner.choose_one = recording
+    try:
+        yield seen
+    finally:
+        AutoTuner.choose_one = original
+
+
+def host_time(fn: Callable, x, w, calls: int = 30, warmup: int = 3) -> tuple[float, float, float, bool]:
+    """Median/p20/p80 µs for the Python call to return, eager, gc off, with the GPU kept busy by a sleep kernel
+    enqueued first, so no call can wait on the GPU. The bool says the sleep outlasted the loop (proof of that)."""
+    import torch
+    for _ in range(warmup):
+        fn(x, w)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter_ns()
+    fn(x, w)
+    one_ns = time.perf_counter_ns() - t0
+    torch.cuda.synchronize()
+    sleep_ns = max(2_000_000, 4 * calls * one_ns)
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        torch.cuda._sleep(int(sleep_ns * 2))  # ~2 cycles per ns at H100/H200 clocks; longer at lower clocks
+        done = torch.cuda.Event()
+        done.record()
+        times = []
+        for _ in range(calls):
+            t0 = time.perf_counter_ns()
+            fn(x, w)
+            times.append(time.perf_counter_ns() - t0)
+        gpu_busy = not done.query()
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    torch.cuda.synchronize()
+    med, p20, p80 = summary([t / 1e3 for t in times])
+    return med, p20, p80, gpu_busy
+
+
+def capture(fn: Callable, ops: Operands, calls: int):
+    """A CUDA graph of `calls` back-to-back calls cycling through every rotated copy."""
+    import torch
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for i in range(min(2, ops.rotations)):
+            fn(ops.xs[i], ops.ws[i])
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(calls):
+            fn(ops.xs[i % ops.rotations], ops.ws[i % ops.rotations])
+    return graph
+
+
+@dataclass
+class GraphTiming:
+    gpu_us: list[float] = field(default_factory=list)  # kernel busy time per call, per replay
+    span_us: list[float] = field(default_factory=list)
+    event_us: list[float] = field(default_factory=list)
+    kernels: tuple[str, ...] = ()
+    kernels_per_call: int | None = None
+    error: str | None = None
+
+
+def replay_interleaved(clock, graphs: dict[str, Any], calls: int, samples: int, warmup: int = 2) -> dict[str, GraphTiming]:
+    """Replays every path's graph `samples` times in A B B A order; attributes kernel records to each replay."""
+    import torch
+    names = list(graphs)
+    result = {p: GraphTiming() for p in names}
+    use_records = clock.name == "cupti"
+
+    # Warm-up replays calibrate kernels per call (cuBLAS may add a split-K reduce kernel).
+    clock.drain()
+    windows = []
+    for p in names:
+        for s in range(warmup):
+            t0 = clock.now()
+            graphs[p].replay()
+            torch.cuda.synchronize()
+            windows.append(Window(p, -1 - s, t0, clock.now()))
+    records = clock.drain()
+    expected: dict[str, int] | None = None
+    if use_records:
+        expected = {}
+        for p, timing in zip([w.path for w in windows], attribute(records, windows)):
+            try:
+                kpc = kernels_per_call(timing.count, calls, p)
+            except Exception as exc:
+                result[p].error = str(exc)
+                continue
+            if expected.setdefault(p, kpc) != kpc:
+                result[p].error = f"{p}: kernels per call changed between warm-up replays ({expected[p]} vs {kpc})"
+            result[p].kernels_per_call = kpc
+            result[p].kernels = tuple(dict.fromkeys(timing.names))
+    live = [p for p in names if result[p].error is None]
+
+    windows, events = [], []
+    for s in range(samples):
+        for p in (live if s % 2 == 0 else live[::-1]):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            t0 = clock.now()
+            start.record()
+            graphs[p].replay()
+            end.record()
+            torch.cuda.synchronize()
+            windows.append(Window(p, s, t0, clock.now()))
+            events.append((start, end))
+    records = clock.drain()
+    for (start, end), w in zip(events, windows):
+        result[w.path].event_us.append(start.elapsed_time(end) * 1e3 / calls)
+    if use_records:
+        for w, timing in zip(windows, attribute(records, windows)):
+            want = calls * result[w.path].kernels_per_call
+            if timing.count != want:
+                result[w.path].error = (f"{w.path} replay {w.sample}: {timing.count} kernel records in its window, "
+                                        f"expected {want} (kernels missing from CUPTI, or extra kernels launched)")
+                continue
+            result[w.path].gpu_us.append(timing.busy_ns / 1e3 / calls)
+            result[w.path].span_us.append(timing.span_ns / 1e3 / calls)
+    else:
+        for p in live:
+            result[p].gpu_us = list(result[p].event_us)
+            result[p].span_us = list(result[p].event_us)
+    return result

@@ -1,0 +1,43 @@
+"""GPU profiles: the one place to add a GPU."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shapes.errors import HarnessError
+
+
+@dataclass(frozen=True)
+class GpuProfile:
+    name: str
+    sm: int  # major*10 + minor
+    name_pattern: str  # substring of torch.cuda.get_device_name()
+    flashinfer_backends: tuple[str, ...]  # mm_bf16 backends measured on this GPU
+    low_m_backend: str  # what the dispatcher uses at M <= threshold
+    capture_size: int  # vLLM's default max CUDA-graph capture size
+
+
+PROFILES: dict[str, GpuProfile] = {p.name: p for p in (
+    GpuProfile("h100", 90, "H100", ("tinygemm", "cublaslt", "cudnn"), "tinygemm", 512),
+    GpuProfile("h200", 90, "H200", ("tinygemm", "cublaslt", "cudnn"), "tinygemm", 512),
+    GpuProfile("b200", 100, "B200", ("cute-dsl", "cublaslt", "cudnn"), "cute-dsl", 512),
+    GpuProfile("gb200", 100, "GB200", ("cute-dsl", "cublaslt", "cudnn"), "cute-dsl", 512),
+)}
+
+
+def get_profile(name: str) -> GpuProfile:
+    try:
+        return PROFILES[name.lower()]
+    except KeyError:
+        raise HarnessError(f"unknown GPU profile {name!r}; known: {', '.join(PROFILES)} (add one in bench/profiles.py)") from None
+
+
+def check_device(profile: GpuProfile, device_name: str, sm: int, allow_mismatch: bool = False) -> None:
+    """Stop when the detected GPU is not the profile's, unless the user overrides."""
+    if allow_mismatch:
+        return
+    # "GB200" contains "B200": a b200 profile must not accept a GB200 and vice versa.
+    name_ok = profile.name_pattern in device_name and not (profile.name == "b200" and "GB200" in device_name)
+    if sm != profile.sm or not name_ok:
+        raise HarnessError(
+            f"GPU profile {profile.name} expects an SM{profile.sm} {profile.name_pattern}, but this GPU is "
+            f"{device_name!r} (SM{sm}); pick the matching profile or pass --allow-mismatch")

@@ -1,0 +1,113 @@
+"""Sample statistics and the sizing rules of a measurement; pure Python, tested on CPU."""
+from __future__ import annotations
+
+import math
+from bisect import bisect_left, bisect_right
+from dataclasses import dataclass
+from typing import Sequence
+
+from shapes.errors import HarnessError
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    """Linear-interpolated quantile (numpy's default), q in [0, 1]."""
+    if not values:
+        raise ValueError("quantile of no values")
+    xs = sorted(values)
+    pos = q * (len(xs) - 1)
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(xs) - 1)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def summary(values: Sequence[float]) -> tuple[float, float, float]:
+    """(median, p20, p80)."""
+    return quantile(values, 0.5), quantile(values, 0.2), quantile(values, 0.8)
+
+
+def rotation_count(bytes_per_copy: int, l2_bytes: int, factor: float = 5.0, cap: int = 1024) -> int:
+    """Distinct input/weight copies so that one pass over them touches factor x L2 (cold L2), at most cap."""
+    if bytes_per_copy <= 0:
+        raise ValueError("bytes_per_copy must be positive")
+    return max(1, min(cap, math.ceil(factor * l2_bytes / bytes_per_copy)))
+
+
+def calls_per_graph(rotations: int, est_call_us: float, target_replay_us: float = 500.0, cap: int = 2048) -> int:
+    """K calls per captured graph: every rotated copy at least once, and enough calls for a replay of target length."""
+    by_time = math.ceil(target_replay_us / max(est_call_us, 0.5))
+    return max(rotations, min(cap, by_time), 1)
+
+
+def estimate_call_us(m: int, n: int, k: int, tflops: float = 600.0, gbps: float = 4000.0, launch_us: float = 3.0) -> float:
+    """A roofline guess of one GEMM's GPU time, only used to size graphs (never reported)."""
+    flop_us = 2.0 * m * n * k / (tflops * 1e6)
+    byte_us = 2.0 * (m * k + n * k + m * n) / (gbps * 1e3)
+    return max(flop_us, byte_us) + launch_us
+
+
+@dataclass(frozen=True)
+class KernelRecord:
+    start: int  # ns, CUPTI clock
+    end: int
+    name: str
+    graph_id: int = 0
+
+
+@dataclass(frozen=True)
+class Window:
+    """One graph replay: host timestamps (same clock as the records) before replay and after its sync."""
+    path: str
+    sample: int
+    t0: int
+    t1: int
+
+
+@dataclass(frozen=True)
+class WindowTiming:
+    busy_ns: int  # sum of kernel durations
+    span_ns: int  # first start to last end
+    names: tuple[str, ...]  # kernel names in launch order
+    count: int
+
+
+class KernelCountError(HarnessError):
+    pass
+
+
+def attribute(records: Sequence[KernelRecord], windows: Sequence[Window], expected: dict[str, int] | None = None
+              ) -> list[WindowTiming]:
+    """Assign graph-launched kernel records to replay windows by time; check each window's count exactly.
+
+    records must be sorted by start. expected maps path -> kernels per replay (None: no check).
+    """
+    starts = [r.start for r in records]
+    out = []
+    for w in windows:
+        lo, hi = bisect_left(starts, w.t0), bisect_right(starts, w.t1)
+        ks = [r for r in records[lo:hi] if r.graph_id != 0]
+        if expected is not None and len(ks) != expected[w.path]:
+            raise KernelCountError(
+                f"{w.path} replay {w.sample}: {len(ks)} kernel records in its window, expected {expected[w.path]} "
+                f"(kernels missing from CUPTI, or extra kernels launched)")
+        if not ks:
+            out.append(WindowTiming(0, 0, (), 0))
+            continue
+        out.append(WindowTiming(sum(r.end - r.start for r in ks), max(r.end for r in ks) - min(r.start for r in ks),
+                                tuple(r.name for r in ks), len(ks)))
+    return out
+
+
+def kernels_per_call(total_records: int, calls: int, path: str) -> int:
+    """Calibrate kernels per call from a warm-up replay; a count that K calls cannot split evenly is an error."""
+    if total_records == 0 or total_records % calls:
+        raise KernelCountError(
+            f"{path}: warm-up replay of {calls} calls produced {total_records} kernel records, "
+            f"which is not a whole number per call")
+    return total_records // calls
+
+
+def rel_err(out, ref) -> float:
+    """Frobenius relative error of a bf16 result against an fp32 reference (torch tensors)."""
+    diff = (out.float() - ref).norm().item()
+    base = ref.norm().item()
+    return diff / base if base else diff

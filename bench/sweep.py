@@ -1,0 +1,241 @@
+"""A sweep: catalog x M grid x paths on one GPU, one (shape, M) group at a time, results written after each group."""
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.paths import GemmPath
+from bench.profiles import GpuProfile, check_device
+from bench.results import done_keys, write_parquet, write_results, write_run_json
+from bench.stats import calls_per_graph, estimate_call_us, rotation_count, summary
+from shapes.catalog import Shape
+from shapes.errors import HarnessError
+from shapes.grid import hybrid_buckets
+
+MAX_ROTATION_BYTES = 8 << 30
+
+
+@dataclass
+class SweepConfig:
+    profile: GpuProfile
+    shapes: list[Shape]
+    ms: list[int]
+    paths: list[GemmPath]
+    out: Path
+    timer: str = "cupti"
+    samples: int = 15
+    host_calls: int = 30
+    warm_l2: bool = False
+    resume: bool = False
+    allow_mismatch: bool = False
+    tune: bool = True
+    target_replay_us: float = 500.0
+    max_rotations: int = 1024
+    command: list[str] | None = None
+
+
+def require_cuda() -> None:
+    """Stops before anything is written when there is no usable CUDA GPU."""
+    try:
+        import torch
+    except ImportError:
+        raise HarnessError("torch is not installed; install a CUDA build of torch on a GPU machine (make bench does it)") from None
+    if not torch.cuda.is_available():
+        raise HarnessError("no CUDA GPU is visible (torch.cuda.is_available() is False); run the benchmark on a GPU machine")
+
+
+def _shape_fields(shape: Shape) -> dict[str, Any]:
+    return {"shape": shape.name, "n": shape.n, "k": shape.k, "tp": shape.tp, "count": shape.count,
+            "models": shape.models, "layers": shape.layers, "in_cuda_graph": shape.in_cuda_graph, "tags": shape.tags}
+
+
+def _progress(total: int, desc: str):
+    try:
+        from tqdm import tqdm
+        return tqdm(total=total, desc=desc, file=sys.stderr, dynamic_ncols=True, mininterval=1.0)
+    except ImportError:
+        class Plain:
+            def __init__(self):
+                self.n = 0
+
+            def update(self, k=1):
+                self.n += k
+
+            def set_postfix_str(self, s):
+                print(f"[{self.n}/{total}] {s}", file=sys.stderr, flush=True)
+
+            def close(self):
+                pass
+        return Plain()
+
+
+def tune_shape(path: GemmPath, fn, shape: Shape, ms: list[int]) -> tuple[float | None, str | None]:
+    """FlashInfer's own autotuner over the bucket values of the grid, before any timing. (seconds, error)."""
+    import torch
+    import flashinfer
+    buckets = tuple(sorted(set(ms) & set(hybrid_buckets())))
+    if not buckets:
+        return 0.0, None
+    x = torch.randn(max(buckets), shape.k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(shape.n, shape.k, device="cuda", dtype=torch.bfloat16)
+    t0 = time.perf_counter()
+    try:
+        with flashinfer.autotune(True, tuning_buckets=buckets):
+            fn(x, w)
+        torch.cuda.synchronize()
+    except Exception as exc:
+        return None, f"autotune failed: {type(exc).__name__}: {exc}"
+    finally:
+        del x, w
+    return time.perf_counter() - t0, None
+
+
+def measure_group(cfg: SweepConfig, clock, shape: Shape, m: int, paths: list[GemmPath], fns: dict[str, Any],
+                  l2_bytes: int, tune_info: dict[str, tuple[float | None, str | None]]) -> list[dict[str, Any]]:
+    import torch
+    from bench.gpu import (REL_ERR_BOUND, capture, check_output, flashinfer_choices, host_time, make_operands,
+                           replay_interleaved)
+    base = {**_shape_fields(shape), "m": m, "timer": clock.name, "m_is_bucket": m in set(hybrid_buckets())}
+    rows: dict[str, dict[str, Any]] = {p.name: {**base, "path": p.name} for p in paths}
+
+    def fail(name: str, status: str, reason: str) -> None:
+        rows[name].update(status=status, reason=reason)
+
+    bytes_per_copy = 2 * (m * shape.k + shape.n * shape.k)
+    rotations = 1 if cfg.warm_l2 else rotation_count(bytes_per_copy, l2_bytes, cap=cfg.max_rotations)
+    rotations = max(1, min(rotations, MAX_ROTATION_BYTES // bytes_per_copy))
+    calls = calls_per_graph(rotations, estimate_call_us(m, shape.n, shape.k), cfg.target_replay_us)
+    try:
+        ops = make_operands(m, shape.n, shape.k, rotations, seed=m * 7919 + shape.n)
+    except torch.OutOfMemoryError as exc:
+        torch.cuda.empty_cache()
+        for p in paths:
+            fail(p.name, "skipped", f"out of memory allocating {rotations} operand copies: {str(exc).splitlines()[0]}")
+        return list(rows.values())
+
+    graphs = {}
+    for p in paths:
+        row = rows[p.name]
+        tune_s, tune_err = tune_info.get(p.name, (None, None))
+        row.update(tune_s=tune_s, rotations=rotations, calls_per_graph=calls,
+                   l2_multiple=rotations * bytes_per_copy / l2_bytes)
+        if tune_err:
+            fail(p.name, "failed", tune_err)
+            continue
+        fn = fns[p.name]
+        try:
+            with flashinfer_choices() as choices:
+                err = check_output(fn, ops.xs[0], ops.ws[0])
+            row["rel_err"] = err
+            if choices:
+                row["fi_runner"], row["fi_tactic"] = choices[-1][0], str(choices[-1][1])
+            if not err <= REL_ERR_BOUND:
+                fail(p.name, "failed", f"output differs from the fp32 reference: rel_err {err:.3g} > {REL_ERR_BOUND}")
+                continue
+            med, p20, p80, busy = host_time(fn, ops.xs[0], ops.ws[0], calls=cfg.host_calls)
+            row.update(host_us=med, host_us_p20=p20, host_us_p80=p80, host_gpu_busy=busy)
+            graphs[p.name] = capture(fn, ops, calls)
+        except torch.OutOfMemoryError as exc:
+            torch.cuda.empty_cache()
+            fail(p.name, "skipped", f"out of memory: {str(exc).splitlines()[0]}")
+        except Exception as exc:
+            torch.cuda.synchronize()
+            fail(p.name, "failed", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+    if graphs:
+        timings = replay_interleaved(clock, graphs, calls, cfg.samples)
+        for name, t in timings.items():
+            row = rows[name]
+            if t.error:
+                print(f"bench: KERNEL COUNT CHECK FAILED for {shape.name} M={m}: {t.error}", file=sys.stderr)
+                fail(name, "failed", t.error)
+                continue
+            gpu, g20, g80 = summary(t.gpu_us)
+            row.update(status="ok", reason="", gpu_us=gpu, gpu_us_p20=g20, gpu_us_p80=g80,
+                       span_us=summary(t.span_us)[0], event_us=summary(t.event_us)[0], samples=len(t.gpu_us),
+                       kernels=t.kernels, kernels_per_call=t.kernels_per_call,
+                       gpu_samples_us=[round(v, 4) for v in t.gpu_us])
+    del graphs, ops
+    torch.cuda.empty_cache()
+    return list(rows.values())
+
+
+def run_sweep(cfg: SweepConfig) -> Path:
+    require_cuda()
+    import torch
+    from bench.clocks import make_clock
+    props = torch.cuda.get_device_properties(0)
+    sm = props.major * 10 + props.minor
+    check_device(cfg.profile, torch.cuda.get_device_name(0), sm, cfg.allow_mismatch)
+    clock = make_clock(cfg.timer)  # before any FlashInfer JIT load or capture
+    from bench.envinfo import nvml_clocks, run_info
+
+    info = run_info(cfg.command, profile=cfg.profile.name, timer=cfg.timer, warm_l2=cfg.warm_l2,
+                    samples=cfg.samples, ms=cfg.ms, shapes=[s.name for s in cfg.shapes],
+                    paths=[p.name for p in cfg.paths], clocks_start=nvml_clocks())
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    rows, done = done_keys(cfg.out) if cfg.resume else ([], set())
+    if not cfg.resume and (cfg.out / "results.csv").exists():
+        raise HarnessError(f"{cfg.out}/results.csv exists; pass --resume to continue it or choose another --out")
+    write_run_json(cfg.out, {**info, "status": "running"})
+    fns: dict[str, Any] = {}
+    for p in cfg.paths:
+        if p.sms is not None and sm not in p.sms:
+            continue  # its rows are recorded as skipped, with the reason
+        try:
+            fns[p.name] = p.build()
+        except ImportError as exc:
+            raise HarnessError(f"path {p.name} needs a package that is missing ({exc}); "
+                               f"pip install -e '.[gpu]' or leave the path out with --paths") from None
+
+    total = len(cfg.shapes) * len(cfg.ms)
+    bar = _progress(total, "bench")
+    t_start = time.perf_counter()
+    interrupted = False
+    try:
+        for shape in cfg.shapes:
+            todo = [m for m in cfg.ms if any((shape.n, shape.k, m, p.name) not in done for p in cfg.paths)]
+            tune_info: dict[str, tuple[float | None, str | None]] = {}
+            if cfg.tune:
+                for p in cfg.paths:
+                    runnable = [m for m in todo if not p.skip_reason(sm, shape.n, shape.k, m)]
+                    if p.flashinfer_backend and runnable and p.name in fns:
+                        bar.set_postfix_str(f"{shape.name} autotune {p.name}")
+                        tune_info[p.name] = tune_shape(p, fns[p.name], shape, runnable)
+            for m in cfg.ms:
+                bar.set_postfix_str(f"{shape.name} M={m}")
+                if m not in todo:
+                    bar.update(1)
+                    continue
+                live, skipped = [], []
+                for p in cfg.paths:
+                    if (shape.n, shape.k, m, p.name) in done:
+                        continue
+                    reason = p.skip_reason(sm, shape.n, shape.k, m)
+                    if reason:
+                        skipped.append({**_shape_fields(shape), "m": m, "path": p.name, "status": "skipped",
+                                        "reason": reason, "timer": clock.name})
+                    else:
+                        live.append(p)
+                rows.extend(skipped)
+                rows.extend(measure_group(cfg, clock, shape, m, live, fns, props.L2_cache_size, tune_info))
+                write_results(cfg.out, rows)
+                bar.update(1)
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        bar.close()
+        wall = time.perf_counter() - t_start
+        write_results(cfg.out, rows)
+        info.update(status="interrupted" if interrupted else "complete", wall_s=round(wall, 1),
+                    clocks_end=nvml_clocks(), cupti_invalid_records=clock.invalid)
+        parquet_note = write_parquet(cfg.out)
+        if parquet_note:
+            info["parquet"] = parquet_note
+        write_run_json(cfg.out, info)
+    if interrupted:
+        raise HarnessError(f"interrupted; finished rows are in {cfg.out}/results.csv, continue with --resume")
+    clock.close()
+    return cfg.out

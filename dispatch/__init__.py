@@ -1,0 +1,90 @@
+"""Threshold dispatcher for BF16 linears: FlashInfer's low-M backend at M <= threshold, F.linear otherwise.
+
+`dispatch.linear(x, weight, bias=None)` is a drop-in for torch.nn.functional.linear.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from dispatch.table import ThresholdTable, load_table
+
+__all__ = ["linear", "ThresholdTable", "load_table", "configure", "reset"]
+
+# Per CUDA device index: (default threshold, overrides, low-M kernel or None). Built on first use.
+_DEVICES: dict[int | None, tuple[int, dict[tuple[int, int], int], Callable | None, int]] = {}
+_FORCED: ThresholdTable | None = None
+
+
+def configure(table: ThresholdTable | None) -> None:
+    """Use this table on every device (None: back to the table of each device's GPU profile)."""
+    global _FORCED
+    _FORCED = table
+    _DEVICES.clear()
+
+
+def reset() -> None:
+    configure(None)
+
+
+def _low_m_kernel(backend: str) -> Callable | None:
+    try:
+        import flashinfer
+    except ImportError:
+        return None
+
+    def run(x2d, weight):
+        return flashinfer.mm_bf16(x2d, weight.t(), backend=backend)
+    return run
+
+
+def _device_state(index: int | None):
+    state = _DEVICES.get(index)
+    if state is not None:
+        return state
+    import torch
+    from bench.profiles import PROFILES
+    table = _FORCED
+    sm = 0
+    if table is None and index is not None:
+        name = torch.cuda.get_device_name(index)
+        major, minor = torch.cuda.get_device_capability(index)
+        sm = major * 10 + minor
+        for profile in sorted(PROFILES.values(), key=lambda p: -len(p.name_pattern)):
+            if profile.name_pattern in name and profile.sm == sm:
+                try:
+                    table = load_table(profile.name)
+                except Exception:
+                    table = None
+                break
+    elif index is not None:
+        major, minor = torch.cuda.get_device_capability(index)
+        sm = major * 10 + minor
+    if table is None:
+        state = (-1, {}, None, sm)  # unknown GPU: always F.linear
+    else:
+        state = (table.default_threshold, dict(table.overrides), _low_m_kernel(table.low_m_backend), sm)
+    _DEVICES[index] = state
+    return state
+
+
+def _eligible(x: Any, weight: Any, bias: Any, backend_sm: int) -> bool:
+    """What the low-M kernels accept: bf16, contiguous, 2-D weight, N % 16 == 0, 16-byte aligned, no bias."""
+    import torch
+    n, k = weight.shape[0], weight.shape[-1]
+    return (bias is None and x.dtype == torch.bfloat16 and weight.dtype == torch.bfloat16 and weight.dim() == 2
+            and x.is_cuda and x.device == weight.device and x.is_contiguous() and weight.is_contiguous()
+            and n % 16 == 0 and k % 8 == 0 and x.data_ptr() % 16 == 0 and weight.data_ptr() % 16 == 0
+            and (backend_sm < 100 or k % 128 == 0))
+
+
+def linear(x: Any, weight: Any, bias: Any = None) -> Any:
+    import torch.nn.functional as F
+    k = x.shape[-1]
+    m = x.numel() // k if k else 0
+    threshold, overrides, kernel, sm = _device_state(x.device.index)
+    if overrides:
+        threshold = overrides.get((weight.shape[0], k), threshold)
+    if m > threshold or kernel is None or m == 0 or not _eligible(x, weight, bias, sm):
+        return F.linear(x, weight, bias)
+    out = kernel(x.reshape(m, k), weight)
+    return out.view(*x.shape[:-1], weight.shape[0])

@@ -1,0 +1,67 @@
+"""Threshold tables, dispatch/thresholds/<profile>.json: FlashInfer's low-M backend at M <= threshold, else F.linear."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from shapes.errors import HarnessError
+
+TABLE_DIR = Path(__file__).parent / "thresholds"
+
+
+@dataclass(frozen=True)
+class ThresholdTable:
+    profile: str
+    low_m_backend: str
+    default_threshold: int
+    overrides: dict[tuple[int, int], int] = field(default_factory=dict)
+    source: dict[str, Any] = field(default_factory=dict)
+
+    def threshold(self, n: int, k: int) -> int:
+        return self.overrides.get((n, k), self.default_threshold)
+
+    def low_m_path(self) -> str:
+        return f"flashinfer:{self.low_m_backend}"
+
+    def choose(self, n: int, k: int, m: int) -> str:
+        """The path name the dispatcher runs for this cell (eligibility aside)."""
+        return self.low_m_path() if m <= self.threshold(n, k) else "aten"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"profile": self.profile, "low_m_backend": self.low_m_backend,
+                "default_threshold": self.default_threshold,
+                "overrides": [{"n": n, "k": k, "threshold": t} for (n, k), t in sorted(self.overrides.items())],
+                "source": self.source}
+
+
+def parse_table(data: Any, where: str) -> ThresholdTable:
+    if not isinstance(data, dict):
+        raise HarnessError(f"{where}: a threshold table is a JSON object")
+    missing = [f for f in ("profile", "low_m_backend", "default_threshold") if f not in data]
+    if missing:
+        raise HarnessError(f"{where}: threshold table lacks {', '.join(missing)}")
+    try:
+        overrides = {(int(o["n"]), int(o["k"])): int(o["threshold"]) for o in data.get("overrides", [])}
+        default = int(data["default_threshold"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise HarnessError(f"{where}: malformed threshold or override ({exc}); each override is {{n, k, threshold}}") from None
+    if default < 0 or any(t < 0 for t in overrides.values()):
+        raise HarnessError(f"{where}: thresholds must be >= 0 (0 means never FlashInfer)")
+    return ThresholdTable(str(data["profile"]), str(data["low_m_backend"]), default, overrides, data.get("source", {}))
+
+
+def load_table(profile: str | None = None, path: str | Path | None = None) -> ThresholdTable:
+    if path is None:
+        if profile is None:
+            raise HarnessError("name a GPU profile or a threshold file")
+        path = TABLE_DIR / f"{profile}.json"
+    path = Path(path)
+    if not path.is_file():
+        raise HarnessError(f"threshold table {path} not found; run `python -m dispatch fit RESULTS --gpu PROFILE` to make one")
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise HarnessError(f"threshold table {path} is not valid JSON ({exc})") from None
+    return parse_table(data, str(path))

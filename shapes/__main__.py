@@ -1,0 +1,87 @@
+"""python -m shapes list | from-config PATH | grid"""
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import sys
+from typing import Sequence
+
+from shapes.catalog import dedup, model_configs, model_layers
+from shapes.derive import LinearLayer, derive_layers, load_config
+from shapes.errors import run_cli
+from shapes.grid import hybrid_buckets, parse_m
+
+FORMATS = ("table", "csv", "json")
+
+
+def _layer_rows(layers: list[LinearLayer]) -> list[dict]:
+    return [{"model": l.model, "layer": l.layer, "n": l.n, "k": l.k, "tp": l.tp, "style": l.style,
+             "count": l.count, "in_cuda_graph": l.in_cuda_graph, "tags": ";".join(l.tags)} for l in layers]
+
+
+def _shape_rows(layers: list[LinearLayer]) -> list[dict]:
+    return [{"shape": s.name, "n": s.n, "k": s.k, "tp": s.tp, "count": s.count, "in_cuda_graph": s.in_cuda_graph,
+             "tags": ";".join(s.tags), "layers": ";".join(f"{u.model}:{u.layer}x{u.count}" for u in s.uses)}
+            for s in dedup(layers)]
+
+
+def emit(rows: list[dict], fmt: str) -> str:
+    if fmt == "json":
+        return json.dumps(rows, indent=2)
+    if not rows:
+        return ""
+    if fmt == "csv":
+        buf = io.StringIO()
+        writer = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
+        writer.writeheader()
+        writer.writerows(rows)
+        return buf.getvalue().rstrip("\n")
+    cols = list(rows[0])
+    widths = {c: max(len(c), *(len(str(r[c])) for r in rows)) for c in cols}
+    lines = ["  ".join(c.ljust(widths[c]) for c in cols)]
+    lines += ["  ".join(str(r[c]).ljust(widths[c]) for c in cols) for r in rows]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m shapes", description="BF16 linear shapes of the model catalog.")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+
+    p_list = sub.add_parser("list", help="the catalog: distinct (n, k) shapes of the known models, or their layers")
+    p_list.add_argument("--model", help=f"one model (known: {', '.join(model_configs())})")
+    p_list.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (default 1)")
+    p_list.add_argument("--layers", action="store_true", help="one row per model layer instead of per distinct shape")
+    p_list.add_argument("--format", choices=FORMATS, default="table")
+
+    p_cfg = sub.add_parser("from-config", help="derive the linears of any Qwen3.5/Qwen3-Next HF config.json")
+    p_cfg.add_argument("path")
+    p_cfg.add_argument("--tp", type=int, default=1)
+    p_cfg.add_argument("--name", help="model name for the rows (default: the file's _model or stem)")
+    p_cfg.add_argument("--shapes", action="store_true", help="deduplicate into distinct shapes")
+    p_cfg.add_argument("--format", choices=FORMATS, default="table")
+
+    p_grid = sub.add_parser("grid", help="the M grid (default or --m), with FlashInfer tuning-bucket membership")
+    p_grid.add_argument("--m", help="e.g. 1,8,32 or 1-16384 (powers of two) or 64:512:64")
+    p_grid.add_argument("--format", choices=FORMATS, default="table")
+
+    args = parser.parse_args(argv)
+    if args.cmd == "list":
+        layers = model_layers(args.model, args.tp)
+        rows = _layer_rows(layers) if args.layers else _shape_rows(layers)
+    elif args.cmd == "from-config":
+        cfg = load_config(args.path)
+        from pathlib import Path
+        name = args.name or cfg.get("_model") or Path(args.path).stem
+        layers = derive_layers(cfg, name, args.tp)
+        rows = _shape_rows(layers) if args.shapes else _layer_rows(layers)
+    else:
+        buckets = set(hybrid_buckets())
+        rows = [{"m": m, "tuning_bucket": m in buckets} for m in parse_m(args.m)]
+    print(emit(rows, args.format))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main, "shapes"))

@@ -1,0 +1,70 @@
+"""The M (token count) grid."""
+from __future__ import annotations
+
+from shapes.errors import HarnessError
+
+M_MAX = 16384
+# Values that are not FlashInfer autotuner buckets: cuBLASLt tuned entries are keyed by exact M, so these
+# run the untuned heuristic algorithm (24 and 48 round up to buckets 32 and 64; 1031 -> 1280; 6144 -> 8192).
+NON_BUCKET_M = (24, 48, 1031, 6144)
+
+
+def vllm_capture_sizes(max_size: int = 512) -> list[int]:
+    """vLLM's default cudagraph_capture_sizes: 1, 2, 4, then steps of 8 below 256, then steps of 16."""
+    sizes = [s for s in (1, 2, 4) if s <= max_size]
+    sizes += list(range(8, min(max_size + 1, 256), 8))
+    sizes += list(range(256, max_size + 1, 16))
+    return sizes
+
+
+def hybrid_buckets(max_m: int = M_MAX) -> list[int]:
+    """FlashInfer's get_hybrid_num_tokens_buckets: powers of two to 256, +256 to 2048, +512 to 4096, then powers of two."""
+    out, m = [], 1
+    while m <= min(256, max_m):
+        out.append(m)
+        m *= 2
+    m = 512
+    while m <= min(2048, max_m):
+        out.append(m)
+        m += 256
+    m = 2560
+    while m <= min(4096, max_m):
+        out.append(m)
+        m += 512
+    m = 8192
+    while m <= max_m:
+        out.append(m)
+        m *= 2
+    if max_m not in out:
+        out.append(max_m)
+    return out
+
+
+def default_grid(capture_max: int = 512) -> list[int]:
+    powers = [1 << i for i in range(M_MAX.bit_length()) if 1 << i <= M_MAX]
+    return sorted(set(powers) | set(vllm_capture_sizes(capture_max)) | set(NON_BUCKET_M))
+
+
+def parse_m(spec: str | None) -> list[int]:
+    """'1,8,32', '1-64' (every power of two in the range) or '64:512:64' (start:stop:step); combined with commas."""
+    if not spec:
+        return default_grid()
+    values: set[int] = set()
+    for token in (t.strip() for t in spec.split(",") if t.strip()):
+        try:
+            if ":" in token:
+                start, stop, step = (int(x) for x in token.split(":"))
+                if step < 1:
+                    raise ValueError
+                values.update(range(start, stop + 1, step))
+            elif "-" in token:
+                lo, hi = (int(x) for x in token.split("-"))
+                values.update(1 << i for i in range(hi.bit_length()) if lo <= 1 << i <= hi)
+                values.update({lo, hi})
+            else:
+                values.add(int(token))
+        except ValueError:
+            raise HarnessError(f"bad M value {token!r}; use e.g. --m 1,8,32 or 1-16384 or 64:512:64") from None
+    if not values or min(values) < 1:
+        raise HarnessError(f"M values must be positive integers, got {spec!r}")
+    return sorted(values)
