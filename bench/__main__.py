@@ -30,6 +30,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_run.add_argument("--samples", type=int, default=15, help="timed graph replays per path and cell (default 15)")
     p_run.add_argument("--warm-l2", action="store_true", help="no input rotation: time with a warm L2")
     p_run.add_argument("--no-tune", action="store_true", help="skip FlashInfer's autotuner (time its default tactics)")
+    p_run.add_argument("--tune-all", action="store_true", help="also tune backends that are untuned by default (cudnn)")
+    p_run.add_argument("--max-rotations", type=int, default=512,
+                       help="at most this many rotated input/weight copies per graph (default 512)")
     p_run.add_argument("--allow-mismatch", action="store_true", help="run although the GPU is not the profile's")
     sub.add_parser("paths", help="list the path registry")
     sub.add_parser("profiles", help="list the GPU profiles")
@@ -51,7 +54,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     shapes = select(catalog(args.model, args.tp), args.shapes)
     cfg = SweepConfig(profile=profile, shapes=shapes, ms=parse_m(args.m), paths=paths_for(profile.flashinfer_backends, args.paths),
                       out=Path(args.out), timer=args.timer, samples=args.samples, warm_l2=args.warm_l2,
-                      resume=args.resume, allow_mismatch=args.allow_mismatch, tune=not args.no_tune,
+                      resume=args.resume, allow_mismatch=args.allow_mismatch, tune=not args.no_tune, tune_all=args.tune_all,
+                      max_rotations=args.max_rotations,
                       command=["python", "-m", "bench", *(argv if argv is not None else sys.argv[1:])])
     require_cuda()
     out = run_sweep(cfg)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.metadata as md
+import os
 import platform
 import subprocess
 import sys
@@ -20,6 +21,9 @@ def _version(dist: str) -> str | None:
 
 
 def git_sha() -> str | None:
+    """The harness commit; BENCH_GIT_SHA stands in where the tree was copied without .git (remote GPU hosts)."""
+    if os.environ.get("BENCH_GIT_SHA"):
+        return os.environ["BENCH_GIT_SHA"]
     try:
         out = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
         dirty = subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],

@@ -19,6 +19,7 @@ class GemmPath:
     min_n_multiple: int = 1  # N must be a multiple of this
     min_k_multiple: int = 1
     flashinfer_backend: str | None = None
+    tune_by_default: bool = True  # FlashInfer's autotuner runs before timing unless --no-tune
     note: str = field(default="")
 
     def skip_reason(self, sm: int, n: int, k: int, m: int) -> str | None:
@@ -60,7 +61,10 @@ PATHS: dict[str, GemmPath] = {p.name: p for p in (
              min_n_multiple=16, flashinfer_backend="tinygemm", note="TinyGEMM, tiles of 8 tokens"),
     GemmPath("flashinfer:cublaslt", None, _flashinfer("cublaslt"), flashinfer_backend="cublaslt",
              note="FlashInfer's autotuned cuBLASLt"),
-    GemmPath("flashinfer:cudnn", None, _flashinfer("cudnn"), flashinfer_backend="cudnn", note="cuDNN graph GEMM"),
+    # Tuning cuDNN builds and times every engine plan per bucket (~14 s for 3 buckets of one shape on an H200),
+    # which alone would outlast the sweep; it runs its heuristic plan unless --tune-all.
+    GemmPath("flashinfer:cudnn", None, _flashinfer("cudnn"), flashinfer_backend="cudnn", tune_by_default=False,
+             note="cuDNN graph GEMM (heuristic plan; --tune-all tunes it)"),
     GemmPath("flashinfer:cute-dsl", (100, 103, 107), _flashinfer("cute-dsl"), min_k_multiple=128,
              flashinfer_backend="cute-dsl", note="CuTeDSL kernels for M <= 32, cuBLASLt fallback above"),
     GemmPath("dispatch", None, _dispatch, note="threshold dispatcher: FlashInfer low-M backend at M <= threshold"),

@@ -32,8 +32,9 @@ class SweepConfig:
     resume: bool = False
     allow_mismatch: bool = False
     tune: bool = True
+    tune_all: bool = False
     target_replay_us: float = 500.0
-    max_rotations: int = 1024
+    max_rotations: int = 512
     command: list[str] | None = None
 
 
@@ -201,7 +202,8 @@ def run_sweep(cfg: SweepConfig) -> Path:
             if cfg.tune:
                 for p in cfg.paths:
                     runnable = [m for m in todo if not p.skip_reason(sm, shape.n, shape.k, m)]
-                    if p.flashinfer_backend and runnable and p.name in fns:
+                    wants_tune = p.tune_by_default or cfg.tune_all
+                    if p.flashinfer_backend and wants_tune and runnable and p.name in fns:
                         bar.set_postfix_str(f"{shape.name} autotune {p.name}")
                         tune_info[p.name] = tune_shape(p, fns[p.name], shape, runnable)
             for m in cfg.ms:

@@ -38,13 +38,16 @@ def _low_m_kernel(backend: str) -> Callable | None:
 
 
 def _device_state(index: int | None):
-    state = _DEVICES.get(index)
+    key = index
+    state = _DEVICES.get(key)
     if state is not None:
         return state
     import torch
     from bench.profiles import PROFILES
     table = _FORCED
     sm = 0
+    if index is not None and index < 0:
+        index = None
     if table is None and index is not None:
         name = torch.cuda.get_device_name(index)
         major, minor = torch.cuda.get_device_capability(index)
@@ -63,7 +66,7 @@ def _device_state(index: int | None):
         state = (-1, {}, None, sm)  # unknown GPU: always F.linear
     else:
         state = (table.default_threshold, dict(table.overrides), _low_m_kernel(table.low_m_backend), sm)
-    _DEVICES[index] = state
+    _DEVICES[key] = state
     return state
 
 
@@ -81,7 +84,9 @@ def linear(x: Any, weight: Any, bias: Any = None) -> Any:
     import torch.nn.functional as F
     k = x.shape[-1]
     m = x.numel() // k if k else 0
-    threshold, overrides, kernel, sm = _device_state(x.device.index)
+    device = x.get_device()  # an int, cheaper than x.device; -1 on the CPU
+    state = _DEVICES.get(device)
+    threshold, overrides, kernel, sm = state if state is not None else _device_state(device)
     if overrides:
         threshold = overrides.get((weight.shape[0], k), threshold)
     if m > threshold or kernel is None or m == 0 or not _eligible(x, weight, bias, sm):

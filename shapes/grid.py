@@ -40,19 +40,35 @@ def hybrid_buckets(max_m: int = M_MAX) -> list[int]:
     return out
 
 
+def powers_of_two(max_m: int = M_MAX) -> list[int]:
+    return [1 << i for i in range(max_m.bit_length()) if 1 << i <= max_m]
+
+
 def default_grid(capture_max: int = 512) -> list[int]:
-    powers = [1 << i for i in range(M_MAX.bit_length()) if 1 << i <= M_MAX]
-    return sorted(set(powers) | set(vllm_capture_sizes(capture_max)) | set(NON_BUCKET_M))
+    """Every power of two to 16384, vLLM's capture sizes in full up to 64 (where the low-M threshold lives) and
+    every 64 above that up to capture_max, and the non-bucket probes: 25 values. `--m capture` adds all 51."""
+    capture = [c for c in vllm_capture_sizes(capture_max) if c <= 64 or c % 64 == 0]
+    return sorted(set(powers_of_two()) | set(capture) | set(NON_BUCKET_M))
+
+
+NAMED_GRIDS = {
+    "default": default_grid,
+    "capture": lambda: sorted(set(default_grid()) | set(vllm_capture_sizes(512))),
+    "powers": powers_of_two,
+}
 
 
 def parse_m(spec: str | None) -> list[int]:
-    """'1,8,32', '1-64' (every power of two in the range) or '64:512:64' (start:stop:step); combined with commas."""
+    """'1,8,32', '1-64' (every power of two in the range), '64:512:64' (start:stop:step) or a named grid
+    (default, capture, powers); combined with commas."""
     if not spec:
         return default_grid()
     values: set[int] = set()
     for token in (t.strip() for t in spec.split(",") if t.strip()):
         try:
-            if ":" in token:
+            if token in NAMED_GRIDS:
+                values.update(NAMED_GRIDS[token]())
+            elif ":" in token:
                 start, stop, step = (int(x) for x in token.split(":"))
                 if step < 1:
                     raise ValueError
@@ -64,7 +80,7 @@ def parse_m(spec: str | None) -> list[int]:
             else:
                 values.add(int(token))
         except ValueError:
-            raise HarnessError(f"bad M value {token!r}; use e.g. --m 1,8,32 or 1-16384 or 64:512:64") from None
+            raise HarnessError(f"bad M value {token!r}; use e.g. --m 1,8,32 or 1-16384 or 64:512:64 or default,capture") from None
     if not values or min(values) < 1:
         raise HarnessError(f"M values must be positive integers, got {spec!r}")
     return sorted(values)
