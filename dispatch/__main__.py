@@ -1,0 +1,125 @@
+"""python -m dispatch validate RESULTS | fit RESULTS --gpu PROFILE | host-cost --gpu PROFILE"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Sequence
+
+import pandas as pd
+
+from bench.profiles import PROFILES, get_profile
+from bench.results import atomic_write_text, load_results, load_run_info
+from dispatch.analysis import Cells, cell_verdicts, fit, forward_totals, model_uses
+from dispatch.table import TABLE_DIR, ThresholdTable, load_table
+from shapes.errors import HarnessError, run_cli
+
+
+def _check_gpu(info: dict, profile_name: str, results: str) -> None:
+    fp = info.get("fingerprint", {})
+    profile = get_profile(profile_name)
+    gpu = str(fp.get("gpu_name", ""))
+    if profile.name_pattern not in gpu or fp.get("sm") != profile.sm:
+        raise HarnessError(f"{results} was measured on {gpu!r} (SM{fp.get('sm')}), not on a {profile.name} GPU; "
+                           f"pass --gpu for that GPU or a threshold table made for it")
+
+
+def _profile_of(info: dict, given: str | None) -> str:
+    if given:
+        return given
+    name = info.get("profile")
+    if not name:
+        raise HarnessError("run.json names no GPU profile; pass --gpu")
+    return name
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m dispatch", description="Validate and fit the threshold dispatcher.")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p_val = sub.add_parser("validate", help="judge a threshold table against measured results")
+    p_val.add_argument("results", help="results folder or results.csv (run.json beside it)")
+    p_val.add_argument("--gpu", help="GPU profile (default: the run's)")
+    p_val.add_argument("--thresholds", help="threshold table file (default: dispatch/thresholds/<profile>.json)")
+    p_val.add_argument("--margin", type=float, default=0.03, help="equivalence margin (default 0.03 = 3%%)")
+    p_val.add_argument("--oracle", choices=("candidates", "all"), default="candidates",
+                       help="best achievable over the dispatcher's own choices (default) or every measured path")
+    p_val.add_argument("--csv", help="write the per-cell verdicts here")
+    p_fit = sub.add_parser("fit", help="fit thresholds that minimise the count-weighted per-forward time")
+    p_fit.add_argument("results")
+    p_fit.add_argument("--gpu", required=True, help=f"GPU profile: {', '.join(PROFILES)}")
+    p_fit.add_argument("--min-gain", type=float, default=0.0,
+                       help="an override must cut the objective by more than this share (default 0: any gain)")
+    p_fit.add_argument("--out", help="table file to write (default dispatch/thresholds/<profile>.json)")
+    p_fit.add_argument("--dry-run", action="store_true", help="print, write nothing")
+    p_host = sub.add_parser("host-cost", help="(GPU) host time of dispatch.linear against F.linear above the threshold")
+    p_host.add_argument("--gpu", required=True)
+    p_host.add_argument("--calls", type=int, default=4000)
+    p_host.add_argument("--out", help="CSV file for the per-shape figures")
+    args = parser.parse_args(argv)
+    pd.set_option("display.width", 200)
+
+    if args.cmd == "host-cost":
+        from dispatch.hostcost import run_host_cost
+        return run_host_cost(args.gpu, args.calls, args.out)
+
+    df = load_results(args.results)
+    info = load_run_info(args.results)
+    profile = get_profile(_profile_of(info, args.gpu))
+    _check_gpu(info, profile.name, args.results)
+    cells = Cells.from_results(df)
+    uses = model_uses(df)
+
+    if args.cmd == "fit":
+        base = load_table(profile.name) if (TABLE_DIR / f"{profile.name}.json").exists() else \
+            ThresholdTable(profile.name, profile.low_m_backend, 0)
+        table, report = fit(cells, base, uses, profile.capture_size, args.min_gain)
+        fp = info.get("fingerprint", {})
+        source = {"fitted_from": str(args.results), "run_command": info.get("command"), "gpu": fp.get("gpu_name"),
+                  "harness_sha": fp.get("harness_sha"), "fingerprint": fp,
+                  "fit_command": "python -m dispatch " + " ".join(argv if argv is not None else sys.argv[1:]),
+                  "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                  "objective": "count-weighted per-forward time summed over the grid's M values; GPU time at "
+                               f"M <= {profile.capture_size}, max(host, GPU) above",
+                  "crossover_m": {f"{r.n}x{r.k}": (None if pd.isna(r.crossover_m) else int(r.crossover_m))
+                                  for r in report.itertuples()}}
+        table = ThresholdTable(table.profile, table.low_m_backend, table.default_threshold, table.overrides, source)
+        print(f"global threshold: {table.default_threshold}")
+        print(report.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+        if not args.dry_run:
+            out = Path(args.out) if args.out else TABLE_DIR / f"{profile.name}.json"
+            atomic_write_text(out, json.dumps(table.to_json(), indent=2) + "\n")
+            print(f"wrote {out}")
+        return 0
+
+    table = load_table(profile.name, args.thresholds)
+    if table.profile != profile.name:
+        raise HarnessError(f"threshold table is for {table.profile}, the results are from {profile.name}")
+    verdicts = cell_verdicts(cells, table, args.margin, args.oracle)
+    totals = forward_totals(cells, table, uses, profile.capture_size, args.oracle)
+    if args.csv:
+        atomic_write_text(Path(args.csv), verdicts.to_csv(index=False))
+    counts = verdicts["verdict"].value_counts().to_dict()
+    print(f"{len(verdicts)} cells; dispatcher vs best of {args.oracle}: {counts}; "
+          f"max regret {verdicts['regret'].max():.1%}")
+    print("per-forward totals (µs), dispatcher / best:")
+    show = totals.pivot_table(index="m", columns=["model", "regime"], values="dispatch_over_best")
+    print(show.to_string(float_format=lambda v: f"{v:.4f}"))
+    slower = verdicts[verdicts["verdict"] == "SLOWER"]
+    over = totals[totals["actual"] & (totals["dispatch_over_best"] > 1.01)]
+    if not slower.empty:
+        print(f"\nFAIL: the dispatcher is SLOWER than the best path beyond {args.margin:.0%} on {len(slower)} cell(s):")
+        print(slower[["n", "k", "m", "chosen", "oracle", "chosen_us", "oracle_us", "regret", "ratio_lo", "ratio_hi"]]
+              .to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    if not over.empty:
+        print("\nFAIL: per-forward total more than 1% above the best achievable:")
+        print(over.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    if slower.empty and over.empty:
+        print("PASS")
+        return 0
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main, "dispatch"))

@@ -1,0 +1,236 @@
+"""Verdicts, per-forward totals and threshold fitting on a results table (CPU only)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from dispatch.table import ThresholdTable
+from shapes.errors import HarnessError
+
+VERDICTS = ("FASTER", "SAME", "SLOWER", "AMBIGUOUS")
+
+
+def parse_samples(value: Any) -> np.ndarray:
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return np.asarray(value, dtype=float)
+    if not isinstance(value, str) or not value.strip():
+        return np.empty(0)
+    return np.array([float(v) for v in value.split(";") if v], dtype=float)
+
+
+def ratio_ci(a: np.ndarray, b: np.ndarray, n_boot: int = 2000, level: float = 0.95, seed: int = 0
+             ) -> tuple[float, float, float]:
+    """median(a)/median(b) and its bootstrap percentile interval (a and b resampled independently)."""
+    if len(a) == 0 or len(b) == 0:
+        raise ValueError("ratio of empty samples")
+    rng = np.random.default_rng(seed)
+    ra = np.median(a[rng.integers(0, len(a), (n_boot, len(a)))], axis=1)
+    rb = np.median(b[rng.integers(0, len(b), (n_boot, len(b)))], axis=1)
+    ratios = ra / rb
+    tail = (1 - level) / 2
+    return float(np.median(a) / np.median(b)), float(np.quantile(ratios, tail)), float(np.quantile(ratios, 1 - tail))
+
+
+def verdict(lo: float, hi: float, margin: float) -> str:
+    """A's time over B's: FASTER/SLOWER only when the whole interval is beyond the margin, SAME when inside it."""
+    if hi < 1 - margin:
+        return "FASTER"
+    if lo > 1 + margin:
+        return "SLOWER"
+    if lo >= 1 - margin and hi <= 1 + margin:
+        return "SAME"
+    return "AMBIGUOUS"
+
+
+@dataclass
+class Cells:
+    """The ok rows of a results table, indexed by (n, k, m, path)."""
+    df: pd.DataFrame
+    samples: dict[tuple[int, int, int, str], np.ndarray]
+
+    @classmethod
+    def from_results(cls, df: pd.DataFrame) -> "Cells":
+        ok = df[df["status"] == "ok"].copy()
+        if ok.empty:
+            raise HarnessError("the results table has no ok rows to judge")
+        for col in ("n", "k", "m"):
+            ok[col] = ok[col].astype(int)
+        samples = {}
+        for row in ok.itertuples(index=False):
+            s = parse_samples(getattr(row, "gpu_samples_us", ""))
+            samples[(row.n, row.k, row.m, row.path)] = s if len(s) else np.array([float(row.gpu_us)])
+        return cls(ok.set_index(["n", "k", "m", "path"]).sort_index(), samples)
+
+    def has(self, n: int, k: int, m: int, path: str) -> bool:
+        return (n, k, m, path) in self.samples
+
+    def gpu(self, n: int, k: int, m: int, path: str) -> float:
+        return float(self.df.loc[(n, k, m, path), "gpu_us"])
+
+    def host(self, n: int, k: int, m: int, path: str) -> float:
+        v = self.df.loc[(n, k, m, path), "host_us"]
+        return float(v) if pd.notna(v) else float("nan")
+
+    def cost(self, n: int, k: int, m: int, path: str, regime: str) -> float:
+        """A call's cost: GPU time inside CUDA graphs, max(host, GPU) when eager (the host-bound model)."""
+        gpu = self.gpu(n, k, m, path)
+        if regime == "graph":
+            return gpu
+        host = self.host(n, k, m, path)
+        return max(gpu, host) if not np.isnan(host) else gpu
+
+    def shapes(self) -> list[tuple[int, int]]:
+        return sorted({(n, k) for n, k, _, _ in self.samples})
+
+    def ms(self, n: int, k: int) -> list[int]:
+        return sorted({m for nn, kk, m, _ in self.samples if (nn, kk) == (n, k)})
+
+
+def chosen_path(table: ThresholdTable, cells: Cells, n: int, k: int, m: int) -> str:
+    """The dispatcher's path for a cell; where the low-M kernel has no ok row (ineligible), F.linear."""
+    path = table.choose(n, k, m)
+    return path if cells.has(n, k, m, path) else "aten"
+
+
+def flashinfer_path(table: ThresholdTable, cells: Cells, n: int, k: int, m: int) -> str:
+    """'FlashInfer alone', as vLLM's flag runs it: the low-M kernel at M <= 32, FlashInfer's cuBLASLt above."""
+    low = table.low_m_path()
+    if m <= 32 and cells.has(n, k, m, low):
+        return low
+    return "flashinfer:cublaslt" if cells.has(n, k, m, "flashinfer:cublaslt") else "aten"
+
+
+def candidates(table: ThresholdTable, cells: Cells, n: int, k: int, m: int, oracle: str) -> list[str]:
+    if oracle == "all":
+        return [p for p in ("aten", *sorted({pp for *_, pp in cells.samples if pp.startswith("flashinfer:")}))
+                if cells.has(n, k, m, p)]
+    return [p for p in ("aten", table.low_m_path()) if cells.has(n, k, m, p)]
+
+
+def cell_verdicts(cells: Cells, table: ThresholdTable, margin: float = 0.03, oracle: str = "candidates") -> pd.DataFrame:
+    rows = []
+    for n, k in cells.shapes():
+        for m in cells.ms(n, k):
+            cands = candidates(table, cells, n, k, m, oracle)
+            if not cands:
+                continue
+            chosen = chosen_path(table, cells, n, k, m)
+            best = min(cands, key=lambda p: cells.gpu(n, k, m, p))
+            ratio, lo, hi = ratio_ci(cells.samples[(n, k, m, chosen)], cells.samples[(n, k, m, best)],
+                                     seed=hash((n, k, m)) & 0xFFFF)
+            v = "SAME" if chosen == best else verdict(lo, hi, margin)
+            low = table.low_m_path()
+            low_vs_aten = ""
+            if cells.has(n, k, m, low) and cells.has(n, k, m, "aten"):
+                _, llo, lhi = ratio_ci(cells.samples[(n, k, m, low)], cells.samples[(n, k, m, "aten")],
+                                       seed=(hash((n, k, m)) + 1) & 0xFFFF)
+                low_vs_aten = verdict(llo, lhi, margin)
+            rows.append({"n": n, "k": k, "m": m, "chosen": chosen, "oracle": best,
+                         "chosen_us": cells.gpu(n, k, m, chosen), "oracle_us": cells.gpu(n, k, m, best),
+                         "regret": ratio - 1, "ratio_lo": lo, "ratio_hi": hi, "verdict": v,
+                         "low_m_vs_aten": low_vs_aten,
+                         "measured_dispatch_us": cells.gpu(n, k, m, "dispatch") if cells.has(n, k, m, "dispatch") else np.nan})
+    return pd.DataFrame(rows)
+
+
+def model_uses(df: pd.DataFrame) -> dict[str, list[tuple[int, int, int]]]:
+    """model -> [(n, k, count per forward)] of its in-graph layers whose shapes the results cover (from the catalog).
+    lm_head is left out: its M is the sampled rows, not the step's tokens."""
+    from shapes.catalog import model_layers
+    present = {(int(n), int(k)) for n, k in zip(df["n"], df["k"])}
+    tps = sorted({int(t) for t in df["tp"]}) if "tp" in df.columns else [1]
+    uses: dict[str, dict[tuple[int, int], int]] = {}
+    for tp in tps:
+        for layer in model_layers(tp=tp):
+            if layer.in_cuda_graph and (layer.n, layer.k) in present:
+                per_model = uses.setdefault(layer.model, {})
+                per_model[(layer.n, layer.k)] = per_model.get((layer.n, layer.k), 0) + layer.count
+    return {model: [(n, k, c) for (n, k), c in sorted(v.items())] for model, v in uses.items()}
+
+
+def forward_totals(cells: Cells, table: ThresholdTable, uses: dict[str, list[tuple[int, int, int]]],
+                   capture_size: int, oracle: str = "candidates") -> pd.DataFrame:
+    """Per model, M and regime: count-weighted per-forward µs of aten, FlashInfer, the dispatcher and the best
+    choice. `actual` marks the regime vLLM runs that M in (CUDA graph up to the capture size, eager above)."""
+    rows = []
+    all_ms = sorted({m for _, _, m, _ in cells.samples})
+    for model, layers in uses.items():
+        for m in all_ms:
+            if not all(cells.has(n, k, m, "aten") for n, k, _ in layers):
+                continue
+            for regime in ("graph", "eager"):
+                tot = {"aten": 0.0, "flashinfer": 0.0, "dispatch": 0.0, "best": 0.0}
+                for n, k, count in layers:
+                    tot["aten"] += count * cells.cost(n, k, m, "aten", regime)
+                    tot["flashinfer"] += count * cells.cost(n, k, m, flashinfer_path(table, cells, n, k, m), regime)
+                    tot["dispatch"] += count * cells.cost(n, k, m, chosen_path(table, cells, n, k, m), regime)
+                    tot["best"] += count * min(cells.cost(n, k, m, p, regime)
+                                               for p in candidates(table, cells, n, k, m, oracle))
+                # vLLM runs a step of M tokens in the graph regime only up to the capture size.
+                actual = (regime == "graph") == (m <= capture_size)
+                rows.append({"model": model, "m": m, "regime": regime, "actual": actual,
+                             **{f"{k}_us": v for k, v in tot.items()},
+                             "dispatch_over_best": tot["dispatch"] / tot["best"]})
+    return pd.DataFrame(rows)
+
+
+def fit(cells: Cells, base: ThresholdTable, uses: dict[str, list[tuple[int, int, int]]], capture_size: int,
+        min_gain: float = 0.0, margin: float = 0.03) -> tuple[ThresholdTable, pd.DataFrame]:
+    """Thresholds minimising the count-weighted per-forward time, each M weighted alike: the objective is
+    sum over M of (per-forward time / best achievable per-forward time), which splits into one term per shape.
+    The global threshold minimises the whole sum; a shape gets an override where its own best threshold cuts
+    the sum by more than min_gain (a share of it)."""
+    weight: dict[tuple[int, int], int] = {}
+    for layers in uses.values():
+        for n, k, c in layers:
+            weight[(n, k)] = weight.get((n, k), 0) + c
+    shapes = [s for s in cells.shapes() if s in weight]
+    ms = sorted({m for n, k in shapes for m in cells.ms(n, k)})
+    regime = {m: "graph" if m <= capture_size else "eager" for m in ms}
+
+    def best_cost(n: int, k: int, m: int) -> float:
+        return min(cells.cost(n, k, m, p, regime[m]) for p in candidates(base, cells, n, k, m, "candidates"))
+
+    per_m_best = {m: sum(weight[(n, k)] * best_cost(n, k, m) for n, k in shapes if cells.has(n, k, m, "aten"))
+                  for m in ms}
+
+    def shape_term(n: int, k: int, threshold: int) -> float:
+        t = ThresholdTable(base.profile, base.low_m_backend, threshold)
+        return sum(weight[(n, k)] * cells.cost(n, k, m, chosen_path(t, cells, n, k, m), regime[m]) / per_m_best[m]
+                   for m in cells.ms(n, k) if cells.has(n, k, m, "aten"))
+
+    options = sorted({0} | {m for m in ms if m <= capture_size})
+    terms = {(n, k): {t: shape_term(n, k, t) for t in options} for n, k in shapes}
+    total = {t: sum(terms[s][t] for s in shapes) for t in options}
+    best_global = min(options, key=lambda t: (total[t], t))
+    overrides, report = {}, []
+    for n, k in shapes:
+        own = terms[(n, k)]
+        best_own = min(options, key=lambda t: (own[t], t))
+        gain = (own[best_global] - own[best_own]) / total[best_global]
+        if best_own != best_global and gain > min_gain:
+            overrides[(n, k)] = best_own
+        report.append({"n": n, "k": k, "weight": weight[(n, k)], "best_threshold": best_own,
+                       "gain_vs_global": gain, "override": (n, k) in overrides,
+                       "crossover_m": crossover(cells, base, n, k, margin)})
+    table = ThresholdTable(base.profile, base.low_m_backend, best_global, overrides)
+    return table, pd.DataFrame(report)
+
+
+def crossover(cells: Cells, table: ThresholdTable, n: int, k: int, margin: float = 0.03) -> float:
+    """Smallest M where the low-M kernel stops being FASTER than aten (NaN if it never is, or never stops)."""
+    low = table.low_m_path()
+    was_faster = False
+    for m in cells.ms(n, k):
+        if not (cells.has(n, k, m, low) and cells.has(n, k, m, "aten")):
+            continue
+        _, lo, hi = ratio_ci(cells.samples[(n, k, m, low)], cells.samples[(n, k, m, "aten")], seed=m)
+        v = verdict(lo, hi, margin)
+        if v == "FASTER":
+            was_faster = True
+        elif was_faster:
+            return float(m)
+    return float("nan")
