@@ -1,0 +1,82 @@
+"""GPU tests: a small real sweep, its kernel-count checks, CUPTI vs events, and the dispatcher in a graph."""
+import math
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.fixture(scope="module")
+def small_sweep(tmp_path_factory):
+    import torch
+    from bench.paths import paths_for
+    from bench.profiles import PROFILES
+    from bench.results import load_results
+    from bench.sweep import SweepConfig, run_sweep
+    from shapes.catalog import catalog, select
+    name = next((p for p in PROFILES.values() if p.name_pattern in torch.cuda.get_device_name(0)), None)
+    if name is None:
+        pytest.skip(f"no GPU profile for {torch.cuda.get_device_name(0)}")
+    out = tmp_path_factory.mktemp("sweep")
+    cfg = SweepConfig(profile=name, shapes=select(catalog(), "n2048_k4096,n64_k2048,n1_k2048"), ms=[1, 48, 1031],
+                      paths=paths_for(name.flashinfer_backends), out=out, samples=10)
+    run_sweep(cfg)
+    return load_results(out)
+
+
+def test_every_runnable_cell_is_timed_and_correct(small_sweep):
+    df = small_sweep
+    assert set(df["status"]) <= {"ok", "skipped"}, df[df["status"] == "failed"][["shape", "m", "path", "reason"]]
+    ok = df[df["status"] == "ok"]
+    assert (ok["rel_err"] < 2e-2).all()
+    assert (ok["gpu_us"] > 0).all() and (ok["kernels_per_call"] >= 1).all()
+    assert (ok["timer"] == "cupti").all()
+    # N = 1 cannot run on TinyGEMM: skipped, with the reason
+    tiny = df[(df["n"] == 1) & (df["path"] == "flashinfer:tinygemm")]
+    assert (tiny["status"] == "skipped").all() and tiny["reason"].str.contains("N % 16").all()
+
+
+def test_cupti_and_events_agree_for_longer_calls(small_sweep):
+    ok = small_sweep[(small_sweep["status"] == "ok") & (small_sweep["gpu_us"] >= 10)]
+    rel = (ok["event_us"] / ok["gpu_us"] - 1).abs()
+    assert rel.median() < 0.05, rel.describe()
+
+
+def test_dispatch_row_matches_its_choice(small_sweep):
+    df = small_sweep[small_sweep["status"] == "ok"].set_index(["n", "k", "m", "path"])
+    for (n, k, m, path), row in df.iterrows():
+        if path != "dispatch":
+            continue
+        kernels = set(str(row["kernels"]).split(";"))
+        matches = [p for p in ("aten", "flashinfer:tinygemm", "flashinfer:cute-dsl")
+                   if (n, k, m, p) in df.index and set(str(df.loc[(n, k, m, p), "kernels"]).split(";")) == kernels]
+        assert matches, f"dispatch ran kernels of no known path at {(n, k, m)}"
+
+
+def test_dispatcher_captures_and_falls_back():
+    import torch
+    import torch.nn.functional as F
+    import dispatch
+    from dispatch.table import ThresholdTable
+    dispatch.configure(ThresholdTable("h200", "tinygemm", 32))
+    try:
+        w = torch.randn(2048, 4096, device="cuda", dtype=torch.bfloat16)
+        x = torch.randn(8, 4096, device="cuda", dtype=torch.bfloat16)
+        ref = F.linear(x, w)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            y = dispatch.linear(x, w)
+        g.replay()
+        torch.cuda.synchronize()
+        assert (y.float() - ref.float()).norm() / ref.float().norm() < 2e-2
+        # inputs the low-M kernel cannot take go to F.linear
+        w1 = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
+        assert torch.equal(dispatch.linear(x, w1), F.linear(x, w1))
+        xf = x.float()
+        assert torch.equal(dispatch.linear(xf, w.float()), F.linear(xf, w.float()))
+        xt = torch.randn(4096, 8, device="cuda", dtype=torch.bfloat16).t()
+        assert torch.equal(dispatch.linear(xt, w), F.linear(xt, w))
+        b = torch.randn(2048, device="cuda", dtype=torch.bfloat16)
+        assert torch.equal(dispatch.linear(x, w, b), F.linear(x, w, b))
+    finally:
+        dispatch.reset()
