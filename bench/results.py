@@ -89,7 +89,8 @@ def read_csv_table(path: Path):
     import pandas as pd
     return pd.read_csv(path, keep_default_na=False, na_values={c: [""] for c in
                        ("gpu_us", "gpu_us_p20", "gpu_us_p80", "span_us", "event_us", "host_us", "host_us_p20",
-                        "host_us_p80", "rel_err", "tune_s", "l2_multiple", "kernels_per_call")})
+                        "host_us_p80", "rel_err", "tune_s", "l2_multiple", "kernels_per_call", "samples",
+                        "calls_per_graph", "rotations")})
 
 
 def load_results(path: str | Path):

@@ -191,6 +191,11 @@ def run_sweep(cfg: SweepConfig) -> Path:
             raise HarnessError(f"path {p.name} needs a package that is missing ({exc}); "
                                f"pip install -e '.[gpu]' or leave the path out with --paths") from None
 
+    import signal
+
+    def stop(signum, frame):  # `timeout`, a batch scheduler or kill: finish like Ctrl-C, keeping the written rows
+        raise KeyboardInterrupt
+    signal.signal(signal.SIGTERM, stop)
     total = len(cfg.shapes) * len(cfg.ms)
     bar = _progress(total, "bench")
     t_start = time.perf_counter()

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import torch.nn.functional as F
+
 from dispatch.table import ThresholdTable, load_table
 
 __all__ = ["linear", "ThresholdTable", "load_table", "configure", "reset"]
@@ -81,7 +83,6 @@ def _eligible(x: Any, weight: Any, bias: Any, backend_sm: int) -> bool:
 
 
 def linear(x: Any, weight: Any, bias: Any = None) -> Any:
-    import torch.nn.functional as F
     k = x.shape[-1]
     m = x.numel() // k if k else 0
     device = x.get_device()  # an int, cheaper than x.device; -1 on the CPU

@@ -1,0 +1,160 @@
+"""CPU tests of the bench logic with fake timers: attribution, kernel counts, sizing, statistics, results files."""
+import json
+
+import pytest
+
+from bench.paths import PATHS, paths_for
+from bench.profiles import check_device, get_profile
+from bench.results import COLUMNS, done_keys, load_results, write_results
+from bench.stats import (KernelCountError, KernelRecord, Window, attribute, calls_per_graph, kernels_per_call,
+                         quantile, rotation_count, summary)
+from shapes.errors import HarnessError
+
+L2 = 62_914_560  # H200, as torch reports it
+
+
+def test_rotation_touches_five_l2s_until_capped():
+    w = 2048 * 4096 * 2
+    r = rotation_count(w, L2)
+    assert r * w >= 5 * L2 and (r - 1) * w < 5 * L2
+    assert rotation_count(10 * L2, L2) == 1
+    assert rotation_count(4096, L2, cap=512) == 512
+
+
+def test_calls_per_graph_covers_every_copy():
+    assert calls_per_graph(19, est_call_us=8) >= 19
+    assert calls_per_graph(1, est_call_us=5) == 100  # 500 µs target
+    assert calls_per_graph(1, est_call_us=30_000) == 1
+
+
+def test_quantiles_match_numpy():
+    np = pytest.importorskip("numpy")
+    xs = [5.0, 1.0, 3.0, 9.0, 7.0, 2.0]
+    for q in (0.2, 0.5, 0.8):
+        assert quantile(xs, q) == pytest.approx(float(np.quantile(xs, q)))
+    assert summary([1.0, 2.0, 3.0]) == (2.0, pytest.approx(1.4), pytest.approx(2.6))
+
+
+def _fake_replays(per_call, calls, windows, gap=1000, dur=500, extra=None):
+    """Kernel records as CUPTI would report them for back-to-back replays; eager kernels have graph id 0."""
+    recs, t = [], 10_000
+    out_windows = []
+    for i, path in enumerate(windows):
+        t0 = t
+        for c in range(calls):
+            for j in range(per_call[path]):
+                recs.append(KernelRecord(t, t + dur, f"{path}_k{j}", graph_id=7))
+                t += dur + 10
+        if extra and i in extra:
+            recs.append(KernelRecord(t, t + dur, "stray", graph_id=7))
+            t += dur
+        recs.append(KernelRecord(t + 1, t + 2, "sleep", graph_id=0))
+        t += gap
+        out_windows.append(Window(path, i, t0 - 1, t - 1))
+    return sorted(recs, key=lambda r: r.start), out_windows
+
+
+def test_attribution_by_window_and_busy_time():
+    recs, windows = _fake_replays({"a": 2, "b": 1}, calls=4, windows=["a", "b", "b", "a"])
+    timings = attribute(recs, windows, {"a": 8, "b": 4})
+    assert [t.count for t in timings] == [8, 4, 4, 8]
+    assert timings[0].busy_ns == 8 * 500 and timings[1].busy_ns == 4 * 500
+    assert timings[1].span_ns == 4 * 500 + 3 * 10
+    assert "sleep" not in timings[0].names
+
+
+def test_extra_or_missing_kernels_fail_loudly():
+    recs, windows = _fake_replays({"a": 1}, calls=4, windows=["a", "a"], extra={1})
+    with pytest.raises(KernelCountError, match="5 kernel records"):
+        attribute(recs, windows, {"a": 4})
+    with pytest.raises(KernelCountError, match="expected 4"):
+        attribute(recs[:2], windows[:1], {"a": 4})
+    assert kernels_per_call(8, 4, "a") == 2
+    with pytest.raises(KernelCountError):
+        kernels_per_call(7, 4, "a")
+    with pytest.raises(KernelCountError):
+        kernels_per_call(0, 4, "a")
+
+
+def test_profiles_and_device_check():
+    assert get_profile("H200").sm == 90
+    with pytest.raises(HarnessError, match="unknown GPU profile"):
+        get_profile("a100")
+    check_device(get_profile("h200"), "NVIDIA H200", 90)
+    with pytest.raises(HarnessError, match="--allow-mismatch"):
+        check_device(get_profile("h200"), "NVIDIA H100 80GB HBM3", 90)
+    with pytest.raises(HarnessError):
+        check_device(get_profile("b200"), "NVIDIA GB200", 100)
+    check_device(get_profile("b200"), "NVIDIA GB200", 100, allow_mismatch=True)
+
+
+def test_path_registry_gates():
+    assert [p.name for p in paths_for(get_profile("h200").flashinfer_backends)] == [
+        "aten", "flashinfer:tinygemm", "flashinfer:cublaslt", "flashinfer:cudnn", "dispatch"]
+    assert "SM100" in PATHS["flashinfer:cute-dsl"].skip_reason(90, 2048, 4096, 8)
+    assert "N % 16" in PATHS["flashinfer:tinygemm"].skip_reason(90, 1, 2048, 8)
+    assert PATHS["flashinfer:cute-dsl"].skip_reason(100, 2048, 64, 8).startswith("flashinfer:cute-dsl needs K % 128")
+    assert PATHS["aten"].skip_reason(90, 1, 2048, 16384) is None
+    with pytest.raises(HarnessError, match="unknown path"):
+        paths_for((), "aten,nope")
+
+
+def _row(n, k, m, path, **kw):
+    return {"shape": f"n{n}_k{k}", "n": n, "k": k, "m": m, "path": path, "status": "ok", "gpu_us": 1.0,
+            "gpu_us_p20": 0.9, "gpu_us_p80": 1.1, "event_us": 1.0, "host_us": 20.0, "kernels": ("a", "b"),
+            "kernels_per_call": 1, "timer": "cupti", "rel_err": 1e-3, **kw}
+
+
+def test_results_roundtrip_and_resume(tmp_path):
+    rows = [_row(64, 2048, m, "aten") for m in (1, 8)]
+    path = write_results(tmp_path, rows)
+    assert path.read_text().splitlines()[0].split(",") == list(COLUMNS)
+    df = load_results(tmp_path)
+    assert list(df["kernels"]) == ["a;b", "a;b"]
+    kept, keys = done_keys(tmp_path)
+    assert keys == {(64, 2048, 1, "aten"), (64, 2048, 8, "aten")} and len(kept) == 2
+    write_results(tmp_path, kept + [_row(64, 2048, 16, "aten")])  # resumed rows survive a rewrite
+    assert len(load_results(tmp_path)) == 3
+    assert not list(tmp_path.glob(".results.csv.*"))  # no temp file left behind
+
+
+@pytest.mark.parametrize("content,needle", [
+    (None, "not found"), ("", "cannot read|no rows"), ("n,k,m\n1,2,3\n", "lacks column"),
+])
+def test_bad_results_files(tmp_path, content, needle):
+    if content is not None:
+        (tmp_path / "results.csv").write_text(content)
+    with pytest.raises(HarnessError, match=needle):
+        load_results(tmp_path)
+
+
+def test_bench_cli_bad_input(capsys):
+    from bench.__main__ import main
+    from shapes.errors import run_cli
+    assert run_cli(main, "bench", ["run", "--gpu", "x100"]) == 2
+    assert "unknown GPU profile" in capsys.readouterr().err
+    assert run_cli(main, "bench", ["run", "--gpu", "h200", "--shapes", "n3_k3"]) == 2
+    assert "not in the catalog" in capsys.readouterr().err
+
+
+def test_bench_without_gpu_writes_nothing(tmp_path, capsys):
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    from bench.__main__ import main
+    from shapes.errors import run_cli
+    out = tmp_path / "out"
+    assert run_cli(main, "bench", ["run", "--gpu", "h200", "--out", str(out)]) == 2
+    assert "no CUDA GPU" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_committed_sweep_is_complete_and_consistent():
+    df = load_results("tests/data/h200-sweep")
+    info = json.load(open("tests/data/h200-sweep/run.json"))
+    assert info["fingerprint"]["gpu_name"] == "NVIDIA H200" and info["status"] == "complete"
+    assert df.groupby(["n", "k"]).ngroups == 16 and df["m"].nunique() == 25
+    assert len(df) == 16 * 25 * 5 and set(df["status"]) == {"ok", "skipped"}
+    ok = df[df["status"] == "ok"]
+    assert (ok["timer"] == "cupti").all() and (ok["rel_err"] < 2e-2).all()
+    assert (ok["samples"] >= 10).all()
