@@ -6,9 +6,8 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 GPU ?=
 OUT ?= results/$(GPU)
-RESULTS ?= tests/data/h200-sweep
 
-.PHONY: venv bench test report baseline clean
+.PHONY: venv bench test clean
 
 # --system-site-packages: a GPU machine's own CUDA build of torch (and FlashInfer, CUPTI) stays visible.
 $(VENV)/.installed: pyproject.toml
@@ -29,13 +28,6 @@ bench: $(VENV)/.installed
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q
-
-report: $(VENV)/.installed
-	$(PY) -m reports build $(RESULTS) -o report.html
-
-baseline: $(VENV)/.installed
-	@test -n "$(GPU)" || { echo "make baseline: set GPU=<profile>" >&2; exit 2; }
-	$(PY) -m bench baseline --gpu $(GPU)
 
 clean:
 	rm -rf $(VENV) *.egg-info
