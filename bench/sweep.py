@@ -38,6 +38,18 @@ class SweepConfig:
     command: list[str] | None = None
 
 
+def previous_legs(run_json: Path) -> list[dict[str, Any]]:
+    """The command, start, wall time and status of every earlier leg of a resumed sweep (newest last)."""
+    import json
+    try:
+        old = json.loads(run_json.read_text())
+    except (OSError, ValueError):
+        return [{"error": f"{run_json} was unreadable when the sweep resumed"}]
+    legs = list(old.get("previous_legs", []))
+    legs.append({k: old.get(k) for k in ("command", "started", "wall_s", "status")})
+    return legs
+
+
 def require_cuda() -> None:
     """Stops before anything is written when there is no usable CUDA GPU."""
     try:
@@ -180,6 +192,8 @@ def run_sweep(cfg: SweepConfig) -> Path:
     rows, done = done_keys(cfg.out) if cfg.resume else ([], set())
     if not cfg.resume and (cfg.out / "results.csv").exists():
         raise HarnessError(f"{cfg.out}/results.csv exists; pass --resume to continue it or choose another --out")
+    if cfg.resume and (cfg.out / "run.json").is_file():
+        info["previous_legs"] = previous_legs(cfg.out / "run.json")
     write_run_json(cfg.out, {**info, "status": "running"})
     fns: dict[str, Any] = {}
     for p in cfg.paths:

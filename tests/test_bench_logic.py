@@ -158,3 +158,15 @@ def test_committed_sweep_is_complete_and_consistent():
     ok = df[df["status"] == "ok"]
     assert (ok["timer"] == "cupti").all() and (ok["rel_err"] < 2e-2).all()
     assert (ok["samples"] >= 10).all()
+
+
+def test_resume_keeps_earlier_legs(tmp_path):
+    from bench.results import write_run_json
+    from bench.sweep import previous_legs
+    write_run_json(tmp_path, {"command": "leg1", "started": "t1", "wall_s": 560.0, "status": "interrupted"})
+    legs = previous_legs(tmp_path / "run.json")
+    write_run_json(tmp_path, {"command": "leg2", "started": "t2", "wall_s": 50.0, "status": "complete",
+                              "previous_legs": legs})
+    assert [l["command"] for l in previous_legs(tmp_path / "run.json")] == ["leg1", "leg2"]
+    (tmp_path / "run.json").write_text("{broken")
+    assert "unreadable" in previous_legs(tmp_path / "run.json")[0]["error"]
