@@ -31,13 +31,22 @@ def get_profile(name: str) -> GpuProfile:
         raise HarnessError(f"unknown GPU profile {name!r}; known: {', '.join(PROFILES)} (add one in bench/profiles.py)") from None
 
 
+def matches(profile: GpuProfile, device_name: str, sm: int) -> bool:
+    # "GB200" contains "B200": a b200 profile must not accept a GB200.
+    name_ok = profile.name_pattern in device_name and not (profile.name == "b200" and "GB200" in device_name)
+    return name_ok and sm == profile.sm
+
+
+def detect_profile(device_name: str, sm: int) -> GpuProfile | None:
+    """The profile of this GPU, or None when no profile describes it."""
+    return next((p for p in PROFILES.values() if matches(p, device_name, sm)), None)
+
+
 def check_device(profile: GpuProfile, device_name: str, sm: int, allow_mismatch: bool = False) -> None:
     """Stop when the detected GPU is not the profile's, unless the user overrides."""
     if allow_mismatch:
         return
-    # "GB200" contains "B200": a b200 profile must not accept a GB200 and vice versa.
-    name_ok = profile.name_pattern in device_name and not (profile.name == "b200" and "GB200" in device_name)
-    if sm != profile.sm or not name_ok:
+    if not matches(profile, device_name, sm):
         raise HarnessError(
             f"GPU profile {profile.name} expects an SM{profile.sm} {profile.name_pattern}, but this GPU is "
             f"{device_name!r} (SM{sm}); pick the matching profile or pass --allow-mismatch")

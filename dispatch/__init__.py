@@ -45,25 +45,17 @@ def _device_state(index: int | None):
     if state is not None:
         return state
     import torch
-    from bench.profiles import PROFILES
-    table = _FORCED
-    sm = 0
-    if index is not None and index < 0:
-        index = None
-    if table is None and index is not None:
-        name = torch.cuda.get_device_name(index)
+    from bench.profiles import detect_profile
+    table, sm = _FORCED, 0
+    if index is not None and index >= 0:  # get_device() is -1 for CPU tensors
         major, minor = torch.cuda.get_device_capability(index)
         sm = major * 10 + minor
-        for profile in sorted(PROFILES.values(), key=lambda p: -len(p.name_pattern)):
-            if profile.name_pattern in name and profile.sm == sm:
-                try:
-                    table = load_table(profile.name)
-                except Exception:
-                    table = None
-                break
-    elif index is not None:
-        major, minor = torch.cuda.get_device_capability(index)
-        sm = major * 10 + minor
+        profile = detect_profile(torch.cuda.get_device_name(index), sm) if table is None else None
+        if profile is not None:
+            try:
+                table = load_table(profile.name)
+            except Exception:
+                table = None  # no table for this GPU yet: always F.linear
     if table is None:
         state = (-1, {}, None, sm)  # unknown GPU: always F.linear
     else:

@@ -170,3 +170,11 @@ def test_resume_keeps_earlier_legs(tmp_path):
     assert [l["command"] for l in previous_legs(tmp_path / "run.json")] == ["leg1", "leg2"]
     (tmp_path / "run.json").write_text("{broken")
     assert "unreadable" in previous_legs(tmp_path / "run.json")[0]["error"]
+
+
+def test_detect_profile_tells_gb200_from_b200():
+    from bench.profiles import detect_profile
+    assert detect_profile("NVIDIA GB200", 100).name == "gb200"
+    assert detect_profile("NVIDIA B200", 100).name == "b200"
+    assert detect_profile("NVIDIA H200", 90).name == "h200"
+    assert detect_profile("NVIDIA H200", 100) is None and detect_profile("NVIDIA A100", 80) is None

@@ -10,11 +10,12 @@ pytestmark = pytest.mark.gpu
 def small_sweep(tmp_path_factory):
     import torch
     from bench.paths import paths_for
-    from bench.profiles import PROFILES
+    from bench.profiles import detect_profile
     from bench.results import load_results
     from bench.sweep import SweepConfig, run_sweep
     from shapes.catalog import catalog, select
-    name = next((p for p in PROFILES.values() if p.name_pattern in torch.cuda.get_device_name(0)), None)
+    major, minor = torch.cuda.get_device_capability(0)
+    name = detect_profile(torch.cuda.get_device_name(0), major * 10 + minor)
     if name is None:
         pytest.skip(f"no GPU profile for {torch.cuda.get_device_name(0)}")
     out = tmp_path_factory.mktemp("sweep")
