@@ -1,4 +1,5 @@
-# Two entry points: `make bench GPU=<profile>` (on a GPU machine) and `make test` (anywhere).
+# `make test` (anywhere); on a GPU machine: `make bench|baseline|regress|host-anatomy GPU=<profile>`;
+# `make report` (anywhere) renders report.html from RESULTS.
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -7,7 +8,9 @@ TORCH_SPEC ?= torch==2.13.0
 GPU ?=
 OUT ?= results/$(GPU)
 
-.PHONY: venv bench test clean
+.PHONY: venv gpu-env bench baseline regress host-anatomy report test clean
+RESULTS ?= tests/data/h200-sweep
+REPORT ?= report.html
 
 # --system-site-packages: a GPU machine's own CUDA build of torch (and FlashInfer, CUPTI) stays visible.
 $(VENV)/.installed: pyproject.toml
@@ -19,12 +22,27 @@ $(VENV)/.installed: pyproject.toml
 
 venv: $(VENV)/.installed
 
-bench: $(VENV)/.installed
-	@test -n "$(GPU)" || { echo "make bench: set GPU=<profile> (h100, h200, b200, gb200)" >&2; exit 2; }
+# Every GPU target: GPU= set, a CUDA GPU visible, the [gpu] extra installed; one line and exit 2 otherwise.
+gpu-env: $(VENV)/.installed
+	@test -n "$(GPU)" || { echo "make: set GPU=<profile> (h100, h200, b200, gb200)" >&2; exit 2; }
 	@$(PY) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" || \
-	  { echo "make bench: no CUDA GPU visible on this machine; run it on a GPU machine (nothing was written)" >&2; exit 2; }
+	  { echo "make: no CUDA GPU visible on this machine; run it on a GPU machine (nothing was written)" >&2; exit 2; }
 	$(PY) -m pip install -q -e ".[gpu]"
+
+bench: gpu-env
 	$(PY) -m bench run --gpu $(GPU) --out $(OUT)
+
+baseline: gpu-env
+	$(PY) -m dispatch baseline --gpu $(GPU)
+
+regress: gpu-env
+	$(PY) -m pytest -q -m gpu tests/test_gpu_regression.py
+
+host-anatomy: gpu-env
+	$(PY) -m bench host-anatomy --gpu $(GPU) --out results/$(GPU)-host-anatomy
+
+report: $(VENV)/.installed
+	$(PY) -m reports build $(RESULTS) -o $(REPORT)
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q

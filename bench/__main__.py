@@ -1,4 +1,4 @@
-"""python -m bench run | paths | profiles"""
+"""python -m bench run | host-anatomy | paths | profiles"""
 from __future__ import annotations
 
 import argparse
@@ -9,7 +9,7 @@ from typing import Sequence
 from bench.paths import PATHS, paths_for
 from bench.profiles import PROFILES, get_profile
 from shapes.catalog import catalog, select
-from shapes.errors import run_cli
+from shapes.errors import HarnessError, run_cli
 from shapes.grid import parse_m
 
 
@@ -34,6 +34,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_run.add_argument("--max-rotations", type=int, default=512,
                        help="at most this many rotated input/weight copies per graph (default 512)")
     p_run.add_argument("--allow-mismatch", action="store_true", help="run although the GPU is not the profile's")
+    p_an = sub.add_parser("host-anatomy", help="where a FlashInfer call's host time goes, layer by layer, vs F.linear")
+    p_an.add_argument("--gpu", required=True, help=f"GPU profile: {', '.join(PROFILES)}")
+    p_an.add_argument("--shapes", default="n2048_k4096", help="comma list of shapes or NxK (default n2048_k4096)")
+    p_an.add_argument("--m", default="8,48,1024",
+                      help="M values (default 8,48,1024: tuning buckets 8 and 1024, and 48, which is none)")
+    p_an.add_argument("--backends", help="FlashInfer backends (default: the profile's low-M backend and cublaslt)")
+    p_an.add_argument("--calls", type=int, default=40, help="timed calls per layer and round (default 40)")
+    p_an.add_argument("--rounds", type=int, default=9, help="interleaved rounds (default 9)")
+    p_an.add_argument("--out", default="results/host-anatomy", help="output folder (default results/host-anatomy)")
+    p_an.add_argument("--allow-mismatch", action="store_true", help="run although the GPU is not the profile's")
     sub.add_parser("paths", help="list the path registry")
     sub.add_parser("profiles", help="list the GPU profiles")
     args = parser.parse_args(argv)
@@ -49,14 +59,27 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"low-M={p.low_m_backend} capture={p.capture_size}")
         return 0
 
-    from bench.sweep import SweepConfig, run_sweep
     profile = get_profile(args.gpu)
+    command = ["python", "-m", "bench", *(argv if argv is not None else sys.argv[1:])]
+    if args.cmd == "host-anatomy":
+        from bench.anatomy_gpu import run_anatomy
+        backends = ([b.strip() for b in args.backends.split(",") if b.strip()] if args.backends
+                    else list(dict.fromkeys((profile.low_m_backend, "cublaslt"))))
+        unknown = [b for b in backends if f"flashinfer:{b}" not in PATHS]
+        if unknown:
+            raise HarnessError(f"unknown FlashInfer backend(s) {', '.join(unknown)}; known: "
+                               f"{', '.join(p.flashinfer_backend for p in PATHS.values() if p.flashinfer_backend)}")
+        out = run_anatomy(profile, select(catalog(), args.shapes), parse_m(args.m), backends, Path(args.out),
+                          args.calls, args.rounds, args.allow_mismatch, command)
+        print(f"results: {out}/results.csv, {out}/run.json")
+        return 0
+
+    from bench.sweep import SweepConfig, run_sweep
     shapes = select(catalog(args.model, args.tp), args.shapes)
     cfg = SweepConfig(profile=profile, shapes=shapes, ms=parse_m(args.m), paths=paths_for(profile.flashinfer_backends, args.paths),
                       out=Path(args.out), timer=args.timer, samples=args.samples, warm_l2=args.warm_l2,
                       resume=args.resume, allow_mismatch=args.allow_mismatch, tune=not args.no_tune, tune_all=args.tune_all,
-                      max_rotations=args.max_rotations,
-                      command=["python", "-m", "bench", *(argv if argv is not None else sys.argv[1:])])
+                      max_rotations=args.max_rotations, command=command)
     out = run_sweep(cfg)  # stops first, writing nothing, when there is no CUDA GPU
     print(f"results: {out}/results.csv, {out}/run.json")
     return 0

@@ -25,6 +25,8 @@ class CuptiClock:
         self._lock = threading.Lock()
         self._records: list[KernelRecord] = []
         self.invalid = 0
+        self.drain_s = 0.0  # host seconds spent flushing and parsing records (reported in run.json)
+        self.records_seen = 0
         kind = cupti.ActivityKind.CONCURRENT_KERNEL
 
         def requested():
@@ -58,10 +60,13 @@ class CuptiClock:
     def drain(self) -> list[KernelRecord]:
         import torch
         torch.cuda.synchronize()  # nothing in flight, so a forced flush cannot cut a record short
+        t0 = time.perf_counter()
         self._cupti.activity_flush_all(self._cupti.ActivityFlag.FLUSH_FORCED)
         with self._lock:
             recs, self._records = self._records, []
         recs.sort(key=lambda r: r.start)
+        self.drain_s += time.perf_counter() - t0
+        self.records_seen += len(recs)
         return recs
 
     def close(self) -> None:
@@ -74,6 +79,8 @@ class EventClock:
     """No kernel records: windows are timed by CUDA events only (kernel names and counts are unknown)."""
     name = "events"
     invalid = 0
+    drain_s = 0.0
+    records_seen = 0
 
     def now(self) -> int:
         return time.perf_counter_ns()

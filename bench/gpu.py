@@ -1,13 +1,12 @@
 """The GPU side of a measurement: rotated inputs, correctness gate, host timing, CUDA-graph capture and replay."""
 from __future__ import annotations
 
-import gc
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from bench.stats import Window, attribute, kernels_per_call, rel_err, summary
+from bench.stats import Window, attribute, kernels_per_call, rel_err
 
 REL_ERR_BOUND = 2e-2  # bf16 output rounding is ~4e-3; K-long fp32 accumulation keeps the Frobenius error well below this
 
@@ -67,38 +66,6 @@ def flashinfer_choices():
         yield seen
     finally:
         AutoTuner.choose_one = original
-
-
-def host_time(fn: Callable, x, w, calls: int = 30, warmup: int = 3) -> tuple[float, float, float, bool]:
-    """Median/p20/p80 µs for the Python call to return, eager, gc off, with the GPU kept busy by a sleep kernel
-    enqueued first, so no call can wait on the GPU. The bool says the sleep outlasted the loop (proof of that)."""
-    import torch
-    for _ in range(warmup):
-        fn(x, w)
-    torch.cuda.synchronize()
-    t0 = time.perf_counter_ns()
-    fn(x, w)
-    one_ns = time.perf_counter_ns() - t0
-    torch.cuda.synchronize()
-    sleep_ns = max(2_000_000, 4 * calls * one_ns)
-    gc_was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        torch.cuda._sleep(int(sleep_ns * 2))  # ~2 cycles per ns at H100/H200 clocks; longer at lower clocks
-        done = torch.cuda.Event()
-        done.record()
-        times = []
-        for _ in range(calls):
-            t0 = time.perf_counter_ns()
-            fn(x, w)
-            times.append(time.perf_counter_ns() - t0)
-        gpu_busy = not done.query()
-    finally:
-        if gc_was_enabled:
-            gc.enable()
-    torch.cuda.synchronize()
-    med, p20, p80 = summary([t / 1e3 for t in times])
-    return med, p20, p80, gpu_busy
 
 
 def capture(fn: Callable, ops: Operands, calls: int):

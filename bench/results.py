@@ -39,13 +39,13 @@ def atomic_write_text(path: Path, text: str) -> None:
         raise
 
 
-def rows_to_csv(rows: Iterable[dict[str, Any]]) -> str:
+def rows_to_csv(rows: Iterable[dict[str, Any]], columns: tuple[str, ...] = COLUMNS) -> str:
     import io
     buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=COLUMNS, extrasaction="raise", lineterminator="\n")
+    writer = csv.DictWriter(buf, fieldnames=columns, extrasaction="raise", lineterminator="\n")
     writer.writeheader()
     for row in rows:
-        writer.writerow({c: _fmt(row.get(c)) for c in COLUMNS})
+        writer.writerow({c: _fmt(row.get(c)) for c in columns})
     return buf.getvalue()
 
 

@@ -2,9 +2,12 @@
 from __future__ import annotations
 
 import math
+import time
 from bisect import bisect_left, bisect_right
+from collections import defaultdict
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from shapes.errors import HarnessError
 
@@ -23,6 +26,24 @@ def quantile(values: Sequence[float], q: float) -> float:
 def summary(values: Sequence[float]) -> tuple[float, float, float]:
     """(median, p20, p80)."""
     return quantile(values, 0.5), quantile(values, 0.2), quantile(values, 0.8)
+
+
+class PhaseTimer:
+    """Wall seconds spent per named phase of a sweep, so that run.json says where the time went."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    @contextmanager
+    def __call__(self, phase: str) -> Iterator[None]:
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[phase] += time.perf_counter() - t0
+
+    def rounded(self) -> dict[str, float]:
+        return {k: round(v, 2) for k, v in sorted(self.seconds.items(), key=lambda kv: -kv[1])}
 
 
 def rotation_count(bytes_per_copy: int, l2_bytes: int, factor: float = 5.0, cap: int = 1024) -> int:

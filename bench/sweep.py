@@ -10,7 +10,7 @@ from typing import Any
 from bench.paths import GemmPath
 from bench.profiles import GpuProfile, check_device
 from bench.results import done_keys, write_parquet, write_results, write_run_json
-from bench.stats import calls_per_graph, estimate_call_us, rotation_count, summary
+from bench.stats import PhaseTimer, calls_per_graph, estimate_call_us, rotation_count, summary
 from shapes.catalog import Shape
 from shapes.errors import HarnessError
 from shapes.grid import hybrid_buckets
@@ -27,7 +27,8 @@ class SweepConfig:
     out: Path
     timer: str = "cupti"
     samples: int = 15
-    host_calls: int = 30
+    host_calls: int = 10  # per round; host time is the median over rounds of each round's median
+    host_rounds: int = 5
     warm_l2: bool = False
     resume: bool = False
     allow_mismatch: bool = False
@@ -106,11 +107,23 @@ def tune_shape(path: GemmPath, fn, shape: Shape, ms: list[int]) -> tuple[float |
     return time.perf_counter() - t0, None
 
 
-def measure_group(cfg: SweepConfig, clock, shape: Shape, m: int, paths: list[GemmPath], fns: dict[str, Any],
-                  l2_bytes: int, tune_info: dict[str, tuple[float | None, str | None]]) -> list[dict[str, Any]]:
+def _record_error(fail, name: str, exc: Exception) -> None:
     import torch
-    from bench.gpu import (REL_ERR_BOUND, capture, check_output, flashinfer_choices, host_time, make_operands,
-                           replay_interleaved)
+    if isinstance(exc, torch.OutOfMemoryError):
+        torch.cuda.empty_cache()
+        fail(name, "skipped", f"out of memory: {str(exc).splitlines()[0]}")
+        return
+    torch.cuda.synchronize()
+    fail(name, "failed", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+
+
+def measure_group(cfg: SweepConfig, clock, shape: Shape, m: int, paths: list[GemmPath], fns: dict[str, Any],
+                  l2_bytes: int, tune_info: dict[str, tuple[float | None, str | None]],
+                  phase: PhaseTimer | None = None) -> list[dict[str, Any]]:
+    import torch
+    phase = phase or PhaseTimer()
+    from bench.gpu import REL_ERR_BOUND, capture, check_output, flashinfer_choices, make_operands, replay_interleaved
+    from bench.hosttime import host_times
     base = {**_shape_fields(shape), "m": m, "timer": clock.name, "m_is_bucket": m in set(hybrid_buckets())}
     rows: dict[str, dict[str, Any]] = {p.name: {**base, "path": p.name} for p in paths}
 
@@ -122,14 +135,15 @@ def measure_group(cfg: SweepConfig, clock, shape: Shape, m: int, paths: list[Gem
     rotations = max(1, min(rotations, MAX_ROTATION_BYTES // bytes_per_copy))
     calls = calls_per_graph(rotations, estimate_call_us(m, shape.n, shape.k), cfg.target_replay_us)
     try:
-        ops = make_operands(m, shape.n, shape.k, rotations, seed=m * 7919 + shape.n)
+        with phase("operands"):
+            ops = make_operands(m, shape.n, shape.k, rotations, seed=m * 7919 + shape.n)
     except torch.OutOfMemoryError as exc:
         torch.cuda.empty_cache()
         for p in paths:
             fail(p.name, "skipped", f"out of memory allocating {rotations} operand copies: {str(exc).splitlines()[0]}")
         return list(rows.values())
 
-    graphs = {}
+    checked: dict[str, Any] = {}
     for p in paths:
         row = rows[p.name]
         tune_s, tune_err = tune_info.get(p.name, (None, None))
@@ -138,27 +152,36 @@ def measure_group(cfg: SweepConfig, clock, shape: Shape, m: int, paths: list[Gem
         if tune_err:
             fail(p.name, "failed", tune_err)
             continue
-        fn = fns[p.name]
         try:
-            with flashinfer_choices() as choices:
-                err = check_output(fn, ops.xs[0], ops.ws[0])
-            row["rel_err"] = err
-            if choices:
-                row["fi_runner"], row["fi_tactic"] = choices[-1][0], str(choices[-1][1])
-            if not err <= REL_ERR_BOUND:
-                fail(p.name, "failed", f"output differs from the fp32 reference: rel_err {err:.3g} > {REL_ERR_BOUND}")
-                continue
-            med, p20, p80, busy = host_time(fn, ops.xs[0], ops.ws[0], calls=cfg.host_calls)
-            row.update(host_us=med, host_us_p20=p20, host_us_p80=p80, host_gpu_busy=busy)
-            graphs[p.name] = capture(fn, ops, calls)
-        except torch.OutOfMemoryError as exc:
-            torch.cuda.empty_cache()
-            fail(p.name, "skipped", f"out of memory: {str(exc).splitlines()[0]}")
+            with flashinfer_choices() as choices, phase("check"):
+                err = check_output(fns[p.name], ops.xs[0], ops.ws[0])
         except Exception as exc:
-            torch.cuda.synchronize()
-            fail(p.name, "failed", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+            _record_error(fail, p.name, exc)
+            continue
+        row["rel_err"] = err
+        if choices:
+            row["fi_runner"], row["fi_tactic"] = choices[-1][0], str(choices[-1][1])
+        if not err <= REL_ERR_BOUND:
+            fail(p.name, "failed", f"output differs from the fp32 reference: rel_err {err:.3g} > {REL_ERR_BOUND}")
+            continue
+        checked[p.name] = fns[p.name]
+    if checked:
+        x0, w0 = ops.xs[0], ops.ws[0]
+        with phase("host"):  # all paths of the group interleaved, so their ratio sees the same host conditions
+            host = host_times({n: (lambda f=f: f(x0, w0)) for n, f in checked.items()},
+                              calls=cfg.host_calls, rounds=cfg.host_rounds)
+        for name, (med, p20, p80, busy) in host.items():
+            rows[name].update(host_us=med, host_us_p20=p20, host_us_p80=p80, host_gpu_busy=busy)
+    graphs = {}
+    for name, fn in checked.items():
+        try:
+            with phase("capture"):
+                graphs[name] = capture(fn, ops, calls)
+        except Exception as exc:
+            _record_error(fail, name, exc)
     if graphs:
-        timings = replay_interleaved(clock, graphs, calls, cfg.samples)
+        with phase("replay"):
+            timings = replay_interleaved(clock, graphs, calls, cfg.samples)
         for name, t in timings.items():
             row = rows[name]
             if t.error:
@@ -170,8 +193,9 @@ def measure_group(cfg: SweepConfig, clock, shape: Shape, m: int, paths: list[Gem
                        span_us=summary(t.span_us)[0], event_us=summary(t.event_us)[0], samples=len(t.gpu_us),
                        kernels=t.kernels, kernels_per_call=t.kernels_per_call,
                        gpu_samples_us=[round(v, 4) for v in t.gpu_us])
-    del graphs, ops
-    torch.cuda.empty_cache()
+    with phase("free"):
+        del graphs, ops
+        torch.cuda.empty_cache()
     return list(rows.values())
 
 
@@ -213,6 +237,7 @@ def run_sweep(cfg: SweepConfig) -> Path:
     total = len(cfg.shapes) * len(cfg.ms)
     bar = _progress(total, "bench")
     t_start = time.perf_counter()
+    phase = PhaseTimer()
     interrupted = False
     try:
         for shape in cfg.shapes:
@@ -224,7 +249,8 @@ def run_sweep(cfg: SweepConfig) -> Path:
                     wants_tune = p.tune_by_default or cfg.tune_all
                     if p.flashinfer_backend and wants_tune and runnable and p.name in fns:
                         bar.set_postfix_str(f"{shape.name} autotune {p.name}")
-                        tune_info[p.name] = tune_shape(p, fns[p.name], shape, runnable)
+                        with phase("tune"):
+                            tune_info[p.name] = tune_shape(p, fns[p.name], shape, runnable)
             for m in cfg.ms:
                 bar.set_postfix_str(f"{shape.name} M={m}")
                 if m not in todo:
@@ -241,8 +267,9 @@ def run_sweep(cfg: SweepConfig) -> Path:
                     else:
                         live.append(p)
                 rows.extend(skipped)
-                rows.extend(measure_group(cfg, clock, shape, m, live, fns, props.L2_cache_size, tune_info))
-                write_results(cfg.out, rows)
+                rows.extend(measure_group(cfg, clock, shape, m, live, fns, props.L2_cache_size, tune_info, phase))
+                with phase("write"):
+                    write_results(cfg.out, rows)
                 bar.update(1)
     except KeyboardInterrupt:
         interrupted = True
@@ -250,8 +277,10 @@ def run_sweep(cfg: SweepConfig) -> Path:
         bar.close()
         wall = time.perf_counter() - t_start
         write_results(cfg.out, rows)
-        info.update(status="interrupted" if interrupted else "complete", wall_s=round(wall, 1),
-                    clocks_end=nvml_clocks(), cupti_invalid_records=clock.invalid)
+        phases = phase.rounded()
+        phases["cupti_drain (inside replay)"] = round(clock.drain_s, 2)
+        info.update(status="interrupted" if interrupted else "complete", wall_s=round(wall, 1), phase_s=phases,
+                    kernel_records=clock.records_seen, clocks_end=nvml_clocks(), cupti_invalid_records=clock.invalid)
         parquet_note = write_parquet(cfg.out)
         if parquet_note:
             info["parquet"] = parquet_note

@@ -1,4 +1,5 @@
-"""python -m dispatch validate RESULTS | fit RESULTS --gpu PROFILE | host-cost --gpu PROFILE"""
+"""python -m dispatch validate RESULTS | fit RESULTS --gpu PROFILE | host-cost --gpu PROFILE
+                   | baseline --gpu PROFILE [--from RESULTS] | regress --gpu PROFILE [--from RESULTS]"""
 from __future__ import annotations
 
 import argparse
@@ -57,8 +58,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_host.add_argument("--gpu", required=True)
     p_host.add_argument("--calls", type=int, default=4000)
     p_host.add_argument("--out", help="CSV file for the per-shape figures")
+    p_base = sub.add_parser("baseline", help="write tests/baselines/<profile>.json from a regression-grid run")
+    p_base.add_argument("--gpu", required=True, help=f"GPU profile: {', '.join(PROFILES)}")
+    p_base.add_argument("--from", dest="source", help="an existing results folder (default: measure afresh, GPU)")
+    p_base.add_argument("--work", default="results/baseline", help="where a fresh run writes (default results/baseline)")
+    p_base.add_argument("--out", help="baseline file (default tests/baselines/<profile>.json)")
+    p_base.add_argument("--samples", type=int, default=10, help="graph replays per cell (default 10)")
+    p_reg = sub.add_parser("regress", help="compare fresh (or given) measurements with the stored baseline")
+    p_reg.add_argument("--gpu", required=True, help=f"GPU profile: {', '.join(PROFILES)}")
+    p_reg.add_argument("--from", dest="source", help="results folder to compare (default: measure afresh, GPU)")
+    p_reg.add_argument("--baseline", help="baseline file (default tests/baselines/<profile>.json)")
+    p_reg.add_argument("--tolerance", type=float, help="GPU-ratio band (default: the baseline's, 0.05)")
+    p_reg.add_argument("--work", default="results/regress", help="where a fresh run writes (default results/regress)")
     args = parser.parse_args(argv)
     pd.set_option("display.width", 200)
+
+    if args.cmd in ("baseline", "regress"):
+        return _baseline_cmd(args, argv)
 
     if args.cmd == "host-cost":
         from dispatch.hostcost import run_host_cost
@@ -119,6 +135,55 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("PASS")
         return 0
     return 1
+
+
+def _baseline_cmd(args, argv) -> int:
+    import shutil
+    from dispatch.baseline import (baseline_path, baseline_text, cells_from_results, compare, describe,
+                                   fingerprint_mismatch, fingerprint_of, kernel_change, load_baseline, write_baseline)
+    from dispatch.regress import measure, regress, regression_paths
+    profile = get_profile(args.gpu)
+    fi_paths = regression_paths(profile)[1:]
+    if args.cmd == "baseline":
+        if args.source:
+            info = load_run_info(args.source)
+            _check_gpu(info, profile.name, args.source)
+            cells, source = cells_from_results(load_results(args.source), fi_paths), str(args.source)
+        else:
+            work = Path(args.work)
+            if work.exists():
+                shutil.rmtree(work)
+            cells, info = measure(profile, work, samples=args.samples)
+            source = f"{work} (python -m dispatch {' '.join(argv if argv is not None else sys.argv[1:])})"
+        if not cells:
+            raise HarnessError("the run has no cell where both aten and a FlashInfer path measured ok")
+        out = write_baseline(Path(args.out) if args.out else baseline_path(profile.name),
+                             baseline_text(profile.name, info, cells, source))
+        print(f"wrote {out}: {len(cells)} cells")
+        return 0
+    baseline = load_baseline(Path(args.baseline) if args.baseline else baseline_path(profile.name))
+    if args.source:
+        info = load_run_info(args.source)
+        problems = fingerprint_mismatch(baseline.fingerprint, fingerprint_of(info))
+        checks = compare(baseline, cells_from_results(load_results(args.source), fi_paths), args.tolerance)
+        remeasured: list[str] = []
+    else:
+        run = regress(profile, baseline, Path(args.work), args.tolerance)
+        checks, remeasured, problems = run.checks, run.remeasured, run.fingerprint_problems
+        print(f"fresh measurement: {run.wall_s:.1f} s")
+    if problems:
+        print("note: fingerprint differs from the baseline's: " + "; ".join(problems))
+    for c in checks:
+        if c.kernel_changed:
+            print("warning: " + kernel_change(c))
+    if remeasured:
+        print(f"re-measured once: {', '.join(remeasured)}")
+    bad = [c for c in checks if c.status != "ok"]
+    print(f"{len(checks)} cells, {len(bad)} outside the band")
+    for c in bad:
+        print(f"{c.status}: {describe(c)}")
+    print("PASS" if not bad else "FAIL")
+    return 0 if not bad else 1
 
 
 if __name__ == "__main__":

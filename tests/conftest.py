@@ -16,3 +16,8 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--regression-tolerance", type=float, default=None,
+                     help="GPU-ratio band of the regression tests (default: the baseline's own, 0.05)")

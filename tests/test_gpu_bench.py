@@ -1,6 +1,4 @@
 """GPU tests: a small real sweep, its kernel-count checks, CUPTI vs events, and the dispatcher in a graph."""
-import math
-
 import pytest
 
 pytestmark = pytest.mark.gpu

@@ -1,0 +1,75 @@
+"""Host time of eager calls: blocks of calls per layer or path, rounds interleaved, gc off, the GPU kept busy by a
+sleep kernel so that no call waits on it (no back-pressure). Pure Python apart from the guard; tested on CPU."""
+from __future__ import annotations
+
+import gc
+import time
+from typing import Any, Callable
+
+from bench.stats import summary
+
+
+def time_blocks(layers: dict[str, Callable[[], Any]], calls: int, rounds: int,
+                before_block: Callable[[float], Any] | None = None,
+                after_block: Callable[[Any], bool] | None = None) -> tuple[dict[str, list[float]], dict[str, bool]]:
+    """Per-round median µs per call of every layer, rounds interleaved (A B C, C B A, ...), gc off.
+
+    before_block(expected_us) runs before each layer's block of calls (the GPU side enqueues a sleep kernel there, so
+    no call waits on the GPU) and returns a token; after_block(token) says whether that protection held.
+    """
+    names = list(layers)
+    per_round: dict[str, list[float]] = {n: [] for n in names}
+    protected = {n: True for n in names}
+    estimate_us = {n: 0.0 for n in names}
+    for n in names:  # warm-up, and the estimate that sizes the protection
+        for _ in range(3):
+            layers[n]()
+        for _ in range(2):
+            t0 = time.perf_counter_ns()
+            layers[n]()
+            estimate_us[n] = max(estimate_us[n], (time.perf_counter_ns() - t0) / 1e3)
+    gc_on = gc.isenabled()
+    gc.disable()
+    try:
+        for r in range(rounds):
+            for n in (names if r % 2 == 0 else names[::-1]):
+                fn = layers[n]
+                token = before_block(estimate_us[n] * calls) if before_block else None
+                times = []
+                for _ in range(calls):
+                    t0 = time.perf_counter_ns()
+                    fn()
+                    times.append(time.perf_counter_ns() - t0)
+                if after_block is not None and not after_block(token):
+                    protected[n] = False
+                per_round[n].append(summary([t / 1e3 for t in times])[0])
+    finally:
+        if gc_on:
+            gc.enable()
+    return per_round, protected
+
+
+def sleep_guard() -> tuple[Callable[[float], Any], Callable[[Any], bool]]:
+    """(GPU) before/after hooks for time_blocks: a sleep kernel longer than the block is enqueued first; afterwards,
+    True when it was still running, i.e. no call in the block could have waited on the GPU."""
+    import torch
+
+    def before(expected_us: float):
+        torch.cuda._sleep(int(2_000 * (1.5 * expected_us + 200)))  # ~2 cycles/ns at H100/H200 clocks
+        ev = torch.cuda.Event()
+        ev.record()
+        return ev
+
+    def after(ev) -> bool:
+        busy = not ev.query()
+        torch.cuda.synchronize()
+        return busy
+    return before, after
+
+
+def host_times(fns: dict[str, Callable[[], Any]], calls: int, rounds: int
+               ) -> dict[str, tuple[float, float, float, bool]]:
+    """(GPU) median, p20, p80 over rounds of the per-round median µs per call, and whether the GPU stayed busy."""
+    before, after = sleep_guard()
+    per_round, busy = time_blocks(fns, calls, rounds, before, after)
+    return {n: (*summary(v), busy[n]) for n, v in per_round.items()}

@@ -1,0 +1,182 @@
+"""Stored per-GPU ratios (tests/baselines/<profile>.json) and the comparison of fresh measurements against them.
+
+A baseline holds, per catalog shape x regression M, the FlashInfer/aten GPU-time ratio (cuBLASLt and the low-M
+backend) with its bootstrap interval, the host-time ratio, the kernel names and the sample counts: everything a
+dispatch decision rests on. It is keyed by an environment fingerprint; a fresh run on another fingerprint is not
+compared. One cell per line, so that a regenerated baseline reviews as a readable diff.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from bench.results import atomic_write_text
+from dispatch.analysis import Cells, ratio_ci
+from shapes.errors import HarnessError
+
+REGRESSION_MS = (1, 8, 32, 64, 256, 1031, 4096, 16384)
+FINGERPRINT_KEYS = ("gpu_name", "sm", "driver_major", "torch", "cublas", "flashinfer")
+BASELINE_DIR = Path(__file__).resolve().parent.parent / "tests" / "baselines"
+DEFAULT_TOLERANCE = 0.05  # GPU-time ratio band, relative to the stored ratio
+DEFAULT_HOST_TOLERANCE = 1.0  # host ratio within a factor 2: run-to-run host medians on one H200 host moved 0.4-1.75x (5-95%)
+FORMAT = 1
+
+
+@dataclass(frozen=True)
+class BaselineCell:
+    shape: str
+    n: int
+    k: int
+    m: int
+    path: str  # the FlashInfer path; the ratio is its time over aten's
+    gpu_ratio: float
+    gpu_ratio_lo: float
+    gpu_ratio_hi: float
+    host_ratio: float
+    kernels: str
+    aten_kernels: str
+    samples: int
+    aten_samples: int
+
+    @property
+    def key(self) -> tuple[int, int, int, str]:
+        return self.n, self.k, self.m, self.path
+
+
+@dataclass(frozen=True)
+class CellCheck:
+    cell: BaselineCell
+    fresh: BaselineCell | None
+    status: str  # "ok", "FAIL" or "missing"
+    message: str
+    kernel_changed: bool = False
+
+
+def baseline_path(profile: str) -> Path:
+    return BASELINE_DIR / f"{profile}.json"
+
+
+def fingerprint_of(run_info: dict[str, Any]) -> dict[str, Any]:
+    fp = run_info.get("fingerprint") or {}
+    return {k: fp.get(k) for k in FINGERPRINT_KEYS}
+
+
+def fingerprint_mismatch(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """'key: stored -> current' for every fingerprint key that differs."""
+    return [f"{k}: {stored.get(k)!r} -> {current.get(k)!r}" for k in FINGERPRINT_KEYS if stored.get(k) != current.get(k)]
+
+
+def cells_from_results(df: pd.DataFrame, flashinfer_paths: list[str]) -> list[BaselineCell]:
+    """A cell per (shape, M, FlashInfer path) where both the path and aten measured ok."""
+    cells = Cells.from_results(df)
+    out = []
+    for (n, k, m, path) in cells.samples:
+        if path not in flashinfer_paths or not cells.has(n, k, m, "aten"):
+            continue
+        fi, at = cells.samples[(n, k, m, path)], cells.samples[(n, k, m, "aten")]
+        ratio, lo, hi = ratio_ci(fi, at)
+        row, arow = cells.df.loc[(n, k, m, path)], cells.df.loc[(n, k, m, "aten")]
+        host = cells.host(n, k, m, path) / cells.host(n, k, m, "aten")
+        out.append(BaselineCell(str(row["shape"]), n, k, m, path, round(ratio, 5), round(lo, 5), round(hi, 5),
+                                round(host, 4) if math.isfinite(host) else float("nan"),
+                                _names(row["kernels"]), _names(arow["kernels"]), len(fi), len(at)))
+    return sorted(out, key=lambda c: (c.n, c.k, c.path, c.m))
+
+
+def _names(value: Any) -> str:
+    return "" if value is None or (isinstance(value, float) and math.isnan(value)) else str(value)
+
+
+def baseline_text(profile: str, run_info: dict[str, Any], cells: list[BaselineCell], source: str,
+                  tolerance: float = DEFAULT_TOLERANCE, host_tolerance: float = DEFAULT_HOST_TOLERANCE) -> str:
+    head = {
+        "format": FORMAT, "profile": profile, "fingerprint": fingerprint_of(run_info),
+        "tolerance": tolerance, "host_tolerance": host_tolerance,
+        "source": {"results": source, "command": run_info.get("command"), "started": run_info.get("started"),
+                   "harness_sha": (run_info.get("fingerprint") or {}).get("harness_sha"),
+                   "full_fingerprint": run_info.get("fingerprint")},
+    }
+    lines = json.dumps(head, indent=1, sort_keys=True)[:-2]  # reopen the object to append the cells
+    body = ",\n".join("  " + json.dumps(asdict(c), allow_nan=True) for c in cells)
+    return f'{lines},\n "cells": [\n{body}\n ]\n}}\n'
+
+
+def write_baseline(path: Path, text: str) -> Path:
+    json.loads(text)  # never write a file that cannot be read back
+    atomic_write_text(path, text)
+    return path
+
+
+@dataclass
+class Baseline:
+    profile: str
+    fingerprint: dict[str, Any]
+    tolerance: float
+    host_tolerance: float
+    cells: list[BaselineCell]
+    source: dict[str, Any]
+
+
+def load_baseline(path: Path) -> Baseline:
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise HarnessError(f"no baseline at {path}; create one with make baseline GPU=<profile> on that GPU") from None
+    except (OSError, ValueError) as exc:
+        raise HarnessError(f"baseline {path} is unreadable ({exc}); regenerate it with make baseline GPU=<profile>") from None
+    try:
+        if data.get("format") != FORMAT:
+            raise ValueError(f"format {data.get('format')!r}, expected {FORMAT}")
+        cells = [BaselineCell(**c) for c in data["cells"]]
+        if not cells:
+            raise ValueError("no cells")
+        return Baseline(str(data["profile"]), dict(data["fingerprint"]), float(data["tolerance"]),
+                        float(data["host_tolerance"]), cells, dict(data.get("source") or {}))
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise HarnessError(f"baseline {path} is malformed ({type(exc).__name__}: {exc}); "
+                           f"regenerate it with make baseline GPU=<profile>") from None
+
+
+def check_cell(stored: BaselineCell, fresh: BaselineCell | None, tolerance: float, host_tolerance: float) -> CellCheck:
+    """FAIL when the fresh GPU-ratio interval lies wholly outside stored ratio x (1 +- tolerance), or the fresh host
+    ratio outside stored / (1 + host_tolerance) .. stored x (1 + host_tolerance). A kernel-name change only warns."""
+    if fresh is None:
+        return CellCheck(stored, None, "missing", "not measured in the fresh run")
+    lo_band, hi_band = stored.gpu_ratio * (1 - tolerance), stored.gpu_ratio * (1 + tolerance)
+    problems = []
+    if fresh.gpu_ratio_hi < lo_band or fresh.gpu_ratio_lo > hi_band:
+        problems.append(f"GPU ratio {fresh.gpu_ratio:.3f} [{fresh.gpu_ratio_lo:.3f}, {fresh.gpu_ratio_hi:.3f}] "
+                        f"outside stored {stored.gpu_ratio:.3f} +-{tolerance:.0%} [{lo_band:.3f}, {hi_band:.3f}]")
+    if math.isfinite(stored.host_ratio) and math.isfinite(fresh.host_ratio):
+        h_lo, h_hi = stored.host_ratio / (1 + host_tolerance), stored.host_ratio * (1 + host_tolerance)
+        if not h_lo <= fresh.host_ratio <= h_hi:
+            problems.append(f"host ratio {fresh.host_ratio:.2f} outside [{h_lo:.2f}, {h_hi:.2f}] "
+                            f"(stored {stored.host_ratio:.2f})")
+    changed = (fresh.kernels, fresh.aten_kernels) != (stored.kernels, stored.aten_kernels)
+    if problems:
+        return CellCheck(stored, fresh, "FAIL", "; ".join(problems), changed)
+    return CellCheck(stored, fresh, "ok", f"GPU ratio {fresh.gpu_ratio:.3f} (stored {stored.gpu_ratio:.3f})", changed)
+
+
+def compare(baseline: Baseline, fresh: list[BaselineCell], tolerance: float | None = None,
+            host_tolerance: float | None = None) -> list[CellCheck]:
+    by_key = {c.key: c for c in fresh}
+    tol = baseline.tolerance if tolerance is None else tolerance
+    htol = baseline.host_tolerance if host_tolerance is None else host_tolerance
+    return [check_cell(c, by_key.get(c.key), tol, htol) for c in baseline.cells]
+
+
+def describe(check: CellCheck) -> str:
+    c = check.cell
+    return f"{c.shape} M={c.m} {c.path}: {check.message}"
+
+
+def kernel_change(check: CellCheck) -> str:
+    c, f = check.cell, check.fresh
+    return (f"{c.shape} M={c.m} {c.path}: kernels changed: FlashInfer {c.kernels!r} -> {f.kernels!r}; "
+            f"aten {c.aten_kernels!r} -> {f.aten_kernels!r}") if f else ""

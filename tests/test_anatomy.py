@@ -1,0 +1,96 @@
+"""Host-time anatomy logic on CPU: paired subtraction, interleaved block timing, the custom op through torch.library."""
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from bench.anatomy import (FLASHINFER_SEGMENTS, NULL_OP_SEGMENT, Segment, can_use_flashinfer, inductor_style,
+                           segment_costs)
+from bench.hosttime import time_blocks
+
+
+def test_segments_subtract_per_round_then_take_the_median():
+    per_round = {"outer": [10.0, 12.0, 30.0], "a": [3.0, 4.0, 20.0], "b": [1.0, 1.0, 1.0]}
+    [(seg, med, p20, p80)] = segment_costs(per_round, [Segment("s", "outer", ("a", "b"))])
+    # paired diffs 6, 7, 9 -> median 7; unpaired medians would give 12 - 4 - 1 = 7 too, but p20/p80 differ:
+    assert med == pytest.approx(7.0)
+    assert p20 == pytest.approx(6.4) and p80 == pytest.approx(8.2)
+
+
+def test_negative_segments_are_reported_as_measured():
+    [(_, med, _, _)] = segment_costs({"o": [5.0], "i": [5.5]}, [Segment("s", "o", ("i",))])
+    assert med == pytest.approx(-0.5)
+
+
+def test_segments_with_an_untimed_layer_are_left_out():
+    out = segment_costs({"custom_op": [3.0]}, FLASHINFER_SEGMENTS)
+    assert out == []
+
+
+def test_flashinfer_segments_sum_to_the_outermost_layer():
+    """Every inner layer is subtracted exactly as often as it is added, so the segments telescope to the total."""
+    import random
+    names = {s.outer for s in FLASHINFER_SEGMENTS} | {n for s in FLASHINFER_SEGMENTS for n in s.inner}
+    rng = random.Random(1)
+    per_round = {n: [rng.uniform(1, 100)] for n in names}
+    total = sum(med for _, med, _, _ in segment_costs(per_round, FLASHINFER_SEGMENTS))
+    assert total == pytest.approx(per_round["inductor_wrapper"][0])
+
+
+def test_time_blocks_orders_layers_by_their_cost_and_calls_the_guard():
+    slow_ns = 200_000
+
+    def slow():
+        t0 = time.perf_counter_ns()
+        while time.perf_counter_ns() - t0 < slow_ns:
+            pass
+    tokens = []
+    per_round, protected = time_blocks({"fast": lambda: None, "slow": slow}, calls=5, rounds=3,
+                                       before_block=lambda us: tokens.append(us) or len(tokens),
+                                       after_block=lambda tok: tok != 2)
+    assert len(per_round["fast"]) == len(per_round["slow"]) == 3
+    assert min(per_round["slow"]) >= slow_ns / 1e3 > max(per_round["fast"])
+    assert len(tokens) == 6  # one guard per layer block
+    assert protected == {"fast": True, "slow": False}  # round 0 runs fast then slow: token 2 is slow's
+
+
+def test_custom_op_registers_through_torch_library_and_runs_on_cpu():
+    from bench.anatomy_ops import register_gemm_op, register_null_op
+    calls = []
+
+    def mm(a, b, bias, pdl, backend):
+        calls.append(backend)
+        return a @ b
+    op = register_gemm_op(mm, dispatch_key="CPU", name="cpu_test_gemm", eligible=lambda x, w, b: True)
+    assert "Tensor? bias" in str(op.default._schema) and "str backend" in str(op.default._schema)
+    x, w = torch.randn(2, 3, 8), torch.randn(5, 8)
+    y = op.default(x, w, None, False, "tinygemm")
+    assert y.shape == (2, 3, 5) and calls == ["tinygemm"]
+    torch.testing.assert_close(y, F.linear(x, w))
+    null = register_null_op(dispatch_key="CPU", name="cpu_test_null")
+    torch.testing.assert_close(null.default(x, w, None), F.linear(x, w))
+    assert register_null_op(dispatch_key="CPU", name="cpu_test_null") is null  # a second registration is a no-op
+
+
+def test_ineligible_input_falls_back_to_f_linear_like_vllm():
+    from bench.anatomy_ops import register_gemm_op
+    op = register_gemm_op(lambda *a: pytest.fail("FlashInfer must not be called"), dispatch_key="CPU",
+                          name="cpu_test_fallback")
+    x, w = torch.randn(4, 128), torch.randn(8, 128)
+    assert not can_use_flashinfer(x, w, None)  # CPU tensors are not eligible
+    torch.testing.assert_close(op.default(x, w, None, False, "cublaslt"), F.linear(x, w))
+
+
+def test_inductor_wrapper_asserts_the_output_layout():
+    x = torch.randn(4, 6)
+    ok = inductor_style(lambda t: t * 2, (x,), (4, 6), (6, 1), "op")
+    ok()
+    bad = inductor_style(lambda t: t.t(), (x,), (6, 4), (4, 1), "op")
+    with pytest.raises(AssertionError):
+        bad()
+
+
+def test_null_op_segment_names_existing_layers():
+    from bench.anatomy import ATEN_LAYERS
+    assert NULL_OP_SEGMENT.inner[0] in ATEN_LAYERS

@@ -1,0 +1,152 @@
+"""Regression baselines on recorded H200 data (CPU): planted regressions fail, noise within tolerance passes,
+corrupted or mismatched baselines give one clear error."""
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bench.results import load_results, load_run_info
+from dispatch.__main__ import main as dispatch_main
+from dispatch.baseline import (REGRESSION_MS, baseline_text, cells_from_results, check_cell, compare,
+                               fingerprint_mismatch, fingerprint_of, load_baseline)
+from shapes.errors import HarnessError
+
+SWEEP = Path(__file__).parent / "data" / "h200-sweep"
+FI = ["flashinfer:tinygemm", "flashinfer:cublaslt"]
+
+
+@pytest.fixture(scope="module")
+def recorded():
+    df = load_results(SWEEP)
+    return df[df["m"].isin(REGRESSION_MS)].reset_index(drop=True), load_run_info(SWEEP)
+
+
+@pytest.fixture(scope="module")
+def baseline_file(recorded, tmp_path_factory):
+    df, info = recorded
+    path = tmp_path_factory.mktemp("b") / "h200.json"
+    path.write_text(baseline_text("h200", info, cells_from_results(df, FI), str(SWEEP)))
+    return path
+
+
+def _scaled(df, n, k, m, path, factor):
+    """A copy of the table with one cell's GPU samples scaled, as a regression of that kernel would."""
+    out = df.copy()
+    i = out.index[(out.n == n) & (out.k == k) & (out.m == m) & (out.path == path)][0]
+    samples = np.array([float(v) for v in out.at[i, "gpu_samples_us"].split(";")]) * factor
+    out.at[i, "gpu_samples_us"] = ";".join(f"{v:.4f}" for v in samples)
+    out.at[i, "gpu_us"] = float(np.median(samples))
+    return out
+
+
+def test_the_baseline_round_trips_and_covers_the_regression_grid(baseline_file, recorded):
+    b = load_baseline(baseline_file)
+    assert b.profile == "h200" and b.fingerprint["gpu_name"] == "NVIDIA H200" and b.fingerprint["sm"] == 90
+    assert {c.m for c in b.cells} == set(REGRESSION_MS)
+    assert {c.path for c in b.cells} == set(FI)
+    assert all(c.gpu_ratio_lo <= c.gpu_ratio <= c.gpu_ratio_hi for c in b.cells)
+    assert all(c.samples >= 10 and c.kernels and c.aten_kernels for c in b.cells)
+    # reviewable: one cell per line
+    assert sum(1 for line in baseline_file.read_text().splitlines() if '"gpu_ratio"' in line) == len(b.cells)
+
+
+def test_the_same_run_passes(baseline_file, recorded):
+    df, _ = recorded
+    checks = compare(load_baseline(baseline_file), cells_from_results(df, FI))
+    assert all(c.status == "ok" for c in checks) and not any(c.kernel_changed for c in checks)
+
+
+def test_a_planted_regression_fails_and_only_that_cell(baseline_file, recorded):
+    df, _ = recorded
+    slow = _scaled(df, 2048, 4096, 256, "flashinfer:cublaslt", 1.10)  # 10% slower FlashInfer cuBLASLt
+    checks = compare(load_baseline(baseline_file), cells_from_results(slow, FI))
+    bad = [c for c in checks if c.status != "ok"]
+    assert [(c.cell.n, c.cell.k, c.cell.m, c.cell.path) for c in bad] == [(2048, 4096, 256, "flashinfer:cublaslt")]
+    assert "GPU ratio" in bad[0].message
+
+
+def test_a_faster_aten_is_a_regression_of_the_ratio_too(baseline_file, recorded):
+    df, _ = recorded
+    fast_aten = _scaled(df, 9216, 2048, 4096, "aten", 0.85)
+    bad = [c for c in compare(load_baseline(baseline_file), cells_from_results(fast_aten, FI)) if c.status != "ok"]
+    assert {c.cell.path for c in bad} == {"flashinfer:cublaslt"}  # TinyGEMM is not swept at M = 4096
+
+
+def test_noise_within_tolerance_passes(baseline_file, recorded):
+    df, _ = recorded
+    noisy = df.copy()
+    rng = np.random.default_rng(7)
+    for i in noisy.index[noisy.status == "ok"]:
+        s = np.array([float(v) for v in noisy.at[i, "gpu_samples_us"].split(";")])
+        s = s * (1 + rng.uniform(-0.015, 0.015))  # every cell moves by up to 1.5%, independently
+        noisy.at[i, "gpu_samples_us"] = ";".join(f"{v:.4f}" for v in s)
+    assert all(c.status == "ok" for c in compare(load_baseline(baseline_file), cells_from_results(noisy, FI)))
+
+
+def test_host_ratio_beyond_a_factor_two_fails(baseline_file):
+    b = load_baseline(baseline_file)
+    cell = b.cells[0]
+    worse = dataclasses.replace(cell, host_ratio=cell.host_ratio * 2.5)
+    assert check_cell(cell, worse, b.tolerance, b.host_tolerance).status == "FAIL"
+    assert check_cell(cell, dataclasses.replace(cell, host_ratio=cell.host_ratio * 1.5), b.tolerance,
+                      b.host_tolerance).status == "ok"
+
+
+def test_a_kernel_change_warns_but_does_not_fail(baseline_file):
+    b = load_baseline(baseline_file)
+    cell = b.cells[0]
+    check = check_cell(cell, dataclasses.replace(cell, kernels="other_kernel"), b.tolerance, b.host_tolerance)
+    assert check.status == "ok" and check.kernel_changed
+
+
+def test_a_missing_cell_is_reported(baseline_file, recorded):
+    df, _ = recorded
+    fewer = df[~((df.n == 64) & (df.m == 1))]
+    checks = compare(load_baseline(baseline_file), cells_from_results(fewer, FI))
+    assert {c.status for c in checks if c.cell.n == 64 and c.cell.m == 1} == {"missing"}
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("{not json", "unreadable"),
+    ('{"format": 1, "profile": "h200"}', "malformed"),
+    ('{"format": 99, "profile": "h200", "cells": []}', "malformed"),
+])
+def test_a_corrupted_baseline_is_one_clear_error(tmp_path, text, needle):
+    bad = tmp_path / "h200.json"
+    bad.write_text(text)
+    with pytest.raises(HarnessError, match=needle):
+        load_baseline(bad)
+    with pytest.raises(HarnessError, match="no baseline"):
+        load_baseline(tmp_path / "absent.json")
+
+
+def test_a_truncated_cell_is_malformed(baseline_file, tmp_path):
+    data = json.loads(baseline_file.read_text())
+    del data["cells"][3]["gpu_ratio"]
+    bad = tmp_path / "h200.json"
+    bad.write_text(json.dumps(data))
+    with pytest.raises(HarnessError, match="malformed"):
+        load_baseline(bad)
+
+
+def test_a_fingerprint_mismatch_names_the_keys(baseline_file):
+    b = load_baseline(baseline_file)
+    other = {**b.fingerprint, "flashinfer": "0.8.0", "driver_major": 590}
+    assert fingerprint_mismatch(b.fingerprint, other) == ["driver_major: 580 -> 590",
+                                                          "flashinfer: '0.7.2.post1' -> '0.8.0'"]
+    assert fingerprint_mismatch(b.fingerprint, fingerprint_of({"fingerprint": b.source["full_fingerprint"]})) == []
+
+
+def test_regress_cli_on_recorded_runs(baseline_file, recorded, tmp_path, capsys):
+    df, _ = recorded
+    assert dispatch_main(["regress", "--gpu", "h200", "--baseline", str(baseline_file), "--from", str(SWEEP)]) == 0
+    assert "PASS" in capsys.readouterr().out
+    slow = _scaled(df, 2048, 4096, 256, "flashinfer:cublaslt", 1.10)
+    run = tmp_path / "slow"
+    run.mkdir()
+    slow.to_csv(run / "results.csv", index=False)
+    (run / "run.json").write_text((SWEEP / "run.json").read_text())
+    assert dispatch_main(["regress", "--gpu", "h200", "--baseline", str(baseline_file), "--from", str(run)]) == 1
+    assert "FAIL: n2048_k4096 M=256 flashinfer:cublaslt" in capsys.readouterr().out

@@ -1,0 +1,34 @@
+"""GPU test: the real host-time layers of the FlashInfer path, timed and decomposed."""
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+
+def test_host_anatomy_times_every_layer_and_the_segments_add_up(tmp_path):
+    import pandas as pd
+    import torch
+    from bench.anatomy import FLASHINFER_SEGMENTS, FLASHINFER_TOTAL
+    from bench.anatomy_gpu import run_anatomy
+    from bench.profiles import detect_profile
+    from shapes.catalog import catalog, select
+    major, minor = torch.cuda.get_device_capability(0)
+    profile = detect_profile(torch.cuda.get_device_name(0), major * 10 + minor)
+    if profile is None:
+        pytest.skip(f"no GPU profile for {torch.cuda.get_device_name(0)}")
+    backends = ["cublaslt"] + ([profile.low_m_backend] if profile.low_m_backend != "cute-dsl" else [])
+    run_anatomy(profile, select(catalog(), "n2048_k4096"), [8, 48], backends, tmp_path, calls=10, rounds=3,
+                allow_mismatch=False, command=["pytest"])
+    df = pd.read_csv(tmp_path / "results.csv")
+    assert (df["status"] == "ok").all()
+    for b in backends:
+        path = f"flashinfer:{b}"
+        for m in (8, 48):
+            cell = df[(df["m"] == m) & (df["path"] == path)]
+            layers = dict(zip(cell[cell.kind == "layer"]["layer"], cell[cell.kind == "layer"]["host_us"]))
+            segs = cell[cell.kind == "segment"]
+            assert len(segs) == len(FLASHINFER_SEGMENTS)
+            assert segs["host_us"].sum() == pytest.approx(layers[FLASHINFER_TOTAL], rel=0.25)
+            aten = df[(df["m"] == m) & (df["path"] == "aten") & (df["layer"] == "F.linear")]["host_us"].iloc[0]
+            assert layers[FLASHINFER_TOTAL] > aten  # an opaque op over FlashInfer never costs less host time
+            assert set(cell[(cell.layer == "choose_one")]["cache_state"]) >= {"untuned"}
+    assert (df[df.kind == "layer"]["gpu_busy"] == True).mean() > 0.9  # noqa: E712  (read back as bool)

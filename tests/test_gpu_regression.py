@@ -1,0 +1,43 @@
+"""GPU regression test: the regression grid measured afresh against tests/baselines/<profile>.json.
+
+Tolerance: --regression-tolerance (default: the baseline's, 5%). Failing cells are measured once more before a verdict.
+"""
+import time
+import warnings
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+
+class KernelChangeWarning(UserWarning):
+    pass
+
+
+def test_fresh_measurements_stay_within_the_stored_ratios(tmp_path, request):
+    import torch
+    from bench.envinfo import fingerprint
+    from bench.profiles import detect_profile
+    from dispatch.baseline import (baseline_path, describe, fingerprint_mismatch, fingerprint_of, kernel_change,
+                                   load_baseline)
+    from dispatch.regress import regress
+    major, minor = torch.cuda.get_device_capability(0)
+    profile = detect_profile(torch.cuda.get_device_name(0), major * 10 + minor)
+    if profile is None:
+        pytest.skip(f"no GPU profile for {torch.cuda.get_device_name(0)}; add one in bench/profiles.py")
+    path = baseline_path(profile.name)
+    if not path.exists():
+        pytest.skip(f"no baseline for {profile.name} ({path}); create it on this GPU with make baseline GPU={profile.name}")
+    baseline = load_baseline(path)
+    problems = fingerprint_mismatch(baseline.fingerprint, fingerprint_of({"fingerprint": fingerprint()}))
+    if problems:
+        pytest.skip(f"the {profile.name} baseline was measured on another environment ({'; '.join(problems)}); "
+                    f"regenerate it here with make baseline GPU={profile.name}")
+    t0 = time.perf_counter()
+    run = regress(profile, baseline, tmp_path, request.config.getoption("--regression-tolerance"))
+    print(f"\nregression grid: {len(run.checks)} cells in {time.perf_counter() - t0:.1f} s; "
+          f"re-measured: {run.remeasured or 'none'}")
+    for c in run.checks:
+        if c.kernel_changed:
+            warnings.warn(KernelChangeWarning(kernel_change(c)))
+    assert not run.failures, "\n".join(describe(c) for c in run.failures)
