@@ -42,16 +42,20 @@ ATEN_LAYERS = ("F.linear", "torch.mm", "torch.mm(out=)", "aten.linear.default", 
 
 def segment_costs(per_round: dict[str, Sequence[float]], segments: Sequence[Segment]
                   ) -> list[tuple[Segment, float, float, float]]:
-    """(segment, median, p20, p80) of each segment's paired per-round difference, in µs. A segment whose layers were
-    not all timed is left out. Values are reported as measured: a small negative one means 'below the noise'."""
+    """(segment, value, p20, p80) in µs. The value is median(outer) minus the medians of its inner layers, so the
+    segments of a chain add up exactly to its outermost layer (a stacked bar's height is the measured total); p20/p80
+    are those of the per-round paired differences, the segment's spread. A segment whose layers were not all timed
+    is left out. Values are reported as measured: a small negative one means 'below the noise'."""
     out = []
     for seg in segments:
         names = (seg.outer, *seg.inner)
         if any(n not in per_round for n in names):
             continue
+        value = summary(per_round[seg.outer])[0] - sum(summary(per_round[n])[0] for n in seg.inner)
         rounds = min(len(per_round[n]) for n in names)
         diffs = [per_round[seg.outer][r] - sum(per_round[n][r] for n in seg.inner) for r in range(rounds)]
-        out.append((seg, *summary(diffs)))
+        _, p20, p80 = summary(diffs)
+        out.append((seg, value, p20, p80))
     return out
 
 

@@ -1,6 +1,7 @@
 """The GPU side of a measurement: rotated inputs, correctness gate, host timing, CUDA-graph capture and replay."""
 from __future__ import annotations
 
+import functools
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -68,6 +69,21 @@ def flashinfer_choices():
         AutoTuner.choose_one = original
 
 
+@functools.cache
+def sleep_cycles_per_us() -> float:
+    """How many torch.cuda._sleep cycles last one microsecond on this GPU now (its SM clock under a sleep kernel),
+    measured once per process, so that guard sleeps are as long as intended and no longer."""
+    import torch
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(1_000_000)  # wake the clocks first
+    cycles = 20_000_000
+    start.record()
+    torch.cuda._sleep(cycles)
+    end.record()
+    end.synchronize()
+    return cycles / (start.elapsed_time(end) * 1e3)
+
+
 def capture(fn: Callable, ops: Operands, calls: int):
     """A CUDA graph of `calls` back-to-back calls cycling through every rotated copy."""
     import torch
@@ -104,13 +120,13 @@ def replay_interleaved(clock, graphs: dict[str, Any], calls: int, samples: int, 
 
     # Warm-up replays calibrate kernels per call (cuBLAS may add a split-K reduce kernel) and the host launch time.
     clock.drain()
-    windows, launch_ns = [], {p: 0 for p in names}
+    windows, launch_ns = [], {p: float("inf") for p in names}
     for p in names:
         for s in range(warmup):
             t0 = clock.now()
             h0 = time.perf_counter_ns()
             graphs[p].replay()
-            launch_ns[p] = max(launch_ns[p], time.perf_counter_ns() - h0)
+            launch_ns[p] = min(launch_ns[p], time.perf_counter_ns() - h0)  # the first replay also uploads the graph
             torch.cuda.synchronize()
             windows.append(Window(p, -1 - s, t0, clock.now()))
     records = clock.drain()
@@ -136,7 +152,7 @@ def replay_interleaved(clock, graphs: dict[str, Any], calls: int, samples: int, 
             t0 = clock.now()
             # A sleep kernel ahead of the start event keeps the GPU busy while the host launches the graph, so the
             # events time the replay and not the launch latency (the sleep is no graph kernel: CUPTI filters it out).
-            torch.cuda._sleep(int(2 * (1.5 * launch_ns[p] + 10_000)))
+            torch.cuda._sleep(int(sleep_cycles_per_us() * (1.5 * launch_ns[p] / 1e3 + 10)))
             start.record()
             graphs[p].replay()
             end.record()

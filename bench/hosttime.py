@@ -49,13 +49,16 @@ def time_blocks(layers: dict[str, Callable[[], Any]], calls: int, rounds: int,
     return per_round, protected
 
 
-def sleep_guard() -> tuple[Callable[[float], Any], Callable[[Any], bool]]:
-    """(GPU) before/after hooks for time_blocks: a sleep kernel longer than the block is enqueued first; afterwards,
-    True when it was still running, i.e. no call in the block could have waited on the GPU."""
+def sleep_guard(factor: float = 1.5, margin_us: float = 200.0) -> tuple[Callable[[float], Any], Callable[[Any], bool]]:
+    """(GPU) before/after hooks for time_blocks: a sleep kernel of factor x the expected block time plus margin_us is
+    enqueued first; afterwards, True when it was still running, i.e. no call in the block could have waited on the GPU.
+    The wait for the rest of the sleep is the price of that guarantee, so the factor stays small."""
     import torch
+    from bench.gpu import sleep_cycles_per_us
+    rate = sleep_cycles_per_us()
 
     def before(expected_us: float):
-        torch.cuda._sleep(int(2_000 * (1.5 * expected_us + 200)))  # ~2 cycles/ns at H100/H200 clocks
+        torch.cuda._sleep(int(rate * (factor * expected_us + margin_us)))
         ev = torch.cuda.Event()
         ev.record()
         return ev
@@ -67,9 +70,9 @@ def sleep_guard() -> tuple[Callable[[float], Any], Callable[[Any], bool]]:
     return before, after
 
 
-def host_times(fns: dict[str, Callable[[], Any]], calls: int, rounds: int
+def host_times(fns: dict[str, Callable[[], Any]], calls: int, rounds: int, factor: float = 1.5
                ) -> dict[str, tuple[float, float, float, bool]]:
     """(GPU) median, p20, p80 over rounds of the per-round median µs per call, and whether the GPU stayed busy."""
-    before, after = sleep_guard()
+    before, after = sleep_guard(factor)
     per_round, busy = time_blocks(fns, calls, rounds, before, after)
     return {n: (*summary(v), busy[n]) for n, v in per_round.items()}

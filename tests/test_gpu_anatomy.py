@@ -27,7 +27,7 @@ def test_host_anatomy_times_every_layer_and_the_segments_add_up(tmp_path):
             layers = dict(zip(cell[cell.kind == "layer"]["layer"], cell[cell.kind == "layer"]["host_us"]))
             segs = cell[cell.kind == "segment"]
             assert len(segs) == len(FLASHINFER_SEGMENTS)
-            assert segs["host_us"].sum() == pytest.approx(layers[FLASHINFER_TOTAL], rel=0.25)
+            assert segs["host_us"].sum() == pytest.approx(layers[FLASHINFER_TOTAL], rel=1e-3)  # telescoping
             aten = df[(df["m"] == m) & (df["path"] == "aten") & (df["layer"] == "F.linear")]["host_us"].iloc[0]
             assert layers[FLASHINFER_TOTAL] > aten  # an opaque op over FlashInfer never costs less host time
             assert set(cell[(cell.layer == "choose_one")]["cache_state"]) >= {"untuned"}
