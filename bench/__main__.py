@@ -27,7 +27,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_run.add_argument("--resume", action="store_true", help="continue an interrupted sweep in --out")
     p_run.add_argument("--timer", choices=("cupti", "events"), default="cupti",
                        help="GPU timer: CUPTI kernel records (default) or CUDA events only")
-    p_run.add_argument("--samples", type=int, default=15, help="timed graph replays per path and cell (default 15)")
+    p_run.add_argument("--samples", type=int, default=10, help="timed graph replays per path and cell (default 10)")
     p_run.add_argument("--warm-l2", action="store_true", help="no input rotation: time with a warm L2")
     p_run.add_argument("--no-tune", action="store_true", help="skip FlashInfer's autotuner (time its default tactics)")
     p_run.add_argument("--tune-all", action="store_true", help="also tune backends that are untuned by default (cudnn)")
