@@ -139,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _baseline_cmd(args, argv) -> int:
     import shutil
-    from dispatch.baseline import (baseline_path, baseline_text, cells_from_results, compare, describe,
+    from dispatch.baseline import (REGRESSION_MS, baseline_path, baseline_text, cells_from_results, compare, describe,
                                    fingerprint_mismatch, fingerprint_of, kernel_change, load_baseline, write_baseline)
     from dispatch.regress import measure, regress, regression_paths
     profile = get_profile(args.gpu)
@@ -148,7 +148,9 @@ def _baseline_cmd(args, argv) -> int:
         if args.source:
             info = load_run_info(args.source)
             _check_gpu(info, profile.name, args.source)
-            cells, source = cells_from_results(load_results(args.source), fi_paths), str(args.source)
+            df = load_results(args.source)
+            df = df[df["m"].isin(REGRESSION_MS)]  # a full sweep holds more M values than the regression grid
+            cells, source = cells_from_results(df, fi_paths), str(args.source)
         else:
             work = Path(args.work)
             if work.exists():
