@@ -60,7 +60,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_host.add_argument("--out", help="CSV file for the per-shape figures")
     p_base = sub.add_parser("baseline", help="write tests/baselines/<profile>.json from a regression-grid run")
     p_base.add_argument("--gpu", required=True, help=f"GPU profile: {', '.join(PROFILES)}")
-    p_base.add_argument("--from", dest="source", help="an existing results folder (default: measure afresh, GPU)")
+    p_base.add_argument("--from", dest="sources", nargs="+",
+                        help="existing results folders of one environment (default: measure afresh, GPU)")
     p_base.add_argument("--work", default="results/baseline", help="where a fresh run writes (default results/baseline)")
     p_base.add_argument("--out", help="baseline file (default tests/baselines/<profile>.json)")
     p_base.add_argument("--samples", type=int, default=10, help="graph replays per cell (default 10)")
@@ -140,27 +141,32 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _baseline_cmd(args, argv) -> int:
     import shutil
     from dispatch.baseline import (REGRESSION_MS, baseline_path, baseline_text, cells_from_results, compare, describe,
-                                   fingerprint_mismatch, fingerprint_of, kernel_change, load_baseline, write_baseline)
+                                   fingerprint_mismatch, fingerprint_of, kernel_change, load_baseline, merge_runs,
+                                   write_baseline)
     from dispatch.regress import measure, regress, regression_paths
     profile = get_profile(args.gpu)
     fi_paths = regression_paths(profile)[1:]
     if args.cmd == "baseline":
-        if args.source:
-            info = load_run_info(args.source)
-            _check_gpu(info, profile.name, args.source)
-            df = load_results(args.source)
-            df = df[df["m"].isin(REGRESSION_MS)]  # a full sweep holds more M values than the regression grid
-            cells, source = cells_from_results(df, fi_paths), str(args.source)
+        if args.sources:
+            runs, per_run = [], []
+            for src in args.sources:
+                info = load_run_info(src)
+                _check_gpu(info, profile.name, src)
+                df = load_results(src)
+                df = df[df["m"].isin(REGRESSION_MS)]  # a full sweep holds more M values than the regression grid
+                runs.append((str(src), info))
+                per_run.append(cells_from_results(df, fi_paths))
         else:
             work = Path(args.work)
             if work.exists():
                 shutil.rmtree(work)
             cells, info = measure(profile, work, samples=args.samples)
-            source = f"{work} (python -m dispatch {' '.join(argv if argv is not None else sys.argv[1:])})"
+            runs, per_run = [(str(work), info)], [cells]
+        cells = merge_runs(per_run)
         if not cells:
             raise HarnessError("the run has no cell where both aten and a FlashInfer path measured ok")
         out = write_baseline(Path(args.out) if args.out else baseline_path(profile.name),
-                             baseline_text(profile.name, info, cells, source))
+                             baseline_text(profile.name, runs, cells))
         print(f"wrote {out}: {len(cells)} cells")
         return 0
     baseline = load_baseline(Path(args.baseline) if args.baseline else baseline_path(profile.name))

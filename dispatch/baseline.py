@@ -1,9 +1,11 @@
 """Stored per-GPU ratios (tests/baselines/<profile>.json) and the comparison of fresh measurements against them.
 
 A baseline holds, per catalog shape x regression M, the FlashInfer/aten GPU-time ratio (cuBLASLt and the low-M
-backend) with its bootstrap interval, the host-time ratio, the kernel names and the sample counts: everything a
-dispatch decision rests on. It is keyed by an environment fingerprint; a fresh run on another fingerprint is not
-compared. One cell per line, so that a regenerated baseline reviews as a readable diff.
+backend) with its interval, the host-time ratio, the kernel names and the sample counts: everything a dispatch
+decision rests on. It is keyed by an environment fingerprint; a fresh run on another fingerprint is not compared.
+Built from one run or several runs of one fingerprint: then the stored interval is the envelope of the runs'
+intervals, because FlashInfer's autotuner can pick another cuBLASLt algorithm in every process (seen on the H200),
+so a single run's interval understates what a fresh process will see. One cell per line, for readable diffs.
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ FINGERPRINT_KEYS = ("gpu_name", "sm", "driver_major", "torch", "cublas", "flashi
 BASELINE_DIR = Path(__file__).resolve().parent.parent / "tests" / "baselines"
 DEFAULT_TOLERANCE = 0.05  # GPU-time ratio band, relative to the stored ratio
 DEFAULT_HOST_TOLERANCE = 1.0  # host ratio within a factor 2: run-to-run host medians on one H200 host moved 0.4-1.75x (5-95%)
-FORMAT = 1
+FORMAT = 2
 
 
 @dataclass(frozen=True)
@@ -34,14 +36,17 @@ class BaselineCell:
     k: int
     m: int
     path: str  # the FlashInfer path; the ratio is its time over aten's
-    gpu_ratio: float
-    gpu_ratio_lo: float
+    gpu_ratio: float  # median over runs of median(FlashInfer) / median(aten)
+    gpu_ratio_lo: float  # lowest bootstrap bound over runs
     gpu_ratio_hi: float
     host_ratio: float
-    kernels: str
+    host_ratio_lo: float
+    host_ratio_hi: float
+    kernels: str  # the FlashInfer kernels per call; variants seen in different runs joined by " | "
     aten_kernels: str
-    samples: int
+    samples: int  # graph replays, summed over runs
     aten_samples: int
+    runs: int = 1
 
     @property
     def key(self) -> tuple[int, int, int, str]:
@@ -82,24 +87,56 @@ def cells_from_results(df: pd.DataFrame, flashinfer_paths: list[str]) -> list[Ba
         ratio, lo, hi = ratio_ci(fi, at)
         row, arow = cells.df.loc[(n, k, m, path)], cells.df.loc[(n, k, m, "aten")]
         host = cells.host(n, k, m, path) / cells.host(n, k, m, "aten")
+        host = round(host, 4) if math.isfinite(host) else float("nan")
         out.append(BaselineCell(str(row["shape"]), n, k, m, path, round(ratio, 5), round(lo, 5), round(hi, 5),
-                                round(host, 4) if math.isfinite(host) else float("nan"),
-                                _names(row["kernels"]), _names(arow["kernels"]), len(fi), len(at)))
+                                host, host, host, _names(row["kernels"]), _names(arow["kernels"]), len(fi), len(at)))
     return sorted(out, key=lambda c: (c.n, c.k, c.path, c.m))
+
+
+def merge_runs(runs: list[list[BaselineCell]]) -> list[BaselineCell]:
+    """One cell per key over several runs: median ratios, the envelope of the intervals, every kernel variant."""
+    by_key: dict[tuple, list[BaselineCell]] = {}
+    for cells in runs:
+        for c in cells:
+            by_key.setdefault(c.key, []).append(c)
+    out = []
+    for group in by_key.values():
+        hosts = [c.host_ratio for c in group if math.isfinite(c.host_ratio)]
+        host_lo = [c.host_ratio_lo for c in group if math.isfinite(c.host_ratio_lo)]
+        host_hi = [c.host_ratio_hi for c in group if math.isfinite(c.host_ratio_hi)]
+        out.append(BaselineCell(
+            group[0].shape, *group[0].key[:3], group[0].path,
+            round(float(pd.Series([c.gpu_ratio for c in group]).median()), 5),
+            min(c.gpu_ratio_lo for c in group), max(c.gpu_ratio_hi for c in group),
+            round(float(pd.Series(hosts).median()), 4) if hosts else float("nan"),
+            min(host_lo) if host_lo else float("nan"), max(host_hi) if host_hi else float("nan"),
+            _variants(c.kernels for c in group), _variants(c.aten_kernels for c in group),
+            sum(c.samples for c in group), sum(c.aten_samples for c in group), sum(c.runs for c in group)))
+    return sorted(out, key=lambda c: (c.n, c.k, c.path, c.m))
+
+
+def _variants(names) -> str:
+    return " | ".join(sorted({v for n in names for v in n.split(" | ") if v}))
 
 
 def _names(value: Any) -> str:
     return "" if value is None or (isinstance(value, float) and math.isnan(value)) else str(value)
 
 
-def baseline_text(profile: str, run_info: dict[str, Any], cells: list[BaselineCell], source: str,
+def baseline_text(profile: str, runs: list[tuple[str, dict[str, Any]]], cells: list[BaselineCell],
                   tolerance: float = DEFAULT_TOLERANCE, host_tolerance: float = DEFAULT_HOST_TOLERANCE) -> str:
+    """runs: (results folder, run.json) of every run the cells came from; they must share one fingerprint."""
+    fps = [fingerprint_of(info) for _, info in runs]
+    for (src, _), fp in zip(runs[1:], fps[1:]):
+        if fp != fps[0]:
+            raise HarnessError(f"{src} has another fingerprint than {runs[0][0]} "
+                               f"({'; '.join(fingerprint_mismatch(fps[0], fp))}); one baseline holds one environment")
     head = {
-        "format": FORMAT, "profile": profile, "fingerprint": fingerprint_of(run_info),
+        "format": FORMAT, "profile": profile, "fingerprint": fps[0],
         "tolerance": tolerance, "host_tolerance": host_tolerance,
-        "source": {"results": source, "command": run_info.get("command"), "started": run_info.get("started"),
-                   "harness_sha": (run_info.get("fingerprint") or {}).get("harness_sha"),
-                   "full_fingerprint": run_info.get("fingerprint")},
+        "sources": [{"results": src, "command": info.get("command"), "started": info.get("started"),
+                     "harness_sha": (info.get("fingerprint") or {}).get("harness_sha")} for src, info in runs],
+        "full_fingerprint": runs[0][1].get("fingerprint"),
     }
     lines = json.dumps(head, indent=1, sort_keys=True)[:-2]  # reopen the object to append the cells
     body = ",\n".join("  " + json.dumps(asdict(c), allow_nan=True) for c in cells)
@@ -119,7 +156,8 @@ class Baseline:
     tolerance: float
     host_tolerance: float
     cells: list[BaselineCell]
-    source: dict[str, Any]
+    sources: list[dict[str, Any]]
+    full_fingerprint: dict[str, Any]
 
 
 def load_baseline(path: Path) -> Baseline:
@@ -136,28 +174,31 @@ def load_baseline(path: Path) -> Baseline:
         if not cells:
             raise ValueError("no cells")
         return Baseline(str(data["profile"]), dict(data["fingerprint"]), float(data["tolerance"]),
-                        float(data["host_tolerance"]), cells, dict(data.get("source") or {}))
+                        float(data["host_tolerance"]), cells, list(data["sources"]), dict(data["full_fingerprint"]))
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise HarnessError(f"baseline {path} is malformed ({type(exc).__name__}: {exc}); "
                            f"regenerate it with make baseline GPU=<profile>") from None
 
 
 def check_cell(stored: BaselineCell, fresh: BaselineCell | None, tolerance: float, host_tolerance: float) -> CellCheck:
-    """FAIL when the fresh GPU-ratio interval lies wholly outside stored ratio x (1 +- tolerance), or the fresh host
-    ratio outside stored / (1 + host_tolerance) .. stored x (1 + host_tolerance). A kernel-name change only warns."""
+    """FAIL when the fresh GPU-ratio interval lies wholly outside the stored interval widened by `tolerance`
+    ([lo x (1 - tol), hi x (1 + tol)]), or the fresh host ratio outside [lo / (1 + htol), hi x (1 + htol)].
+    Kernels never seen in the baseline's runs only warn."""
     if fresh is None:
         return CellCheck(stored, None, "missing", "not measured in the fresh run")
-    lo_band, hi_band = stored.gpu_ratio * (1 - tolerance), stored.gpu_ratio * (1 + tolerance)
+    lo_band, hi_band = stored.gpu_ratio_lo * (1 - tolerance), stored.gpu_ratio_hi * (1 + tolerance)
     problems = []
     if fresh.gpu_ratio_hi < lo_band or fresh.gpu_ratio_lo > hi_band:
         problems.append(f"GPU ratio {fresh.gpu_ratio:.3f} [{fresh.gpu_ratio_lo:.3f}, {fresh.gpu_ratio_hi:.3f}] "
-                        f"outside stored {stored.gpu_ratio:.3f} +-{tolerance:.0%} [{lo_band:.3f}, {hi_band:.3f}]")
-    if math.isfinite(stored.host_ratio) and math.isfinite(fresh.host_ratio):
-        h_lo, h_hi = stored.host_ratio / (1 + host_tolerance), stored.host_ratio * (1 + host_tolerance)
+                        f"outside stored [{stored.gpu_ratio_lo:.3f}, {stored.gpu_ratio_hi:.3f}] +-{tolerance:.0%} "
+                        f"= [{lo_band:.3f}, {hi_band:.3f}]")
+    if math.isfinite(stored.host_ratio_lo) and math.isfinite(fresh.host_ratio):
+        h_lo, h_hi = stored.host_ratio_lo / (1 + host_tolerance), stored.host_ratio_hi * (1 + host_tolerance)
         if not h_lo <= fresh.host_ratio <= h_hi:
             problems.append(f"host ratio {fresh.host_ratio:.2f} outside [{h_lo:.2f}, {h_hi:.2f}] "
                             f"(stored {stored.host_ratio:.2f})")
-    changed = (fresh.kernels, fresh.aten_kernels) != (stored.kernels, stored.aten_kernels)
+    changed = not (set(fresh.kernels.split(" | ")) <= set(stored.kernels.split(" | "))
+                   and set(fresh.aten_kernels.split(" | ")) <= set(stored.aten_kernels.split(" | ")))
     if problems:
         return CellCheck(stored, fresh, "FAIL", "; ".join(problems), changed)
     return CellCheck(stored, fresh, "ok", f"GPU ratio {fresh.gpu_ratio:.3f} (stored {stored.gpu_ratio:.3f})", changed)

@@ -10,7 +10,7 @@ import pytest
 from bench.results import load_results, load_run_info
 from dispatch.__main__ import main as dispatch_main
 from dispatch.baseline import (REGRESSION_MS, baseline_text, cells_from_results, check_cell, compare,
-                               fingerprint_mismatch, fingerprint_of, load_baseline)
+                               fingerprint_mismatch, fingerprint_of, load_baseline, merge_runs)
 from shapes.errors import HarnessError
 
 SWEEP = Path(__file__).parent / "data" / "h200-sweep"
@@ -27,7 +27,7 @@ def recorded():
 def baseline_file(recorded, tmp_path_factory):
     df, info = recorded
     path = tmp_path_factory.mktemp("b") / "h200.json"
-    path.write_text(baseline_text("h200", info, cells_from_results(df, FI), str(SWEEP)))
+    path.write_text(baseline_text("h200", [(str(SWEEP), info)], cells_from_results(df, FI)))
     return path
 
 
@@ -88,7 +88,7 @@ def test_noise_within_tolerance_passes(baseline_file, recorded):
 def test_host_ratio_beyond_a_factor_two_fails(baseline_file):
     b = load_baseline(baseline_file)
     cell = b.cells[0]
-    worse = dataclasses.replace(cell, host_ratio=cell.host_ratio * 2.5)
+    worse = dataclasses.replace(cell, host_ratio=cell.host_ratio * 2.5)  # a single run: lo == hi == the ratio
     assert check_cell(cell, worse, b.tolerance, b.host_tolerance).status == "FAIL"
     assert check_cell(cell, dataclasses.replace(cell, host_ratio=cell.host_ratio * 1.5), b.tolerance,
                       b.host_tolerance).status == "ok"
@@ -136,7 +136,7 @@ def test_a_fingerprint_mismatch_names_the_keys(baseline_file):
     other = {**b.fingerprint, "flashinfer": "0.8.0", "driver_major": 590}
     assert fingerprint_mismatch(b.fingerprint, other) == ["driver_major: 580 -> 590",
                                                           "flashinfer: '0.7.2.post1' -> '0.8.0'"]
-    assert fingerprint_mismatch(b.fingerprint, fingerprint_of({"fingerprint": b.source["full_fingerprint"]})) == []
+    assert fingerprint_mismatch(b.fingerprint, fingerprint_of({"fingerprint": b.full_fingerprint})) == []
 
 
 def test_regress_cli_on_recorded_runs(baseline_file, recorded, tmp_path, capsys):
@@ -150,3 +150,34 @@ def test_regress_cli_on_recorded_runs(baseline_file, recorded, tmp_path, capsys)
     (run / "run.json").write_text((SWEEP / "run.json").read_text())
     assert dispatch_main(["regress", "--gpu", "h200", "--baseline", str(baseline_file), "--from", str(run)]) == 1
     assert "FAIL: n2048_k4096 M=256 flashinfer:cublaslt" in capsys.readouterr().out
+
+
+def test_several_runs_widen_the_interval_to_their_envelope(recorded):
+    df, _ = recorded
+    one = cells_from_results(df, FI)
+    other = [dataclasses.replace(c, gpu_ratio=c.gpu_ratio * 1.2, gpu_ratio_lo=c.gpu_ratio_lo * 1.2,
+                                 gpu_ratio_hi=c.gpu_ratio_hi * 1.2, kernels="another_algo") for c in one]
+    merged = {c.key: c for c in merge_runs([one, other])}
+    for c in one:
+        m = merged[c.key]
+        assert m.runs == 2 and m.samples == 2 * c.samples
+        assert m.gpu_ratio_lo == c.gpu_ratio_lo and m.gpu_ratio_hi == pytest.approx(c.gpu_ratio_hi * 1.2)
+        assert set(m.kernels.split(" | ")) == {c.kernels, "another_algo"}
+    # a fresh run that picked either algorithm passes, and no kernel warning for a variant seen before
+    check = check_cell(merged[other[0].key], other[0], 0.05, 1.0)
+    assert check.status == "ok" and not check.kernel_changed
+
+
+def test_runs_of_two_environments_make_no_baseline(recorded):
+    df, info = recorded
+    other = {**info, "fingerprint": {**info["fingerprint"], "torch": "2.12.0"}}
+    with pytest.raises(HarnessError, match="another fingerprint"):
+        baseline_text("h200", [("a", info), ("b", other)], cells_from_results(df, FI))
+
+
+def test_the_committed_h200_baseline_is_readable_and_from_real_runs():
+    from dispatch.baseline import baseline_path
+    b = load_baseline(baseline_path("h200"))
+    assert b.fingerprint["gpu_name"] == "NVIDIA H200" and len(b.sources) >= 1
+    assert all(Path(src["results"]).name.startswith("h200-sweep") for src in b.sources)
+    assert {c.m for c in b.cells} == set(REGRESSION_MS)

@@ -1,8 +1,11 @@
 """GPU regression test: the regression grid measured afresh against tests/baselines/<profile>.json.
 
 Tolerance: --regression-tolerance (default: the baseline's, 5%). Failing cells are measured once more before a verdict.
+BENCH_REGRESSION_WORK=DIR keeps the fresh results there (to add them to the baseline's runs later).
 """
+import os
 import time
+from pathlib import Path
 import warnings
 
 import pytest
@@ -34,7 +37,8 @@ def test_fresh_measurements_stay_within_the_stored_ratios(tmp_path, request):
         pytest.skip(f"the {profile.name} baseline was measured on another environment ({'; '.join(problems)}); "
                     f"regenerate it here with make baseline GPU={profile.name}")
     t0 = time.perf_counter()
-    run = regress(profile, baseline, tmp_path, request.config.getoption("--regression-tolerance"))
+    work = Path(os.environ.get("BENCH_REGRESSION_WORK") or tmp_path)
+    run = regress(profile, baseline, work, request.config.getoption("--regression-tolerance"))
     print(f"\nregression grid: {len(run.checks)} cells in {time.perf_counter() - t0:.1f} s; "
           f"re-measured: {run.remeasured or 'none'}")
     for c in run.checks:
