@@ -10,6 +10,9 @@ OUT ?= results/$(GPU)
 
 .PHONY: venv gpu-env bench baseline regress host-anatomy report test clean
 RESULTS ?= tests/data/h200-sweep
+COMPARE ?= tests/data/h200-sweep-1
+BASELINE ?= tests/baselines/h200.json
+ANATOMY ?= tests/data/h200-host-anatomy
 REPORT ?= report.html
 
 # --system-site-packages: a GPU machine's own CUDA build of torch (and FlashInfer, CUPTI) stays visible.
@@ -42,7 +45,8 @@ host-anatomy: gpu-env
 	$(PY) -m bench host-anatomy --gpu $(GPU) --out results/$(GPU)-host-anatomy
 
 report: $(VENV)/.installed
-	$(PY) -m reports build $(RESULTS) -o $(REPORT)
+	$(PY) -m reports build $(RESULTS) $(COMPARE) $(if $(BASELINE),--baseline $(BASELINE)) \
+	  $(if $(ANATOMY),--anatomy $(ANATOMY)) -o $(REPORT)
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q

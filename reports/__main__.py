@@ -1,0 +1,29 @@
+"""python -m reports build RESULTS [RESULTS...] [--baseline FILE] [--anatomy DIR] -o report.html"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from shapes.errors import run_cli
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m reports", description="A self-contained HTML report of a run.")
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("build", help="build report.html from results folders")
+    p.add_argument("results", nargs="+", help="results folder(s); the first is reported, the others compared with it")
+    p.add_argument("--baseline", help="a stored baseline (tests/baselines/<profile>.json) to compare the first run with")
+    p.add_argument("--anatomy", help="a host-anatomy results folder (python -m bench host-anatomy)")
+    p.add_argument("--thresholds", help="threshold table (default: dispatch/thresholds/<profile>.json)")
+    p.add_argument("-o", "--out", default="report.html", help="output file (default report.html)")
+    args = parser.parse_args(argv)
+    from reports.build import build
+    out = build(args.results, Path(args.out), args.baseline, args.anatomy, args.thresholds)
+    print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main, "reports"))

@@ -1,0 +1,210 @@
+"""Assemble report.html from one or more runs, an optional stored baseline and an optional host-anatomy run."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from bench.results import atomic_write_text
+from reports import figures
+from reports.data import Run, cell_rows, compare_runs, headline, load_anatomy, load_run, shape_crossovers
+from reports.page import esc, kv_table, page, table
+
+FINGERPRINT_KEYS = ("gpu_name", "sm", "sm_count", "l2_bytes", "driver", "cuda", "torch", "cublas", "cudnn",
+                    "flashinfer", "cupti_python", "libcupti", "cutlass_dsl", "python", "harness_sha")
+
+
+def environment(run: Run) -> str:
+    fp = run.info.get("fingerprint") or {}
+    items = {"results": run.path, "command": run.info.get("command"), "started": run.info.get("started"),
+             "status": run.info.get("status"), "wall s": run.info.get("wall_s"), "profile": run.info.get("profile"),
+             "timer": run.info.get("timer"), "replays per cell": run.info.get("samples"),
+             "warm L2": run.info.get("warm_l2")}
+    items.update({k: fp.get(k) for k in FINGERPRINT_KEYS})
+    return kv_table({k: v for k, v in items.items() if v is not None})
+
+
+def summary_section(run: Run, head) -> str:
+    cls = {True: "yes", False: "no", None: "unknown"}[head.holds]
+    first, rest = head.sentences[0], head.sentences[1:]
+    items = "".join(f"<li>{esc(s)}</li>" for s in rest)
+    return (f'<div class="verdict {cls}">{esc(first)}</div><ul>{items}</ul>'
+            f"<p class='muted'>Verdicts: a 95% bootstrap interval of the GPU-time ratio wholly below 1 - 3% is FASTER, "
+            f"wholly above 1 + 3% SLOWER, inside ±3% SAME, otherwise AMBIGUOUS. GPU time is CUPTI kernel time inside "
+            f"CUDA graphs (cold L2); host time is the eager call's wall time with the GPU kept busy.</p>"
+            f"<h3>Environment</h3>{environment(run)}")
+
+
+def shapes_section(run: Run, rows: pd.DataFrame) -> str:
+    xo = shape_crossovers(run)
+    cap = run.profile.capture_size if run.profile else None
+    out = []
+    for (n, k), g in rows.groupby(["n", "k"], sort=True):
+        thr = run.table.threshold(n, k) if run.table else None
+        first = g.iloc[0]
+        meta = f"models: {first.get('models', '')} · layers: {first.get('layers', '')} · per-forward count: {first.get('count', '')}"
+        xs = xo.get((n, k), float("nan"))
+        note = (f"dispatcher threshold M <= {thr}" if thr else "dispatcher: never FlashInfer (threshold 0)") if thr is not None \
+            else "no threshold table"
+        note += "" if xs != xs else f"; {run.table.low_m_backend} stops being FASTER than aten at M* = {xs:.0f}"
+        img = figures.shape_figure(g, f"{n}x{k}", thr, xs, cap)
+        out.append(f"<h3>N={n}, K={k} <span class='muted'>({esc(first['shape'])})</span></h3>"
+                   f"<p class='muted'>{esc(meta)} · {esc(note)}</p><img alt='{n}x{k}' src='{img}'>")
+    return "".join(out)
+
+
+def totals_section(head) -> str:
+    t = head.totals
+    if t.empty:
+        return "<p>No per-forward totals: the run lacks a threshold table or aten cells for a model's layers.</p>"
+    show = t.copy()
+    for c in ("aten_us", "flashinfer_us", "dispatch_us", "best_us"):
+        show[c] = show[c] / 1e3
+    cols = [("model", "model"), ("m", "M"), ("regime", "regime"), ("actual", "vLLM runs M here"),
+            ("aten_us", "aten ms"), ("flashinfer_us", "FlashInfer ms"), ("dispatch_us", "dispatcher ms"),
+            ("best_us", "best ms"), ("dispatch_over_best", "dispatcher / best")]
+    fmt = {c: "{:.4g}" for c, _ in cols}
+    return (f"<img alt='per-forward totals' src='{figures.totals_figure(t)}'>"
+            "<p class='muted'>Count-weighted sum over a model's in-graph linear layers (lm_head excluded) of GPU time "
+            "per call in the CUDA-graph regime and of max(host, GPU) per call in the eager regime. 'FlashInfer' is "
+            "the low-M backend at M <= 32 and FlashInfer's cuBLASLt above, as vLLM's flag runs it.</p>"
+            f"<details><summary>Table ({len(show)} rows)</summary>"
+            f"{table(show.sort_values(['model', 'regime', 'm']), cols, fmt=fmt, left=('model', 'regime'))}</details>")
+
+
+CELL_COLS = [("m", "M"), ("path", "path"), ("status", "status"), ("gpu_us", "GPU µs"), ("gpu_us_p20", "p20"),
+             ("gpu_us_p80", "p80"), ("event_us", "events µs"), ("host_us", "host µs"), ("ratio", "ratio vs aten"),
+             ("ratio_lo", "lo"), ("ratio_hi", "hi"), ("verdict", "verdict"), ("same_kernel", "aten's kernel"),
+             ("kernels_per_call", "kernels/call"), ("kernels", "kernels"), ("timer", "timer"), ("reason", "reason")]
+
+
+def cells_section(rows: pd.DataFrame) -> str:
+    fmt = {c: "{:.4g}" for c in ("gpu_us", "gpu_us_p20", "gpu_us_p80", "event_us", "host_us")}
+    fmt.update({c: "{:.3f}" for c in ("ratio", "ratio_lo", "ratio_hi")})
+    fmt["kernels_per_call"] = "{:.0f}"
+    parts = ["<p><input id='filter' placeholder='filter rows: e.g. tinygemm, SLOWER, failed, nvjet…' "
+             "oninput='filterCells(this.value)'></p>",
+             "<p class='muted'>One table per shape; a row per (M, path). Ratio = the path's median GPU time over "
+             "aten's, with its 95% interval; the dispatch row's verdict is the dispatcher's against the best "
+             "candidate. 'aten's kernel' says whether the path ran exactly aten's kernels.</p>"]
+    for (n, k), g in rows.groupby(["n", "k"], sort=True):
+        counts = g["verdict"].str.split().str[0].value_counts().to_dict()
+        tag = ", ".join(f"{v} {c}" for v, c in sorted(counts.items()) if v)
+        parts.append(f"<details class='shape'><summary>N={n} K={k} ({esc(g.iloc[0]['shape'])}): {len(g)} cells"
+                     f"{' · FlashInfer vs aten:' if tag else ''}"
+                     f"{' ' + esc(tag) if tag else ''}</summary>"
+                     f"{table(g, CELL_COLS, cls='cells', fmt=fmt, left=('path', 'status', 'verdict', 'reason', 'timer'))}"
+                     "</details>")
+    return "".join(parts)
+
+
+def problems_section(rows: pd.DataFrame) -> str:
+    bad = rows[rows["status"] != "ok"]
+    if bad.empty:
+        return "<p>None: every cell was measured.</p>"
+    grouped = (bad.groupby(["status", "path", "reason"]).agg(cells=("m", "size"),
+               where=("shape", lambda s: f"{s.nunique()} shape(s): " + ", ".join(sorted(set(s))))).reset_index())
+    return table(grouped, [("status", "status"), ("path", "path"), ("cells", "cells"), ("reason", "reason"),
+                           ("where", "shapes")], cls="wrap", left=("status", "path", "reason", "where"))
+
+
+def comparison_section(primary: Run, others: list[Run], baseline: str | None) -> str:
+    parts = []
+    for other in others:
+        comp = compare_runs(primary, other)
+        med = comp["drift"].abs().median()
+        big = comp[comp["drift"].abs() > 0.05]
+        parts.append(
+            f"<h3>{esc(primary.label)} vs {esc(other.label)}</h3>"
+            f"<p>{len(comp)} shared FlashInfer cells; median |drift| of the FlashInfer/aten ratio {med:.2%}; "
+            f"{len(big)} cells drift by more than 5%; kernels differ in {int(comp['kernel_changed'].sum())}.</p>"
+            f"<img alt='run vs run' src='{figures.compare_figure(comp, 'A', 'B')}'>"
+            f"<details><summary>Largest drifts (A = {esc(primary.path)}, B = {esc(other.path)})</summary>"
+            + table(comp.head(60), [("shape", "shape"), ("m", "M"), ("path", "path"), ("ratio_a", "ratio A"),
+                                    ("ratio_b", "ratio B"), ("drift", "drift"), ("kernel_changed", "kernels changed")],
+                    fmt={"ratio_a": "{:.3f}", "ratio_b": "{:.3f}", "drift": "{:+.1%}"},
+                    left=("shape", "path")) + "</details>")
+    if baseline:
+        from dispatch.baseline import cells_from_results, compare, load_baseline
+        b = load_baseline(Path(baseline))
+        fi = sorted({c.path for c in b.cells})
+        checks = compare(b, cells_from_results(primary.df, fi))
+        rows = pd.DataFrame([{"shape": c.cell.shape, "m": c.cell.m, "path": c.cell.path,
+                              "stored": c.cell.gpu_ratio, "stored_lo": c.cell.gpu_ratio_lo,
+                              "stored_hi": c.cell.gpu_ratio_hi,
+                              "fresh": c.fresh.gpu_ratio if c.fresh else float("nan"),
+                              "drift": (c.fresh.gpu_ratio / c.cell.gpu_ratio - 1) if c.fresh else float("nan"),
+                              "status_check": {"ok": "SAME", "FAIL": "SLOWER"}.get(c.status, "AMBIGUOUS"),
+                              "result": c.status, "kernel_changed": c.kernel_changed, "note": c.message}
+                             for c in checks])
+        nbad = int((rows["result"] != "ok").sum())
+        parts.append(
+            f"<h3>Against the stored baseline {esc(baseline)}</h3>"
+            f"<p>{len(rows)} baseline cells from {len(b.sources)} run(s); {nbad} outside the stored interval "
+            f"±{b.tolerance:.0%} (or host ratio beyond ×{1 + b.host_tolerance:.0f}); new kernels in "
+            f"{int(rows['kernel_changed'].sum())}. Median |drift| {rows['drift'].abs().median():.2%}.</p>"
+            "<details><summary>Every baseline cell, worst first</summary>"
+            + table(rows.sort_values("drift", key=lambda s: -s.abs()),
+                    [("shape", "shape"), ("m", "M"), ("path", "path"), ("stored", "stored"), ("stored_lo", "lo"),
+                     ("stored_hi", "hi"), ("fresh", "this run"), ("drift", "drift"), ("result", "result"),
+                     ("kernel_changed", "new kernels"), ("note", "note")],
+                    fmt={"stored": "{:.3f}", "stored_lo": "{:.3f}", "stored_hi": "{:.3f}", "fresh": "{:.3f}",
+                         "drift": "{:+.1%}"}, left=("shape", "path", "result", "note")) + "</details>")
+    return "".join(parts)
+
+
+def anatomy_section(path: str) -> str:
+    df, info = load_anatomy(path)
+    ok = df[df["status"] == "ok"]
+    seg = ok[(ok["kind"] == "segment") & ok["path"].str.startswith("flashinfer:")]
+    aten = ok[(ok["kind"] == "layer") & (ok["layer"] == "F.linear")].groupby("m", as_index=False)["host_us"].median()
+    totals = ok[(ok["kind"] == "layer") & (ok["layer"] == "inductor_wrapper")]
+    lines = []
+    for r in totals.itertuples():
+        fl = aten[aten["m"] == r.m]["host_us"]
+        top = seg[(seg["path"] == r.path) & (seg["m"] == r.m)].sort_values("host_us", ascending=False).head(2)
+        segs = seg[(seg["path"] == r.path) & (seg["m"] == r.m)].set_index("layer")["host_us"]
+        flag = (" <b>Noisy:</b> its layer medians disagree (negative segments above 10% of the call), so this "
+                "breakdown is not reliable." if figures.noisy(segs) else "")
+        lines.append(f"<li>{esc(r.path)} at M={int(r.m)} (N={int(r.n)}, K={int(r.k)}): {r.host_us:.0f} µs per call "
+                     f"through the opaque op, against {fl.iloc[0]:.0f} µs for F.linear ({r.host_us / fl.iloc[0]:.1f}x); "
+                     f"largest layers: " + ", ".join(f"{esc(t.layer)} {t.host_us:.0f} µs" for t in top.itertuples())
+                     + f".{flag}</li>")
+    first = ok[ok["kind"] == "first_call"]
+    cols = [("path", "path"), ("m", "M"), ("layer", "layer"), ("host_us", "µs"), ("host_us_p20", "p20"),
+            ("host_us_p80", "p80"), ("cache_state", "autotuner"), ("gpu_busy", "GPU kept busy")]
+    fmt = {c: "{:.1f}" for c in ("host_us", "host_us_p20", "host_us_p80")}
+    return (f"<p class='muted'>{esc(info.get('command', ''))} · {esc(info.get('started', ''))} · "
+            f"{esc((info.get('fingerprint') or {}).get('gpu_name', ''))}</p><ul>{''.join(lines)}</ul>"
+            f"<img alt='host anatomy' src='{figures.anatomy_figure(seg, aten)}'>"
+            "<p class='muted'>Each segment is the median time of one entry point minus the medians of the entry points "
+            "it calls, so the segments add up to the measured whole call (black line); p20/p80 are those of the per-round "
+            "paired differences. A negative segment is below the noise and draws as nothing, so a stack above its "
+            "black line shows how noisy that breakdown is.</p>"
+            "<details><summary>Segments</summary>" + table(seg, cols, fmt=fmt, left=("path", "layer", "cache_state"))
+            + "</details><details><summary>Every timed layer</summary>"
+            + table(ok[ok["kind"] == "layer"], cols, fmt=fmt, left=("path", "layer", "cache_state"))
+            + "</details><details><summary>First-call costs</summary>"
+            + table(first, cols, fmt=fmt, left=("path", "layer")) + "</details>")
+
+
+def build(results: list[str], out: Path, baseline: str | None = None, anatomy: str | None = None,
+          thresholds: str | None = None) -> Path:
+    runs = [load_run(r, thresholds) for r in results]
+    primary = runs[0]
+    rows = cell_rows(primary)
+    head = headline(primary)
+    gpus = " vs ".join(dict.fromkeys(r.gpu for r in runs))
+    sections = [("summary", "Verdict", summary_section(primary, head)),
+                ("shapes", "Per shape", shapes_section(primary, rows)),
+                ("totals", "Per-forward totals", totals_section(head)),
+                ("cells", "Every cell", cells_section(rows)),
+                ("problems", "Failed and skipped cells", problems_section(rows))]
+    if len(runs) > 1 or baseline:
+        sections.append(("comparison", "Comparison", comparison_section(primary, runs[1:], baseline)))
+    if anatomy:
+        sections.append(("anatomy", "Host-time anatomy", anatomy_section(anatomy)))
+    html = page(f"BF16 linear paths on {gpus}", f"{primary.info.get('command', '')} · run started "
+                f"{primary.info.get('started', '?')}", sections)
+    atomic_write_text(out, html)  # built in memory first: a failure above leaves no partial file
+    return out

@@ -1,0 +1,162 @@
+"""What the report shows, as tables: per-cell ratios and verdicts, the dispatcher's verdict in words, comparisons."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from bench.profiles import PROFILES, GpuProfile
+from bench.results import load_results, load_run_info
+from dispatch.analysis import (Cells, cell_verdicts, crossover, forward_totals, model_uses, ratio_ci, verdict)
+from dispatch.table import TABLE_DIR, ThresholdTable, load_table
+from shapes.errors import HarnessError
+
+MARGIN = 0.03  # equivalence margin of every verdict in the report, as in `python -m dispatch validate`
+
+
+@dataclass
+class Run:
+    label: str
+    path: str
+    df: pd.DataFrame
+    info: dict[str, Any]
+    profile: GpuProfile | None
+    cells: Cells
+    table: ThresholdTable | None
+
+    @property
+    def gpu(self) -> str:
+        return str((self.info.get("fingerprint") or {}).get("gpu_name", "unknown GPU"))
+
+
+def load_run(path: str | Path, thresholds: str | None = None) -> Run:
+    df = load_results(path)
+    info = load_run_info(path)
+    for col in ("n", "k", "m"):
+        df[col] = df[col].astype(int)
+    profile = PROFILES.get(str(info.get("profile", "")))
+    table = None
+    if thresholds:
+        table = load_table(path=thresholds)
+    elif profile and (TABLE_DIR / f"{profile.name}.json").exists():
+        table = load_table(profile.name)
+    cells = Cells.from_results(df)
+    label = f"{Path(path).name} ({info.get('started', '?')[:10]}, {(info.get('fingerprint') or {}).get('gpu_name', '?')})"
+    return Run(label, str(path), df, info, profile, cells, table)
+
+
+def cell_rows(run: Run) -> pd.DataFrame:
+    """Every row of the run with its GPU-time ratio to aten, that ratio's 95% interval and verdict, and whether
+    the path ran aten's kernels. The dispatch path's verdict is the dispatcher's against the best candidate."""
+    df = run.df.copy()
+    c = run.cells
+    ratio, lo, hi, verd, same = [], [], [], [], []
+    for r in df.itertuples(index=False):
+        key, akey = (r.n, r.k, r.m, r.path), (r.n, r.k, r.m, "aten")
+        if r.path != "aten" and key in c.samples and akey in c.samples:
+            x, a, b = ratio_ci(c.samples[key], c.samples[akey], n_boot=1000, seed=(r.n * 31 + r.m) & 0xFFFF)
+            ratio.append(x), lo.append(a), hi.append(b), verd.append(verdict(a, b, MARGIN))
+            same.append(str(r.kernels) == str(c.df.loc[akey, "kernels"]))
+        else:
+            ratio.append(np.nan), lo.append(np.nan), hi.append(np.nan), verd.append(""), same.append(None)
+    df["ratio"], df["ratio_lo"], df["ratio_hi"], df["verdict"], df["same_kernel"] = ratio, lo, hi, verd, same
+    if run.table is not None and "dispatch" in set(df["path"]):
+        v = cell_verdicts(c, run.table, MARGIN).set_index(["n", "k", "m"])
+        is_d = df["path"] == "dispatch"
+        df.loc[is_d, "verdict"] = [f"{v.loc[(n, k, m), 'verdict']} vs best" if (n, k, m) in v.index else ""
+                                   for n, k, m in zip(df.loc[is_d, "n"], df.loc[is_d, "k"], df.loc[is_d, "m"])]
+    return df.sort_values(["n", "k", "m", "path"]).reset_index(drop=True)
+
+
+@dataclass
+class Headline:
+    holds: bool | None  # None: no threshold table for this GPU
+    sentences: list[str]
+    verdicts: pd.DataFrame
+    totals: pd.DataFrame
+
+
+def headline(run: Run) -> Headline:
+    """The dispatcher's verdict on this run, in plain words, with the tables behind it."""
+    c, df = run.cells, run.df
+    s: list[str] = []
+    ok = df[df["status"] == "ok"]
+    s.append(f"{len(ok)} cells measured ok, {int((df['status'] == 'skipped').sum())} skipped and "
+             f"{int((df['status'] == 'failed').sum())} failed, over {df['shape'].nunique()} shapes and "
+             f"{df['m'].nunique()} token counts M = {df['m'].min()}..{df['m'].max()}.")
+    piv = ok.pivot_table(index=["n", "k", "m"], columns="path", values="gpu_us")
+    if {"flashinfer:cublaslt", "aten"} <= set(piv.columns):
+        r = (piv["flashinfer:cublaslt"] / piv["aten"]).dropna()
+        r = r[r.index.get_level_values("m") >= 64]
+        if len(r):
+            s.append(f"FlashInfer's tuned cuBLASLt against aten at M >= 64: GPU-time ratio median {r.median():.3f}, "
+                     f"range {r.min():.3f}-{r.max():.3f} over {len(r)} cells.")
+    host = ok.groupby("path")["host_us"].median().dropna()
+    if len(host):
+        s.append("Median host time per eager call: " + ", ".join(f"{p} {v:.0f} µs" for p, v in host.items()) + ".")
+    if run.profile is None or run.table is None:
+        s.insert(0, "No threshold table exists for this GPU, so the dispatcher cannot be judged here; "
+                    "fit one with `python -m dispatch fit`.")
+        return Headline(None, s, pd.DataFrame(), pd.DataFrame())
+    verdicts = cell_verdicts(c, run.table, MARGIN)
+    totals = forward_totals(c, run.table, model_uses(df), run.profile.capture_size)
+    slower = verdicts[verdicts["verdict"] == "SLOWER"]
+    over = totals[totals["actual"] & (totals["dispatch_over_best"] > 1.01)] if len(totals) else totals
+    holds = slower.empty and over.empty
+    t = run.table
+    rule = (f"FlashInfer {t.low_m_backend} at M <= {t.default_threshold}" if t.default_threshold
+            else "never FlashInfer by default (threshold 0)") + (
+        f", with per-shape thresholds on {len(t.overrides)} shapes" if t.overrides else "")
+    if holds:
+        s.insert(0, f"Yes, the dispatcher holds on this {run.gpu}: with its table ({rule}) it is never slower than the "
+                    f"best of aten and {t.low_m_backend} by more than {MARGIN:.0%} in any of {len(verdicts)} cells, and "
+                    f"its per-forward totals stay within 1% of the best in the regime each M runs in.")
+    else:
+        where = ", ".join(f"{r.n}x{r.k} M={r.m}" for r in slower.head(8).itertuples())
+        s.insert(0, f"No, the dispatcher does not hold everywhere on this {run.gpu} ({rule}): it is SLOWER than the "
+                    f"best choice beyond {MARGIN:.0%} in {len(slower)} cell(s)" + (f" ({where})" if where else "") +
+                    (f" and its per-forward total exceeds the best by more than 1% at {len(over)} (model, M) points"
+                     if len(over) else "") + ".")
+    seed = ThresholdTable(t.profile, t.low_m_backend, 32)
+    seed_slow = int((cell_verdicts(c, seed, MARGIN)["verdict"] == "SLOWER").sum())
+    s.insert(1, f"The seed PR's single rule (FlashInfer at M <= 32 on every shape) would be SLOWER beyond "
+                f"{MARGIN:.0%} in {seed_slow} cell(s) on this GPU.")
+    return Headline(holds, s, verdicts, totals)
+
+
+def shape_crossovers(run: Run) -> dict[tuple[int, int], float]:
+    if run.table is None:
+        return {}
+    return {(n, k): crossover(run.cells, run.table, n, k, MARGIN) for n, k in run.cells.shapes()}
+
+
+def compare_runs(a: Run, b: Run) -> pd.DataFrame:
+    """FlashInfer/aten GPU-time ratios of two runs side by side, per cell both measured, with the drift b/a - 1."""
+    ra, rb = cell_rows(a), cell_rows(b)
+    keep = ["n", "k", "m", "path", "shape", "ratio", "ratio_lo", "ratio_hi", "kernels"]
+    ra = ra[ra["path"].str.startswith("flashinfer:") & ra["ratio"].notna()][keep]
+    rb = rb[rb["path"].str.startswith("flashinfer:") & rb["ratio"].notna()][keep]
+    j = ra.merge(rb, on=["n", "k", "m", "path", "shape"], suffixes=("_a", "_b"))
+    if j.empty:
+        raise HarnessError(f"{a.path} and {b.path} share no FlashInfer cell measured against aten; nothing to compare")
+    j["drift"] = j["ratio_b"] / j["ratio_a"] - 1
+    j["kernel_changed"] = j["kernels_a"].astype(str) != j["kernels_b"].astype(str)
+    return j.sort_values("drift", key=lambda s: -s.abs()).reset_index(drop=True)
+
+
+def load_anatomy(path: str | Path) -> tuple[pd.DataFrame, dict[str, Any]]:
+    p = Path(path)
+    csv = p / "results.csv" if p.is_dir() else p
+    if not csv.is_file():
+        raise HarnessError(f"host-anatomy results {csv} not found; run `python -m bench host-anatomy` first")
+    try:
+        df = pd.read_csv(csv)
+    except Exception as exc:
+        raise HarnessError(f"cannot read host-anatomy results {csv} ({type(exc).__name__}: {exc})") from None
+    missing = [c for c in ("path", "kind", "layer", "m", "n", "k", "host_us") if c not in df.columns]
+    if missing:
+        raise HarnessError(f"{csv} lacks column(s) {', '.join(missing)}; it was not written by bench host-anatomy")
+    return df, load_run_info(csv)

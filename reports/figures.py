@@ -1,0 +1,137 @@
+"""Figures as embedded PNG data URIs (matplotlib, Agg), so that the report is one file that works offline."""
+from __future__ import annotations
+
+import base64
+import io
+import math
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
+
+PLAIN = FuncFormatter(lambda v, _: f"{v:g}")  # 0.6, 2, 300 instead of 6x10^-1 on log axes
+
+COLORS = {"aten": "#333333", "flashinfer:tinygemm": "#d95f02", "flashinfer:cublaslt": "#1b9e77",
+          "flashinfer:cudnn": "#7570b3", "flashinfer:cute-dsl": "#e7298a", "dispatch": "#66a61e"}
+
+
+def _color(path: str) -> str:
+    return COLORS.get(path, "#a6761d")
+
+
+def to_uri(fig) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=80, bbox_inches="tight")
+    plt.close(fig)
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def shape_figure(rows: pd.DataFrame, title: str, threshold: int | None, crossover: float,
+                 capture_size: int | None) -> str:
+    """Three panels for one shape: GPU time per call, FlashInfer/aten GPU-time ratio, host vs GPU time."""
+    ok = rows[rows["status"] == "ok"]
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(15, 3.9))
+    for path, g in ok.groupby("path"):
+        g = g.sort_values("m")
+        ax1.plot(g["m"], g["gpu_us"], marker=".", color=_color(path), label=path)
+        ax1.fill_between(g["m"], g["gpu_us_p20"], g["gpu_us_p80"], color=_color(path), alpha=0.15)
+        ax3.plot(g["m"], g["host_us"], marker=".", color=_color(path), label=f"{path} host")
+        ax3.plot(g["m"], g["gpu_us"], ls=":", color=_color(path))
+        if path.startswith("flashinfer:") and g["ratio"].notna().any():
+            ax2.plot(g["m"], g["ratio"], marker=".", color=_color(path), label=path)
+            ax2.fill_between(g["m"], g["ratio_lo"], g["ratio_hi"], color=_color(path), alpha=0.25)
+    ax1.set(xscale="log", yscale="log", xlabel="M (tokens)", ylabel="GPU µs per call (CUPTI, in graph)",
+            title=f"{title}: GPU time per call")
+    ax1.legend(fontsize=7)
+    ax2.axhline(1.0, color="black", lw=0.8)
+    ax2.set(xscale="log", yscale="log", xlabel="M (tokens)", ylabel="FlashInfer / aten GPU time",
+            title="FlashInfer / aten (below 1: FlashInfer faster)")
+    if threshold is not None:
+        ax2.axvline(max(threshold, 0.8), color="#66a61e", ls="--", lw=1.2,
+                    label=f"dispatcher threshold M <= {threshold}" if threshold else "threshold 0: never FlashInfer")
+    if not math.isnan(crossover):
+        ax2.axvline(crossover, color="#e6ab02", ls=":", lw=1.5, label=f"measured crossover M* = {crossover:.0f}")
+    if ax2.has_data():
+        ax2.legend(fontsize=7)
+    ax3.set(xscale="log", yscale="log", xlabel="M (tokens)", ylabel="µs per call",
+            title="host (solid) vs GPU (dotted) per call")
+    if capture_size:
+        ax3.axvspan(capture_size, max(ok["m"].max(), capture_size) * 1.1, color="#cccccc", alpha=0.3,
+                    label=f"eager above capture size {capture_size}")
+    ax3.legend(fontsize=7)
+    for ax in (ax1, ax2, ax3):
+        ax.grid(True, which="both", alpha=0.25)
+        ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.yaxis.set_major_formatter(PLAIN)
+        ax.yaxis.set_minor_formatter(NullFormatter())
+    fig.tight_layout()
+    return to_uri(fig)
+
+
+def totals_figure(totals: pd.DataFrame) -> str:
+    """Per model: count-weighted per-forward GPU+host cost of aten, FlashInfer alone and the dispatcher vs M."""
+    models = sorted(totals["model"].unique())
+    fig, axes = plt.subplots(1, len(models), figsize=(7 * len(models), 3.8), squeeze=False)
+    for ax, model in zip(axes[0], models):
+        t = totals[(totals["model"] == model) & totals["actual"]].sort_values("m")
+        for col, color, label in (("aten_us", COLORS["aten"], "aten (F.linear)"),
+                                  ("flashinfer_us", COLORS["flashinfer:cublaslt"], "FlashInfer for every linear"),
+                                  ("dispatch_us", COLORS["dispatch"], "dispatcher")):
+            ax.plot(t["m"], t[col] / 1e3, marker=".", color=color, label=label)
+        ax.set(xscale="log", yscale="log", xlabel="M (tokens)", ylabel="ms per forward (linears only)",
+               title=f"{model}: graph regime up to the capture size, eager above")
+        ax.grid(True, which="both", alpha=0.25)
+        ax.legend(fontsize=7)
+    return to_uri(fig)
+
+
+def anatomy_figure(seg: pd.DataFrame, aten: pd.DataFrame) -> str:
+    """One stacked bar per (FlashInfer path, M): its host-time segments; beside them F.linear's total."""
+    bars = sorted({(p, int(m)) for p, m in zip(seg["path"], seg["m"])})
+    names = list(dict.fromkeys(seg["layer"]))
+    cmap = plt.get_cmap("tab20")
+    fig, ax = plt.subplots(figsize=(max(7, 1.3 * len(bars) + 4), 4.8))
+    labels = []
+    for i, (path, m) in enumerate(bars):
+        s = seg[(seg["path"] == path) & (seg["m"] == m)].set_index("layer")["host_us"]
+        bottom = 0.0
+        for j, name in enumerate(names):
+            v = max(float(s.get(name, 0.0)), 0.0)  # a segment below the noise (negative) draws as nothing
+            ax.bar(i, v, bottom=bottom, color=cmap(j % 20), label=name if i == 0 else None, width=0.7)
+            bottom += v
+        total = float(s.sum())  # the segments add up to the measured whole call
+        ax.plot([i - 0.4, i + 0.4], [total, total], color="black", lw=2,
+                label="measured whole call" if i == 0 else None)
+        if noisy(s):
+            ax.annotate("noisy", (i, bottom), ha="center", va="bottom", fontsize=8, color="#b2182b")
+        labels.append(f"{path.split(':')[1]}\nM={m}")
+    for i, (m, v) in enumerate(sorted(zip(aten["m"], aten["host_us"]))):
+        ax.bar(len(bars) + i, v, color="#333333", width=0.7, label="F.linear (whole call)" if i == 0 else None)
+        labels.append(f"F.linear\nM={int(m)}")
+    ax.set_xticks(range(len(labels)), labels, fontsize=8)
+    ax.set(ylabel="host µs per call", title="Host time of one call, layer by layer (eager, no GPU back-pressure)")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.grid(True, axis="y", alpha=0.25)
+    return to_uri(fig)
+
+
+def noisy(segments: pd.Series, share: float = 0.1) -> bool:
+    """Layer medians that disagree: negative segments worth more than `share` of the whole call."""
+    return float(-segments[segments < 0].sum()) > share * float(segments.sum())
+
+
+def compare_figure(comp: pd.DataFrame, label_a: str, label_b: str) -> str:
+    fig, ax = plt.subplots(figsize=(5.5, 5))
+    for path, g in comp.groupby("path"):
+        ax.scatter(g["ratio_a"], g["ratio_b"], s=10, color=_color(path), label=path)
+    lo = min(comp["ratio_a"].min(), comp["ratio_b"].min()) * 0.9
+    hi = max(comp["ratio_a"].max(), comp["ratio_b"].max()) * 1.1
+    ax.plot([lo, hi], [lo, hi], color="black", lw=0.8)
+    ax.set(xscale="log", yscale="log", xlabel=f"ratio, {label_a}", ylabel=f"ratio, {label_b}",
+           title="FlashInfer/aten GPU-time ratio, run against run")
+    ax.grid(True, which="both", alpha=0.25)
+    ax.legend(fontsize=7)
+    return to_uri(fig)

@@ -1,0 +1,102 @@
+"""The HTML report, built from the committed H200 data: its content, bad input, and a render in headless Chromium."""
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from reports.__main__ import main as reports_main
+from shapes.errors import HarnessError
+
+DATA = Path(__file__).parent / "data"
+SECTIONS = ("summary", "shapes", "totals", "cells", "problems", "comparison", "anatomy")
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--hide-scrollbars"]
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("report") / "report.html"
+    assert reports_main(["build", str(DATA / "h200-sweep"), str(DATA / "h200-sweep-1"),
+                         "--baseline", str(Path(__file__).parent / "baselines" / "h200.json"),
+                         "--anatomy", str(DATA / "h200-host-anatomy"), "-o", str(out)]) == 0
+    return out
+
+
+def test_the_report_is_one_self_contained_file_with_every_section(report):
+    html = report.read_text()
+    for sid in SECTIONS:
+        assert f'<section id="{sid}">' in html
+    assert "http://" not in html and "https://" not in html  # offline: nothing fetched
+    assert len(re.findall(r"<img [^>]*src='data:image/png;base64,", html)) >= 16 + 3  # a figure per shape and more
+    assert "NVIDIA H200" in html and "580.159.04" in html and "python -m bench run --gpu h200" in html
+
+
+def test_the_verdict_is_in_plain_words(report):
+    html = report.read_text()
+    verdict = re.search(r'<div class="verdict (yes|no|unknown)">(.*?)</div>', html)
+    assert verdict and verdict.group(1) == "yes" and verdict.group(2).startswith("Yes, the dispatcher holds")
+    assert "The seed PR&#x27;s single rule" in html
+
+
+def test_the_cell_table_has_every_measured_cell(report):
+    import pandas as pd
+    html = report.read_text()
+    n_rows = len(pd.read_csv(DATA / "h200-sweep" / "results.csv"))
+    assert html.count("<table class=\"cells\">") == 16
+    body = "".join(re.findall(r'<table class="cells">.*?</table>', html, re.S))
+    assert body.count("<tr>") == n_rows + 16  # a header row per table
+    for v in ("v-FASTER", "v-SAME", "v-SLOWER"):
+        assert v in body
+
+
+@pytest.mark.parametrize("setup, needle", [
+    (lambda d: None, "not found"),
+    (lambda d: (d / "results.csv").write_text("a,b\n1,2\n"), "lacks column"),
+    (lambda d: (d / "results.csv").write_bytes(b"\x00\x01garbage"), "lacks column|cannot read|no rows"),
+    (lambda d: __import__("shutil").copy(DATA / "h200-sweep" / "results.csv", d), "run.json"),
+])
+def test_bad_input_is_one_clear_error_and_no_file(tmp_path, setup, needle):
+    run = tmp_path / "run"
+    run.mkdir()
+    setup(run)
+    out = tmp_path / "report.html"
+    with pytest.raises(HarnessError, match=needle):
+        reports_main(["build", str(run), "-o", str(out)])
+    assert not out.exists() and not list(tmp_path.glob(".report.html*"))
+
+
+def test_the_cli_exits_2_with_one_line(tmp_path, capsys):
+    from shapes.errors import run_cli
+    assert run_cli(reports_main, "reports", ["build", str(tmp_path / "nothing"), "-o", str(tmp_path / "r.html")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("reports: error:")
+
+
+def _chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+
+
+def test_the_report_renders_in_headless_chromium(report, tmp_path):
+    exe = _chromium()
+    if exe is None:
+        pytest.skip("no Chromium on this machine: install the distribution's package (apt-get install chromium); "
+                    ".ci/run does")
+    from PIL import Image, ImageStat
+    flags = [*CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}"]
+    shot = tmp_path / "shot.png"
+    subprocess.run([exe, *flags, "--window-size=1400,2400", f"--screenshot={shot}", report.as_uri()],
+                   check=True, capture_output=True, timeout=120)
+    img = Image.open(shot).convert("RGB")
+    assert img.size == (1400, 2400)
+    stat = ImageStat.Stat(img)
+    assert max(stat.stddev) > 20, "the page rendered blank"
+    assert len(img.getcolors(1 << 20)) > 200  # text, tables and plots, not a flat page
+    dom = subprocess.run([exe, *flags, "--dump-dom", report.as_uri()], check=True, capture_output=True, text=True,
+                         timeout=120).stdout
+    for sid in SECTIONS:
+        assert f'id="{sid}"' in dom
+    for heading in ("Verdict", "Per shape", "Per-forward totals", "Every cell", "Comparison", "Host-time anatomy"):
+        assert f">{heading}</h2>" in dom
