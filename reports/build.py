@@ -108,10 +108,10 @@ def problems_section(rows: pd.DataFrame) -> str:
                            ("where", "shapes")], cls="wrap", left=("status", "path", "reason", "where"))
 
 
-def comparison_section(primary: Run, others: list[Run], baseline: str | None) -> str:
+def comparison_section(primary: Run, rows: pd.DataFrame, others: list[Run], baseline: str | None) -> str:
     parts = []
     for other in others:
-        comp = compare_runs(primary, other)
+        comp = compare_runs(primary, other, rows)
         med = comp["drift"].abs().median()
         big = comp[comp["drift"].abs() > 0.05]
         parts.append(
@@ -201,7 +201,7 @@ def build(results: list[str], out: Path, baseline: str | None = None, anatomy: s
                 ("cells", "Every cell", cells_section(rows)),
                 ("problems", "Failed and skipped cells", problems_section(rows))]
     if len(runs) > 1 or baseline:
-        sections.append(("comparison", "Comparison", comparison_section(primary, runs[1:], baseline)))
+        sections.append(("comparison", "Comparison", comparison_section(primary, rows, runs[1:], baseline)))
     if anatomy:
         sections.append(("anatomy", "Host-time anatomy", anatomy_section(anatomy)))
     html = page(f"BF16 linear paths on {gpus}", f"{primary.info.get('command', '')} · run started "

@@ -133,9 +133,9 @@ def shape_crossovers(run: Run) -> dict[tuple[int, int], float]:
     return {(n, k): crossover(run.cells, run.table, n, k, MARGIN) for n, k in run.cells.shapes()}
 
 
-def compare_runs(a: Run, b: Run) -> pd.DataFrame:
+def compare_runs(a: Run, b: Run, rows_a: pd.DataFrame | None = None) -> pd.DataFrame:
     """FlashInfer/aten GPU-time ratios of two runs side by side, per cell both measured, with the drift b/a - 1."""
-    ra, rb = cell_rows(a), cell_rows(b)
+    ra, rb = (cell_rows(a) if rows_a is None else rows_a), cell_rows(b)
     keep = ["n", "k", "m", "path", "shape", "ratio", "ratio_lo", "ratio_hi", "kernels"]
     ra = ra[ra["path"].str.startswith("flashinfer:") & ra["ratio"].notna()][keep]
     rb = rb[rb["path"].str.startswith("flashinfer:") & rb["ratio"].notna()][keep]

@@ -67,7 +67,7 @@ def shape_figure(rows: pd.DataFrame, title: str, threshold: int | None, crossove
         ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
         ax.yaxis.set_major_formatter(PLAIN)
         ax.yaxis.set_minor_formatter(NullFormatter())
-    fig.tight_layout()
+    fig.subplots_adjust(wspace=0.28)
     return to_uri(fig)
 
 
