@@ -178,3 +178,19 @@ def test_detect_profile_tells_gb200_from_b200():
     assert detect_profile("NVIDIA B200", 100).name == "b200"
     assert detect_profile("NVIDIA H200", 90).name == "h200"
     assert detect_profile("NVIDIA H200", 100) is None and detect_profile("NVIDIA A100", 80) is None
+
+
+def test_phase_timer_accumulates_wall_time_per_phase_even_on_errors():
+    import time as _time
+    from bench.stats import PhaseTimer
+    phase = PhaseTimer()
+    for _ in range(2):
+        with phase("capture"):
+            _time.sleep(0.01)
+    with pytest.raises(RuntimeError):
+        with phase("replay"):
+            _time.sleep(0.05)
+            raise RuntimeError("a failing cell")
+    out = phase.rounded()
+    assert list(out) == ["replay", "capture"]  # largest first
+    assert 0.015 <= phase.seconds["capture"] < 0.2 and 0.045 <= phase.seconds["replay"] < 0.3
