@@ -27,7 +27,7 @@ def measure(profile: GpuProfile, out: Path, shapes: list[Shape] | None = None, m
     from bench.sweep import SweepConfig, run_sweep
     cfg = SweepConfig(profile=profile, shapes=shapes or catalog(), ms=list(ms),
                       paths=[PATHS[p] for p in regression_paths(profile)], out=out, samples=samples,
-                      command=["python", "-m", "dispatch", "regression-grid", "--gpu", profile.name, "--out", str(out)])
+                      command=["(regression grid, run by)", *sys.argv])  # run.json also lists its shapes and M
     run_sweep(cfg)
     return cells_from_results(load_results(out), regression_paths(profile)[1:]), load_run_info(out)
 
