@@ -8,8 +8,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from bench.anatomy import (ATEN_LAYERS, can_use_flashinfer, FLASHINFER_SEGMENTS, FLASHINFER_TOTAL, NULL_OP_SEGMENT, inductor_style,
-                           segment_costs)
+from bench.anatomy import (FLASHINFER_SEGMENTS, FLASHINFER_TOTAL, NULL_OP_SEGMENT, can_use_flashinfer,
+                           inductor_style, segment_costs)
 from bench.hosttime import sleep_guard, time_blocks
 from bench.profiles import GpuProfile, check_device
 from bench.results import atomic_write_text, write_run_json
@@ -124,10 +124,10 @@ def aten_layers(x, w) -> dict[str, Callable[[], Any]]:
     }
 
 
-def first_call_costs(backend: str, shape: Shape, m: int, fresh_ms: int = 5) -> list[dict[str, Any]]:
-    """First-touch costs, timed once each (no warm-up, by definition): the first mm_bf16 call at an M this process
-    has never seen (cuBLASLt heuristic query, autotuner miss), median over `fresh_ms` distinct new M values."""
-    import flashinfer
+def first_call_costs(fn: Callable[[Any, Any], Any], shape: Shape, m: int, fresh_ms: int = 5) -> list[dict[str, Any]]:
+    """First-touch costs, timed once each (no warm-up, by definition): the first mm_bf16 call (fn, the path's
+    callable) at an M this process has never seen (cuBLASLt heuristic query, autotuner miss), median over `fresh_ms`
+    distinct new M values."""
     import torch
     w = torch.randn(shape.n, shape.k, device="cuda", dtype=torch.bfloat16)
     times = []
@@ -136,7 +136,7 @@ def first_call_costs(backend: str, shape: Shape, m: int, fresh_ms: int = 5) -> l
         x = torch.randn(mi, shape.k, device="cuda", dtype=torch.bfloat16)
         torch.cuda.synchronize()
         t0 = time.perf_counter_ns()
-        flashinfer.mm_bf16(x, w.t(), backend=backend)
+        fn(x, w)
         times.append((time.perf_counter_ns() - t0) / 1e3)
         torch.cuda.synchronize()
     med, p20, p80 = summary(times)
@@ -203,23 +203,23 @@ def run_anatomy(profile: GpuProfile, shapes: list[Shape], ms: list[int], backend
                 per_round, prot = time_blocks({"choose_one": layers["choose_one"]}, calls, rounds, before, after)
                 rows.append(_row(base, path.name, m, "layer", "choose_one", per_round["choose_one"], calls, prot,
                                  "untuned"))
-            tune_s, err = tune_shape(path, lambda x, w: __import__("flashinfer").mm_bf16(x, w.t(), backend=backend),
-                                     shape, live)
+            fn = path.build()  # the sweep's own callable for this path: mm_bf16(x, w.t(), backend=...)
+            _, err = tune_shape(path, fn, shape, live)
             if err:
                 raise HarnessError(f"{path.name} {shape.name}: {err}")
             for m in live:
-                rows += [{**r, **base, "path": path.name} for r in first_call_costs(backend, shape, m)]
+                rows += [{**r, **base, "path": path.name} for r in first_call_costs(fn, shape, m)]
                 x = torch.randn(m, shape.k, device="cuda", dtype=torch.bfloat16)
                 w = torch.randn(shape.n, shape.k, device="cuda", dtype=torch.bfloat16)
                 if not can_use_flashinfer(x, w, None):
                     raise HarnessError(f"{shape.name} fails vLLM's FlashInfer eligibility test (K % 128 == 0, "
                                        f"contiguous bf16 CUDA tensors); vLLM would run F.linear there: pick another shape")
                 layers, state = flashinfer_layers(backend, x, w)
-                layers.update(aten_layers(x, w))
+                aten = aten_layers(x, w)
+                layers.update(aten)
                 per_round, prot = time_blocks(layers, calls, rounds, before, after)
                 for name, vals in per_round.items():
-                    is_aten = name in ATEN_LAYERS or name == "null_custom_op"
-                    rows.append(_row(base, "aten" if is_aten else path.name, m, "layer", name, vals, calls, prot,
+                    rows.append(_row(base, "aten" if name in aten else path.name, m, "layer", name, vals, calls, prot,
                                      state if name == "choose_one" else ""))
                 for seg, med, p20, p80 in segment_costs(per_round, (*FLASHINFER_SEGMENTS, NULL_OP_SEGMENT)):
                     is_null = seg is NULL_OP_SEGMENT
