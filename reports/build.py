@@ -192,8 +192,8 @@ def build(results: list[str], out: Path, baseline: str | None = None, anatomy: s
           thresholds: str | None = None) -> Path:
     runs = [load_run(r, thresholds) for r in results]
     primary = runs[0]
-    rows = cell_rows(primary)
     head = headline(primary)
+    rows = cell_rows(primary, head.verdicts)
     gpus = " vs ".join(dict.fromkeys(r.gpu for r in runs))
     sections = [("summary", "Verdict", summary_section(primary, head)),
                 ("shapes", "Per shape", shapes_section(primary, rows)),

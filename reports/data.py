@@ -48,9 +48,10 @@ def load_run(path: str | Path, thresholds: str | None = None) -> Run:
     return Run(label, str(path), df, info, profile, cells, table)
 
 
-def cell_rows(run: Run) -> pd.DataFrame:
+def cell_rows(run: Run, dispatch_verdicts: pd.DataFrame | None = None) -> pd.DataFrame:
     """Every row of the run with its GPU-time ratio to aten, that ratio's 95% interval and verdict, and whether
-    the path ran aten's kernels. The dispatch path's verdict is the dispatcher's against the best candidate."""
+    the path ran aten's kernels. The dispatch path's verdict is the dispatcher's against the best candidate, from
+    dispatch_verdicts (cell_verdicts' table; computed here when None, left out when empty)."""
     df = run.df.copy()
     c = run.cells
     ratio, lo, hi, verd, same = [], [], [], [], []
@@ -63,8 +64,10 @@ def cell_rows(run: Run) -> pd.DataFrame:
         else:
             ratio.append(np.nan), lo.append(np.nan), hi.append(np.nan), verd.append(""), same.append(None)
     df["ratio"], df["ratio_lo"], df["ratio_hi"], df["verdict"], df["same_kernel"] = ratio, lo, hi, verd, same
-    if run.table is not None and "dispatch" in set(df["path"]):
-        v = cell_verdicts(c, run.table, MARGIN).set_index(["n", "k", "m"])
+    if dispatch_verdicts is None and run.table is not None:
+        dispatch_verdicts = cell_verdicts(c, run.table, MARGIN)
+    if dispatch_verdicts is not None and not dispatch_verdicts.empty and "dispatch" in set(df["path"]):
+        v = dispatch_verdicts.set_index(["n", "k", "m"])
         is_d = df["path"] == "dispatch"
         df.loc[is_d, "verdict"] = [f"{v.loc[(n, k, m), 'verdict']} vs best" if (n, k, m) in v.index else ""
                                    for n, k, m in zip(df.loc[is_d, "n"], df.loc[is_d, "k"], df.loc[is_d, "m"])]
@@ -135,7 +138,7 @@ def shape_crossovers(run: Run) -> dict[tuple[int, int], float]:
 
 def compare_runs(a: Run, b: Run, rows_a: pd.DataFrame | None = None) -> pd.DataFrame:
     """FlashInfer/aten GPU-time ratios of two runs side by side, per cell both measured, with the drift b/a - 1."""
-    ra, rb = (cell_rows(a) if rows_a is None else rows_a), cell_rows(b)
+    ra, rb = (cell_rows(a) if rows_a is None else rows_a), cell_rows(b, pd.DataFrame())  # FlashInfer rows only
     keep = ["n", "k", "m", "path", "shape", "ratio", "ratio_lo", "ratio_hi", "kernels"]
     ra = ra[ra["path"].str.startswith("flashinfer:") & ra["ratio"].notna()][keep]
     rb = rb[rb["path"].str.startswith("flashinfer:") & rb["ratio"].notna()][keep]
