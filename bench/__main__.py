@@ -30,6 +30,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_run.add_argument("--samples", type=int, default=10, help="timed graph replays per path and cell (default 10)")
     p_run.add_argument("--warm-l2", action="store_true", help="no input rotation: time with a warm L2")
     p_run.add_argument("--no-tune", action="store_true", help="skip FlashInfer's autotuner (time its default tactics)")
+    p_run.add_argument("--autotune-cache", metavar="FILE",
+                       help="FlashInfer's tactics from FILE (e.g. an earlier run's autotune-cache.json) instead of "
+                            "tuning; written there after tuning when FILE does not exist. Shapes or M that FILE "
+                            "lacks run FlashInfer's fallback tactic (-1), as in vLLM")
     p_run.add_argument("--tune-all", action="store_true", help="also tune backends that are untuned by default (cudnn)")
     p_run.add_argument("--max-rotations", type=int, default=512,
                        help="at most this many rotated input/weight copies per graph (default 512)")
@@ -79,6 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = SweepConfig(profile=profile, shapes=shapes, ms=parse_m(args.m), paths=paths_for(profile.flashinfer_backends, args.paths),
                       out=Path(args.out), timer=args.timer, samples=args.samples, warm_l2=args.warm_l2,
                       resume=args.resume, allow_mismatch=args.allow_mismatch, tune=not args.no_tune, tune_all=args.tune_all,
+                      autotune_cache=Path(args.autotune_cache) if args.autotune_cache else None,
                       max_rotations=args.max_rotations, command=command)
     out = run_sweep(cfg)  # stops first, writing nothing, when there is no CUDA GPU
     print(f"results: {out}/results.csv, {out}/run.json")

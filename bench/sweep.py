@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench import autotune_cache
 from bench.paths import GemmPath
 from bench.profiles import GpuProfile, check_device
 from bench.results import done_keys, write_parquet, write_results, write_run_json
@@ -36,6 +37,8 @@ class SweepConfig:
     allow_mismatch: bool = False
     tune: bool = True
     tune_all: bool = False
+    # FlashInfer autotuner cache: served from when the file exists (no tuning), written after tuning when it does not
+    autotune_cache: Path | None = None
     target_replay_us: float = 500.0
     max_rotations: int = 512
     command: list[str] | None = None
@@ -204,6 +207,34 @@ def measure_group(cfg: SweepConfig, clock, shape: Shape, m: int, paths: list[Gem
     return list(rows.values())
 
 
+def _load_pinned_tactics(cfg: SweepConfig) -> dict[str, Any] | None:
+    if cfg.autotune_cache is None or not cfg.autotune_cache.exists():
+        return None
+    if not cfg.tune:
+        raise HarnessError("--no-tune and --autotune-cache contradict each other; pass one of them")
+    try:
+        return autotune_cache.load(cfg.autotune_cache)
+    except ImportError as exc:
+        raise HarnessError(f"--autotune-cache needs FlashInfer ({exc}); pip install -e '.[gpu]'") from None
+
+
+def _keep_tactics(cfg: SweepConfig, pinned: dict[str, Any] | None) -> dict[str, Any] | str:
+    """The tactics this run served, beside its results (and at cfg.autotune_cache when that was to be written)."""
+    kept = cfg.out / autotune_cache.FILE_NAME
+    try:
+        if pinned:
+            autotune_cache.copy(cfg.autotune_cache, kept)
+            return {**pinned, "kept": str(kept)}
+        if not cfg.tune:
+            return "not tuned: FlashInfer ran its fallback tactics"
+        autotune_cache.save(kept)
+        if cfg.autotune_cache is not None:
+            autotune_cache.copy(kept, cfg.autotune_cache)
+        return {**autotune_cache.describe(kept, "tuned"), "kept": str(kept)}
+    except Exception as exc:  # the measured rows are already written; losing the tactics must not lose them
+        return f"not kept: {type(exc).__name__}: {exc}"
+
+
 def run_sweep(cfg: SweepConfig) -> Path:
     require_cuda()
     import torch
@@ -214,6 +245,7 @@ def run_sweep(cfg: SweepConfig) -> Path:
     clock = make_clock(cfg.timer)  # before any FlashInfer JIT load or capture
     from bench.envinfo import nvml_clocks, run_info
 
+    pinned = _load_pinned_tactics(cfg)  # before anything is written: a refused file stops the run here
     info = run_info(cfg.command, profile=cfg.profile.name, timer=cfg.timer, warm_l2=cfg.warm_l2,
                     samples=cfg.samples, ms=cfg.ms, shapes=[s.name for s in cfg.shapes],
                     paths=[p.name for p in cfg.paths], clocks_start=nvml_clocks())
@@ -223,6 +255,8 @@ def run_sweep(cfg: SweepConfig) -> Path:
         raise HarnessError(f"{cfg.out}/results.csv exists; pass --resume to continue it or choose another --out")
     if cfg.resume and (cfg.out / "run.json").is_file():
         info["previous_legs"] = previous_legs(cfg.out / "run.json")
+    if pinned:
+        info["autotune_cache"] = pinned
     write_run_json(cfg.out, {**info, "status": "running"})
     fns: dict[str, Any] = {}
     for p in cfg.paths:
@@ -248,7 +282,7 @@ def run_sweep(cfg: SweepConfig) -> Path:
         for shape in cfg.shapes:
             todo = [m for m in cfg.ms if any((shape.n, shape.k, m, p.name) not in done for p in cfg.paths)]
             tune_info: dict[str, tuple[float | None, str | None]] = {}
-            if cfg.tune:
+            if cfg.tune and not pinned:
                 for p in cfg.paths:
                     runnable = [m for m in todo if not p.skip_reason(sm, shape.n, shape.k, m)]
                     wants_tune = p.tune_by_default or cfg.tune_all
@@ -288,6 +322,8 @@ def run_sweep(cfg: SweepConfig) -> Path:
         phases["cupti_drain (inside replay)"] = round(clock.drain_s, 2)
         info.update(status="interrupted" if interrupted else "complete", wall_s=round(wall, 1), phase_s=phases,
                     kernel_records=clock.records_seen, clocks_end=nvml_clocks(), cupti_invalid_records=clock.invalid)
+        if any(p.flashinfer_backend and p.name in fns for p in cfg.paths):
+            info["autotune_cache"] = _keep_tactics(cfg, pinned)
         parquet_note = write_parquet(cfg.out)
         if parquet_note:
             info["parquet"] = parquet_note

@@ -65,6 +65,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_base.add_argument("--work", default="results/baseline", help="where a fresh run writes (default results/baseline)")
     p_base.add_argument("--out", help="baseline file (default tests/baselines/<profile>.json)")
     p_base.add_argument("--samples", type=int, default=10, help="graph replays per cell (default 10)")
+    p_base.add_argument("--runs", type=int, default=3,
+                        help="fresh runs, each in a new process; the baseline holds their envelope (default 3)")
+    p_base.add_argument("--retune", action="store_true",
+                        help="tune FlashInfer afresh in run 1 instead of serving the committed <profile>.autotune.json")
     p_reg = sub.add_parser("regress", help="compare fresh (or given) measurements with the stored baseline")
     p_reg.add_argument("--gpu", required=True, help=f"GPU profile: {', '.join(PROFILES)}")
     p_reg.add_argument("--from", dest="source", help="results folder to compare (default: measure afresh, GPU)")
@@ -140,34 +144,44 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _baseline_cmd(args, argv) -> int:
     import shutil
-    from dispatch.baseline import (REGRESSION_MS, baseline_path, baseline_text, cells_from_results, compare, describe,
-                                   fingerprint_mismatch, fingerprint_of, kernel_change, load_baseline, merge_runs,
-                                   write_baseline)
-    from dispatch.regress import measure, regress, regression_paths
+    from bench.autotune_cache import copy as copy_atomic, sha256
+    from dispatch.baseline import (REGRESSION_MS, autotune_cache_path, baseline_path, baseline_text,
+                                   cells_from_results, compare, describe, fingerprint_mismatch, fingerprint_of,
+                                   kernel_change, load_baseline, merge_runs, shared_tactics, write_baseline)
+    from dispatch.regress import measure_runs, regress, regression_paths
     profile = get_profile(args.gpu)
     fi_paths = regression_paths(profile)[1:]
     if args.cmd == "baseline":
+        out = Path(args.out) if args.out else baseline_path(profile.name)
+        cache_file = autotune_cache_path(out)
         if args.sources:
-            runs, per_run = [], []
-            for src in args.sources:
-                info = load_run_info(src)
-                _check_gpu(info, profile.name, src)
-                df = load_results(src)
-                df = df[df["m"].isin(REGRESSION_MS)]  # a full sweep holds more M values than the regression grid
-                runs.append((str(src), info))
-                per_run.append(cells_from_results(df, fi_paths))
+            sources = list(args.sources)
         else:
             work = Path(args.work)
             if work.exists():
                 shutil.rmtree(work)
-            cells, info = measure(profile, work, samples=args.samples)
-            runs, per_run = [(str(work), info)], [cells]
+            serve = None if args.retune or not cache_file.exists() else cache_file
+            sources = [str(p) for p in measure_runs(profile, work, args.runs, args.samples, serve)]
+        runs, per_run = [], []
+        for src in sources:
+            info = load_run_info(src)
+            _check_gpu(info, profile.name, src)
+            df = load_results(src)
+            df = df[df["m"].isin(REGRESSION_MS)]  # a full sweep holds more M values than the regression grid
+            runs.append((str(src), info))
+            per_run.append(cells_from_results(df, fi_paths))
         cells = merge_runs(per_run)
         if not cells:
-            raise HarnessError("the run has no cell where both aten and a FlashInfer path measured ok")
-        out = write_baseline(Path(args.out) if args.out else baseline_path(profile.name),
-                             baseline_text(profile.name, runs, cells))
-        print(f"wrote {out}: {len(cells)} cells")
+            raise HarnessError("the runs have no cell where both aten and a FlashInfer path measured ok")
+        served = shared_tactics(sources)
+        tactics = {"file": cache_file.name, "sha256": sha256(served)} if served else None
+        text = baseline_text(profile.name, runs, cells, tactics)
+        if served:
+            copy_atomic(served, cache_file)
+        write_baseline(out, text)
+        print(f"wrote {out}: {len(cells)} cells from {len(runs)} run(s); "
+              + (f"tactics pinned in {cache_file}" if served else
+                 "the runs served different FlashInfer tactics, so a regression run tunes afresh"))
         return 0
     baseline = load_baseline(Path(args.baseline) if args.baseline else baseline_path(profile.name))
     if args.source:
@@ -178,7 +192,8 @@ def _baseline_cmd(args, argv) -> int:
     else:
         run = regress(profile, baseline, Path(args.work), args.tolerance)
         checks, remeasured, problems = run.checks, run.remeasured, run.fingerprint_problems
-        print(f"fresh measurement: {run.wall_s:.1f} s")
+        print(f"fresh measurement: {run.wall_s:.1f} s; FlashInfer tactics "
+              + (f"served from {run.tactics}" if run.tactics else "tuned afresh"))
     if problems:
         print("note: fingerprint differs from the baseline's: " + "; ".join(problems))
     for c in checks:

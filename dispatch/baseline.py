@@ -4,8 +4,10 @@ A baseline holds, per catalog shape x regression M, the FlashInfer/aten GPU-time
 backend) with its interval, the host-time ratio, the kernel names and the sample counts: everything a dispatch
 decision rests on. It is keyed by an environment fingerprint; a fresh run on another fingerprint is not compared.
 Built from one run or several runs of one fingerprint: then the stored interval is the envelope of the runs'
-intervals, because FlashInfer's autotuner can pick another cuBLASLt algorithm in every process (seen on the H200),
-so a single run's interval understates what a fresh process will see. One cell per line, for readable diffs.
+intervals, so that it holds what a fresh process sees. When every run served the same FlashInfer tactics (one
+autotuner cache, bench/autotune_cache.py), that file is kept beside the baseline (`<profile>.autotune.json`) and a
+regression run serves the same tactics; otherwise a regression run tunes afresh, and the autotuner's per-process picks
+(another cuBLASLt algorithm in a fresh process, seen on the H200) land in the comparison. One cell per line.
 """
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ FINGERPRINT_KEYS = ("gpu_name", "sm", "driver_major", "torch", "cublas", "flashi
 BASELINE_DIR = Path(__file__).resolve().parent.parent / "tests" / "baselines"
 DEFAULT_TOLERANCE = 0.05  # GPU-time ratio band, relative to the stored ratio
 DEFAULT_HOST_TOLERANCE = 1.0  # host ratio within a factor 2: run-to-run host medians on one H200 host moved 0.4-1.75x (5-95%)
-FORMAT = 2
+FORMAT = 3  # 3: the autotuner cache the runs served
 
 
 @dataclass(frozen=True)
@@ -64,6 +66,20 @@ class CellCheck:
 
 def baseline_path(profile: str) -> Path:
     return BASELINE_DIR / f"{profile}.json"
+
+
+def autotune_cache_path(baseline_file: Path) -> Path:
+    """Where a baseline keeps the FlashInfer tactics its runs served: tests/baselines/<profile>.autotune.json."""
+    return baseline_file.with_suffix(".autotune.json")
+
+
+def shared_tactics(sources: list[str]) -> Path | None:
+    """The autotuner cache every run in `sources` served, when they all served the same one (by content)."""
+    from bench.autotune_cache import FILE_NAME, sha256
+    files = [Path(s) / FILE_NAME for s in sources]
+    if not all(f.is_file() for f in files):
+        return None
+    return files[0] if len({sha256(f) for f in files}) == 1 else None
 
 
 def fingerprint_of(run_info: dict[str, Any]) -> dict[str, Any]:
@@ -124,15 +140,17 @@ def _names(value: Any) -> str:
 
 
 def baseline_text(profile: str, runs: list[tuple[str, dict[str, Any]]], cells: list[BaselineCell],
-                  tolerance: float = DEFAULT_TOLERANCE, host_tolerance: float = DEFAULT_HOST_TOLERANCE) -> str:
-    """runs: (results folder, run.json) of every run the cells came from; they must share one fingerprint."""
+                  tactics: dict[str, str] | None = None, tolerance: float = DEFAULT_TOLERANCE,
+                  host_tolerance: float = DEFAULT_HOST_TOLERANCE) -> str:
+    """runs: (results folder, run.json) of every run the cells came from; they must share one fingerprint.
+    tactics: {"file": name beside the baseline, "sha256": ...} of the autotuner cache all runs served, or None."""
     fps = [fingerprint_of(info) for _, info in runs]
     for (src, _), fp in zip(runs[1:], fps[1:]):
         if fp != fps[0]:
             raise HarnessError(f"{src} has another fingerprint than {runs[0][0]} "
                                f"({'; '.join(fingerprint_mismatch(fps[0], fp))}); one baseline holds one environment")
     head = {
-        "format": FORMAT, "profile": profile, "fingerprint": fps[0],
+        "format": FORMAT, "profile": profile, "fingerprint": fps[0], "autotune_cache": tactics,
         "tolerance": tolerance, "host_tolerance": host_tolerance,
         "sources": [{"results": src, "command": info.get("command"), "started": info.get("started"),
                      "harness_sha": (info.get("fingerprint") or {}).get("harness_sha")} for src, info in runs],
@@ -158,6 +176,22 @@ class Baseline:
     cells: list[BaselineCell]
     sources: list[dict[str, Any]]
     full_fingerprint: dict[str, Any]
+    autotune_cache: dict[str, str] | None = None  # {"file", "sha256"}: the tactics to serve; None: tune afresh
+    path: Path | None = None
+
+    def tactics_file(self) -> Path | None:
+        """The pinned tactics beside the baseline, checked by hash; None when the baseline's runs were tuned apiece."""
+        if not self.autotune_cache:
+            return None
+        from bench.autotune_cache import sha256
+        f = (self.path.parent if self.path else BASELINE_DIR) / self.autotune_cache["file"]
+        if not f.is_file():
+            raise HarnessError(f"the baseline's autotuner cache {f} is missing; restore it or regenerate both "
+                               f"with make baseline GPU={self.profile}")
+        if sha256(f) != self.autotune_cache["sha256"]:
+            raise HarnessError(f"{f} is not the autotuner cache the baseline was measured with (sha256 differs); "
+                               f"restore it or regenerate both with make baseline GPU={self.profile}")
+        return f
 
 
 def load_baseline(path: Path) -> Baseline:
@@ -173,8 +207,12 @@ def load_baseline(path: Path) -> Baseline:
         cells = [BaselineCell(**c) for c in data["cells"]]
         if not cells:
             raise ValueError("no cells")
+        tactics = data["autotune_cache"]
+        if tactics is not None and not (isinstance(tactics.get("file"), str) and isinstance(tactics.get("sha256"), str)):
+            raise ValueError("autotune_cache must be null or {file, sha256}")
         return Baseline(str(data["profile"]), dict(data["fingerprint"]), float(data["tolerance"]),
-                        float(data["host_tolerance"]), cells, list(data["sources"]), dict(data["full_fingerprint"]))
+                        float(data["host_tolerance"]), cells, list(data["sources"]), dict(data["full_fingerprint"]),
+                        tactics, Path(path))
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise HarnessError(f"baseline {path} is malformed ({type(exc).__name__}: {exc}); "
                            f"regenerate it with make baseline GPU=<profile>") from None

@@ -8,12 +8,14 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench.autotune_cache import FILE_NAME
 from bench.paths import PATHS
 from bench.profiles import GpuProfile
 from bench.results import load_results, load_run_info
 from dispatch.baseline import (REGRESSION_MS, Baseline, BaselineCell, CellCheck, cells_from_results, compare,
                                fingerprint_mismatch, fingerprint_of)
 from shapes.catalog import Shape, catalog
+from shapes.errors import HarnessError
 
 
 def regression_paths(profile: GpuProfile) -> list[str]:
@@ -22,11 +24,13 @@ def regression_paths(profile: GpuProfile) -> list[str]:
 
 
 def measure(profile: GpuProfile, out: Path, shapes: list[Shape] | None = None, ms: tuple[int, ...] = REGRESSION_MS,
-            samples: int = 10) -> tuple[list[BaselineCell], dict]:
-    """Runs the regression grid through the bench sweep into `out`; returns its cells and run info."""
+            samples: int = 10, autotune_cache: Path | None = None) -> tuple[list[BaselineCell], dict]:
+    """Runs the regression grid through the bench sweep into `out`; returns its cells and run info.
+    autotune_cache: FlashInfer tactics to serve (an existing file) or to write after tuning (a new path)."""
     from bench.sweep import SweepConfig, run_sweep
     cfg = SweepConfig(profile=profile, shapes=shapes or catalog(), ms=list(ms),
                       paths=[PATHS[p] for p in regression_paths(profile)], out=out, samples=samples,
+                      autotune_cache=autotune_cache,
                       command=["(regression grid, run by)", *sys.argv])  # run.json also lists its shapes and M
     run_sweep(cfg)
     return cells_from_results(load_results(out), regression_paths(profile)[1:]), load_run_info(out)
@@ -38,6 +42,7 @@ class RegressionRun:
     remeasured: list[str] = field(default_factory=list)
     wall_s: float = 0.0
     fingerprint_problems: list[str] = field(default_factory=list)
+    tactics: Path | None = None  # the pinned autotuner cache served, or None: tuned afresh
 
     @property
     def failures(self) -> list[CellCheck]:
@@ -51,9 +56,11 @@ def regress(profile: GpuProfile, baseline: Baseline, work: Path, tolerance: floa
     by_name = {s.name: s for s in catalog()}
     shapes = [by_name[n] for n in dict.fromkeys(c.shape for c in baseline.cells) if n in by_name]
     ms = tuple(sorted({c.m for c in baseline.cells}))
-    fresh, info = measure(profile, work / "fresh", shapes, ms, samples)
+    tactics = baseline.tactics_file()
+    fresh, info = measure(profile, work / "fresh", shapes, ms, samples, tactics)
     run = RegressionRun(compare(baseline, fresh, tolerance),
-                        fingerprint_problems=fingerprint_mismatch(baseline.fingerprint, fingerprint_of(info)))
+                        fingerprint_problems=fingerprint_mismatch(baseline.fingerprint, fingerprint_of(info)),
+                        tactics=tactics)
     failing = [c for c in run.checks if c.status != "ok"]
     if failing:
         again: dict[str, set[int]] = {}
@@ -62,7 +69,8 @@ def regress(profile: GpuProfile, baseline: Baseline, work: Path, tolerance: floa
         redo: list[BaselineCell] = []
         for i, (shape, mset) in enumerate(sorted(again.items())):
             print(f"regress: re-measuring {shape} M={sorted(mset)}", file=sys.stderr)
-            cells, _ = measure(profile, work / f"remeasure-{i}", [by_name[shape]], tuple(sorted(mset)), samples)
+            cells, _ = measure(profile, work / f"remeasure-{i}", [by_name[shape]], tuple(sorted(mset)), samples,
+                               tactics)
             redo += cells
         run.remeasured = [f"{c.cell.shape} M={c.cell.m} {c.cell.path}" for c in failing]
         retry = {c.key: c for c in redo}
@@ -71,3 +79,30 @@ def regress(profile: GpuProfile, baseline: Baseline, work: Path, tolerance: floa
         run.checks = compare(baseline, list(merged.values()), tolerance)
     run.wall_s = time.perf_counter() - t0
     return run
+
+
+def _measure_in_child(profile_name: str, out: str, samples: int, autotune_cache: str | None) -> None:
+    from bench.profiles import get_profile
+    measure(get_profile(profile_name), Path(out), samples=samples,
+            autotune_cache=Path(autotune_cache) if autotune_cache else None)
+
+
+def measure_runs(profile: GpuProfile, work: Path, runs: int, samples: int = 10,
+                 autotune_cache: Path | None = None) -> list[Path]:
+    """`runs` regression-grid runs into work/run-1..N, each in a fresh process, so that their spread is what a new
+    process sees. Run 1 serves `autotune_cache` when given, else tunes; every later run serves run 1's tactics."""
+    import multiprocessing
+    ctx = multiprocessing.get_context("spawn")  # CUDA cannot be forked; a fresh interpreter per run
+    outs: list[Path] = []
+    for i in range(runs):
+        out = work / f"run-{i + 1}"
+        tactics = autotune_cache if i == 0 else outs[0] / FILE_NAME
+        print(f"baseline: run {i + 1}/{runs} -> {out}"
+              + (f" serving the tactics of {tactics}" if tactics else " (tuning)"), file=sys.stderr, flush=True)
+        with ctx.Pool(1) as pool:
+            pool.apply(_measure_in_child, (profile.name, str(out), samples, str(tactics) if tactics else None))
+        if i == 0 and runs > 1 and not (out / FILE_NAME).is_file():
+            raise HarnessError(f"run 1 kept no autotuner cache ({out / FILE_NAME}; see its run.json), "
+                               f"so later runs cannot serve its tactics")
+        outs.append(out)
+    return outs

@@ -184,3 +184,67 @@ def test_the_committed_h200_baseline_is_readable_and_from_real_runs():
         info = load_run_info(root / src["results"])
         assert fingerprint_of(info) == b.fingerprint and info["started"] == src["started"]
     assert {c.m for c in b.cells} == set(REGRESSION_MS)
+    if b.autotune_cache:  # pinned tactics: the file beside the baseline is the one every source run served
+        from bench.autotune_cache import FILE_NAME, sha256
+        tactics = b.tactics_file()
+        assert all(sha256(root / src["results"] / FILE_NAME) == sha256(tactics) for src in b.sources)
+
+
+def _tactics(path: Path, tactic: int) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"_metadata": {"gpu": "NVIDIA H200"},
+                                "('bf16_gemm', 'CublasltBf16GemmRunner', ((1, 2048),))": ["CublasltBf16GemmRunner", tactic]}))
+    return path
+
+
+def test_runs_that_served_one_autotuner_cache_pin_it(tmp_path):
+    from dispatch.baseline import shared_tactics
+    a, b, c = (tmp_path / x for x in "abc")
+    for run, tactic in ((a, 3), (b, 3), (c, 0)):
+        _tactics(run / "autotune-cache.json", tactic)
+    assert shared_tactics([str(a), str(b)]) == a / "autotune-cache.json"
+    assert shared_tactics([str(a), str(c)]) is None  # tuned apiece: another tactic
+    assert shared_tactics([str(a), str(tmp_path / "none")]) is None  # a run that kept no tactics
+
+
+def test_a_pinned_baseline_checks_its_tactics_file(recorded, tmp_path):
+    from bench.autotune_cache import sha256
+    df, info = recorded
+    tactics = _tactics(tmp_path / "h200.autotune.json", 3)
+    path = tmp_path / "h200.json"
+    path.write_text(baseline_text("h200", [(str(SWEEP), info)], cells_from_results(df, FI),
+                                  {"file": tactics.name, "sha256": sha256(tactics)}))
+    b = load_baseline(path)
+    assert b.tactics_file() == tactics
+    _tactics(tactics, 0)  # edited after the baseline was measured
+    with pytest.raises(HarnessError, match="not the autotuner cache the baseline was measured with"):
+        b.tactics_file()
+    tactics.unlink()
+    with pytest.raises(HarnessError, match="autotuner cache .* is missing"):
+        b.tactics_file()
+    bad = json.loads(path.read_text())
+    bad["autotune_cache"] = {"file": 3}
+    path.write_text(json.dumps(bad))
+    with pytest.raises(HarnessError, match="malformed .*autotune_cache"):
+        load_baseline(path)
+
+
+@pytest.mark.parametrize("text, needle", [("{not json", "unreadable"), ('{"k": 3}', "not a FlashInfer autotuner cache"),
+                                          ("[1, 2]", "not a FlashInfer autotuner cache")])
+def test_a_malformed_autotuner_cache_is_one_clear_error(tmp_path, text, needle):
+    from bench.autotune_cache import read_entries
+    f = tmp_path / "c.json"
+    f.write_text(text)
+    with pytest.raises(HarnessError, match=needle):
+        read_entries(f)
+    with pytest.raises(HarnessError, match="no autotuner cache"):
+        read_entries(tmp_path / "missing.json")
+
+
+def test_serving_tactics_without_tuning_is_refused(tmp_path):
+    from bench.profiles import get_profile
+    from bench.sweep import SweepConfig, _load_pinned_tactics
+    cfg = SweepConfig(get_profile("h200"), [], [1], [], tmp_path, tune=False,
+                      autotune_cache=_tactics(tmp_path / "c.json", 1))
+    with pytest.raises(HarnessError, match="--no-tune and --autotune-cache"):
+        _load_pinned_tactics(cfg)

@@ -5,7 +5,7 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module")
-def small_sweep(tmp_path_factory):
+def small_sweep_dir(tmp_path_factory):
     import torch
     from bench.paths import paths_for
     from bench.profiles import detect_profile
@@ -20,7 +20,44 @@ def small_sweep(tmp_path_factory):
     cfg = SweepConfig(profile=name, shapes=select(catalog(), "n2048_k4096,n64_k2048,n1_k2048"), ms=[1, 48, 1031],
                       paths=paths_for(name.flashinfer_backends), out=out, samples=10)
     run_sweep(cfg)
-    return load_results(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def small_sweep(small_sweep_dir):
+    from bench.results import load_results
+    return load_results(small_sweep_dir)
+
+
+def test_the_kept_autotuner_cache_serves_the_tuned_tactics(small_sweep_dir, tmp_path):
+    """A second sweep serving the first one's autotune-cache.json (tuner memory cleared, so only the file can answer)
+    runs the same FlashInfer tactics and kernels."""
+    import torch
+    from flashinfer.autotuner import AutoTuner
+    from bench.autotune_cache import FILE_NAME
+    from bench.paths import PATHS
+    from bench.profiles import detect_profile
+    from bench.results import load_results, load_run_info
+    from bench.sweep import SweepConfig, run_sweep
+    from shapes.catalog import catalog, select
+    major, minor = torch.cuda.get_device_capability(0)
+    profile = detect_profile(torch.cuda.get_device_name(0), major * 10 + minor)
+    first = load_results(small_sweep_dir)
+    assert load_run_info(small_sweep_dir)["autotune_cache"]["mode"] == "tuned"
+    AutoTuner.get().clear_cache()
+    fi = [PATHS[f"flashinfer:{b}"] for b in dict.fromkeys((profile.low_m_backend, "cublaslt"))]
+    run_sweep(SweepConfig(profile=profile, shapes=select(catalog(), "n2048_k4096"), ms=[1, 48, 1031], paths=fi,
+                          out=tmp_path, samples=3, autotune_cache=small_sweep_dir / FILE_NAME))
+    assert load_run_info(tmp_path)["autotune_cache"]["mode"] == "loaded"
+    second = load_results(tmp_path)
+    key = ["n", "k", "m", "path"]
+    both = first[first["status"] == "ok"].merge(second[second["status"] == "ok"], on=key, suffixes=("_tuned", "_served"))
+    assert len(both) == 6, both[key]
+    assert (both["fi_tactic_tuned"].astype(str) == both["fi_tactic_served"].astype(str)).all(), \
+        both[key + ["fi_tactic_tuned", "fi_tactic_served"]]
+    assert (both["kernels_tuned"] == both["kernels_served"]).all()
+    import pandas as pd
+    assert (pd.to_numeric(both["fi_tactic_tuned"], errors="coerce") >= 0).any(), "no tuned tactic: nothing was pinned"
 
 
 def test_every_runnable_cell_is_timed_and_correct(small_sweep):

@@ -40,7 +40,8 @@ def test_fresh_measurements_stay_within_the_stored_ratios(tmp_path, request):
     work = Path(os.environ.get("BENCH_REGRESSION_WORK") or tmp_path)
     run = regress(profile, baseline, work, request.config.getoption("--regression-tolerance"))
     print(f"\nregression grid: {len(run.checks)} cells in {time.perf_counter() - t0:.1f} s; "
-          f"re-measured: {run.remeasured or 'none'}")
+          f"re-measured: {run.remeasured or 'none'}; FlashInfer tactics "
+          f"{'served from ' + str(run.tactics) if run.tactics else 'tuned afresh'}")
     for c in run.checks:
         if c.kernel_changed:
             warnings.warn(KernelChangeWarning(kernel_change(c)))

@@ -1,0 +1,88 @@
+"""FlashInfer's autotuner choices kept in a file (its own v1 JSON cache), so that another process runs the same tactics.
+
+Why: each process's autotuner times near-tied cuBLASLt algorithms itself (cold L2, 10 repeats) and the winner differs
+from process to process. On the H200, 34 of 218 regression cells ran another kernel in a fresh process, moving the
+FlashInfer/aten ratio by up to 13% at M=1. vLLM keeps the same file across restarts
+(`$VLLM_CACHE_ROOT/flashinfer_autotune_cache/.../autotune_configs_*.json`), so pinned tactics are what a restarted
+server runs. Every complete sweep writes the tactics it ran to `<out>/autotune-cache.json`.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from shapes.errors import HarnessError
+
+FILE_NAME = "autotune-cache.json"
+_METADATA_KEY = "_metadata"
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def read_entries(path: Path) -> dict[str, Any]:
+    """The file's tactic entries (metadata left out); one clear error when it is unreadable or not FlashInfer's."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise HarnessError(f"no autotuner cache at {path}; tune afresh (leave the option out) to create one") from None
+    except (OSError, ValueError) as exc:
+        raise HarnessError(f"autotuner cache {path} is unreadable ({exc}); delete it and tune afresh") from None
+    if not isinstance(data, dict) or not all(isinstance(v, list) and len(v) >= 2
+                                             for k, v in data.items() if not k.startswith("_")):
+        raise HarnessError(f"{path} is not a FlashInfer autotuner cache (expected {{key: [runner, tactic]}}); "
+                           f"delete it and tune afresh")
+    return {k: v for k, v in data.items() if not k.startswith("_")}
+
+
+def describe(path: Path, mode: str) -> dict[str, Any]:
+    """What run.json records: where the tactics came from and which file, by hash."""
+    return {"mode": mode, "source": str(path), "sha256": sha256(path), "entries": len(read_entries(path))}
+
+
+def load(path: Path) -> dict[str, Any]:
+    """Makes FlashInfer serve every tuned call from `path` (no tuning in this process). Stops when FlashInfer
+    refuses the file, which it does silently (a warning) when the file was written in another environment."""
+    read_entries(path)
+    from flashinfer.autotuner import AutoTuner
+    if not AutoTuner.get().load_configs(str(path)):
+        raise HarnessError(f"FlashInfer ignored the autotuner cache {path}: it was written in another environment "
+                           f"(FlashInfer, CUDA, cuBLAS, cuDNN or GPU differ); tune afresh to write a new one")
+    return describe(path, "loaded")
+
+
+def save(path: Path) -> None:
+    """This process's tuned tactics (and any loaded ones) written atomically to `path`."""
+    from flashinfer.autotuner import AutoTuner
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.close(fd)
+    os.unlink(tmp)  # save_configs reads an existing file's metadata first; give it none
+    try:
+        AutoTuner.get().save_configs(tmp)
+        read_entries(Path(tmp))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def copy(src: Path, dst: Path) -> None:
+    """An atomic byte copy (a pinned file is kept beside the results that ran it)."""
+    if Path(src).resolve() == Path(dst).resolve():
+        return
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.", dir=dst.parent)
+    os.close(fd)
+    try:
+        shutil.copyfile(src, tmp)
+        os.replace(tmp, dst)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
