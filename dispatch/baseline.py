@@ -20,7 +20,7 @@ from typing import Any
 import pandas as pd
 
 from bench.results import atomic_write_text
-from dispatch.analysis import Cells, ratio_ci
+from dispatch.analysis import Cells, paired_ratio_ci, ratio_ci
 from shapes.errors import HarnessError
 
 REGRESSION_MS = (1, 8, 32, 64, 256, 1031, 4096, 16384)
@@ -28,7 +28,7 @@ FINGERPRINT_KEYS = ("gpu_name", "sm", "driver_major", "torch", "cublas", "flashi
 BASELINE_DIR = Path(__file__).resolve().parent.parent / "tests" / "baselines"
 DEFAULT_TOLERANCE = 0.05  # GPU-time ratio band, relative to the stored ratio
 DEFAULT_HOST_TOLERANCE = 1.0  # host ratio within a factor 2: run-to-run host medians on one H200 host moved 0.4-1.75x (5-95%)
-FORMAT = 3  # 3: the autotuner cache the runs served
+FORMAT = 4  # 3: the autotuner cache the runs served; 4: paired ratios
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class BaselineCell:
     k: int
     m: int
     path: str  # the FlashInfer path; the ratio is its time over aten's
-    gpu_ratio: float  # median over runs of median(FlashInfer) / median(aten)
+    gpu_ratio: float  # median over runs of the paired ratio median(FlashInfer_i / aten_i) of side-by-side replays
     gpu_ratio_lo: float  # lowest bootstrap bound over runs
     gpu_ratio_hi: float
     host_ratio: float
@@ -100,7 +100,8 @@ def cells_from_results(df: pd.DataFrame, flashinfer_paths: list[str]) -> list[Ba
         if path not in flashinfer_paths or not cells.has(n, k, m, "aten"):
             continue
         fi, at = cells.samples[(n, k, m, path)], cells.samples[(n, k, m, "aten")]
-        ratio, lo, hi = ratio_ci(fi, at)
+        # replays alternate between the paths, so sample i of each ran side by side: pair them when counts agree
+        ratio, lo, hi = paired_ratio_ci(fi, at) if len(fi) == len(at) else ratio_ci(fi, at)
         row, arow = cells.df.loc[(n, k, m, path)], cells.df.loc[(n, k, m, "aten")]
         host = cells.host(n, k, m, path) / cells.host(n, k, m, "aten")
         host = round(host, 4) if math.isfinite(host) else float("nan")

@@ -120,3 +120,20 @@ def test_dispatch_linear_on_cpu_is_f_linear():
     x, w, b = torch.randn(3, 5, 64), torch.randn(32, 64), torch.randn(32)
     assert torch.equal(dispatch.linear(x, w, b), torch.nn.functional.linear(x, w, b))
     assert dispatch.linear(x, w).shape == (3, 5, 32)
+
+
+def test_paired_ratio_cancels_a_clock_step_that_hits_both_paths():
+    """Recorded shape of the problem (H200, n18432_k2560 M=16384): both paths' replays step from ~1930 to ~2200 us
+    a few replays in. Paired, the same kernel is 1.0 with a tight interval; unpaired, the interval is wide."""
+    from dispatch.analysis import paired_ratio_ci, ratio_ci
+    step = np.array([1930.0] * 5 + [2200.0] * 5)
+    a, b = step * (1 + 0.002 * np.sin(np.arange(10))), step.copy()
+    b[4] = 2200.0  # the step caught the aten replay of pair 4 first
+    r, lo, hi = paired_ratio_ci(a, b)
+    assert r == pytest.approx(1.0, abs=0.003) and hi - lo < 0.01
+    _, ulo, uhi = ratio_ci(a, b)
+    assert uhi - ulo > 0.1
+    r, lo, hi = paired_ratio_ci(a * 1.1, b)  # a real 10% slowdown moves every pair
+    assert lo > 1.09
+    with pytest.raises(ValueError, match="equal"):
+        paired_ratio_ci(a[:9], b)
