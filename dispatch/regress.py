@@ -51,30 +51,25 @@ class RegressionRun:
 
 def regress(profile: GpuProfile, baseline: Baseline, work: Path, tolerance: float | None = None,
             samples: int = 10) -> RegressionRun:
-    """Fresh measurement of the baseline's cells, compared; failing cells measured once more and compared again."""
+    """Fresh measurement of the baseline's cells, compared; failing cells measured once more and compared again.
+    Both measurements run in a fresh process, in catalog order, as the baseline's runs did: on the H200 the lm_head's
+    TinyGEMM time at M=256 depended on what the process had run before (13.6-13.8 ms in 8 processes that ran the
+    catalog order or the shape alone, 15.2 ms in 3 that ran the shapes sorted by N; the cause is not known)."""
     t0 = time.perf_counter()
-    by_name = {s.name: s for s in catalog()}
-    # catalog order, as the baseline's runs measured them: on the H200 the lm_head's TinyGEMM time depended on what
-    # ran before it in the process (13.8 ms after the catalog order, 15.2 ms after the shapes sorted by N)
     wanted = {c.shape for c in baseline.cells}
-    shapes = [s for s in catalog() if s.name in wanted]
+    shapes = [s.name for s in catalog() if s.name in wanted]
     ms = tuple(sorted({c.m for c in baseline.cells}))
     tactics = baseline.tactics_file()
-    fresh, info = measure(profile, work / "fresh", shapes, ms, samples, tactics)
+    fresh, info = measure_in_fresh_process(profile, work / "fresh", shapes, ms, samples, tactics)
     run = RegressionRun(compare(baseline, fresh, tolerance),
                         fingerprint_problems=fingerprint_mismatch(baseline.fingerprint, fingerprint_of(info)),
                         tactics=tactics)
     failing = [c for c in run.checks if c.status != "ok"]
     if failing:
-        again: dict[str, set[int]] = {}
-        for c in failing:
-            again.setdefault(c.cell.shape, set()).add(c.cell.m)
-        redo: list[BaselineCell] = []
-        for i, (shape, mset) in enumerate(sorted(again.items())):
-            print(f"regress: re-measuring {shape} M={sorted(mset)}", file=sys.stderr)
-            cells, _ = measure(profile, work / f"remeasure-{i}", [by_name[shape]], tuple(sorted(mset)), samples,
-                               tactics)
-            redo += cells
+        again = [s for s in shapes if s in {c.cell.shape for c in failing}]
+        again_ms = tuple(sorted({c.cell.m for c in failing}))
+        print(f"regress: re-measuring {', '.join(again)} at M={list(again_ms)}", file=sys.stderr)
+        redo, _ = measure_in_fresh_process(profile, work / "remeasure", again, again_ms, samples, tactics)
         run.remeasured = [f"{c.cell.shape} M={c.cell.m} {c.cell.path}" for c in failing]
         retry = {c.key: c for c in redo}
         merged = {c.key: c for c in fresh}
@@ -84,26 +79,37 @@ def regress(profile: GpuProfile, baseline: Baseline, work: Path, tolerance: floa
     return run
 
 
-def _measure_in_child(profile_name: str, out: str, samples: int, autotune_cache: str | None) -> None:
+def _measure_in_child(profile_name: str, out: str, shapes: list[str] | None, ms: tuple[int, ...], samples: int,
+                      autotune_cache: str | None) -> None:
     from bench.profiles import get_profile
-    measure(get_profile(profile_name), Path(out), samples=samples,
-            autotune_cache=Path(autotune_cache) if autotune_cache else None)
+    by_name = {s.name: s for s in catalog()}
+    measure(get_profile(profile_name), Path(out), [by_name[n] for n in shapes] if shapes else None, ms, samples,
+            Path(autotune_cache) if autotune_cache else None)
+
+
+def measure_in_fresh_process(profile: GpuProfile, out: Path, shapes: list[str] | None = None,
+                             ms: tuple[int, ...] = REGRESSION_MS, samples: int = 10,
+                             autotune_cache: Path | None = None) -> tuple[list[BaselineCell], dict]:
+    """measure() in a new interpreter (spawned: CUDA cannot be forked), so that no earlier work of this process (the
+    GPU tests before it, a first pass) changes what it measures. Returns its cells and run info from disk."""
+    import multiprocessing
+    with multiprocessing.get_context("spawn").Pool(1) as pool:
+        pool.apply(_measure_in_child, (profile.name, str(out), shapes, tuple(ms), samples,
+                                       str(autotune_cache) if autotune_cache else None))
+    return cells_from_results(load_results(out), regression_paths(profile)[1:]), load_run_info(out)
 
 
 def measure_runs(profile: GpuProfile, work: Path, runs: int, samples: int = 10,
                  autotune_cache: Path | None = None) -> list[Path]:
     """`runs` regression-grid runs into work/run-1..N, each in a fresh process, so that their spread is what a new
     process sees. Run 1 serves `autotune_cache` when given, else tunes; every later run serves run 1's tactics."""
-    import multiprocessing
-    ctx = multiprocessing.get_context("spawn")  # CUDA cannot be forked; a fresh interpreter per run
     outs: list[Path] = []
     for i in range(runs):
         out = work / f"run-{i + 1}"
         tactics = autotune_cache if i == 0 else outs[0] / FILE_NAME
         print(f"baseline: run {i + 1}/{runs} -> {out}"
               + (f" serving the tactics of {tactics}" if tactics else " (tuning)"), file=sys.stderr, flush=True)
-        with ctx.Pool(1) as pool:
-            pool.apply(_measure_in_child, (profile.name, str(out), samples, str(tactics) if tactics else None))
+        measure_in_fresh_process(profile, out, samples=samples, autotune_cache=tactics)
         if i == 0 and runs > 1 and not (out / FILE_NAME).is_file():
             raise HarnessError(f"run 1 kept no autotuner cache ({out / FILE_NAME}; see its run.json), "
                                f"so later runs cannot serve its tactics")

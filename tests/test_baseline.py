@@ -248,3 +248,15 @@ def test_serving_tactics_without_tuning_is_refused(tmp_path):
                       autotune_cache=_tactics(tmp_path / "c.json", 1))
     with pytest.raises(HarnessError, match="--no-tune and --autotune-cache"):
         _load_pinned_tactics(cfg)
+
+
+def test_a_fresh_process_measurement_reports_the_childs_error(tmp_path):
+    """The regression grid runs in a spawned interpreter; its one-line error comes back to the caller unchanged."""
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA GPU is visible: the child would measure")
+    from bench.profiles import get_profile
+    from dispatch.regress import measure_in_fresh_process
+    with pytest.raises(HarnessError, match="no CUDA GPU"):
+        measure_in_fresh_process(get_profile("h200"), tmp_path / "x", ["n2048_k4096"], (1,))
+    assert not (tmp_path / "x").exists()
