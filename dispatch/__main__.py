@@ -1,5 +1,6 @@
 """python -m dispatch validate RESULTS | fit RESULTS --gpu PROFILE | host-cost --gpu PROFILE
-                   | baseline --gpu PROFILE [--from RESULTS] | regress --gpu PROFILE [--from RESULTS]"""
+                   | baseline --gpu PROFILE [--runs N] [--retune] [--from RESULTS...]
+                   | regress --gpu PROFILE [--from RESULTS]"""
 from __future__ import annotations
 
 import argparse
@@ -58,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_host.add_argument("--gpu", required=True)
     p_host.add_argument("--calls", type=int, default=4000)
     p_host.add_argument("--out", help="CSV file for the per-shape figures")
-    p_base = sub.add_parser("baseline", help="write tests/baselines/<profile>.json from a regression-grid run")
+    p_base = sub.add_parser("baseline", help="write tests/baselines/<profile>.json from fresh (or given) regression-grid runs")
     p_base.add_argument("--gpu", required=True, help=f"GPU profile: {', '.join(PROFILES)}")
     p_base.add_argument("--from", dest="sources", nargs="+",
                         help="existing results folders of one environment (default: measure afresh, GPU)")

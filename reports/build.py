@@ -138,11 +138,20 @@ def comparison_section(primary: Run, rows: pd.DataFrame, others: list[Run], base
                               "result": c.status, "kernel_changed": c.kernel_changed, "note": c.message}
                              for c in checks])
         nbad = int((rows["result"] != "ok").sum())
+        served = primary.info.get("autotune_cache")
+        served_sha = served.get("sha256") if isinstance(served, dict) else None
+        if not b.autotune_cache:
+            tactics = "The baseline's runs tuned FlashInfer apiece, so drift includes the autotuner's per-process picks."
+        elif served_sha == b.autotune_cache["sha256"]:
+            tactics = f"This run served the baseline's pinned FlashInfer tactics ({esc(b.autotune_cache['file'])})."
+        else:
+            tactics = (f"The baseline pins FlashInfer tactics ({esc(b.autotune_cache['file'])}) and this run did not "
+                       "serve them: drift includes the autotuner's own picks, not only a change of speed.")
         parts.append(
             f"<h3>Against the stored baseline {esc(baseline)}</h3>"
             f"<p>{len(rows)} baseline cells from {len(b.sources)} run(s); {nbad} outside the stored interval "
             f"±{b.tolerance:.0%} (or host ratio beyond ×{1 + b.host_tolerance:.0f}); new kernels in "
-            f"{int(rows['kernel_changed'].sum())}. Median |drift| {rows['drift'].abs().median():.2%}.</p>"
+            f"{int(rows['kernel_changed'].sum())}. Median |drift| {rows['drift'].abs().median():.2%}. {tactics}</p>"
             "<details><summary>Every baseline cell, worst first</summary>"
             + table(rows.sort_values("drift", key=lambda s: -s.abs()),
                     [("shape", "shape"), ("m", "M"), ("path", "path"), ("stored", "stored"), ("stored_lo", "lo"),
