@@ -3,6 +3,7 @@ automatic re-measurement of failing cells. Used by `python -m dispatch baseline|
 GPU regression tests."""
 from __future__ import annotations
 
+import shutil
 import sys
 import time
 from dataclasses import dataclass, field
@@ -56,6 +57,8 @@ def regress(profile: GpuProfile, baseline: Baseline, work: Path, tolerance: floa
     TinyGEMM time at M=256 depended on what the process had run before (13.6-13.8 ms in 8 processes that ran the
     catalog order or the shape alone, 15.2 ms in 3 that ran the shapes sorted by N; the cause is not known)."""
     t0 = time.perf_counter()
+    for own in ("fresh", "remeasure"):  # this function's own output folders: a rerun replaces them
+        shutil.rmtree(work / own, ignore_errors=True)
     wanted = {c.shape for c in baseline.cells}
     shapes = [s.name for s in catalog() if s.name in wanted]
     ms = tuple(sorted({c.m for c in baseline.cells}))
