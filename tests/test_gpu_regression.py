@@ -1,6 +1,7 @@
 """GPU regression test: the regression grid measured afresh against tests/baselines/<profile>.json.
 
 Tolerance: --regression-tolerance (default: the baseline's, 5%). Failing cells are measured once more before a verdict.
+The grid is measured in a spawned process serving the baseline's pinned FlashInfer tactics (<profile>.autotune.json).
 BENCH_REGRESSION_WORK=DIR keeps the fresh results there (to add them to the baseline's runs later).
 """
 import os
