@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from bench.results import atomic_write
 from shapes.errors import HarnessError
 
 FILE_NAME = "autotune-cache.json"
-_METADATA_KEY = "_metadata"
 
 
 def sha256(path: Path) -> str:
@@ -60,29 +58,15 @@ def load(path: Path) -> dict[str, Any]:
 def save(path: Path) -> None:
     """This process's tuned tactics (and any loaded ones) written atomically to `path`."""
     from flashinfer.autotuner import AutoTuner
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
-    os.unlink(tmp)  # save_configs reads an existing file's metadata first; give it none
-    try:
-        AutoTuner.get().save_configs(tmp)
-        read_entries(Path(tmp))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+
+    def fill(tmp: Path) -> None:
+        tmp.unlink()  # save_configs reads an existing file's metadata first; give it none
+        AutoTuner.get().save_configs(str(tmp))
+        read_entries(tmp)
+    atomic_write(path, fill)
 
 
 def copy(src: Path, dst: Path) -> None:
     """An atomic byte copy (a pinned file is kept beside the results that ran it)."""
-    if Path(src).resolve() == Path(dst).resolve():
-        return
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{dst.name}.", dir=dst.parent)
-    os.close(fd)
-    try:
-        shutil.copyfile(src, tmp)
-        os.replace(tmp, dst)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    if Path(src).resolve() != Path(dst).resolve():
+        atomic_write(dst, lambda tmp: shutil.copyfile(src, tmp))

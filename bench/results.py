@@ -6,7 +6,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from shapes.errors import HarnessError
 
@@ -26,17 +26,22 @@ KEY = ("n", "k", "m", "path")
 STATUSES = ("ok", "failed", "skipped")
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write to a temp file in the same folder, then rename: a reader never sees half a file."""
+def atomic_write(path: Path, fill: Callable[[Path], object]) -> None:
+    """fill(tmp) writes a temp file in the same folder, which is then renamed over `path`: a reader never sees half a
+    file, and a failed fill leaves nothing behind."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w", newline="") as fh:
-            fh.write(text)
+        fill(Path(tmp))
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write(path, lambda tmp: tmp.write_text(text, newline=""))
 
 
 def rows_to_csv(rows: Iterable[dict[str, Any]], columns: tuple[str, ...] = COLUMNS) -> str:
@@ -79,9 +84,7 @@ def write_parquet(out_dir: Path) -> str | None:
     except ImportError as exc:
         return f"no parquet: {exc}"
     df = read_csv_table(out_dir / "results.csv")
-    tmp = out_dir / ".results.parquet.tmp"
-    df.to_parquet(tmp, index=False)
-    os.replace(tmp, out_dir / "results.parquet")
+    atomic_write(out_dir / "results.parquet", lambda tmp: df.to_parquet(tmp, index=False))
     return None
 
 

@@ -21,17 +21,23 @@ def parse_samples(value: Any) -> np.ndarray:
     return np.array([float(v) for v in value.split(";") if v], dtype=float)
 
 
+def _boot_medians(x: np.ndarray, rng: np.random.Generator, n_boot: int) -> np.ndarray:
+    return np.median(x[rng.integers(0, len(x), (n_boot, len(x)))], axis=1)
+
+
+def _interval(boot: np.ndarray, level: float) -> tuple[float, float]:
+    tail = (1 - level) / 2
+    return float(np.quantile(boot, tail)), float(np.quantile(boot, 1 - tail))
+
+
 def ratio_ci(a: np.ndarray, b: np.ndarray, n_boot: int = 2000, level: float = 0.95, seed: int = 0
              ) -> tuple[float, float, float]:
     """median(a)/median(b) and its bootstrap percentile interval (a and b resampled independently)."""
     if len(a) == 0 or len(b) == 0:
         raise ValueError("ratio of empty samples")
     rng = np.random.default_rng(seed)
-    ra = np.median(a[rng.integers(0, len(a), (n_boot, len(a)))], axis=1)
-    rb = np.median(b[rng.integers(0, len(b), (n_boot, len(b)))], axis=1)
-    ratios = ra / rb
-    tail = (1 - level) / 2
-    return float(np.median(a) / np.median(b)), float(np.quantile(ratios, tail)), float(np.quantile(ratios, 1 - tail))
+    ratios = _boot_medians(a, rng, n_boot) / _boot_medians(b, rng, n_boot)
+    return (float(np.median(a) / np.median(b)), *_interval(ratios, level))
 
 
 def paired_ratio_ci(a: np.ndarray, b: np.ndarray, n_boot: int = 2000, level: float = 0.95, seed: int = 0
@@ -42,10 +48,7 @@ def paired_ratio_ci(a: np.ndarray, b: np.ndarray, n_boot: int = 2000, level: flo
     if len(a) != len(b) or len(a) == 0:
         raise ValueError(f"paired ratio needs equal, non-empty samples ({len(a)} vs {len(b)})")
     r = np.asarray(a, dtype=float) / np.asarray(b, dtype=float)
-    rng = np.random.default_rng(seed)
-    boot = np.median(r[rng.integers(0, len(r), (n_boot, len(r)))], axis=1)
-    tail = (1 - level) / 2
-    return float(np.median(r)), float(np.quantile(boot, tail)), float(np.quantile(boot, 1 - tail))
+    return (float(np.median(r)), *_interval(_boot_medians(r, np.random.default_rng(seed), n_boot), level))
 
 
 def verdict(lo: float, hi: float, margin: float) -> str:

@@ -260,3 +260,13 @@ def test_a_fresh_process_measurement_reports_the_childs_error(tmp_path):
     with pytest.raises(HarnessError, match="no CUDA GPU"):
         measure_in_fresh_process(get_profile("h200"), tmp_path / "x", ["n2048_k4096"], (1,))
     assert not (tmp_path / "x").exists()
+
+
+def test_a_kept_autotuner_cache_is_an_exact_copy(tmp_path):
+    from bench.autotune_cache import copy, sha256
+    src = _tactics(tmp_path / "a" / "autotune-cache.json", 3)
+    dst = tmp_path / "b" / "kept.json"
+    copy(src, dst)
+    assert sha256(dst) == sha256(src) and list(dst.parent.iterdir()) == [dst]  # no temp file left
+    copy(dst, dst)  # onto itself: nothing to do
+    assert sha256(dst) == sha256(src)
