@@ -1,7 +1,6 @@
 """python -m bench run | host-anatomy | paths | profiles"""
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -9,25 +8,28 @@ from typing import Sequence
 from bench.paths import PATHS, paths_for
 from bench.profiles import PROFILES, get_profile
 from shapes.catalog import catalog, select
+from shapes.cli import Parser, int_in
+from shapes.console import divert_noise
 from shapes.errors import HarnessError, run_cli
+from shapes.io import output_dir, output_file
 from shapes.grid import parse_m
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench", description="GPU and host time of BF16 GEMM paths.")
+    parser = Parser(prog="python -m bench", description="GPU and host time of BF16 GEMM paths.")
     sub = parser.add_subparsers(dest="cmd", required=True)
     p_run = sub.add_parser("run", help="sweep the shape catalog x M grid x paths on this GPU")
     p_run.add_argument("--gpu", required=True, help=f"GPU profile: {', '.join(PROFILES)}")
     p_run.add_argument("--shapes", help="comma list of shape names (n2048_k4096) or NxK; default: the whole catalog")
     p_run.add_argument("--model", help="only the shapes of one model")
-    p_run.add_argument("--tp", type=int, default=1, help="tensor-parallel degree of the catalog (default 1)")
+    p_run.add_argument("--tp", type=int_in(1, 64), default=1, help="tensor-parallel degree of the catalog (default 1)")
     p_run.add_argument("--m", help="M values: 1,8,32 or 1-16384 (powers of two) or 64:512:64; default: the full grid")
     p_run.add_argument("--paths", help=f"comma list of paths (default: the profile's); known: {', '.join(PATHS)}")
     p_run.add_argument("--out", default="results/latest", help="output folder (default results/latest)")
     p_run.add_argument("--resume", action="store_true", help="continue an interrupted sweep in --out")
     p_run.add_argument("--timer", choices=("cupti", "events"), default="cupti",
                        help="GPU timer: CUPTI kernel records (default) or CUDA events only")
-    p_run.add_argument("--samples", type=int, default=10, help="timed graph replays per path and cell (default 10)")
+    p_run.add_argument("--samples", type=int_in(3, 1000), default=10, help="timed graph replays per path and cell (default 10)")
     p_run.add_argument("--warm-l2", action="store_true", help="no input rotation: time with a warm L2")
     p_run.add_argument("--no-tune", action="store_true", help="skip FlashInfer's autotuner (time its default tactics)")
     p_run.add_argument("--autotune-cache", metavar="FILE",
@@ -35,7 +37,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                             "tuning; written there after tuning when FILE does not exist. Shapes or M that FILE "
                             "lacks run FlashInfer's fallback tactic (-1), as in vLLM")
     p_run.add_argument("--tune-all", action="store_true", help="also tune backends that are untuned by default (cudnn)")
-    p_run.add_argument("--max-rotations", type=int, default=512,
+    p_run.add_argument("--max-rotations", type=int_in(1, 4096), default=512,
                        help="at most this many rotated input/weight copies per graph (default 512)")
     p_run.add_argument("--allow-mismatch", action="store_true", help="run although the GPU is not the profile's")
     p_an = sub.add_parser("host-anatomy", help="where a FlashInfer call's host time goes, layer by layer, vs F.linear")
@@ -44,12 +46,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_an.add_argument("--m", default="8,48,1024",
                       help="M values (default 8,48,1024: tuning buckets 8 and 1024, and 48, which is none)")
     p_an.add_argument("--backends", help="FlashInfer backends (default: the profile's low-M backend and cublaslt)")
-    p_an.add_argument("--calls", type=int, default=40, help="timed calls per layer and round (default 40)")
-    p_an.add_argument("--rounds", type=int, default=9, help="interleaved rounds (default 9)")
+    p_an.add_argument("--calls", type=int_in(1, 100_000), default=40, help="timed calls per layer and round (default 40)")
+    p_an.add_argument("--rounds", type=int_in(1, 1000), default=9, help="interleaved rounds (default 9)")
     p_an.add_argument("--out", default="results/host-anatomy", help="output folder (default results/host-anatomy)")
     p_an.add_argument("--allow-mismatch", action="store_true", help="run although the GPU is not the profile's")
     sub.add_parser("paths", help="list the path registry")
-    sub.add_parser("profiles", help="list the GPU profiles")
+    p_prof = sub.add_parser("profiles", help="list the GPU profiles (or check that NAME is one)")
+    p_prof.add_argument("name", nargs="?", help="a profile name: exit 2 with one line when it is unknown")
     args = parser.parse_args(argv)
 
     if args.cmd == "paths":
@@ -58,7 +61,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"{p.name:22s} SM {sms:24s} {p.note}")
         return 0
     if args.cmd == "profiles":
-        for p in PROFILES.values():
+        for p in ([get_profile(args.name)] if args.name else PROFILES.values()):
             print(f"{p.name:6s} SM{p.sm} {p.name_pattern:6s} backends={','.join(p.flashinfer_backends)} "
                   f"low-M={p.low_m_backend} capture={p.capture_size}")
         return 0
@@ -67,26 +70,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     command = ["python", "-m", "bench", *(argv if argv is not None else sys.argv[1:])]
     if args.cmd == "host-anatomy":
         from bench.anatomy_gpu import run_anatomy
+        from bench.sweep import require_gpu
         backends = ([b.strip() for b in args.backends.split(",") if b.strip()] if args.backends
                     else list(dict.fromkeys((profile.low_m_backend, "cublaslt"))))
         unknown = [b for b in backends if f"flashinfer:{b}" not in PATHS]
         if unknown:
             raise HarnessError(f"unknown FlashInfer backend(s) {', '.join(unknown)}; known: "
                                f"{', '.join(p.flashinfer_backend for p in PATHS.values() if p.flashinfer_backend)}")
-        out = run_anatomy(profile, select(catalog(), args.shapes), parse_m(args.m), backends, Path(args.out),
-                          args.calls, args.rounds, args.allow_mismatch, command)
+        shapes, ms, out_dir = select(catalog(), args.shapes), parse_m(args.m), output_dir(args.out, "--out")
+        require_gpu(profile, args.allow_mismatch)
+        divert_noise(out_dir / "log.txt")
+        out = run_anatomy(profile, shapes, ms, backends, out_dir, args.calls, args.rounds, args.allow_mismatch, command)
         print(f"results: {out}/results.csv, {out}/run.json")
         return 0
 
     from bench.sweep import SweepConfig, run_sweep
     shapes = select(catalog(args.model, args.tp), args.shapes)
     cfg = SweepConfig(profile=profile, shapes=shapes, ms=parse_m(args.m), paths=paths_for(profile.flashinfer_backends, args.paths),
-                      out=Path(args.out), timer=args.timer, samples=args.samples, warm_l2=args.warm_l2,
+                      out=output_dir(args.out, "--out"), timer=args.timer, samples=args.samples, warm_l2=args.warm_l2,
                       resume=args.resume, allow_mismatch=args.allow_mismatch, tune=not args.no_tune, tune_all=args.tune_all,
-                      autotune_cache=Path(args.autotune_cache) if args.autotune_cache else None,
-                      max_rotations=args.max_rotations, command=command)
-    out = run_sweep(cfg)  # stops first, writing nothing, when there is no CUDA GPU
-    print(f"results: {out}/results.csv, {out}/run.json")
+                      autotune_cache=output_file(args.autotune_cache, "--autotune-cache") if args.autotune_cache else None,
+                      max_rotations=args.max_rotations, command=command, quiet=True)
+    run_sweep(cfg)  # stops first, writing nothing, when there is no CUDA GPU; prints its summary
     return 0
 
 

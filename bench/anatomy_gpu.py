@@ -12,9 +12,10 @@ from bench.anatomy import (FLASHINFER_SEGMENTS, FLASHINFER_TOTAL, NULL_OP_SEGMEN
                            inductor_style, segment_costs)
 from bench.hosttime import sleep_guard, time_blocks
 from bench.profiles import GpuProfile, check_device
-from bench.results import atomic_write_text, write_run_json
+from bench.results import write_run_json
 from bench.stats import summary
 from shapes.catalog import Shape
+from shapes.io import atomic_write_text
 from shapes.errors import HarnessError
 
 ANATOMY_COLUMNS = ("path", "kind", "layer", "n", "k", "m", "host_us", "host_us_p20", "host_us_p80", "calls", "rounds",

@@ -14,7 +14,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from bench.results import atomic_write
+from shapes.io import atomic_write
 from shapes.errors import HarnessError
 
 FILE_NAME = "autotune-cache.json"

@@ -76,6 +76,8 @@ def paths_for(profile_backends: tuple[str, ...], spec: str | None = None) -> lis
     from shapes.errors import HarnessError
     if spec:
         names = [s.strip() for s in spec.split(",") if s.strip()]
+        if not names:
+            raise HarnessError(f"--paths {spec!r} names no path; known: {', '.join(PATHS)}")
         unknown = [n for n in names if n not in PATHS]
         if unknown:
             raise HarnessError(f"unknown path(s) {', '.join(unknown)}; known: {', '.join(PATHS)}")

@@ -3,12 +3,11 @@ from __future__ import annotations
 
 import csv
 import json
-import os
-import tempfile
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 from shapes.errors import HarnessError
+from shapes.io import atomic_write, atomic_write_text, read_json_object
 
 COLUMNS = (
     "shape", "n", "k", "tp", "m", "path", "status", "reason",
@@ -24,24 +23,6 @@ REQUIRED = ("n", "k", "m", "path", "status", "gpu_us", "gpu_us_p20", "gpu_us_p80
             "kernels", "kernels_per_call", "timer", "rel_err")
 KEY = ("n", "k", "m", "path")
 STATUSES = ("ok", "failed", "skipped")
-
-
-def atomic_write(path: Path, fill: Callable[[Path], object]) -> None:
-    """fill(tmp) writes a temp file in the same folder, which is then renamed over `path`: a reader never sees half a
-    file, and a failed fill leaves nothing behind."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    os.close(fd)
-    try:
-        fill(Path(tmp))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    atomic_write(path, lambda tmp: tmp.write_text(text, newline=""))
 
 
 def rows_to_csv(rows: Iterable[dict[str, Any]], columns: tuple[str, ...] = COLUMNS) -> str:
@@ -96,8 +77,15 @@ def read_csv_table(path: Path):
                         "calls_per_graph", "rotations")})
 
 
-def load_results(path: str | Path):
-    """Read a results table (a run folder, results.csv or results.parquet) and check its columns."""
+TIME_COLUMNS = ("gpu_us", "gpu_us_p20", "gpu_us_p80", "event_us", "host_us")  # finite, >= 0 on every ok row
+INT_COLUMNS = ("n", "k", "m")
+RUN_FIX = "it must be the run.json that `python -m bench run` wrote beside results.csv"
+
+
+def load_results(path: str | Path, partial: bool = False):
+    """Read a results table (a run folder, results.csv or results.parquet) and validate it against its run.json:
+    columns, types, finite non-negative times of ok rows, parseable samples, no duplicate cell, and every cell of
+    the run's grid present (unless `partial`: then missing cells are allowed, and the caller says so)."""
     import pandas as pd
     path = Path(path)
     if path.is_dir():
@@ -107,16 +95,102 @@ def load_results(path: str | Path):
     try:
         df = pd.read_parquet(path) if path.suffix == ".parquet" else read_csv_table(path)
     except Exception as exc:
-        raise HarnessError(f"cannot read results file {path} ({type(exc).__name__}: {exc}); is it a bench results table?") from None
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise HarnessError(f"cannot read results file {path} ({type(exc).__name__}: {first}); "
+                           f"is it a bench results table?") from None
+    validate_results(df, path)
+    check_grid(df, load_run_info(path), path, partial)
+    return df
+
+
+def _bad(path: Path, df, mask, column: str, what: str) -> HarnessError:
+    row = df[mask].iloc[0]
+    where = f"{row.get('shape', '?')} M={row.get('m', '?')} {row.get('path', '?')}"
+    return HarnessError(f"results file {path}: {int(mask.sum())} row(s) with {what} in {column} (first: {where}); "
+                        f"the file was edited or damaged: re-run or restore it")
+
+
+def validate_results(df, path: Path) -> None:
+    """Raises HarnessError naming the first problem: the checks every reader of a results table relies on."""
+    import numpy as np
+    import pandas as pd
     if df.empty:
         raise HarnessError(f"results file {path} has no rows; the run measured nothing")
     missing = [c for c in REQUIRED if c not in df.columns]
     if missing:
-        raise HarnessError(f"results file {path} lacks column(s) {', '.join(missing)}; it was not written by `python -m bench run`")
-    bad = sorted(set(df["status"]) - set(STATUSES))
+        raise HarnessError(f"results file {path} lacks column(s) {', '.join(missing)}; "
+                           f"it was not written by `python -m bench run`")
+    bad = sorted(set(map(str, df["status"])) - set(STATUSES))
     if bad:
         raise HarnessError(f"results file {path} has unknown status values {bad}; expected {', '.join(STATUSES)}")
-    return df
+    for col in INT_COLUMNS:
+        num = pd.to_numeric(df[col], errors="coerce")
+        broken = ~(num.notna() & np.isfinite(num) & (num >= 1) & (num == np.floor(num)))
+        if broken.any():
+            raise _bad(path, df, broken, col, "a value that is not a positive integer")
+        df[col] = num.astype(int)
+    df["path"] = df["path"].astype(str)
+    ok = df["status"] == "ok"
+    for col in TIME_COLUMNS:
+        raw = df[col]
+        num = pd.to_numeric(raw, errors="coerce")
+        text = raw.astype(str).str.strip()
+        garbage = num.isna() & raw.notna() & (text != "") & (text.str.lower() != "nan")
+        if garbage.any():
+            raise _bad(path, df, garbage, col, "non-numeric text")
+        df[col] = num
+        broken = ok & ~(np.isfinite(num) & (num > 0 if col.startswith("gpu") else num >= 0))
+        if broken.any():
+            raise _bad(path, df, broken, col, "a missing, infinite, NaN or negative time on an ok row")
+    if "gpu_samples_us" in df.columns:
+        broken = ok & ~df["gpu_samples_us"].map(_samples_ok)
+        if broken.any():
+            raise _bad(path, df, broken, "gpu_samples_us", "samples that are not ';'-separated positive numbers")
+    dup = df.duplicated(list(KEY), keep=False)
+    if dup.any():
+        raise _bad(path, df, dup, "n, k, m, path", "a duplicated cell")
+
+
+def _samples_ok(value: Any) -> bool:
+    import math
+    if value is None or (isinstance(value, float) and math.isnan(value)) or str(value).strip() == "":
+        return True  # older tables: the median stands in for the samples
+    try:
+        xs = [float(v) for v in str(value).split(";") if v.strip()]
+    except ValueError:
+        return False
+    return bool(xs) and all(math.isfinite(x) and x > 0 for x in xs)
+
+
+def expected_cells(info: dict[str, Any]) -> set[tuple[str, int, str]] | None:
+    """(shape, m, path) of every cell of the run's grid, from run.json; None when run.json does not list it."""
+    grid = [info.get(k) for k in ("shapes", "ms", "paths")]
+    if not all(isinstance(g, list) and g for g in grid):
+        return None
+    shapes, ms, paths = grid
+    return {(str(s), int(m), str(p)) for s in shapes for m in ms for p in paths}
+
+
+def check_grid(df, info: dict[str, Any], path: Path, partial: bool) -> list[str]:
+    """Every cell of run.json's grid must have a row and the run must have finished; else one error naming what is
+    missing, unless `partial` (then the missing cells are returned for the caller to report)."""
+    problems = []
+    status = info.get("status")
+    if status not in (None, "complete"):
+        problems.append(f"run.json says the run is {status!r}")
+    want = expected_cells(info)
+    missing: list[tuple[str, int, str]] = []
+    if want is not None and "shape" in df.columns:
+        have = set(zip(df["shape"].astype(str), df["m"].astype(int), df["path"].astype(str)))
+        missing = sorted(want - have)
+        if missing:
+            shown = ", ".join(f"{s} M={m} {p}" for s, m, p in missing[:4])
+            problems.append(f"{len(missing)} of {len(want)} cells of its grid are missing ({shown}"
+                            f"{', ...' if len(missing) > 4 else ''})")
+    if problems and not partial:
+        raise HarnessError(f"results {path}: {'; '.join(problems)}; no verdict on incomplete data: finish it with "
+                           f"`python -m bench run ... --resume`, or pass --partial to judge only what was measured")
+    return problems
 
 
 def load_run_info(path: str | Path) -> dict[str, Any]:
@@ -124,10 +198,20 @@ def load_run_info(path: str | Path) -> dict[str, Any]:
     run_json = (path if path.is_dir() else path.parent) / "run.json"
     if not run_json.is_file():
         raise HarnessError(f"{run_json} not found; a results table needs the run.json written beside it")
-    try:
-        return json.loads(run_json.read_text())
-    except json.JSONDecodeError as exc:
-        raise HarnessError(f"{run_json} is not valid JSON ({exc})") from None
+    info = read_json_object(run_json, "run.json", RUN_FIX)
+    fp = info.get("fingerprint")
+    if fp is not None and not isinstance(fp, dict):
+        raise HarnessError(f"{run_json}: fingerprint is a {type(fp).__name__}, not an object; {RUN_FIX}")
+    for key in ("shapes", "paths", "ms"):
+        value = info.get(key)
+        if value is not None and not (isinstance(value, list)
+                                      and all(isinstance(v, int if key == "ms" else str) for v in value)):
+            raise HarnessError(f"{run_json}: {key} must be a list of {'integers' if key == 'ms' else 'names'}; "
+                               f"{RUN_FIX}")
+    for key in ("profile", "command", "status", "started"):
+        if info.get(key) is not None and not isinstance(info[key], str):
+            raise HarnessError(f"{run_json}: {key} must be a string; {RUN_FIX}")
+    return info
 
 
 def done_keys(out_dir: Path) -> tuple[list[dict[str, Any]], set[tuple]]:

@@ -1,7 +1,6 @@
 """A sweep: catalog x M grid x paths on one GPU, one (shape, M) group at a time, results written after each group."""
 from __future__ import annotations
 
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +12,8 @@ from bench.profiles import GpuProfile, check_device
 from bench.results import done_keys, write_parquet, write_results, write_run_json
 from bench.stats import PhaseTimer, calls_per_graph, estimate_call_us, rotation_count, summary
 from shapes.catalog import Shape
-from shapes.errors import HarnessError
+from shapes.console import divert_noise, log_path, terminal
+from shapes.errors import HarnessError, Interrupted, raise_on_sigterm, signal_of
 from shapes.grid import hybrid_buckets
 
 MAX_ROTATION_BYTES = 8 << 30
@@ -42,6 +42,7 @@ class SweepConfig:
     target_replay_us: float = 500.0
     max_rotations: int = 512
     command: list[str] | None = None
+    quiet: bool = False  # third-party output to <out>/log.txt, the terminal keeps the progress bar and the summary
 
 
 def previous_legs(run_json: Path) -> list[dict[str, Any]]:
@@ -66,6 +67,15 @@ def require_cuda() -> None:
         raise HarnessError("no CUDA GPU is visible (torch.cuda.is_available() is False); run the benchmark on a GPU machine")
 
 
+def require_gpu(profile: GpuProfile, allow_mismatch: bool = False) -> int:
+    """A CUDA GPU that is the profile's (or allowed not to be), checked before anything is written; returns its SM."""
+    require_cuda()
+    import torch
+    major, minor = torch.cuda.get_device_capability(0)
+    check_device(profile, torch.cuda.get_device_name(0), major * 10 + minor, allow_mismatch)
+    return major * 10 + minor
+
+
 def _shape_fields(shape: Shape) -> dict[str, Any]:
     return {"shape": shape.name, "n": shape.n, "k": shape.k, "tp": shape.tp, "count": shape.count,
             "models": shape.models, "layers": shape.layers, "in_cuda_graph": shape.in_cuda_graph, "tags": shape.tags}
@@ -74,7 +84,7 @@ def _shape_fields(shape: Shape) -> dict[str, Any]:
 def _progress(total: int, desc: str):
     try:
         from tqdm import tqdm
-        return tqdm(total=total, desc=desc, file=sys.stderr, dynamic_ncols=True, mininterval=1.0)
+        return tqdm(total=total, desc=desc, file=terminal(), dynamic_ncols=True, mininterval=1.0)
     except ImportError:
         class Plain:
             def __init__(self):
@@ -84,7 +94,7 @@ def _progress(total: int, desc: str):
                 self.n += k
 
             def set_postfix_str(self, s):
-                print(f"[{self.n}/{total}] {s}", file=sys.stderr, flush=True)
+                print(f"[{self.n}/{total}] {s}", file=terminal(), flush=True)
 
             def close(self):
                 pass
@@ -193,7 +203,7 @@ def measure_group(cfg: SweepConfig, clock, shape: Shape, m: int, paths: list[Gem
         for name, t in timings.items():
             row = rows[name]
             if t.error:
-                print(f"bench: KERNEL COUNT CHECK FAILED for {shape.name} M={m}: {t.error}", file=sys.stderr)
+                print(f"bench: KERNEL COUNT CHECK FAILED for {shape.name} M={m}: {t.error}", file=terminal())
                 fail(name, "failed", t.error)
                 continue
             gpu, g20, g80 = summary(t.gpu_us)
@@ -236,12 +246,14 @@ def _keep_tactics(cfg: SweepConfig, pinned: dict[str, Any] | None) -> dict[str, 
 
 
 def run_sweep(cfg: SweepConfig) -> Path:
-    require_cuda()
+    sm = require_gpu(cfg.profile, cfg.allow_mismatch)  # before any file system change
     import torch
     from bench.clocks import make_clock
     props = torch.cuda.get_device_properties(0)
-    sm = props.major * 10 + props.minor
-    check_device(cfg.profile, torch.cuda.get_device_name(0), sm, cfg.allow_mismatch)
+    if not cfg.resume and (cfg.out / "results.csv").exists():
+        raise HarnessError(f"{cfg.out}/results.csv exists; pass --resume to continue it or choose another --out")
+    if cfg.quiet:
+        divert_noise(cfg.out / "log.txt")
     clock = make_clock(cfg.timer)  # before any FlashInfer JIT load or capture
     from bench.envinfo import nvml_clocks, run_info
 
@@ -251,8 +263,6 @@ def run_sweep(cfg: SweepConfig) -> Path:
                     paths=[p.name for p in cfg.paths], clocks_start=nvml_clocks())
     cfg.out.mkdir(parents=True, exist_ok=True)
     rows, done = done_keys(cfg.out) if cfg.resume else ([], set())
-    if not cfg.resume and (cfg.out / "results.csv").exists():
-        raise HarnessError(f"{cfg.out}/results.csv exists; pass --resume to continue it or choose another --out")
     if cfg.resume and (cfg.out / "run.json").is_file():
         info["previous_legs"] = previous_legs(cfg.out / "run.json")
     if pinned:
@@ -268,16 +278,12 @@ def run_sweep(cfg: SweepConfig) -> Path:
             raise HarnessError(f"path {p.name} needs a package that is missing ({exc}); "
                                f"pip install -e '.[gpu]' or leave the path out with --paths") from None
 
-    import signal
-
-    def stop(signum, frame):  # `timeout`, a batch scheduler or kill: finish like Ctrl-C, keeping the written rows
-        raise KeyboardInterrupt
-    signal.signal(signal.SIGTERM, stop)
+    raise_on_sigterm()  # `timeout`, a batch scheduler or kill: finish like Ctrl-C, keeping the written rows (exit 143)
     total = len(cfg.shapes) * len(cfg.ms)
     bar = _progress(total, "bench")
     t_start = last_write = time.perf_counter()
     phase = PhaseTimer()
-    interrupted = False
+    interrupted: KeyboardInterrupt | None = None
     try:
         for shape in cfg.shapes:
             todo = [m for m in cfg.ms if any((shape.n, shape.k, m, p.name) not in done for p in cfg.paths)]
@@ -312,8 +318,8 @@ def run_sweep(cfg: SweepConfig) -> Path:
                         write_results(cfg.out, rows)
                     last_write = time.perf_counter()
                 bar.update(1)
-    except KeyboardInterrupt:
-        interrupted = True
+    except KeyboardInterrupt as exc:
+        interrupted = exc
     finally:
         bar.close()
         wall = time.perf_counter() - t_start
@@ -328,7 +334,21 @@ def run_sweep(cfg: SweepConfig) -> Path:
         if parquet_note:
             info["parquet"] = parquet_note
         write_run_json(cfg.out, info)
-    if interrupted:
-        raise HarnessError(f"interrupted; finished rows are in {cfg.out}/results.csv, continue with --resume")
+    if interrupted is not None:
+        raise Interrupted(f"interrupted; {len(rows)} finished rows are in {cfg.out}/results.csv, continue with "
+                          f"the same command and --resume", signal_of(interrupted))
     clock.close()
+    print_summary(cfg, rows, wall)
     return cfg.out
+
+
+def print_summary(cfg: SweepConfig, rows: list[dict[str, Any]], wall_s: float) -> None:
+    """What the sweep did, where it went and what to run next, on the terminal."""
+    counts = {s: sum(1 for r in rows if r.get("status") == s) for s in ("ok", "skipped", "failed")}
+    lines = [f"bench: {counts['ok']} cells ok, {counts['skipped']} skipped, {counts['failed']} failed in {wall_s:.0f} s"
+             f" ({len(cfg.shapes)} shapes x {len(cfg.ms)} M x {len(cfg.paths)} paths)"]
+    failed = sorted({str(r.get("reason", ""))[:100] for r in rows if r.get("status") == "failed"})
+    lines += [f"  failed: {reason}" for reason in failed[:5]]
+    lines.append(f"  results: {cfg.out}/results.csv and run.json" + (f"; third-party log: {log_path()}" if log_path() else ""))
+    lines.append(f"  next: python -m dispatch validate {cfg.out}   |   python -m reports build {cfg.out} -o report.html")
+    print("\n".join(lines), file=terminal(), flush=True)

@@ -75,6 +75,8 @@ def _eligible(x: Any, weight: Any, bias: Any, backend_sm: int) -> bool:
 
 
 def linear(x: Any, weight: Any, bias: Any = None) -> Any:
+    if not x.shape:  # 0-D: whatever F.linear says of it (an error), as a drop-in must
+        return F.linear(x, weight, bias)
     k = x.shape[-1]
     m = x.numel() // k if k else 0
     device = x.get_device()  # an int, cheaper than x.device; -1 on the CPU

@@ -3,7 +3,6 @@
                    | regress --gpu PROFILE [--from RESULTS]"""
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from datetime import datetime, timezone
@@ -12,20 +11,25 @@ from typing import Sequence
 
 import pandas as pd
 
-from bench.profiles import PROFILES, get_profile
-from bench.results import atomic_write_text, load_results, load_run_info
+from bench.profiles import PROFILES, get_profile, matches
+from bench.results import check_grid, load_results, load_run_info
+from bench.sweep import require_gpu
 from dispatch.analysis import Cells, cell_verdicts, fit, forward_totals, model_uses
 from dispatch.table import TABLE_DIR, ThresholdTable, load_table
+from shapes.cli import Parser, float_in, int_in
+from shapes.console import terminal
 from shapes.errors import HarnessError, run_cli
+from shapes.io import atomic_write_text, claim_work_dir, output_file
 
 
-def _check_gpu(info: dict, profile_name: str, results: str) -> None:
-    fp = info.get("fingerprint", {})
+def _check_gpu(info: dict, profile_name: str, results: str, allow_mismatch: bool = False) -> None:
+    """The run must come from the profile's GPU (one identity rule: bench.profiles.matches)."""
+    fp = info.get("fingerprint") or {}
     profile = get_profile(profile_name)
-    gpu = str(fp.get("gpu_name", ""))
-    if profile.name_pattern not in gpu or fp.get("sm") != profile.sm:
-        raise HarnessError(f"{results} was measured on {gpu!r} (SM{fp.get('sm')}), not on a {profile.name} GPU; "
-                           f"pass --gpu for that GPU or a threshold table made for it")
+    gpu, sm = str(fp.get("gpu_name", "")), fp.get("sm")
+    if not allow_mismatch and not matches(profile, gpu, sm if isinstance(sm, int) else -1):
+        raise HarnessError(f"{results} was measured on {gpu!r} (SM{sm}), not on a {profile.name} GPU; "
+                           f"pass --gpu for that GPU (or --allow-mismatch to judge it anyway)")
 
 
 def _profile_of(info: dict, given: str | None) -> str:
@@ -37,27 +41,43 @@ def _profile_of(info: dict, given: str | None) -> str:
     return name
 
 
+def _load(results: str, partial: bool, profile_name: str | None = None, allow_mismatch: bool = False):
+    """run.json first (the GPU check names the real problem before the grid check), then the validated table."""
+    info = load_run_info(results)
+    if profile_name is not None:
+        _check_gpu(info, profile_name, results, allow_mismatch)
+    df = load_results(results, partial=partial)
+    if partial:
+        for problem in check_grid(df, info, Path(results), partial=True):
+            print(f"note (--partial): {results}: {problem}; judging only the measured cells", file=terminal())
+    return df, info
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m dispatch", description="Validate and fit the threshold dispatcher.")
+    parser = Parser(prog="python -m dispatch", description="Validate and fit the threshold dispatcher.")
+    partial = dict(action="store_true", help="judge a run with missing cells or that did not finish (they are named)")
     sub = parser.add_subparsers(dest="cmd", required=True)
     p_val = sub.add_parser("validate", help="judge a threshold table against measured results")
     p_val.add_argument("results", help="results folder or results.csv (run.json beside it)")
     p_val.add_argument("--gpu", help="GPU profile (default: the run's)")
     p_val.add_argument("--thresholds", help="threshold table file (default: dispatch/thresholds/<profile>.json)")
-    p_val.add_argument("--margin", type=float, default=0.03, help="equivalence margin (default 0.03 = 3%%)")
+    p_val.add_argument("--margin", type=float_in(0, 0.5), default=0.03, help="equivalence margin (default 0.03 = 3%%)")
     p_val.add_argument("--oracle", choices=("candidates", "all"), default="candidates",
                        help="best achievable over the dispatcher's own choices (default) or every measured path")
     p_val.add_argument("--csv", help="write the per-cell verdicts here")
+    p_val.add_argument("--partial", **partial)
+    p_val.add_argument("--allow-mismatch", action="store_true", help="judge a run from another GPU than the profile's")
     p_fit = sub.add_parser("fit", help="fit thresholds that minimise the count-weighted per-forward time")
     p_fit.add_argument("results")
     p_fit.add_argument("--gpu", required=True, help=f"GPU profile: {', '.join(PROFILES)}")
-    p_fit.add_argument("--min-gain", type=float, default=0.0,
+    p_fit.add_argument("--min-gain", type=float_in(0, 1), default=0.0,
                        help="an override must cut the objective by more than this share (default 0: any gain)")
     p_fit.add_argument("--out", help="table file to write (default dispatch/thresholds/<profile>.json)")
     p_fit.add_argument("--dry-run", action="store_true", help="print, write nothing")
+    p_fit.add_argument("--partial", **partial)
     p_host = sub.add_parser("host-cost", help="(GPU) host time of dispatch.linear against F.linear above the threshold")
     p_host.add_argument("--gpu", required=True)
-    p_host.add_argument("--calls", type=int, default=4000)
+    p_host.add_argument("--calls", type=int_in(100, 1_000_000), default=4000)
     p_host.add_argument("--out", help="CSV file for the per-shape figures")
     p_base = sub.add_parser("baseline", help="write tests/baselines/<profile>.json from fresh (or given) regression-grid runs")
     p_base.add_argument("--gpu", required=True, help=f"GPU profile: {', '.join(PROFILES)}")
@@ -65,17 +85,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="existing results folders of one environment (default: measure afresh, GPU)")
     p_base.add_argument("--work", default="results/baseline", help="where a fresh run writes (default results/baseline)")
     p_base.add_argument("--out", help="baseline file (default tests/baselines/<profile>.json)")
-    p_base.add_argument("--samples", type=int, default=10, help="graph replays per cell (default 10)")
-    p_base.add_argument("--runs", type=int, default=3,
+    p_base.add_argument("--samples", type=int_in(3, 1000), default=10, help="graph replays per cell (default 10)")
+    p_base.add_argument("--runs", type=int_in(1, 20), default=3,
                         help="fresh runs, each in a new process; the baseline holds their envelope (default 3)")
     p_base.add_argument("--retune", action="store_true",
                         help="tune FlashInfer afresh in run 1 instead of serving the committed <profile>.autotune.json")
+    p_base.add_argument("--partial", **partial)
     p_reg = sub.add_parser("regress", help="compare fresh (or given) measurements with the stored baseline")
     p_reg.add_argument("--gpu", required=True, help=f"GPU profile: {', '.join(PROFILES)}")
     p_reg.add_argument("--from", dest="source", help="results folder to compare (default: measure afresh, GPU)")
     p_reg.add_argument("--baseline", help="baseline file (default tests/baselines/<profile>.json)")
-    p_reg.add_argument("--tolerance", type=float, help="GPU-ratio band (default: the baseline's, 0.05)")
+    p_reg.add_argument("--tolerance", type=float_in(0, 1), help="GPU-ratio band (default: the baseline's, 0.05)")
     p_reg.add_argument("--work", default="results/regress", help="where a fresh run writes (default results/regress)")
+    p_reg.add_argument("--partial", **partial)
+    p_reg.add_argument("--allow-mismatch", action="store_true",
+                       help="compare although the run's GPU profile or fingerprint differs from the baseline's")
     args = parser.parse_args(argv)
     pd.set_option("display.width", 200)
 
@@ -84,12 +108,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if args.cmd == "host-cost":
         from dispatch.hostcost import run_host_cost
-        return run_host_cost(args.gpu, args.calls, args.out)
+        return run_host_cost(args.gpu, args.calls, output_file(args.out, "--out") if args.out else None)
 
-    df = load_results(args.results)
-    info = load_run_info(args.results)
-    profile = get_profile(_profile_of(info, args.gpu))
-    _check_gpu(info, profile.name, args.results)
+    out = output_file(args.out, "--out") if args.cmd == "fit" and args.out else None
+    csv_out = output_file(args.csv, "--csv") if args.cmd == "validate" and args.csv else None
+    profile = get_profile(_profile_of(load_run_info(args.results), args.gpu))
+    df, info = _load(args.results, args.partial, profile.name, getattr(args, "allow_mismatch", False))
     cells = Cells.from_results(df)
     uses = model_uses(df)
 
@@ -110,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"global threshold: {table.default_threshold}")
         print(report.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
         if not args.dry_run:
-            out = Path(args.out) if args.out else TABLE_DIR / f"{profile.name}.json"
+            out = out or TABLE_DIR / f"{profile.name}.json"
             atomic_write_text(out, json.dumps(table.to_json(), indent=2) + "\n")
             print(f"wrote {out}")
         return 0
@@ -120,8 +144,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         raise HarnessError(f"threshold table is for {table.profile}, the results are from {profile.name}")
     verdicts = cell_verdicts(cells, table, args.margin, args.oracle)
     totals = forward_totals(cells, table, uses, profile.capture_size, args.oracle)
-    if args.csv:
-        atomic_write_text(Path(args.csv), verdicts.to_csv(index=False))
+    if csv_out:
+        atomic_write_text(csv_out, verdicts.to_csv(index=False))
     counts = verdicts["verdict"].value_counts().to_dict()
     print(f"{len(verdicts)} cells; dispatcher vs best of {args.oracle}: {counts}; "
           f"max regret {verdicts['regret'].max():.1%}")
@@ -144,30 +168,27 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _baseline_cmd(args, argv) -> int:
-    import shutil
     from bench.autotune_cache import copy as copy_atomic, sha256
     from dispatch.baseline import (REGRESSION_MS, autotune_cache_path, baseline_path, baseline_text,
-                                   cells_from_results, compare, describe, fingerprint_mismatch, fingerprint_of,
+                                   cells_from_results, compare, describe,
                                    kernel_change, load_baseline, merge_runs, shared_tactics, write_baseline)
     from dispatch.regress import measure_runs, regress, regression_paths
     profile = get_profile(args.gpu)
     fi_paths = regression_paths(profile)[1:]
+    fresh = not (args.sources if args.cmd == "baseline" else args.source)
     if args.cmd == "baseline":
-        out = Path(args.out) if args.out else baseline_path(profile.name)
+        out = output_file(args.out, "--out") if args.out else baseline_path(profile.name)
         cache_file = autotune_cache_path(out)
         if args.sources:
             sources = list(args.sources)
         else:
-            work = Path(args.work)
-            if work.exists():
-                shutil.rmtree(work)
+            require_gpu(profile)  # before any file system change
+            work = claim_work_dir(Path(args.work), "--work")
             serve = None if args.retune or not cache_file.exists() else cache_file
             sources = [str(p) for p in measure_runs(profile, work, args.runs, args.samples, serve)]
         runs, per_run = [], []
         for src in sources:
-            info = load_run_info(src)
-            _check_gpu(info, profile.name, src)
-            df = load_results(src)
+            df, info = _load(src, args.partial, profile.name)
             df = df[df["m"].isin(REGRESSION_MS)]  # a full sweep holds more M values than the regression grid
             runs.append((str(src), info))
             per_run.append(cells_from_results(df, fi_paths))
@@ -185,18 +206,25 @@ def _baseline_cmd(args, argv) -> int:
                  "the runs served different FlashInfer tactics, so a regression run tunes afresh"))
         return 0
     baseline = load_baseline(Path(args.baseline) if args.baseline else baseline_path(profile.name))
-    if args.source:
-        info = load_run_info(args.source)
-        problems = fingerprint_mismatch(baseline.fingerprint, fingerprint_of(info))
-        checks = compare(baseline, cells_from_results(load_results(args.source), fi_paths), args.tolerance)
-        remeasured: list[str] = []
-    else:
-        run = regress(profile, baseline, Path(args.work), args.tolerance)
+    if baseline.profile != profile.name and not args.allow_mismatch:
+        raise HarnessError(f"the baseline {baseline.path} is for {baseline.profile}, not {profile.name}; "
+                           f"pass that GPU's baseline (or --allow-mismatch)")
+    if fresh:
+        require_gpu(profile)
+        from bench.envinfo import fingerprint
+        _check_fingerprint(baseline, {"fingerprint": fingerprint()}, "this machine", args.allow_mismatch)
+        work = claim_work_dir(Path(args.work), "--work")
+        run = regress(profile, baseline, work, args.tolerance)
         checks, remeasured, problems = run.checks, run.remeasured, run.fingerprint_problems
         print(f"fresh measurement: {run.wall_s:.1f} s; FlashInfer tactics "
               + (f"served from {run.tactics}" if run.tactics else "tuned afresh"))
+    else:
+        df, info = _load(args.source, args.partial, profile.name, args.allow_mismatch)
+        problems = _check_fingerprint(baseline, info, args.source, args.allow_mismatch)
+        checks = compare(baseline, cells_from_results(df, fi_paths), args.tolerance)
+        remeasured: list[str] = []
     if problems:
-        print("note: fingerprint differs from the baseline's: " + "; ".join(problems))
+        print("note (--allow-mismatch): fingerprint differs from the baseline's: " + "; ".join(problems))
     for c in checks:
         if c.kernel_changed:
             print("warning: " + kernel_change(c))
@@ -208,6 +236,16 @@ def _baseline_cmd(args, argv) -> int:
         print(f"{c.status}: {describe(c)}")
     print("PASS" if not bad else "FAIL")
     return 0 if not bad else 1
+
+
+def _check_fingerprint(baseline, info: dict, what: str, allow_mismatch: bool) -> list[str]:
+    """The fingerprint keys that differ; an error unless the user allows the mismatch."""
+    from dispatch.baseline import fingerprint_mismatch, fingerprint_of
+    problems = fingerprint_mismatch(baseline.fingerprint, fingerprint_of(info))
+    if problems and not allow_mismatch:
+        raise HarnessError(f"{what} is another environment than the baseline {baseline.path} "
+                           f"({'; '.join(problems)}); make a baseline for it with make baseline, or pass --allow-mismatch")
+    return problems
 
 
 if __name__ == "__main__":

@@ -19,8 +19,8 @@ from typing import Any
 
 import pandas as pd
 
-from bench.results import atomic_write_text
 from dispatch.analysis import Cells, paired_ratio_ci, ratio_ci
+from shapes.io import atomic_write_text, read_json_object
 from shapes.errors import HarnessError
 
 REGRESSION_MS = (1, 8, 32, 64, 256, 1031, 4096, 16384)
@@ -158,8 +158,44 @@ def baseline_text(profile: str, runs: list[tuple[str, dict[str, Any]]], cells: l
         "full_fingerprint": runs[0][1].get("fingerprint"),
     }
     lines = json.dumps(head, indent=1, sort_keys=True)[:-2]  # reopen the object to append the cells
-    body = ",\n".join("  " + json.dumps(asdict(c), allow_nan=True) for c in cells)
+    body = ",\n".join("  " + json.dumps(_cell_json(c), allow_nan=False) for c in cells)
     return f'{lines},\n "cells": [\n{body}\n ]\n}}\n'
+
+
+def _cell_json(cell: BaselineCell) -> dict[str, Any]:
+    """A cell as standard JSON: a host ratio that was not measured is null, never NaN."""
+    return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in asdict(cell).items()}
+
+
+_GPU_RATIOS = ("gpu_ratio", "gpu_ratio_lo", "gpu_ratio_hi")
+_HOST_RATIOS = ("host_ratio", "host_ratio_lo", "host_ratio_hi")
+_COUNTS = ("n", "k", "m", "samples", "aten_samples", "runs")
+
+
+def cell_from_json(data: Any) -> BaselineCell:
+    """A stored cell, type-checked: positive finite GPU ratios with lo <= ratio <= hi, host ratios finite or null,
+    positive integer counts, text kernel names. Raises ValueError naming the field."""
+    if not isinstance(data, dict):
+        raise ValueError("a cell is not an object")
+    cell = dict(data)
+    for key in _COUNTS:
+        v = cell.get(key, 1 if key == "runs" else None)
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ValueError(f"cell {cell.get('shape')} M={cell.get('m')}: {key} = {v!r} is not a positive integer")
+    for key in _GPU_RATIOS + _HOST_RATIOS:
+        v = cell.get(key)
+        if v is None and key in _HOST_RATIOS:
+            cell[key] = float("nan")
+            continue
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v <= 0:
+            raise ValueError(f"cell {cell.get('shape')} M={cell.get('m')}: {key} = {v!r} is not a positive number")
+        cell[key] = float(v)
+    if not cell["gpu_ratio_lo"] <= cell["gpu_ratio"] <= cell["gpu_ratio_hi"]:
+        raise ValueError(f"cell {cell.get('shape')} M={cell.get('m')}: gpu_ratio lies outside [gpu_ratio_lo, gpu_ratio_hi]")
+    for key in ("shape", "path", "kernels", "aten_kernels"):
+        if not isinstance(cell.get(key), str):
+            raise ValueError(f"cell {cell.get('shape')} M={cell.get('m')}: {key} is not text")
+    return BaselineCell(**cell)
 
 
 def write_baseline(path: Path, text: str) -> Path:
@@ -196,18 +232,21 @@ class Baseline:
 
 
 def load_baseline(path: Path) -> Baseline:
-    try:
-        data = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise HarnessError(f"no baseline at {path}; create one with make baseline GPU=<profile> on that GPU") from None
-    except (OSError, ValueError) as exc:
-        raise HarnessError(f"baseline {path} is unreadable ({exc}); regenerate it with make baseline GPU=<profile>") from None
+    if not Path(path).exists():
+        raise HarnessError(f"no baseline at {path}; create one with make baseline GPU=<profile> on that GPU")
+    data = read_json_object(path, "baseline", "regenerate it with make baseline GPU=<profile>")
     try:
         if data.get("format") != FORMAT:
             raise ValueError(f"format {data.get('format')!r}, expected {FORMAT}")
-        cells = [BaselineCell(**c) for c in data["cells"]]
-        if not cells:
-            raise ValueError("no cells")
+        if not isinstance(data["cells"], list) or not data["cells"]:
+            raise ValueError("cells must be a non-empty list")
+        cells = [cell_from_json(c) for c in data["cells"]]
+        if len({c.key for c in cells}) != len(cells):
+            raise ValueError("a cell is stored twice")
+        for key, hi in (("tolerance", 1.0), ("host_tolerance", 10.0)):
+            v = data[key]
+            if not isinstance(v, (int, float)) or not math.isfinite(v) or not 0 <= v <= hi:
+                raise ValueError(f"{key} = {v!r} is not a number in 0..{hi:g}")
         tactics = data["autotune_cache"]
         if tactics is not None and not (isinstance(tactics.get("file"), str) and isinstance(tactics.get("sha256"), str)):
             raise ValueError("autotune_cache must be null or {file, sha256}")

@@ -5,7 +5,7 @@ import gc
 import time
 from pathlib import Path
 
-from bench.results import atomic_write_text
+from shapes.io import atomic_write_text
 from shapes.errors import HarnessError
 
 

@@ -3,7 +3,6 @@ automatic re-measurement of failing cells. Used by `python -m dispatch baseline|
 GPU regression tests."""
 from __future__ import annotations
 
-import shutil
 import sys
 import time
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from dispatch.baseline import (REGRESSION_MS, Baseline, BaselineCell, CellCheck,
                                fingerprint_mismatch, fingerprint_of)
 from shapes.catalog import Shape, catalog
 from shapes.errors import HarnessError
+from shapes.io import claim_work_dir, clear_work_dir
 
 
 def regression_paths(profile: GpuProfile) -> list[str]:
@@ -58,7 +58,7 @@ def regress(profile: GpuProfile, baseline: Baseline, work: Path, tolerance: floa
     catalog order or the shape alone, 15.2 ms in 3 that ran the shapes sorted by N; the cause is not known)."""
     t0 = time.perf_counter()
     for own in ("fresh", "remeasure"):  # this function's own output folders: a rerun replaces them
-        shutil.rmtree(work / own, ignore_errors=True)
+        clear_work_dir(work / own)
     wanted = {c.shape for c in baseline.cells}
     shapes = [s.name for s in catalog() if s.name in wanted]
     ms = tuple(sorted({c.m for c in baseline.cells}))
@@ -96,6 +96,9 @@ def measure_in_fresh_process(profile: GpuProfile, out: Path, shapes: list[str] |
     """measure() in a new interpreter (spawned: CUDA cannot be forked), so that no earlier work of this process (the
     GPU tests before it, a first pass) changes what it measures. Returns its cells and run info from disk."""
     import multiprocessing
+    from bench.sweep import require_gpu
+    require_gpu(profile)  # before the folder is made
+    claim_work_dir(out, "the measurement folder")
     with multiprocessing.get_context("spawn").Pool(1) as pool:
         pool.apply(_measure_in_child, (profile.name, str(out), shapes, tuple(ms), samples,
                                        str(autotune_cache) if autotune_cache else None))
@@ -109,6 +112,7 @@ def measure_runs(profile: GpuProfile, work: Path, runs: int, samples: int = 10,
     outs: list[Path] = []
     for i in range(runs):
         out = work / f"run-{i + 1}"
+        clear_work_dir(out)  # an earlier baseline's run of the same name, made by the harness
         tactics = autotune_cache if i == 0 else outs[0] / FILE_NAME
         print(f"baseline: run {i + 1}/{runs} -> {out}"
               + (f" serving the tactics of {tactics}" if tactics else " (tuning)"), file=sys.stderr, flush=True)

@@ -1,12 +1,13 @@
 """Threshold tables, dispatch/thresholds/<profile>.json: FlashInfer's low-M backend at M <= threshold, else F.linear."""
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from shapes.errors import HarnessError
+from shapes.grid import M_MAX
+from shapes.io import read_json
 
 TABLE_DIR = Path(__file__).parent / "thresholds"
 
@@ -49,7 +50,22 @@ def parse_table(data: Any, where: str) -> ThresholdTable:
         raise HarnessError(f"{where}: malformed threshold or override ({exc}); each override is {{n, k, threshold}}") from None
     if default < 0 or any(t < 0 for t in overrides.values()):
         raise HarnessError(f"{where}: thresholds must be >= 0 (0 means never FlashInfer)")
-    return ThresholdTable(str(data["profile"]), str(data["low_m_backend"]), default, overrides, data.get("source", {}))
+    if any(t > M_MAX for t in (default, *overrides.values())):
+        raise HarnessError(f"{where}: thresholds must be <= {M_MAX}, the largest M the harness measures")
+    backend = data["low_m_backend"]
+    known = known_low_m_backends()
+    if backend not in known:
+        raise HarnessError(f"{where}: low_m_backend {backend!r} is not a FlashInfer backend of the path registry "
+                           f"(known: {', '.join(known)}); fix the table or refit it with python -m dispatch fit")
+    source = data.get("source", {})
+    if not isinstance(source, dict):
+        raise HarnessError(f"{where}: source must be an object (where the table came from)")
+    return ThresholdTable(str(data["profile"]), backend, default, overrides, source)
+
+
+def known_low_m_backends() -> list[str]:
+    from bench.paths import PATHS  # the registry names the backends; imported late (dispatch sits below bench)
+    return [p.flashinfer_backend for p in PATHS.values() if p.flashinfer_backend]
 
 
 def load_table(profile: str | None = None, path: str | Path | None = None) -> ThresholdTable:
@@ -57,11 +73,5 @@ def load_table(profile: str | None = None, path: str | Path | None = None) -> Th
         if profile is None:
             raise HarnessError("name a GPU profile or a threshold file")
         path = TABLE_DIR / f"{profile}.json"
-    path = Path(path)
-    if not path.is_file():
-        raise HarnessError(f"threshold table {path} not found; run `python -m dispatch fit RESULTS --gpu PROFILE` to make one")
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise HarnessError(f"threshold table {path} is not valid JSON ({exc})") from None
+    data = read_json(path, "threshold table", "run `python -m dispatch fit RESULTS --gpu PROFILE` to make one")
     return parse_table(data, str(path))

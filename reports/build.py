@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from bench.results import atomic_write_text
+from shapes.io import atomic_write_text
 from reports import figures
 from reports.data import Run, cell_rows, compare_runs, headline, load_anatomy, load_run, shape_crossovers
 from reports.page import esc, kv_table, page, table

@@ -1,7 +1,6 @@
 """The shape catalog: every model config under shapes/configs/, derived and deduplicated by (n, k, tp)."""
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,7 +57,7 @@ def model_configs() -> dict[str, Path]:
     """Model name -> config path; a new model is one more JSON file (with a "_model" name) in shapes/configs/."""
     found = {}
     for path in sorted(CONFIG_DIR.glob("*.json")):
-        name = json.loads(path.read_text()).get("_model", path.stem)
+        name = load_config(path).get("_model", path.stem)
         found[name] = path
     return found
 
@@ -88,8 +87,11 @@ def select(shapes: list[Shape], spec: str | None) -> list[Shape]:
     """Filter by a comma list of shape names (n2048_k4096) or NxK pairs (2048x4096)."""
     if not spec:
         return shapes
+    tokens = [t.strip() for t in spec.split(",") if t.strip()]
+    if not tokens:
+        raise HarnessError(f"--shapes {spec!r} names no shape; give names like n2048_k4096 or 2048x4096, or leave it out")
     wanted = []
-    for token in (t.strip() for t in spec.split(",") if t.strip()):
+    for token in tokens:
         match = [s for s in shapes if token in (s.name, f"{s.n}x{s.k}")]
         if not match:
             raise HarnessError(f"shape {token!r} is not in the catalog; `python -m shapes list` shows the names")

@@ -5,13 +5,13 @@ shared/context/research/qwen35-shapes.md section 2 for the sources.
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from shapes.errors import HarnessError
+from shapes.io import read_json_object
 
 SUPPORTED_MODEL_TYPES = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "qwen3_5", "qwen3_5_moe")
 COMMON_FIELDS = (
@@ -43,16 +43,7 @@ class LinearLayer:
 
 
 def load_config(path: str | Path) -> dict[str, Any]:
-    path = Path(path)
-    if not path.is_file():
-        raise HarnessError(f"config file {path} not found; pass the path of a HF config.json")
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise HarnessError(f"config file {path} is not valid JSON ({exc}); fix or re-download it") from exc
-    if not isinstance(data, dict):
-        raise HarnessError(f"config file {path} holds a JSON {type(data).__name__}, not an object; expected a HF config.json")
-    return data
+    return read_json_object(path, "config file", "pass the path of a HF config.json (fix or re-download it)")
 
 
 def text_config(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -74,19 +65,36 @@ def _check_family(tc: dict[str, Any], name: str) -> None:
         raise HarnessError(f"{name}: config lacks {', '.join(missing)}; a Qwen3.5/Qwen3-Next config.json has them")
 
 
-def layer_types(tc: dict[str, Any]) -> list[str]:
-    n_layers = int(tc["num_hidden_layers"])
+def size(tc: dict[str, Any], name: str, model: str, minimum: int = 1) -> int:
+    """A config field that is a size or count: an integer >= minimum (JSON 2560 or 2560.0), else one clear error."""
+    value = tc.get(name)
+    ok = isinstance(value, int) and not isinstance(value, bool)
+    if isinstance(value, float) and value.is_integer():
+        value, ok = int(value), True
+    if not ok or value < minimum:
+        raise HarnessError(f"{model}: config field {name} is {value!r}; it must be an integer >= {minimum}: "
+                           f"fix the config.json")
+    return value
+
+
+def optional_size(tc: dict[str, Any], name: str, model: str, minimum: int = 0) -> int | None:
+    """A size that may be absent or null (then None)."""
+    return None if tc.get(name) is None else size(tc, name, model, minimum)
+
+
+def layer_types(tc: dict[str, Any], model: str = "config") -> list[str]:
+    n_layers = size(tc, "num_hidden_layers", model)
     if "layer_types" in tc:
-        types = list(tc["layer_types"])
+        types = tc["layer_types"]
+        if not isinstance(types, list):
+            raise HarnessError(f"{model}: layer_types must be a list of layer kinds; fix the config.json")
         if len(types) != n_layers:
             raise HarnessError(f"layer_types has {len(types)} entries but num_hidden_layers is {n_layers}; make them agree")
         unknown = sorted(set(types) - {"linear_attention", "full_attention"})
         if unknown:
             raise HarnessError(f"layer_types holds {unknown}; only linear_attention and full_attention are known")
         return types
-    interval = int(tc["full_attention_interval"])
-    if interval < 1:
-        raise HarnessError(f"full_attention_interval must be >= 1, got {interval}")
+    interval = size(tc, "full_attention_interval", model)
     return ["full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(n_layers)]
 
 
@@ -96,14 +104,17 @@ def _split(value: int, tp: int, what: str) -> int:
     return value // tp
 
 
-def _mlp_is_moe(tc: dict[str, Any], index: int) -> bool:
+def _mlp_is_moe(tc: dict[str, Any], index: int, model: str) -> bool:
     if tc.get("model_type") in ("qwen3_5_text", "qwen3_5"):
         return False
-    if int(tc.get("num_experts") or 0) <= 0:
+    if not optional_size(tc, "num_experts", model):
         return False
-    if index in (tc.get("mlp_only_layers") or []):
+    only = tc.get("mlp_only_layers") or []
+    if not isinstance(only, list):
+        raise HarnessError(f"{model}: mlp_only_layers must be a list of layer indices; fix the config.json")
+    if index in only:
         return False
-    step = int(tc.get("decoder_sparse_step") or 1)
+    step = optional_size(tc, "decoder_sparse_step", model, 1) or 1
     return (index + 1) % step == 0
 
 
@@ -113,20 +124,33 @@ def derive_layers(cfg: dict[str, Any], model: str, tp: int = 1) -> list[LinearLa
         raise HarnessError(f"TP degree must be >= 1, got {tp}")
     tc = text_config(cfg)
     _check_family(tc, model)
-    hidden = int(tc["hidden_size"])
-    heads, kv_heads = int(tc["num_attention_heads"]), int(tc["num_key_value_heads"])
-    head_dim = int(tc.get("head_dim") or hidden // heads)
+    hidden = size(tc, "hidden_size", model)
+    heads, kv_heads = size(tc, "num_attention_heads", model), size(tc, "num_key_value_heads", model)
+    if heads % kv_heads:
+        raise HarnessError(f"{model}: num_attention_heads = {heads} is not a multiple of num_key_value_heads = "
+                           f"{kv_heads}; fix the config.json")
+    head_dim = optional_size(tc, "head_dim", model, 1)
+    if head_dim is None:
+        if hidden % heads:
+            raise HarnessError(f"{model}: config has no head_dim and hidden_size = {hidden} is not a multiple of "
+                               f"num_attention_heads = {heads}; add head_dim")
+        head_dim = hidden // heads
     gate = 2 if tc.get("attn_output_gate", True) else 1
-    key_dim = int(tc["linear_num_key_heads"]) * int(tc["linear_key_head_dim"])
-    value_dim = int(tc["linear_num_value_heads"]) * int(tc["linear_value_head_dim"])
-    types = layer_types(tc)
+    lin_k_heads, lin_v_heads = size(tc, "linear_num_key_heads", model), size(tc, "linear_num_value_heads", model)
+    if lin_v_heads % lin_k_heads:
+        raise HarnessError(f"{model}: linear_num_value_heads = {lin_v_heads} is not a multiple of "
+                           f"linear_num_key_heads = {lin_k_heads}; fix the config.json")
+    key_dim = lin_k_heads * size(tc, "linear_key_head_dim", model)
+    value_dim = lin_v_heads * size(tc, "linear_value_head_dim", model)
+    vocab = size(tc, "vocab_size", model)
+    types = layer_types(tc, model)
     counts: dict[str, int] = {}
     for index, kind in enumerate(types):
         names = (["linear_attn.in_proj_qkvz", "linear_attn.in_proj_ba", "linear_attn.out_proj"]
                  if kind == "linear_attention" else ["self_attn.qkv_proj", "self_attn.o_proj"])
-        if _mlp_is_moe(tc, index):
+        if _mlp_is_moe(tc, index, model):
             names += ["mlp.gate", "mlp.shared_expert_gate"]
-            if int(tc.get("shared_expert_intermediate_size") or 0) > 0:
+            if optional_size(tc, "shared_expert_intermediate_size", model):
                 names += ["mlp.shared_expert.gate_up_proj", "mlp.shared_expert.down_proj"]
         else:
             names += ["mlp.gate_up_proj", "mlp.down_proj"]
@@ -141,13 +165,13 @@ def derive_layers(cfg: dict[str, Any], model: str, tp: int = 1) -> list[LinearLa
     else:
         kv_per_rank = _split(kv_heads, tp, "num_key_value_heads")
     q_per_rank = _split(heads, tp, "num_attention_heads")
-    _split(int(tc["linear_num_key_heads"]), tp, "linear_num_key_heads")
-    v_heads = _split(int(tc["linear_num_value_heads"]), tp, "linear_num_value_heads")
+    _split(lin_k_heads, tp, "linear_num_key_heads")
+    v_heads = _split(lin_v_heads, tp, "linear_num_value_heads")
 
     def inter(name: str) -> int:
         if name not in tc:
             raise HarnessError(f"{model}: config lacks {name}, which its MLP layers need")
-        return int(tc[name])
+        return size(tc, name, model)
 
     shapes: dict[str, tuple[int, int, str]] = {
         "linear_attn.in_proj_qkvz": (_split(2 * key_dim + 2 * value_dim, tp, "in_proj_qkvz N"), hidden, "column"),
@@ -160,7 +184,7 @@ def derive_layers(cfg: dict[str, Any], model: str, tp: int = 1) -> list[LinearLa
         shapes["mlp.gate_up_proj"] = (_split(2 * inter("intermediate_size"), tp, "2 x intermediate_size"), hidden, "column")
         shapes["mlp.down_proj"] = (hidden, _split(inter("intermediate_size"), tp, "intermediate_size"), "row")
     if "mlp.gate" in counts:
-        shapes["mlp.gate"] = (int(tc["num_experts"]), hidden, "replicated")
+        shapes["mlp.gate"] = (size(tc, "num_experts", model), hidden, "replicated")
         shapes["mlp.shared_expert_gate"] = (1, hidden, "replicated")
     if "mlp.shared_expert.gate_up_proj" in counts:
         si = inter("shared_expert_intermediate_size")
@@ -173,6 +197,6 @@ def derive_layers(cfg: dict[str, Any], model: str, tp: int = 1) -> list[LinearLa
         # H1: every decoder linear inside the graph; H2: dense projections + lm_head (no MoE router/gates).
         tags = ("H1",) if name in ("mlp.gate", "mlp.shared_expert_gate") else ("H1", "H2")
         layers.append(LinearLayer(model, name, n, k, tp, style, count, True, tags))
-    padded_vocab = math.ceil(int(tc["vocab_size"]) / LM_HEAD_PAD) * LM_HEAD_PAD
+    padded_vocab = math.ceil(vocab / LM_HEAD_PAD) * LM_HEAD_PAD
     layers.append(LinearLayer(model, "lm_head", math.ceil(padded_vocab / tp), hidden, tp, "vocab", 1, False, ("H2",)))
     return layers

@@ -4,6 +4,7 @@ from __future__ import annotations
 from shapes.errors import HarnessError
 
 M_MAX = 16384
+MAX_GRID_VALUES = 1024  # a sweep over more M values than this is a typo, not a plan
 # Values that are not FlashInfer autotuner buckets: cuBLASLt tuned entries are keyed by exact M, so these
 # run the untuned heuristic algorithm (24 and 48 round up to buckets 32 and 64; 1031 -> 1280; 6144 -> 8192).
 NON_BUCKET_M = (24, 48, 1031, 6144)
@@ -60,27 +61,39 @@ NAMED_GRIDS = {
 
 def parse_m(spec: str | None) -> list[int]:
     """'1,8,32', '1-64' (every power of two in the range), '64:512:64' (start:stop:step) or a named grid
-    (default, capture, powers); combined with commas."""
-    if not spec:
+    (default, capture, powers); combined with commas. Every M lies in 1..M_MAX; at most MAX_GRID_VALUES values."""
+    if spec is None:
         return default_grid()
+    hint = "use e.g. --m 1,8,32 or 1-16384 or 64:512:64 or default,capture"
+    tokens = [t.strip() for t in spec.split(",") if t.strip()]
+    if not tokens:
+        raise HarnessError(f"--m {spec!r} names no M value; {hint}")
     values: set[int] = set()
-    for token in (t.strip() for t in spec.split(",") if t.strip()):
+    for token in tokens:
         try:
             if token in NAMED_GRIDS:
                 values.update(NAMED_GRIDS[token]())
             elif ":" in token:
                 start, stop, step = (int(x) for x in token.split(":"))
+                _check_range(token, start, stop)
                 if step < 1:
                     raise ValueError
                 values.update(range(start, stop + 1, step))
             elif "-" in token:
                 lo, hi = (int(x) for x in token.split("-"))
+                _check_range(token, lo, hi)
                 values.update(1 << i for i in range(hi.bit_length()) if lo <= 1 << i <= hi)
                 values.update({lo, hi})
             else:
                 values.add(int(token))
+                _check_range(token, int(token), int(token))
         except ValueError:
-            raise HarnessError(f"bad M value {token!r}; use e.g. --m 1,8,32 or 1-16384 or 64:512:64 or default,capture") from None
-    if not values or min(values) < 1:
-        raise HarnessError(f"M values must be positive integers, got {spec!r}")
+            raise HarnessError(f"bad M value {token!r}; {hint}") from None
+        if len(values) > MAX_GRID_VALUES:
+            raise HarnessError(f"--m {spec!r} asks for more than {MAX_GRID_VALUES} M values; take a coarser step")
     return sorted(values)
+
+
+def _check_range(token: str, lo: int, hi: int) -> None:
+    if not 1 <= lo <= hi <= M_MAX:
+        raise HarnessError(f"M values must lie in 1..{M_MAX} (the range the harness measures), got {token!r}")

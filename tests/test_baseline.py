@@ -109,7 +109,7 @@ def test_a_missing_cell_is_reported(baseline_file, recorded):
 
 
 @pytest.mark.parametrize("text, needle", [
-    ("{not json", "unreadable"),
+    ("{not json", "not valid JSON"),
     ('{"format": 1, "profile": "h200"}', "malformed"),
     ('{"format": 99, "profile": "h200", "cells": []}', "malformed"),
 ])
@@ -147,7 +147,8 @@ def test_regress_cli_on_recorded_runs(baseline_file, recorded, tmp_path, capsys)
     run = tmp_path / "slow"
     run.mkdir()
     slow.to_csv(run / "results.csv", index=False)
-    (run / "run.json").write_text((SWEEP / "run.json").read_text())
+    info = json.loads((SWEEP / "run.json").read_text())
+    (run / "run.json").write_text(json.dumps({**info, "ms": list(REGRESSION_MS)}))  # the regression grid's M
     assert dispatch_main(["regress", "--gpu", "h200", "--baseline", str(baseline_file), "--from", str(run)]) == 1
     assert "FAIL: n2048_k4096 M=256 flashinfer:cublaslt" in capsys.readouterr().out
 

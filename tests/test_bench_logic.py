@@ -5,7 +5,7 @@ import pytest
 
 from bench.paths import PATHS, paths_for
 from bench.profiles import check_device, get_profile
-from bench.results import COLUMNS, done_keys, load_results, write_results
+from bench.results import COLUMNS, done_keys, load_results, write_results, write_run_json
 from bench.stats import (KernelCountError, KernelRecord, Window, attribute, calls_per_graph, kernels_per_call,
                          quantile, rotation_count, summary)
 from shapes.errors import HarnessError
@@ -108,6 +108,7 @@ def _row(n, k, m, path, **kw):
 def test_results_roundtrip_and_resume(tmp_path):
     rows = [_row(64, 2048, m, "aten") for m in (1, 8)]
     path = write_results(tmp_path, rows)
+    write_run_json(tmp_path, {"shapes": ["n64_k2048"], "ms": [1, 8], "paths": ["aten"], "status": "complete"})
     assert path.read_text().splitlines()[0].split(",") == list(COLUMNS)
     df = load_results(tmp_path)
     assert list(df["kernels"]) == ["a;b", "a;b"]

@@ -1,0 +1,108 @@
+"""Files in and out, shared by every command: JSON reading with one-line errors, atomic writes with the user's umask,
+output paths checked before any work, and work folders the harness may clear because it made them."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+from shapes.errors import HarnessError
+
+WORK_MARKER = ".bf16-linear-bench-work"  # a folder holding this file was created by the harness and may be cleared
+
+
+def read_json(path: str | Path, what: str, fix: str) -> Any:
+    """The parsed JSON of `path`; one HarnessError naming `what` and `fix` when it is missing, not UTF-8 or not JSON."""
+    path = Path(path)
+    if path.is_dir():
+        raise HarnessError(f"{what} {path} is a folder, not a file; {fix}")
+    try:
+        return json.loads(path.read_bytes().decode("utf-8"))
+    except FileNotFoundError:
+        raise HarnessError(f"{what} {path} not found; {fix}") from None
+    except UnicodeDecodeError as exc:
+        raise HarnessError(f"{what} {path} is not UTF-8 text (byte {exc.start}); {fix}") from None
+    except ValueError as exc:
+        raise HarnessError(f"{what} {path} is not valid JSON ({exc}); {fix}") from None
+    except OSError as exc:
+        raise HarnessError(f"{what} {path} cannot be read ({exc.strerror}); {fix}") from None
+
+
+def read_json_object(path: str | Path, what: str, fix: str) -> dict[str, Any]:
+    data = read_json(path, what, fix)
+    if not isinstance(data, dict):
+        raise HarnessError(f"{what} {path} holds a JSON {type(data).__name__}, not an object; {fix}")
+    return data
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def atomic_write(path: Path, fill: Callable[[Path], object]) -> None:
+    """fill(tmp) writes a temp file in the same folder, which is then renamed over `path`: a reader never sees half a
+    file, and a failed fill leaves nothing behind. The file gets the user's umask (mkstemp would leave it 0600)."""
+    path = Path(path)
+    if path.is_dir():
+        raise HarnessError(f"{path} is a folder; name a file to write")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    os.close(fd)
+    try:
+        fill(Path(tmp))
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    atomic_write(path, lambda tmp: tmp.write_text(text, newline=""))
+
+
+def output_file(value: str | Path, option: str) -> Path:
+    """An output file option, checked before any work: not a folder, and its parent not a file."""
+    path = Path(value)
+    if path.is_dir():
+        raise HarnessError(f"{option} {path} is a folder; name a file to write (e.g. {path / 'out'})")
+    for parent in path.parents:
+        if parent.exists() and not parent.is_dir():
+            raise HarnessError(f"{option} {path}: {parent} is a file, not a folder; choose another path")
+    return path
+
+
+def output_dir(value: str | Path, option: str) -> Path:
+    """An output folder option, checked before any work: not an existing file, nor below one."""
+    path = Path(value)
+    for p in (path, *path.parents):
+        if p.exists() and not p.is_dir():
+            raise HarnessError(f"{option} {path}: {p} is a file, not a folder; choose another output folder")
+    return path
+
+
+def claim_work_dir(path: Path, option: str) -> Path:
+    """A folder the harness may clear later: created here with a marker file, or one it created before (marker
+    present), or an empty one. A folder with other contents and no marker is the user's: refused, never touched."""
+    path = output_dir(path, option)
+    if path.is_dir() and not (path / WORK_MARKER).is_file() and any(path.iterdir()):
+        raise HarnessError(f"{option} {path} exists and was not created by this harness (no {WORK_MARKER} in it); "
+                           f"nothing was changed: choose a new or empty folder")
+    path.mkdir(parents=True, exist_ok=True)
+    (path / WORK_MARKER).touch()
+    return path
+
+
+def clear_work_dir(path: Path) -> None:
+    """Removes a folder made by claim_work_dir; anything else is refused (never deleted)."""
+    if not path.exists():
+        return
+    if not (path / WORK_MARKER).is_file():
+        raise HarnessError(f"{path} was not created by this harness (no {WORK_MARKER} in it), so it is not removed; "
+                           f"move it away or choose another work folder")
+    shutil.rmtree(path)
