@@ -28,6 +28,7 @@ venv: $(VENV)/.installed
 # Every GPU target: GPU= set, a CUDA GPU visible, the [gpu] extra installed; one line and exit 2 otherwise.
 gpu-env: $(VENV)/.installed
 	@test -n "$(GPU)" || { echo "make: set GPU=<profile> (h100, h200, b200, gb200)" >&2; exit 2; }
+	@$(PY) -m bench profiles $(GPU) >/dev/null
 	@$(PY) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" || \
 	  { echo "make: no CUDA GPU visible on this machine; run it on a GPU machine (nothing was written)" >&2; exit 2; }
 	$(PY) -m pip install -q -e ".[gpu]"

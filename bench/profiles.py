@@ -1,6 +1,7 @@
 """GPU profiles: the one place to add a GPU."""
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from shapes.errors import HarnessError
@@ -10,7 +11,7 @@ from shapes.errors import HarnessError
 class GpuProfile:
     name: str
     sm: int  # major*10 + minor
-    name_pattern: str  # substring of torch.cuda.get_device_name()
+    name_pattern: str  # the model name as a whole word of torch.cuda.get_device_name() ("H200" is not "GH200")
     flashinfer_backends: tuple[str, ...]  # mm_bf16 backends measured on this GPU
     low_m_backend: str  # what the dispatcher uses at M <= threshold
     capture_size: int  # vLLM's default max CUDA-graph capture size
@@ -32,9 +33,10 @@ def get_profile(name: str) -> GpuProfile:
 
 
 def matches(profile: GpuProfile, device_name: str, sm: int) -> bool:
-    # "GB200" contains "B200": a b200 profile must not accept a GB200.
-    name_ok = profile.name_pattern in device_name and not (profile.name == "b200" and "GB200" in device_name)
-    return name_ok and sm == profile.sm
+    """The one GPU-identity rule: the model name as a whole word and the SM. A substring test would take a GB200
+    for a B200 and a GH200 for an H200 (other memory, other clocks, another host link)."""
+    return sm == profile.sm and re.search(rf"(?<![A-Za-z0-9]){re.escape(profile.name_pattern)}(?![A-Za-z0-9])",
+                                          device_name) is not None
 
 
 def detect_profile(device_name: str, sm: int) -> GpuProfile | None:

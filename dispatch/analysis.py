@@ -205,6 +205,11 @@ def fit(cells: Cells, base: ThresholdTable, uses: dict[str, list[tuple[int, int,
         for n, k, c in layers:
             weight[(n, k)] = weight.get((n, k), 0) + c
     shapes = [s for s in cells.shapes() if s in weight]
+    low = base.low_m_path()
+    if not any(sum(cells.has(n, k, m, low) and cells.has(n, k, m, "aten") for m in cells.ms(n, k)) >= 2
+               for n, k in shapes):
+        raise HarnessError(f"nothing to fit: no catalog shape has aten and {low} measured ok at two or more M values; "
+                           f"measure both with python -m bench run")
     ms = sorted({m for n, k in shapes for m in cells.ms(n, k)})
     regime = {m: "graph" if m <= capture_size else "eager" for m in ms}
 

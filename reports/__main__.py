@@ -1,16 +1,17 @@
 """python -m reports build RESULTS [RESULTS...] [--baseline FILE] [--anatomy DIR] -o report.html"""
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 from typing import Sequence
 
+from shapes.cli import Parser
 from shapes.errors import run_cli
+from shapes.io import output_file
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m reports", description="A self-contained HTML report of a run.")
+    parser = Parser(prog="python -m reports", description="A self-contained HTML report of a run.")
     sub = parser.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("build", help="build report.html from results folders")
     p.add_argument("results", nargs="+", help="results folder(s); the first is reported, the others compared with it")
@@ -18,9 +19,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--anatomy", help="a host-anatomy results folder (python -m bench host-anatomy)")
     p.add_argument("--thresholds", help="threshold table (default: dispatch/thresholds/<profile>.json)")
     p.add_argument("-o", "--out", default="report.html", help="output file (default report.html)")
+    p.add_argument("--partial", action="store_true",
+                   help="report runs with missing cells or that did not finish (the verdict says so)")
     args = parser.parse_args(argv)
     from reports.build import build
-    out = build(args.results, Path(args.out), args.baseline, args.anatomy, args.thresholds)
+    out = build(args.results, output_file(args.out, "-o"), args.baseline, args.anatomy, args.thresholds, args.partial)
     print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB)")
     return 0
 

@@ -5,10 +5,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from shapes.io import atomic_write_text
 from reports import figures
 from reports.data import Run, cell_rows, compare_runs, headline, load_anatomy, load_run, shape_crossovers
 from reports.page import esc, kv_table, page, table
+from shapes.console import terminal
+from shapes.io import atomic_write_text
 
 FINGERPRINT_KEYS = ("gpu_name", "sm", "sm_count", "l2_bytes", "driver", "cuda", "torch", "cublas", "cudnn",
                     "flashinfer", "cupti_python", "libcupti", "cutlass_dsl", "python", "harness_sha")
@@ -198,22 +199,38 @@ def anatomy_section(path: str) -> str:
 
 
 def build(results: list[str], out: Path, baseline: str | None = None, anatomy: str | None = None,
-          thresholds: str | None = None) -> Path:
-    runs = [load_run(r, thresholds) for r in results]
-    primary = runs[0]
-    head = headline(primary)
-    rows = cell_rows(primary, head.verdicts)
+          thresholds: str | None = None, partial: bool = False) -> Path:
+    with progress(len(results) + 1, "report: loading") as bar:
+        runs = []
+        for r in results:
+            runs.append(load_run(r, thresholds, partial))
+            bar.update()
+        primary = runs[0]
+        head = headline(primary)
+        rows = cell_rows(primary, head.verdicts)
+        bar.update()
     gpus = " vs ".join(dict.fromkeys(r.gpu for r in runs))
-    sections = [("summary", "Verdict", summary_section(primary, head)),
-                ("shapes", "Per shape", shapes_section(primary, rows)),
-                ("totals", "Per-forward totals", totals_section(head)),
-                ("cells", "Every cell", cells_section(rows)),
-                ("problems", "Failed and skipped cells", problems_section(rows))]
+    todo = [("summary", "Verdict", lambda: summary_section(primary, head)),
+            ("shapes", "Per shape", lambda: shapes_section(primary, rows)),
+            ("totals", "Per-forward totals", lambda: totals_section(head)),
+            ("cells", "Every cell", lambda: cells_section(rows)),
+            ("problems", "Failed and skipped cells", lambda: problems_section(rows))]
     if len(runs) > 1 or baseline:
-        sections.append(("comparison", "Comparison", comparison_section(primary, rows, runs[1:], baseline)))
+        todo.append(("comparison", "Comparison", lambda: comparison_section(primary, rows, runs[1:], baseline)))
     if anatomy:
-        sections.append(("anatomy", "Host-time anatomy", anatomy_section(anatomy)))
+        todo.append(("anatomy", "Host-time anatomy", lambda: anatomy_section(anatomy)))
+    sections = []
+    with progress(len(todo), "report: sections") as bar:
+        for key, title, make in todo:
+            bar.set_postfix_str(title)
+            sections.append((key, title, make()))
+            bar.update()
     html = page(f"BF16 linear paths on {gpus}", f"{primary.info.get('command', '')} · run started "
                 f"{primary.info.get('started', '?')}", sections)
     atomic_write_text(out, html)  # built in memory first: a failure above leaves no partial file
     return out
+
+
+def progress(total: int, desc: str):
+    from tqdm import tqdm
+    return tqdm(total=total, desc=desc, file=terminal(), leave=False, dynamic_ncols=True, disable=None)  # off when not a TTY

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 
 from bench.profiles import PROFILES, GpuProfile
-from bench.results import load_results, load_run_info
+from bench.results import check_grid, load_results, load_run_info
 from dispatch.analysis import (Cells, cell_verdicts, crossover, forward_totals, model_uses, ratio_ci, verdict)
 from dispatch.table import TABLE_DIR, ThresholdTable, load_table
 from shapes.errors import HarnessError
@@ -26,15 +26,17 @@ class Run:
     profile: GpuProfile | None
     cells: Cells
     table: ThresholdTable | None
+    incomplete: list[str]  # what check_grid found missing (only with --partial; empty for a complete run)
 
     @property
     def gpu(self) -> str:
         return str((self.info.get("fingerprint") or {}).get("gpu_name", "unknown GPU"))
 
 
-def load_run(path: str | Path, thresholds: str | None = None) -> Run:
-    df = load_results(path)
+def load_run(path: str | Path, thresholds: str | None = None, partial: bool = False) -> Run:
+    df = load_results(path, partial=partial)
     info = load_run_info(path)
+    incomplete = check_grid(df, info, Path(path), partial=True)
     for col in ("n", "k", "m"):
         df[col] = df[col].astype(int)
     profile = PROFILES.get(str(info.get("profile", "")))
@@ -45,7 +47,7 @@ def load_run(path: str | Path, thresholds: str | None = None) -> Run:
         table = load_table(profile.name)
     cells = Cells.from_results(df)
     label = f"{Path(path).name} ({info.get('started', '?')[:10]}, {(info.get('fingerprint') or {}).get('gpu_name', '?')})"
-    return Run(label, str(path), df, info, profile, cells, table)
+    return Run(label, str(path), df, info, profile, cells, table, incomplete)
 
 
 def cell_rows(run: Run, dispatch_verdicts: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -123,6 +125,10 @@ def headline(run: Run) -> Headline:
                     f"best choice beyond {MARGIN:.0%} in {len(slower)} cell(s)" + (f" ({where})" if where else "") +
                     (f" and its per-forward total exceeds the best by more than 1% at {len(over)} (model, M) points"
                      if len(over) else "") + ".")
+    if run.incomplete:  # no verdict on incomplete data: say what the measured cells show, and that it is not one
+        s[0] = (f"No verdict: this run is incomplete ({'; '.join(run.incomplete)}), judged with --partial. On the "
+                f"measured cells alone: " + s[0])
+        holds = None
     seed = ThresholdTable(t.profile, t.low_m_backend, 32)
     seed_slow = int((cell_verdicts(c, seed, MARGIN)["verdict"] == "SLOWER").sum())
     s.insert(1, f"The seed PR's single rule (FlashInfer at M <= 32 on every shape) would be SLOWER beyond "

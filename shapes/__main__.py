@@ -1,15 +1,16 @@
 """python -m shapes list | from-config PATH | grid"""
 from __future__ import annotations
 
-import argparse
 import csv
 import io
 import json
 import sys
+from pathlib import Path
 from typing import Sequence
 
 from shapes.catalog import dedup, model_configs, model_layers
 from shapes.derive import LinearLayer, derive_layers, load_config
+from shapes.cli import Parser, int_in
 from shapes.errors import run_cli
 from shapes.grid import hybrid_buckets, parse_m
 
@@ -46,18 +47,18 @@ def emit(rows: list[dict], fmt: str) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m shapes", description="BF16 linear shapes of the model catalog.")
+    parser = Parser(prog="python -m shapes", description="BF16 linear shapes of the model catalog.")
     sub = parser.add_subparsers(dest="cmd", required=True)
 
     p_list = sub.add_parser("list", help="the catalog: distinct (n, k) shapes of the known models, or their layers")
     p_list.add_argument("--model", help=f"one model (known: {', '.join(model_configs())})")
-    p_list.add_argument("--tp", type=int, default=1, help="tensor-parallel degree (default 1)")
+    p_list.add_argument("--tp", type=int_in(1, 64), default=1, help="tensor-parallel degree (default 1)")
     p_list.add_argument("--layers", action="store_true", help="one row per model layer instead of per distinct shape")
     p_list.add_argument("--format", choices=FORMATS, default="table")
 
     p_cfg = sub.add_parser("from-config", help="derive the linears of any Qwen3.5/Qwen3-Next HF config.json")
     p_cfg.add_argument("path")
-    p_cfg.add_argument("--tp", type=int, default=1)
+    p_cfg.add_argument("--tp", type=int_in(1, 64), default=1)
     p_cfg.add_argument("--name", help="model name for the rows (default: the file's _model or stem)")
     p_cfg.add_argument("--shapes", action="store_true", help="deduplicate into distinct shapes")
     p_cfg.add_argument("--format", choices=FORMATS, default="table")
@@ -72,7 +73,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows = _layer_rows(layers) if args.layers else _shape_rows(layers)
     elif args.cmd == "from-config":
         cfg = load_config(args.path)
-        from pathlib import Path
         name = args.name or cfg.get("_model") or Path(args.path).stem
         layers = derive_layers(cfg, name, args.tp)
         rows = _shape_rows(layers) if args.shapes else _layer_rows(layers)

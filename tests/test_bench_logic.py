@@ -195,3 +195,14 @@ def test_phase_timer_accumulates_wall_time_per_phase_even_on_errors():
     out = phase.rounded()
     assert list(out) == ["replay", "capture"]  # largest first
     assert 0.015 <= phase.seconds["capture"] < 0.2 and 0.045 <= phase.seconds["replay"] < 0.3
+
+
+@pytest.mark.parametrize("name, sm, profile", [
+    ("NVIDIA H200", 90, "h200"), ("NVIDIA H200 NVL", 90, "h200"), ("NVIDIA GH200 480GB", 90, None),
+    ("NVIDIA H100 80GB HBM3", 90, "h100"), ("NVIDIA B200", 100, "b200"), ("NVIDIA GB200", 100, "gb200"),
+    ("NVIDIA H200", 100, None),
+])
+def test_one_gpu_identity_rule_takes_whole_model_names(name, sm, profile):
+    from bench.profiles import detect_profile
+    found = detect_profile(name, sm)
+    assert (found.name if found else None) == profile

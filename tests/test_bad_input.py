@@ -1,0 +1,425 @@
+"""Bad input, one row each: every command answers with one line `prog: error: ...` naming the problem, a non-zero exit,
+no traceback, and no file changed (the case's own folder and the repository's committed tables, baselines and data).
+
+A case builds its inputs in a fresh folder and returns the command line; the table runs it through run_cli in this
+process (an uncaught exception would fail the case as a traceback would) and compares file snapshots around it."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable
+
+import pandas as pd
+import pytest
+
+from shapes.errors import run_cli
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "tests" / "data"
+SWEEP = DATA / "h200-sweep"
+WATCHED = [ROOT / "dispatch" / "thresholds", ROOT / "tests" / "baselines", DATA, ROOT / "shapes" / "configs"]
+
+
+def _mains() -> dict[str, Callable]:
+    from bench.__main__ import main as bench
+    from dispatch.__main__ import main as dispatch
+    from reports.__main__ import main as reports
+    from shapes.__main__ import main as shapes
+    return {"bench": bench, "dispatch": dispatch, "reports": reports, "shapes": shapes}
+
+
+def snapshot(*roots: Path) -> dict[str, tuple[int, str]]:
+    """Every file and folder under roots: (mode, content hash); folders hash to ''."""
+    out = {}
+    for root in roots:
+        for dirpath, dirnames, filenames in os.walk(root):
+            if "__pycache__" in dirpath:
+                continue
+            out[dirpath] = (os.stat(dirpath).st_mode, "")
+            for f in filenames:
+                p = os.path.join(dirpath, f)
+                out[p] = (os.stat(p).st_mode, hashlib.sha1(Path(p).read_bytes()).hexdigest())
+    return out
+
+
+# ---------------------------------------------------------------- inputs
+def config(tmp: Path, edit: dict | None = None, raw: bytes | None = None, name: str = "config.json") -> str:
+    base = json.loads((ROOT / "shapes" / "configs" / "qwen3.5-4b.json").read_text())
+    base["text_config"].update(edit or {})
+    p = tmp / name
+    p.write_bytes(raw if raw is not None else json.dumps(base).encode())
+    return str(p)
+
+
+def run_folder(tmp: Path, edit_rows: Callable[[pd.DataFrame], pd.DataFrame] | None = None,
+               edit_info: Callable[[dict], object] | None = None, csv_text: Callable[[str], str] | None = None,
+               source: Path = SWEEP) -> str:
+    """A copy of a committed run with its results table and/or run.json edited."""
+    d = tmp / "run"
+    d.mkdir()
+    text = (source / "results.csv").read_text()
+    if edit_rows is not None:
+        df = pd.read_csv(source / "results.csv", dtype=str, keep_default_na=False)
+        text = edit_rows(df).to_csv(index=False)
+    if csv_text is not None:
+        text = csv_text(text)
+    (d / "results.csv").write_text(text)
+    info = json.loads((source / "run.json").read_text())
+    if edit_info is not None:
+        info = edit_info(info) or info
+    (d / "run.json").write_bytes(info if isinstance(info, bytes) else json.dumps(info).encode())
+    return str(d)
+
+
+def set_cell(col: str, value: str, where: int = 0):
+    def edit(df):
+        ok = df.index[df["status"] == "ok"][where]
+        df.loc[ok, col] = value
+        return df
+    return edit
+
+
+def thresholds(tmp: Path, edit: dict | None = None, raw: bytes | None = None) -> str:
+    data = json.loads((ROOT / "dispatch" / "thresholds" / "h200.json").read_text())
+    data.update(edit or {})
+    p = tmp / "t.json"
+    p.write_bytes(raw if raw is not None else json.dumps(data).encode())
+    return str(p)
+
+
+def baseline(tmp: Path, edit: Callable[[dict], object] | None = None, raw: bytes | None = None) -> str:
+    text = (ROOT / "tests" / "baselines" / "h200.json").read_text()
+    p = tmp / "h200.json"
+    if raw is not None:
+        p.write_bytes(raw)
+        return str(p)
+    data = json.loads(text)
+    if edit is not None:
+        edit(data)
+    p.write_text(json.dumps(data))
+    shutil.copy(ROOT / "tests" / "baselines" / "h200.autotune.json", tmp / "h200.autotune.json")
+    return str(p)
+
+
+def user_folder(tmp: Path, name: str = "mine", inner: str = "notes.txt") -> str:
+    d = tmp / name
+    (d / inner).parent.mkdir(parents=True, exist_ok=True)
+    (d / inner).write_text("the user's own file\n")
+    return str(d)
+
+
+def first_cell(key: str, value):
+    def edit(data):
+        data["cells"][0][key] = value
+    return edit
+
+
+# ---------------------------------------------------------------- the table: (id, setup -> argv, message needle)
+NOT_UTF8 = b'{"a": "\xff\xfe"}'
+CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
+    # model configs
+    ("config hidden_size null", lambda t: ["shapes", "from-config", config(t, {"hidden_size": None})], "hidden_size is None"),
+    ("config kv heads 0", lambda t: ["shapes", "from-config", config(t, {"num_key_value_heads": 0})], "num_key_value_heads is 0"),
+    ("config negative size", lambda t: ["shapes", "from-config", config(t, {"hidden_size": -2560})], "hidden_size is -2560"),
+    ("config zero size", lambda t: ["shapes", "from-config", config(t, {"intermediate_size": 0})], "intermediate_size is 0"),
+    ("config fractional size", lambda t: ["shapes", "from-config", config(t, {"hidden_size": 2560.5})], "integer"),
+    ("config text size", lambda t: ["shapes", "from-config", config(t, {"vocab_size": "big"})], "vocab_size is 'big'"),
+    ("config bool size", lambda t: ["shapes", "from-config", config(t, {"num_hidden_layers": True})], "num_hidden_layers"),
+    ("config head_dim 0", lambda t: ["shapes", "from-config", config(t, {"head_dim": 0})], "head_dim is 0"),
+    ("config zero layers", lambda t: ["shapes", "from-config", config(t, {"num_hidden_layers": 0})], "num_hidden_layers is 0"),
+    ("config heads not a multiple of kv heads", lambda t: ["shapes", "from-config", config(t, {"num_key_value_heads": 3})],
+     "not a multiple of num_key_value_heads"),
+    ("config linear v heads not a multiple of k heads",
+     lambda t: ["shapes", "from-config", config(t, {"linear_num_value_heads": 20})], "not a multiple of linear_num_key_heads"),
+    ("config hidden not divisible without head_dim",
+     lambda t: ["shapes", "from-config", config(t, {"head_dim": None, "hidden_size": 2570})], "add head_dim"),
+    ("config layer_types not a list", lambda t: ["shapes", "from-config", config(t, {"layer_types": "full"})], "layer_types must be a list"),
+    ("config interval 0", lambda t: ["shapes", "from-config", config(t, {"full_attention_interval": 0})], "full_attention_interval"),
+    ("config not UTF-8", lambda t: ["shapes", "from-config", config(t, raw=NOT_UTF8)], "not UTF-8"),
+    ("config a JSON list", lambda t: ["shapes", "from-config", config(t, raw=b"[1, 2]")], "not an object"),
+    ("config a folder", lambda t: ["shapes", "from-config", str(t)], "is a folder"),
+    ("config TP does not divide", lambda t: ["shapes", "from-config", config(t), "--tp", "3"], "does not divide"),
+    ("shapes list TP out of range", lambda t: ["shapes", "list", "--tp", "0"], "outside 1..64"),
+    ("shapes grid M above 16384", lambda t: ["shapes", "grid", "--m", "20000"], "1..16384"),
+    # results tables
+    ("results gpu_us text", lambda t: ["dispatch", "validate", run_folder(t, set_cell("gpu_us", "fast"))], "non-numeric text in gpu_us"),
+    ("results gpu_us NaN", lambda t: ["dispatch", "validate", run_folder(t, set_cell("gpu_us", "nan"))], "NaN or negative time"),
+    ("results gpu_us inf", lambda t: ["dispatch", "validate", run_folder(t, set_cell("gpu_us", "inf"))], "infinite"),
+    ("results gpu_us negative", lambda t: ["dispatch", "validate", run_folder(t, set_cell("gpu_us", "-3.5"))], "negative time"),
+    ("results gpu_us zero", lambda t: ["dispatch", "validate", run_folder(t, set_cell("gpu_us", "0"))], "gpu_us"),
+    ("results host_us negative", lambda t: ["dispatch", "validate", run_folder(t, set_cell("host_us", "-20"))], "host_us"),
+    ("results host_us NaN", lambda t: ["dispatch", "validate", run_folder(t, set_cell("host_us", "nan"))], "host_us"),
+    ("results ok row without event_us", lambda t: ["dispatch", "validate", run_folder(t, set_cell("event_us", ""))], "event_us"),
+    ("results samples garbage", lambda t: ["dispatch", "validate", run_folder(t, set_cell("gpu_samples_us", "1.2;x;3"))],
+     "gpu_samples_us"),
+    ("results samples negative", lambda t: ["dispatch", "validate", run_folder(t, set_cell("gpu_samples_us", "1.2;-3"))],
+     "gpu_samples_us"),
+    ("results duplicated rows", lambda t: ["dispatch", "validate", run_folder(t, lambda df: pd.concat([df, df.head(3)]))],
+     "duplicated cell"),
+    ("results M zero", lambda t: ["dispatch", "validate", run_folder(t, set_cell("m", "0"))], "positive integer in m"),
+    ("results M fractional", lambda t: ["dispatch", "validate", run_folder(t, set_cell("m", "8.5"))], "positive integer in m"),
+    ("results unknown status", lambda t: ["dispatch", "validate", run_folder(t, set_cell("status", "great"))], "unknown status"),
+    ("results lacks a column", lambda t: ["dispatch", "validate", run_folder(t, lambda df: df.drop(columns=["gpu_us"]))],
+     "lacks column"),
+    ("results cut at a line (1 row)", lambda t: ["dispatch", "validate", run_folder(t, csv_text=lambda s: "\n".join(s.splitlines()[:2]) + "\n")],
+     "cells of its grid are missing"),
+    ("results cut mid-line", lambda t: ["dispatch", "validate", run_folder(t, csv_text=lambda s: s[: len(s) // 2])],
+     "missing|NaN|non-numeric|cannot read"),
+    ("results empty file", lambda t: ["dispatch", "validate", run_folder(t, csv_text=lambda s: "")], "cannot read|no rows"),
+    ("results header only", lambda t: ["dispatch", "validate", run_folder(t, csv_text=lambda s: s.splitlines()[0] + "\n")], "no rows"),
+    ("results of an unfinished run", lambda t: ["dispatch", "validate", run_folder(t, edit_info=lambda i: {**i, "status": "interrupted"})],
+     "interrupted"),
+    ("results folder missing", lambda t: ["dispatch", "validate", str(t / "nothing")], "not found"),
+    ("report on a cut results file", lambda t: ["reports", "build", run_folder(t, csv_text=lambda s: "\n".join(s.splitlines()[:50]) + "\n"),
+                                                 "-o", str(t / "r.html")], "missing"),
+    ("fit on one row", lambda t: ["dispatch", "fit", run_folder(t, csv_text=lambda s: "\n".join(s.splitlines()[:2]) + "\n"),
+                                  "--gpu", "h200", "--out", str(t / "t.json")], "missing"),
+    ("fit on one row with --partial", lambda t: ["dispatch", "fit", run_folder(t, csv_text=lambda s: "\n".join(s.splitlines()[:2]) + "\n"),
+                                                 "--gpu", "h200", "--partial", "--out", str(t / "t.json")], "nothing to fit"),
+    ("fit on NaN data", lambda t: ["dispatch", "fit", run_folder(t, set_cell("gpu_us", "nan", 5)), "--gpu", "h200",
+                                   "--out", str(t / "t.json")], "NaN"),
+    ("baseline --from NaN data", lambda t: ["dispatch", "baseline", "--gpu", "h200", "--from",
+                                            run_folder(t, set_cell("gpu_samples_us", "nan;1", 2)), "--out", str(t / "b.json")],
+     "gpu_samples_us"),
+    # run.json
+    ("run.json a list", lambda t: ["dispatch", "validate", run_folder(t, edit_info=lambda i: [i])], "not an object"),
+    ("run.json not UTF-8", lambda t: ["dispatch", "validate", run_folder(t, edit_info=lambda i: NOT_UTF8)], "not UTF-8"),
+    ("run.json not JSON", lambda t: ["dispatch", "validate", run_folder(t, edit_info=lambda i: b"{oops")], "not valid JSON"),
+    ("run.json fingerprint a string", lambda t: ["dispatch", "validate", run_folder(t, edit_info=lambda i: {**i, "fingerprint": "H200"})],
+     "fingerprint is a str"),
+    ("run.json ms not integers", lambda t: ["dispatch", "validate", run_folder(t, edit_info=lambda i: {**i, "ms": ["a"]})],
+     "ms must be a list"),
+    ("run.json missing", lambda t: ["dispatch", "validate", run_folder(t, edit_info=lambda i: b"{}") and
+                                    (os.remove(t / "run" / "run.json") or str(t / "run"))], "run.json not found"),
+    ("run.json from another GPU", lambda t: ["dispatch", "validate", run_folder(t, edit_info=lambda i: i["fingerprint"].update(
+        gpu_name="NVIDIA GH200 480GB"))], "not on a h200"),
+    ("results from a B200 judged as GB200", lambda t: ["dispatch", "validate", "--gpu", "gb200", run_folder(
+        t, edit_info=lambda i: i["fingerprint"].update(gpu_name="NVIDIA B200", sm=100))], "not on a gb200"),
+    # threshold tables
+    ("thresholds not UTF-8", lambda t: ["dispatch", "validate", str(SWEEP), "--thresholds", thresholds(t, raw=NOT_UTF8)], "not UTF-8"),
+    ("thresholds not JSON", lambda t: ["dispatch", "validate", str(SWEEP), "--thresholds", thresholds(t, raw=b"{")], "not valid JSON"),
+    ("thresholds a list", lambda t: ["dispatch", "validate", str(SWEEP), "--thresholds", thresholds(t, raw=b"[]")], "JSON object"),
+    ("thresholds unknown backend", lambda t: ["dispatch", "validate", str(SWEEP), "--thresholds",
+                                              thresholds(t, {"low_m_backend": "tinygem"})], "not a FlashInfer backend"),
+    ("thresholds negative", lambda t: ["dispatch", "validate", str(SWEEP), "--thresholds",
+                                       thresholds(t, {"default_threshold": -1})], ">= 0"),
+    ("thresholds above M max", lambda t: ["dispatch", "validate", str(SWEEP), "--thresholds",
+                                          thresholds(t, {"default_threshold": 10 ** 9})], "<= 16384"),
+    ("thresholds malformed override", lambda t: ["dispatch", "validate", str(SWEEP), "--thresholds",
+                                                 thresholds(t, {"overrides": [{"n": 1}]})], "malformed"),
+    ("thresholds missing", lambda t: ["dispatch", "validate", str(SWEEP), "--thresholds", str(t / "none.json")], "not found"),
+    # baselines
+    ("baseline not UTF-8", lambda t: ["dispatch", "regress", "--gpu", "h200", "--from", str(SWEEP), "--baseline",
+                                      baseline(t, raw=NOT_UTF8)], "not UTF-8"),
+    ("baseline bound text", lambda t: ["dispatch", "regress", "--gpu", "h200", "--from", str(SWEEP), "--baseline",
+                                       baseline(t, first_cell("gpu_ratio_hi", "high"))], "gpu_ratio_hi"),
+    ("baseline bound NaN", lambda t: ["dispatch", "regress", "--gpu", "h200", "--from", str(SWEEP), "--baseline",
+                                      baseline(t, first_cell("gpu_ratio_lo", float("nan")))], "gpu_ratio_lo"),
+    ("baseline ratio outside its bounds", lambda t: ["dispatch", "regress", "--gpu", "h200", "--from", str(SWEEP), "--baseline",
+                                                     baseline(t, first_cell("gpu_ratio_lo", 50.0))], "outside"),
+    ("baseline M text", lambda t: ["dispatch", "regress", "--gpu", "h200", "--from", str(SWEEP), "--baseline",
+                                   baseline(t, first_cell("m", "8"))], "positive integer"),
+    ("baseline tolerance NaN", lambda t: ["dispatch", "regress", "--gpu", "h200", "--from", str(SWEEP), "--baseline",
+                                          baseline(t, lambda d: d.update(tolerance=float("nan")))], "tolerance"),
+    ("baseline cell twice", lambda t: ["dispatch", "regress", "--gpu", "h200", "--from", str(SWEEP), "--baseline",
+                                       baseline(t, lambda d: d["cells"].append(d["cells"][0]))], "twice"),
+    ("baseline of another profile", lambda t: ["dispatch", "regress", "--gpu", "h100", "--from", str(SWEEP), "--baseline",
+                                               baseline(t)], "is for h200"),
+    ("baseline of another fingerprint", lambda t: ["dispatch", "regress", "--gpu", "h200", "--from", str(SWEEP), "--baseline",
+                                                   baseline(t, lambda d: d["fingerprint"].update(torch="2.0.0"))],
+     "another environment"),
+    ("baseline missing", lambda t: ["dispatch", "regress", "--gpu", "h200", "--from", str(SWEEP), "--baseline",
+                                    str(t / "none.json")], "no baseline"),
+    # CLI numbers
+    ("validate margin NaN", lambda t: ["dispatch", "validate", str(SWEEP), "--margin", "nan"], "outside 0..0.5"),
+    ("validate margin negative", lambda t: ["dispatch", "validate", str(SWEEP), "--margin", "-0.1"], "outside 0..0.5"),
+    ("validate margin text", lambda t: ["dispatch", "validate", str(SWEEP), "--margin", "lots"], "not a number"),
+    ("regress tolerance NaN", lambda t: ["dispatch", "regress", "--gpu", "h200", "--from", str(SWEEP), "--tolerance", "nan"],
+     "outside 0..1"),
+    ("regress tolerance negative", lambda t: ["dispatch", "regress", "--gpu", "h200", "--from", str(SWEEP), "--tolerance", "-1"],
+     "outside 0..1"),
+    ("fit min-gain 2", lambda t: ["dispatch", "fit", str(SWEEP), "--gpu", "h200", "--min-gain", "2"], "outside 0..1"),
+    ("host-cost calls 5", lambda t: ["dispatch", "host-cost", "--gpu", "h200", "--calls", "5"], "outside 100..1000000"),
+    ("baseline samples 0", lambda t: ["dispatch", "baseline", "--gpu", "h200", "--samples", "0"], "outside 3..1000"),
+    ("bench samples 0", lambda t: ["bench", "run", "--gpu", "h200", "--samples", "0"], "outside 3..1000"),
+    ("bench rotations 0", lambda t: ["bench", "run", "--gpu", "h200", "--max-rotations", "0"], "outside 1..4096"),
+    ("bench TP 0", lambda t: ["bench", "run", "--gpu", "h200", "--tp", "0"], "outside 1..64"),
+    ("anatomy calls 0", lambda t: ["bench", "host-anatomy", "--gpu", "h200", "--calls", "0"], "outside 1..100000"),
+    ("anatomy rounds negative", lambda t: ["bench", "host-anatomy", "--gpu", "h200", "--rounds", "-1"], "outside 1..1000"),
+    ("bench M above 16384", lambda t: ["bench", "run", "--gpu", "h200", "--m", "1,20000"], "1..16384"),
+    ("bench M huge range", lambda t: ["bench", "run", "--gpu", "h200", "--m", "1:1000000000:1"], "1..16384"),
+    ("bench M grid too large", lambda t: ["bench", "run", "--gpu", "h200", "--m", "1:16384:1"], "more than 1024"),
+    ("bench M zero", lambda t: ["bench", "run", "--gpu", "h200", "--m", "0"], "1..16384"),
+    ("bench M comma", lambda t: ["bench", "run", "--gpu", "h200", "--m", ","], "names no M"),
+    ("bench shapes comma", lambda t: ["bench", "run", "--gpu", "h200", "--shapes", ","], "names no shape"),
+    ("bench paths comma", lambda t: ["bench", "run", "--gpu", "h200", "--paths", ","], "names no path"),
+    ("bench unknown path", lambda t: ["bench", "run", "--gpu", "h200", "--paths", "aten,fast"], "unknown path"),
+    ("bench unknown shape", lambda t: ["bench", "run", "--gpu", "h200", "--shapes", "n1_k1"], "not in the catalog"),
+    ("bench unknown profile", lambda t: ["bench", "run", "--gpu", "nosuchgpu"], "unknown GPU profile 'nosuchgpu'"),
+    ("bench profiles unknown", lambda t: ["bench", "profiles", "nosuchgpu"], "unknown GPU profile"),
+    ("bench without --gpu", lambda t: ["bench", "run"], "required: --gpu"),
+    ("dispatch unknown command", lambda t: ["dispatch", "judge"], "invalid choice"),
+    # output paths
+    ("validate --csv a folder", lambda t: ["dispatch", "validate", str(SWEEP), "--csv", str(t)], "is a folder"),
+    ("fit --out a folder", lambda t: ["dispatch", "fit", str(SWEEP), "--gpu", "h200", "--out", str(t)], "is a folder"),
+    ("report -o a folder", lambda t: ["reports", "build", str(SWEEP), "-o", str(t)], "is a folder"),
+    ("baseline --out a folder", lambda t: ["dispatch", "baseline", "--gpu", "h200", "--from", str(DATA / "h200-baseline-1"),
+                                           "--out", str(t)], "is a folder"),
+    ("host-cost --out a folder", lambda t: ["dispatch", "host-cost", "--gpu", "h200", "--out", str(t)], "is a folder"),
+    ("bench --out an existing file", lambda t: ["bench", "run", "--gpu", "h200", "--out", user_folder(t) + "/notes.txt"],
+     "is a file"),
+    ("anatomy --out an existing file", lambda t: ["bench", "host-anatomy", "--gpu", "h200", "--out",
+                                                  user_folder(t) + "/notes.txt"], "is a file"),
+    ("bench --autotune-cache a folder", lambda t: ["bench", "run", "--gpu", "h200", "--autotune-cache", str(t)], "is a folder"),
+    ("report under a file", lambda t: ["reports", "build", str(SWEEP), "-o", user_folder(t) + "/notes.txt/r.html"], "is a file"),
+    # folders the harness did not create
+    ("baseline --work a user folder, no GPU", lambda t: ["dispatch", "baseline", "--gpu", "h200", "--work", user_folder(t)],
+     "no CUDA GPU"),
+    ("baseline --runs 0", lambda t: ["dispatch", "baseline", "--gpu", "h200", "--work", user_folder(t), "--runs", "0"],
+     "outside 1..20"),
+    ("regress --work a user folder, no GPU", lambda t: ["dispatch", "regress", "--gpu", "h200", "--work",
+                                                       user_folder(t, inner="fresh/kept.csv")], "no CUDA GPU"),
+    ("bench run, no GPU", lambda t: ["bench", "run", "--gpu", "h200", "--out", str(t / "out")], "no CUDA GPU"),
+    ("host-anatomy, no GPU", lambda t: ["bench", "host-anatomy", "--gpu", "h200", "--out", str(t / "out")], "no CUDA GPU"),
+]
+
+
+def _no_gpu() -> bool:
+    import torch
+    return not torch.cuda.is_available()
+
+
+@pytest.mark.parametrize("setup, needle", [pytest.param(s, n, id=i) for i, s, n in CASES])
+def test_bad_input_is_one_line_and_changes_nothing(setup, needle, tmp_path, capsys):
+    argv = setup(tmp_path)
+    if "no CUDA GPU" in needle and not _no_gpu():
+        pytest.skip("this machine has a GPU")
+    prog, *args = argv
+    before = snapshot(tmp_path, *WATCHED)
+    code = run_cli(_mains()[prog], prog, args)
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert code == 2, (code, err)
+    assert "Traceback" not in captured.err + captured.out
+    *notes, last = err.splitlines()
+    assert last.startswith(f"{prog}: error: ") and all(n.startswith("note (--partial)") for n in notes), err
+    assert re.search(needle, last), err
+    assert snapshot(tmp_path, *WATCHED) == before, "a file changed"
+
+
+def test_the_table_covers_at_least_a_hundred_cases():
+    assert len(CASES) >= 100 and len({c[0] for c in CASES}) == len(CASES)
+
+
+# ---------------------------------------------------------------- beyond one command line
+def test_allow_mismatch_and_partial_let_the_user_judge_anyway(tmp_path, capsys):
+    from dispatch.__main__ import main
+    b = baseline(tmp_path, lambda d: d["fingerprint"].update(torch="2.0.0"))
+    assert main(["regress", "--gpu", "h200", "--from", str(SWEEP), "--baseline", b, "--allow-mismatch"]) in (0, 1)
+    assert "fingerprint differs" in capsys.readouterr().out
+    cut = run_folder(tmp_path, lambda df: df[df["m"].astype(int) <= 64])
+    assert main(["validate", cut, "--partial"]) in (0, 1)
+    assert "--partial" in capsys.readouterr().err
+
+
+def test_a_work_folder_is_cleared_only_when_the_harness_made_it(tmp_path):
+    from shapes.errors import HarnessError
+    from shapes.io import WORK_MARKER, claim_work_dir, clear_work_dir
+    mine = Path(user_folder(tmp_path))
+    with pytest.raises(HarnessError, match="not created by this harness"):
+        claim_work_dir(mine, "--work")
+    with pytest.raises(HarnessError, match="not removed"):
+        clear_work_dir(mine)
+    assert (mine / "notes.txt").read_text() == "the user's own file\n"
+    work = claim_work_dir(tmp_path / "new" / "work", "--work")
+    (work / "run-1").mkdir()
+    assert (work / WORK_MARKER).is_file() and claim_work_dir(work, "--work") == work  # its own folder again
+    clear_work_dir(work)
+    assert not work.exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert claim_work_dir(empty, "--work") == empty  # nothing in it to lose
+
+
+def test_outputs_get_the_users_umask(tmp_path):
+    from shapes.io import atomic_write_text
+    old = os.umask(0o022)
+    try:
+        atomic_write_text(tmp_path / "a.txt", "x")
+        os.umask(0o077)
+        atomic_write_text(tmp_path / "b.txt", "x")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "a.txt").stat().st_mode & 0o777 == 0o644
+    assert (tmp_path / "b.txt").stat().st_mode & 0o777 == 0o600
+
+
+@pytest.mark.parametrize("exc, code", [(KeyboardInterrupt, 130), ("Terminated", 143), (BrokenPipeError, 141)])
+def test_interrupts_and_closed_pipes_exit_like_unix_tools(exc, code, capsys):
+    from shapes import errors
+
+    def main(argv):
+        raise (getattr(errors, exc) if isinstance(exc, str) else exc)()
+    assert run_cli(main, "bench", []) == code
+    assert "Traceback" not in capsys.readouterr().err
+
+
+def _run(cmd: list[str] | str, **kw) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=120, **kw)
+
+
+def test_piping_into_head_ends_quietly():
+    r = _run(f"{sys.executable} -m shapes list --layers | head -2", shell=True)
+    assert r.stdout.count("\n") == 2 and r.stderr == "", r.stderr
+
+
+def test_sigterm_exits_143_without_a_traceback(tmp_path):
+    code = ("import time, sys\nfrom shapes.errors import run_cli\n"
+            "def main(argv):\n    print('ready', flush=True)\n    time.sleep(30)\n"
+            "sys.exit(run_cli(main, 'bench'))\n")
+    p = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert p.stdout.readline().strip() == "ready"
+    p.send_signal(signal.SIGTERM)
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 143 and err.strip() == "bench: interrupted", err
+
+
+def test_third_party_output_goes_to_the_log_and_ours_to_the_terminal(tmp_path):
+    code = ("import os, sys, warnings\nfrom pathlib import Path\nfrom shapes.console import divert_noise, terminal\n"
+            f"divert_noise(Path({str(tmp_path / 'log.txt')!r}))\n"
+            "os.write(2, b'C++ leak report\\n'); os.write(1, b'JIT chatter\\n'); warnings.warn('autotuner noise')\n"
+            "print('bench: summary', file=terminal()); print('results: here')\n")
+    r = _run([sys.executable, "-c", code])
+    assert r.returncode == 0
+    assert r.stderr == "bench: summary\n" and r.stdout == "results: here\n"
+    log = (tmp_path / "log.txt").read_text()
+    assert "C++ leak report" in log and "JIT chatter" in log and "autotuner noise" in log
+
+
+def test_make_bench_names_an_unknown_profile(tmp_path):
+    if shutil.which("make") is None:
+        pytest.skip("no make")
+    (tmp_path / ".installed").touch()  # a stand-in venv: make's prerequisite is met, its python is this one
+    r = _run(["make", "-s", "bench", "GPU=nosuchgpu", f"VENV={tmp_path}", f"PY={sys.executable}"])
+    assert r.returncode != 0 and "unknown GPU profile 'nosuchgpu'" in r.stderr and "CUDA" not in r.stderr, r.stderr
+
+
+def test_dispatch_linear_fails_on_0d_input_exactly_as_f_linear():
+    import torch
+    import torch.nn.functional as F
+    import dispatch
+    x, w = torch.tensor(1.0), torch.randn(4, 1)
+    with pytest.raises(Exception) as ours:
+        dispatch.linear(x, w)
+    with pytest.raises(Exception) as theirs:
+        F.linear(x, w)
+    assert type(ours.value) is type(theirs.value) and str(ours.value) == str(theirs.value)
