@@ -1,4 +1,4 @@
-# `make test` (anywhere); on a GPU machine: `make bench|baseline|regress|host-anatomy GPU=<profile>`;
+# `make test` (anywhere); on a GPU machine: `make bench|forward|baseline|regress|host-anatomy GPU=<profile>`;
 # `make report` (anywhere) renders report.html from RESULTS.
 PYTHON ?= python3
 VENV ?= .venv
@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 GPU ?=
 OUT ?= results/$(GPU)
 
-.PHONY: venv gpu-env bench baseline regress host-anatomy report test clean
+.PHONY: venv gpu-env bench forward baseline regress host-anatomy report test clean
 RESULTS ?= tests/data/h200-sweep
 COMPARE ?= tests/data/h200-sweep-1
 BASELINE ?= tests/baselines/h200.json
@@ -41,6 +41,9 @@ baseline: gpu-env
 
 regress: gpu-env
 	$(PY) -m pytest -q -m gpu tests/test_gpu_regression.py
+
+forward: gpu-env
+	$(PY) -m bench forward --gpu $(GPU) --out results/$(GPU)-forward
 
 host-anatomy: gpu-env
 	$(PY) -m bench host-anatomy --gpu $(GPU) --out results/$(GPU)-host-anatomy

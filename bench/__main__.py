@@ -1,10 +1,11 @@
-"""python -m bench run | host-anatomy | paths | profiles"""
+"""python -m bench run | forward | host-anatomy | paths | profiles"""
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 from typing import Sequence
 
+from bench.forward_paths import DEFAULT_RULES, check_rules
 from bench.paths import PATHS, paths_for
 from bench.profiles import PROFILES, get_profile
 from shapes.catalog import catalog, select
@@ -17,6 +18,7 @@ from shapes.grid import parse_m
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = Parser(prog="python -m bench", description="GPU and host time of BF16 GEMM paths.")
+    from bench.forward import FORWARD_MS
     sub = parser.add_subparsers(dest="cmd", required=True)
     p_run = sub.add_parser("run", help="sweep the shape catalog x M grid x paths on this GPU")
     p_run.add_argument("--gpu", required=True, help=f"GPU profile: {', '.join(PROFILES)}")
@@ -50,6 +52,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_an.add_argument("--rounds", type=int_in(1, 1000), default=9, help="interleaved rounds (default 9)")
     p_an.add_argument("--out", default="results/host-anatomy", help="output folder (default results/host-anatomy)")
     p_an.add_argument("--allow-mismatch", action="store_true", help="run although the GPU is not the profile's")
+    p_fw = sub.add_parser("forward", help="per-forward linear time of whole models, CUDA graph and eager, per path")
+    p_fw.add_argument("--gpu", required=True, help=f"GPU profile: {', '.join(PROFILES)}")
+    p_fw.add_argument("--model", help="comma list of catalog models (default: every model of the catalog)")
+    p_fw.add_argument("--config", help="a HF config.json instead of the catalog's models")
+    p_fw.add_argument("--tp", type=int_in(1, 64), default=1, help="tensor-parallel degree (default 1)")
+    p_fw.add_argument("--m", default=",".join(map(str, FORWARD_MS)),
+                      help=f"token counts (default {','.join(map(str, FORWARD_MS))})")
+    p_fw.add_argument("--paths", default=",".join(DEFAULT_RULES),
+                      help=f"forward paths (default {','.join(DEFAULT_RULES)}); any registry path is one too")
+    p_fw.add_argument("--layers", type=int_in(1, 1000), help="only the first N decoder layers (memory); every row says so")
+    p_fw.add_argument("--no-lm-head", action="store_true", help="leave lm_head out of the forward")
+    p_fw.add_argument("--samples", type=int_in(3, 1000), default=10, help="forwards per path, regime and M (default 10)")
+    p_fw.add_argument("--autotune-cache", metavar="FILE", help="serve FlashInfer's tactics from FILE (as bench run)")
+    p_fw.add_argument("--no-tune", action="store_true", help="skip FlashInfer's autotuner")
+    p_fw.add_argument("--out", default="results/forward", help="output folder (default results/forward)")
+    p_fw.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
     sub.add_parser("paths", help="list the path registry")
     p_prof = sub.add_parser("profiles", help="list the GPU profiles (or check that NAME is one)")
     p_prof.add_argument("name", nargs="?", help="a profile name: exit 2 with one line when it is unknown")
@@ -82,6 +100,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         divert_noise(out_dir / "log.txt")
         out = run_anatomy(profile, shapes, ms, backends, out_dir, args.calls, args.rounds, args.allow_mismatch, command)
         print(f"results: {out}/results.csv, {out}/run.json")
+        return 0
+
+    if args.cmd == "forward":
+        from bench.forward import ForwardConfig, models_for, run_forward
+        if args.model and args.config:
+            raise HarnessError("--model and --config exclude each other; pass one")
+        models = models_for([s.strip() for s in args.model.split(",") if s.strip()] if args.model else None, args.config)
+        cfg = ForwardConfig(profile=profile, models=models, ms=parse_m(args.m),
+                            rules=check_rules([s.strip() for s in args.paths.split(",") if s.strip()]),
+                            out=output_dir(args.out, "--out"), tp=args.tp, samples=args.samples,
+                            decoder_layers=args.layers, lm_head=not args.no_lm_head, tune=not args.no_tune,
+                            autotune_cache=output_file(args.autotune_cache, "--autotune-cache") if args.autotune_cache else None,
+                            resume=args.resume, command=command, quiet=True)
+        from bench.forward import sequences
+        sequences(cfg)  # a config that cannot be derived stops here, before the GPU is touched
+        run_forward(cfg)
         return 0
 
     from bench.sweep import SweepConfig, run_sweep

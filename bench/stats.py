@@ -95,17 +95,18 @@ class KernelCountError(HarnessError):
     pass
 
 
-def attribute(records: Sequence[KernelRecord], windows: Sequence[Window], expected: dict[str, int] | None = None
-              ) -> list[WindowTiming]:
-    """Assign graph-launched kernel records to replay windows by time; check each window's count exactly.
+def attribute(records: Sequence[KernelRecord], windows: Sequence[Window], expected: dict[str, int] | None = None,
+              graph: bool = True) -> list[WindowTiming]:
+    """Assign kernel records to windows by time; check each window's count exactly.
 
-    records must be sorted by start. expected maps path -> kernels per replay (None: no check).
+    records must be sorted by start. expected maps path -> kernels per window (None: no check). graph: count the
+    kernels launched by CUDA-graph replays (graph id != 0), else the eagerly launched ones (graph id 0).
     """
     starts = [r.start for r in records]
     out = []
     for w in windows:
         lo, hi = bisect_left(starts, w.t0), bisect_right(starts, w.t1)
-        ks = [r for r in records[lo:hi] if r.graph_id != 0]
+        ks = [r for r in records[lo:hi] if (r.graph_id != 0) == graph]
         if expected is not None and len(ks) != expected[w.path]:
             raise KernelCountError(
                 f"{w.path} replay {w.sample}: {len(ks)} kernel records in its window, expected {expected[w.path]} "

@@ -118,8 +118,46 @@ def _mlp_is_moe(tc: dict[str, Any], index: int, model: str) -> bool:
     return (index + 1) % step == 0
 
 
+@dataclass(frozen=True)
+class ForwardLinear:
+    """One linear instance of a forward, in execution order: decoder layer index (-1 for lm_head), name, weight."""
+    index: int
+    layer: str
+    n: int
+    k: int
+
+
 def derive_layers(cfg: dict[str, Any], model: str, tp: int = 1) -> list[LinearLayer]:
-    """Every unquantized BF16 linear of one forward pass (plus lm_head), with vLLM's fusions and TP splits."""
+    """Every unquantized BF16 linear of one forward pass (plus lm_head), with vLLM's fusions and TP splits; a row
+    per distinct layer name with its count per forward."""
+    steps, shapes, lm_head = _plan(cfg, model, tp)
+    counts: dict[str, int] = {}
+    for _, name in steps:
+        counts[name] = counts.get(name, 0) + 1
+    layers = []
+    for name, count in sorted(counts.items(), key=lambda item: LAYER_ORDER.index(item[0])):
+        n, k, style = shapes[name]
+        # H1: every decoder linear inside the graph; H2: dense projections + lm_head (no MoE router/gates).
+        tags = ("H1",) if name in ("mlp.gate", "mlp.shared_expert_gate") else ("H1", "H2")
+        layers.append(LinearLayer(model, name, n, k, tp, style, count, True, tags))
+    layers.append(LinearLayer(model, "lm_head", *lm_head, tp, "vocab", 1, False, ("H2",)))
+    return layers
+
+
+def forward_sequence(cfg: dict[str, Any], model: str, tp: int = 1, decoder_layers: int | None = None
+                     ) -> list[ForwardLinear]:
+    """Every BF16 linear of one forward in the order it runs: decoder layer by decoder layer (attention or
+    linear-attention projections, then the dense MLP or the MoE's dense parts), then lm_head. decoder_layers: only
+    the first N decoder layers (a GPU without memory for every distinct weight)."""
+    steps, shapes, lm_head = _plan(cfg, model, tp)
+    if decoder_layers is not None:
+        steps = [(i, name) for i, name in steps if i < decoder_layers]
+    return [ForwardLinear(i, name, *shapes[name][:2]) for i, name in steps] + [ForwardLinear(-1, "lm_head", *lm_head)]
+
+
+def _plan(cfg: dict[str, Any], model: str, tp: int
+          ) -> tuple[list[tuple[int, str]], dict[str, tuple[int, int, str]], tuple[int, int]]:
+    """(decoder layer index, linear name) in execution order, each name's (n, k, style), lm_head's (n, k)."""
     if tp < 1:
         raise HarnessError(f"TP degree must be >= 1, got {tp}")
     tc = text_config(cfg)
@@ -144,7 +182,7 @@ def derive_layers(cfg: dict[str, Any], model: str, tp: int = 1) -> list[LinearLa
     value_dim = lin_v_heads * size(tc, "linear_value_head_dim", model)
     vocab = size(tc, "vocab_size", model)
     types = layer_types(tc, model)
-    counts: dict[str, int] = {}
+    steps: list[tuple[int, str]] = []
     for index, kind in enumerate(types):
         names = (["linear_attn.in_proj_qkvz", "linear_attn.in_proj_ba", "linear_attn.out_proj"]
                  if kind == "linear_attention" else ["self_attn.qkv_proj", "self_attn.o_proj"])
@@ -154,8 +192,8 @@ def derive_layers(cfg: dict[str, Any], model: str, tp: int = 1) -> list[LinearLa
                 names += ["mlp.shared_expert.gate_up_proj", "mlp.shared_expert.down_proj"]
         else:
             names += ["mlp.gate_up_proj", "mlp.down_proj"]
-        for name in names:
-            counts[name] = counts.get(name, 0) + 1
+        steps += [(index, name) for name in sorted(names, key=LAYER_ORDER.index)]
+    present = {name for _, name in steps}
 
     # KV heads are replicated across ranks once TP exceeds them (QKVParallelLinear).
     if tp >= kv_heads:
@@ -180,23 +218,16 @@ def derive_layers(cfg: dict[str, Any], model: str, tp: int = 1) -> list[LinearLa
         "self_attn.qkv_proj": ((q_per_rank * gate + 2 * kv_per_rank) * head_dim, hidden, "column"),
         "self_attn.o_proj": (hidden, q_per_rank * head_dim, "row"),
     }
-    if "mlp.gate_up_proj" in counts:
+    if "mlp.gate_up_proj" in present:
         shapes["mlp.gate_up_proj"] = (_split(2 * inter("intermediate_size"), tp, "2 x intermediate_size"), hidden, "column")
         shapes["mlp.down_proj"] = (hidden, _split(inter("intermediate_size"), tp, "intermediate_size"), "row")
-    if "mlp.gate" in counts:
+    if "mlp.gate" in present:
         shapes["mlp.gate"] = (size(tc, "num_experts", model), hidden, "replicated")
         shapes["mlp.shared_expert_gate"] = (1, hidden, "replicated")
-    if "mlp.shared_expert.gate_up_proj" in counts:
+    if "mlp.shared_expert.gate_up_proj" in present:
         si = inter("shared_expert_intermediate_size")
         shapes["mlp.shared_expert.gate_up_proj"] = (_split(2 * si, tp, "2 x shared_expert_intermediate_size"), hidden, "column")
         shapes["mlp.shared_expert.down_proj"] = (hidden, _split(si, tp, "shared_expert_intermediate_size"), "row")
 
-    layers = []
-    for name, count in sorted(counts.items(), key=lambda item: LAYER_ORDER.index(item[0])):
-        n, k, style = shapes[name]
-        # H1: every decoder linear inside the graph; H2: dense projections + lm_head (no MoE router/gates).
-        tags = ("H1",) if name in ("mlp.gate", "mlp.shared_expert_gate") else ("H1", "H2")
-        layers.append(LinearLayer(model, name, n, k, tp, style, count, True, tags))
     padded_vocab = math.ceil(vocab / LM_HEAD_PAD) * LM_HEAD_PAD
-    layers.append(LinearLayer(model, "lm_head", math.ceil(padded_vocab / tp), hidden, tp, "vocab", 1, False, ("H2",)))
-    return layers
+    return steps, shapes, (math.ceil(padded_vocab / tp), hidden)

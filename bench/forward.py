@@ -1,0 +1,350 @@
+"""(GPU) Measured forwards: every BF16 linear of one model forward, in layer order with one weight per instance, timed
+as a whole, captured in one CUDA graph (CUPTI busy time and span, CUDA events beside them) and eagerly (wall time
+with real host/GPU overlap, host submission time, CUPTI busy time), paths interleaved.
+
+This is the ground truth for per-forward claims: a sum over isolated cells misses the inter-kernel gaps, the clocks
+and the L2 state of a real sequence, and in the eager regime the overlap of host and GPU across layers."""
+from __future__ import annotations
+
+import gc
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from bench.forward_paths import RULES, path_for
+from bench.paths import PATHS
+from bench.profiles import GpuProfile
+from bench.results import rows_to_csv, write_run_json
+from bench.stats import PhaseTimer, Window, attribute, summary
+from bench.sweep import _keep_tactics, _load_pinned_tactics, _progress, require_gpu, tune_shape
+from shapes.catalog import model_configs
+from shapes.console import divert_noise, terminal
+from shapes.derive import ForwardLinear, forward_sequence, load_config
+from shapes.errors import HarnessError, Interrupted, raise_on_sigterm, signal_of
+from shapes.io import atomic_write_text
+
+FORWARD_MS = (1, 8, 32, 128, 512, 1031, 4096, 16384)
+FORWARD_FILE = "forward.csv"
+FORWARD_COLUMNS = ("model", "tp", "m", "path", "regime", "status", "reason", "us", "us_p20", "us_p80", "submit_us",
+                   "gpu_busy_us", "span_us", "event_us", "linears", "kernels", "decoder_layers", "lm_head",
+                   "samples", "paths_used")
+REGIMES = ("graph", "eager")
+
+
+@dataclass
+class ForwardConfig:
+    profile: GpuProfile
+    models: dict[str, dict[str, Any]]  # name -> HF config
+    ms: list[int]
+    rules: list[str]
+    out: Path
+    tp: int = 1
+    samples: int = 10
+    warmup: int = 2
+    decoder_layers: int | None = None  # only the first N decoder layers (memory); said in every row
+    lm_head: bool = True
+    tune: bool = True
+    autotune_cache: Path | None = None
+    resume: bool = False
+    command: list[str] | None = None
+    quiet: bool = False
+    table: Any = None  # the dispatcher's threshold table (for the model of the dispatch path); loaded when None
+
+
+def models_for(names: list[str] | None, config_path: str | None) -> dict[str, dict[str, Any]]:
+    if config_path:
+        cfg = load_config(config_path)
+        return {str(cfg.get("_model") or Path(config_path).stem): cfg}
+    known = model_configs()
+    wanted = names or list(known)
+    unknown = [n for n in wanted if n not in known]
+    if unknown:
+        raise HarnessError(f"unknown model(s) {', '.join(unknown)}; known: {', '.join(known)} (or pass --config PATH)")
+    return {n: load_config(known[n]) for n in wanted}
+
+
+def sequences(cfg: ForwardConfig) -> dict[str, list[ForwardLinear]]:
+    out = {}
+    for name, hf in cfg.models.items():
+        seq = forward_sequence(hf, name, cfg.tp, cfg.decoder_layers)
+        out[name] = seq if cfg.lm_head else [lin for lin in seq if lin.layer != "lm_head"]
+    return out
+
+
+def done_rows(path: Path) -> list[dict[str, Any]]:
+    import csv
+    if not path.is_file():
+        return []
+    with path.open(newline="") as fh:
+        reader = csv.DictReader(fh)
+        if reader.fieldnames is None or any(c not in reader.fieldnames for c in ("model", "m", "path", "regime")):
+            raise HarnessError(f"{path} is not a forward table; remove it or choose another --out")
+        return list(reader)
+
+
+@dataclass
+class Bound:
+    """One forward under one rule: the callables in order, and which registry path each linear runs."""
+    calls: list[tuple[Callable, Any, Any]] = field(default_factory=list)  # (fn, x, w)
+    used: dict[str, int] = field(default_factory=dict)
+
+    def __call__(self) -> None:
+        for fn, x, w in self.calls:
+            fn(x, w)
+
+    def describe(self) -> str:
+        return ";".join(f"{p}:{c}" for p, c in sorted(self.used.items()))
+
+
+def _weights(seq: list[ForwardLinear], seed: int):
+    import torch
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    return [(torch.randn(lin.n, lin.k, device="cuda", generator=gen) * lin.k ** -0.5).to(torch.bfloat16) for lin in seq]
+
+
+def _bind(rule: str, seq, weights, xs, m, sm, cfg: ForwardConfig, fns: dict[str, Callable]) -> Bound:
+    bound = Bound()
+    for lin, w in zip(seq, weights):
+        path = path_for(rule, lin, m, sm, cfg.profile, cfg.table)
+        fn = fns[path]
+        if rule == "dispatch" and lin.layer != "lm_head":
+            fn = fns["dispatch"]  # the real dispatcher decides per call; `path` is what its table chooses
+        bound.calls.append((fn, xs[lin.k], w))
+        bound.used[path] = bound.used.get(path, 0) + 1
+    return bound
+
+
+def _check(bound: Bound, rule: str) -> None:
+    """Every distinct (callable, shape) of the forward against an fp32 reference, before any timing."""
+    from bench.gpu import REL_ERR_BOUND, check_output
+    seen = set()
+    for fn, x, w in bound.calls:
+        key = (id(fn), tuple(w.shape))
+        if key in seen:
+            continue
+        seen.add(key)
+        err = check_output(fn, x, w)
+        if not err <= REL_ERR_BOUND:
+            raise HarnessError(f"{rule}: output of a {tuple(w.shape)} linear differs from the fp32 reference "
+                               f"(rel_err {err:.3g})")
+
+
+def _capture(fwd: Bound):
+    import torch
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        fwd()
+    torch.cuda.current_stream().wait_stream(stream)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fwd()
+    return graph
+
+
+def eager_forwards(clock, forwards: dict[str, Bound], samples: int) -> dict[str, dict[str, list[float]]]:
+    """`samples` eager forwards per rule, interleaved (A B, B A, ...), gc off, each from an idle GPU to one
+    synchronize at its end: wall µs, host submission µs (until the last call returned), CUPTI busy µs."""
+    import torch
+    names = list(forwards)
+    out = {p: {"wall": [], "submit": [], "busy": [], "kernels": []} for p in names}
+    windows = []
+    clock.drain()
+    gc_on = gc.isenabled()
+    gc.disable()
+    try:
+        for s in range(samples):
+            for p in (names if s % 2 == 0 else names[::-1]):
+                torch.cuda.synchronize()
+                c0, t0 = clock.now(), time.perf_counter_ns()
+                forwards[p]()
+                t1 = time.perf_counter_ns()
+                torch.cuda.synchronize()
+                t2, c1 = time.perf_counter_ns(), clock.now()
+                out[p]["wall"].append((t2 - t0) / 1e3)
+                out[p]["submit"].append((t1 - t0) / 1e3)
+                windows.append(Window(p, s, c0, c1))
+    finally:
+        if gc_on:
+            gc.enable()
+    records = clock.drain()
+    if clock.name == "cupti":
+        for w, t in zip(windows, attribute(records, windows, graph=False)):
+            out[w.path]["busy"].append(t.busy_ns / 1e3)
+            out[w.path]["kernels"].append(t.count)
+    return out
+
+
+def _row(cfg: ForwardConfig, model: str, m: int, rule: str, regime: str, n_linears: int, **kw) -> dict[str, Any]:
+    return {"model": model, "tp": cfg.tp, "m": m, "path": rule, "regime": regime, "linears": n_linears,
+            "decoder_layers": cfg.decoder_layers if cfg.decoder_layers is not None else "all",
+            "lm_head": cfg.lm_head, **kw}
+
+
+def measure_m(cfg: ForwardConfig, clock, model: str, seq, weights, m: int, sm: int, fns, phase: PhaseTimer
+              ) -> list[dict[str, Any]]:
+    import torch
+    rows: list[dict[str, Any]] = []
+    xs = {k: torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for k in sorted({lin.k for lin in seq})}
+    bound: dict[str, Bound] = {}
+    for rule in cfg.rules:
+        b = _bind(rule, seq, weights, xs, m, sm, cfg, fns)
+        try:
+            with phase("check"):
+                _check(b, rule)
+                for _ in range(cfg.warmup):
+                    b()
+                torch.cuda.synchronize()
+            bound[rule] = b
+        except Exception as exc:  # a failing path is recorded, the others go on
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            rows += [_row(cfg, model, m, rule, r, len(seq), status="failed", reason=reason) for r in REGIMES]
+    graphs = {}
+    for rule, b in bound.items():
+        try:
+            with phase("capture"):
+                graphs[rule] = _capture(b)
+        except torch.OutOfMemoryError as exc:
+            torch.cuda.empty_cache()
+            rows.append(_row(cfg, model, m, rule, "graph", len(seq), status="skipped",
+                             reason=f"out of memory capturing the forward: {str(exc).splitlines()[0]}"))
+    if graphs:
+        from bench.gpu import replay_interleaved
+        with phase("graph replay"):
+            timings = replay_interleaved(clock, graphs, 1, cfg.samples)
+        for rule, t in timings.items():
+            if t.error:
+                rows.append(_row(cfg, model, m, rule, "graph", len(seq), status="failed", reason=t.error))
+                continue
+            us, p20, p80 = summary(t.span_us)
+            rows.append(_row(cfg, model, m, rule, "graph", len(seq), status="ok", reason="", us=us, us_p20=p20,
+                             us_p80=p80, gpu_busy_us=summary(t.gpu_us)[0], span_us=us,
+                             event_us=summary(t.event_us)[0], kernels=t.kernels_per_call, samples=len(t.span_us),
+                             paths_used=bound[rule].describe()))
+    del graphs
+    torch.cuda.empty_cache()
+    if bound:
+        with phase("eager"):
+            eager = eager_forwards(clock, bound, cfg.samples)
+        for rule, e in eager.items():
+            us, p20, p80 = summary(e["wall"])
+            rows.append(_row(cfg, model, m, rule, "eager", len(seq), status="ok", reason="", us=us, us_p20=p20,
+                             us_p80=p80, submit_us=summary(e["submit"])[0],
+                             gpu_busy_us=summary(e["busy"])[0] if e["busy"] else None,
+                             kernels=int(summary(e["kernels"])[0]) if e["kernels"] else None,
+                             samples=len(e["wall"]), paths_used=bound[rule].describe()))
+    return rows
+
+
+def _tune(cfg: ForwardConfig, seqs, sm: int, fns, bar, phase: PhaseTimer) -> dict[str, Any]:
+    """FlashInfer's autotuner for every (FlashInfer path, shape) some rule runs, over the M it runs it at."""
+    wanted: dict[tuple[str, int, int], set[int]] = {}
+    for model, seq in seqs.items():
+        for lin in seq:
+            for m in cfg.ms:
+                for rule in cfg.rules:
+                    path = path_for(rule, lin, m, sm, cfg.profile, cfg.table)
+                    if PATHS[path].flashinfer_backend and PATHS[path].tune_by_default:
+                        wanted.setdefault((path, lin.n, lin.k), set()).add(m)
+    tuned = {}
+    for (path, n, k), ms in sorted(wanted.items()):
+        bar.set_postfix_str(f"autotune {path} {n}x{k}")
+        with phase("tune"):
+            tuned[f"{path} {n}x{k}"] = tune_shape(PATHS[path], fns[path], ForwardLinear(0, "", n, k), sorted(ms))
+    failed = {key: err for key, (_, err) in tuned.items() if err}
+    if failed:
+        raise HarnessError(f"FlashInfer's autotuner failed for {', '.join(failed)}: {next(iter(failed.values()))}")
+    return {key: round(s or 0.0, 2) for key, (s, _) in tuned.items()}
+
+
+def run_forward(cfg: ForwardConfig) -> Path:
+    sm = require_gpu(cfg.profile)  # before any file system change
+    out_csv = cfg.out / FORWARD_FILE
+    if out_csv.exists() and not cfg.resume:
+        raise HarnessError(f"{out_csv} exists; pass --resume to continue it or choose another --out")
+    if cfg.table is None and "dispatch" in cfg.rules:
+        from dispatch.table import load_table
+        cfg.table = load_table(cfg.profile.name)
+    seqs = sequences(cfg)
+    if cfg.quiet:
+        divert_noise(cfg.out / "log.txt")
+    import torch
+    from bench.clocks import make_clock
+    from bench.envinfo import nvml_clocks, run_info
+    clock = make_clock("cupti")
+    pinned = _load_pinned_tactics(cfg)
+    info = run_info(cfg.command, kind="forward", profile=cfg.profile.name, models=list(cfg.models), tp=cfg.tp,
+                    ms=cfg.ms, paths=cfg.rules, regimes=list(REGIMES), samples=cfg.samples,
+                    decoder_layers=cfg.decoder_layers, lm_head=cfg.lm_head,
+                    linears={m: len(s) for m, s in seqs.items()}, rules={r: RULES.get(r, "registry path") for r in cfg.rules},
+                    table=getattr(cfg.table, "source", {}).get("fitted_from") if cfg.table else None,
+                    clocks_start=nvml_clocks())
+    cfg.out.mkdir(parents=True, exist_ok=True)
+    rows = done_rows(out_csv) if cfg.resume else []
+    done = {(r["model"], int(r["m"]), r["path"]) for r in rows}
+    write_run_json(cfg.out, {**info, "status": "running"})
+    used = {path_for(r, lin, m, sm, cfg.profile, cfg.table) for r in cfg.rules for s in seqs.values() for lin in s
+            for m in cfg.ms}
+    fns: dict[str, Callable] = {}
+    for name in used | {"aten"}:
+        try:
+            fns[name] = PATHS[name].build()
+        except ImportError as exc:
+            raise HarnessError(f"path {name} needs a package that is missing ({exc}); pip install -e '.[gpu]'") from None
+    if "dispatch" in cfg.rules:
+        import dispatch
+        dispatch.configure(cfg.table)
+        fns["dispatch"] = dispatch.linear
+    phase = PhaseTimer()
+    bar = _progress(sum(len(cfg.ms) for _ in seqs), "forward")
+    raise_on_sigterm()
+    t0 = time.perf_counter()
+    interrupted: KeyboardInterrupt | None = None
+    try:
+        if cfg.tune and not pinned:
+            info["tune_s"] = _tune(cfg, seqs, sm, fns, bar, phase)
+        for model, seq in seqs.items():
+            todo = [m for m in cfg.ms if any((model, m, r) not in done for r in cfg.rules)]
+            if not todo:
+                bar.update(len(cfg.ms))
+                continue
+            bar.set_postfix_str(f"{model}: {len(seq)} weights")
+            try:
+                with phase("weights"):
+                    weights = _weights(seq, seed=len(seq))
+            except torch.OutOfMemoryError:
+                raise HarnessError(f"{model}: its {len(seq)} distinct weights do not fit in GPU memory; measure the "
+                                   f"first N decoder layers with --layers N") from None
+            bar.update(len(cfg.ms) - len(todo))
+            for m in todo:
+                bar.set_postfix_str(f"{model} M={m}")
+                fresh = measure_m(cfg, clock, model, seq, weights, m, sm, fns, phase)
+                rows = [r for r in rows if (r["model"], int(r["m"])) != (model, m)] + fresh
+                atomic_write_text(out_csv, rows_to_csv(rows, FORWARD_COLUMNS))
+                bar.update(1)
+            del weights
+            torch.cuda.empty_cache()
+    except KeyboardInterrupt as exc:
+        interrupted = exc
+    finally:
+        bar.close()
+        atomic_write_text(out_csv, rows_to_csv(rows, FORWARD_COLUMNS))
+        info.update(status="interrupted" if interrupted else "complete", wall_s=round(time.perf_counter() - t0, 1),
+                    phase_s=phase.rounded(), clocks_end=nvml_clocks(), kernel_records=clock.records_seen)
+        if any(PATHS[p].flashinfer_backend for p in used):
+            info["autotune_cache"] = _keep_tactics(cfg, pinned)
+        write_run_json(cfg.out, info)
+        if "dispatch" in cfg.rules:
+            import dispatch
+            dispatch.reset()
+    if interrupted is not None:
+        raise Interrupted(f"interrupted; finished rows are in {out_csv}, continue with the same command and --resume",
+                          signal_of(interrupted))
+    clock.close()
+    ok = sum(1 for r in rows if r.get("status") == "ok")
+    print(f"forward: {ok} of {len(rows)} rows ok in {info['wall_s']:.0f} s; results: {out_csv} and run.json\n"
+          f"  next: python -m dispatch validate RESULTS --forward {cfg.out}   |   "
+          f"python -m reports build RESULTS --forward {cfg.out} -o report.html", file=terminal(), flush=True)
+    return cfg.out

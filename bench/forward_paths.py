@@ -1,0 +1,65 @@
+"""Which registry path each linear of a forward runs under a forward-wide rule (CPU only, shared by the measured
+forward in bench/forward.py and the cell-sum model of it in dispatch/forward_model.py)."""
+from __future__ import annotations
+
+from typing import Protocol
+
+from bench.paths import PATHS
+from bench.profiles import GpuProfile
+from shapes.derive import ForwardLinear
+from shapes.errors import HarnessError
+
+SEED_FIX_M = 32  # the seed PR's dispatcher: FlashInfer's low-M backend at M <= 32, F.linear above
+RULES = {
+    "aten": "F.linear for every linear",
+    "vllm-flashinfer": "FlashInfer as vLLM's FlashInfer-BF16 flag runs it: the low-M backend at M <= 32 where "
+                       "eligible, FlashInfer's cuBLASLt above (SM100: cute-dsl with its own fallback); lm_head F.linear",
+    "seed-fix": f"the seed PR's fix: the low-M backend at M <= {SEED_FIX_M} where eligible, F.linear above; "
+                "lm_head F.linear",
+    "dispatch": "dispatch.linear with the committed threshold table; lm_head F.linear",
+}
+DEFAULT_RULES = ("aten", "vllm-flashinfer", "seed-fix", "dispatch")
+
+
+class Table(Protocol):
+    def choose(self, n: int, k: int, m: int) -> str: ...
+
+
+def known_rules() -> list[str]:
+    return list(dict.fromkeys([*RULES, *PATHS]))
+
+
+def check_rules(names: list[str]) -> list[str]:
+    if not names:
+        raise HarnessError(f"--paths names no path; known: {', '.join(known_rules())}")
+    unknown = [n for n in names if n not in RULES and n not in PATHS]
+    if unknown:
+        raise HarnessError(f"unknown forward path(s) {', '.join(unknown)}; known: {', '.join(known_rules())}")
+    return names
+
+
+def runnable(path: str, sm: int, linear: ForwardLinear, m: int) -> bool:
+    return PATHS[path].skip_reason(sm, linear.n, linear.k, m) is None
+
+
+def path_for(rule: str, linear: ForwardLinear, m: int, sm: int, profile: GpuProfile, table: Table | None) -> str:
+    """The registry path name one linear runs; 'aten' wherever the rule's kernel cannot take the linear."""
+    low = f"flashinfer:{profile.low_m_backend}"
+    if rule in PATHS:  # a registry path everywhere it can run
+        return rule if runnable(rule, sm, linear, m) else "aten"
+    if rule == "aten" or linear.layer == "lm_head":  # vLLM's LM head always dispatches F.linear
+        return "aten"
+    if rule == "vllm-flashinfer":
+        if profile.low_m_backend == "cute-dsl":  # one runner set: CuTe DSL at M <= 32, its cuBLASLt above
+            return low if runnable(low, sm, linear, m) else "aten"
+        if m <= SEED_FIX_M and runnable(low, sm, linear, m):
+            return low
+        return "flashinfer:cublaslt" if runnable("flashinfer:cublaslt", sm, linear, m) else "aten"
+    if rule == "seed-fix":
+        return low if m <= SEED_FIX_M and runnable(low, sm, linear, m) else "aten"
+    if rule == "dispatch":
+        if table is None:
+            raise HarnessError("the dispatch path needs a threshold table for this GPU; fit one with python -m dispatch fit")
+        chosen = table.choose(linear.n, linear.k, m)
+        return chosen if chosen == "aten" or runnable(chosen, sm, linear, m) else "aten"
+    raise HarnessError(f"unknown forward path {rule!r}; known: {', '.join(known_rules())}")
