@@ -21,14 +21,14 @@ from bench.sweep import _keep_tactics, _load_pinned_tactics, _progress, require_
 from shapes.catalog import model_configs
 from shapes.console import divert_noise, terminal
 from shapes.derive import ForwardLinear, forward_sequence, load_config
-from shapes.errors import HarnessError, Interrupted, raise_on_sigterm, signal_of
+from shapes.errors import HarnessError, Interrupted, raise_on_sigterm, signal_of, signals_deferred
 from shapes.io import atomic_write_text
 
 FORWARD_MS = (1, 8, 32, 128, 512, 1031, 4096, 16384)
 FORWARD_FILE = "forward.csv"
 FORWARD_COLUMNS = ("model", "tp", "m", "path", "regime", "status", "reason", "us", "us_p20", "us_p80", "submit_us",
                    "gpu_busy_us", "span_us", "event_us", "linears", "kernels", "decoder_layers", "lm_head",
-                   "samples", "paths_used")
+                   "samples", "paths_used", "samples_us")
 REGIMES = ("graph", "eager")
 
 
@@ -222,7 +222,7 @@ def measure_m(cfg: ForwardConfig, clock, model: str, seq, weights, m: int, sm: i
             rows.append(_row(cfg, model, m, rule, "graph", len(seq), status="ok", reason="", us=us, us_p20=p20,
                              us_p80=p80, gpu_busy_us=summary(t.gpu_us)[0], span_us=us,
                              event_us=summary(t.event_us)[0], kernels=t.kernels_per_call, samples=len(t.span_us),
-                             paths_used=bound[rule].describe()))
+                             paths_used=bound[rule].describe(), samples_us=[round(v, 2) for v in t.span_us]))
     del graphs
     torch.cuda.empty_cache()
     if bound:
@@ -234,7 +234,8 @@ def measure_m(cfg: ForwardConfig, clock, model: str, seq, weights, m: int, sm: i
                              us_p80=p80, submit_us=summary(e["submit"])[0],
                              gpu_busy_us=summary(e["busy"])[0] if e["busy"] else None,
                              kernels=int(summary(e["kernels"])[0]) if e["kernels"] else None,
-                             samples=len(e["wall"]), paths_used=bound[rule].describe()))
+                             samples=len(e["wall"]), paths_used=bound[rule].describe(),
+                             samples_us=[round(v, 1) for v in e["wall"]]))
     return rows
 
 
@@ -330,12 +331,14 @@ def run_forward(cfg: ForwardConfig) -> Path:
         interrupted = exc
     finally:
         bar.close()
-        atomic_write_text(out_csv, rows_to_csv(rows, FORWARD_COLUMNS))
-        info.update(status="interrupted" if interrupted else "complete", wall_s=round(time.perf_counter() - t0, 1),
-                    phase_s=phase.rounded(), clocks_end=nvml_clocks(), kernel_records=clock.records_seen)
-        if any(PATHS[p].flashinfer_backend for p in used):
-            info["autotune_cache"] = _keep_tactics(cfg, pinned)
-        write_run_json(cfg.out, info)
+        with signals_deferred():
+            atomic_write_text(out_csv, rows_to_csv(rows, FORWARD_COLUMNS))
+            info.update(status="interrupted" if interrupted else "complete",
+                        wall_s=round(time.perf_counter() - t0, 1), phase_s=phase.rounded(), clocks_end=nvml_clocks(),
+                        kernel_records=clock.records_seen)
+            if any(PATHS[p].flashinfer_backend for p in used):
+                info["autotune_cache"] = _keep_tactics(cfg, pinned)
+            write_run_json(cfg.out, info)
         if "dispatch" in cfg.rules:
             import dispatch
             dispatch.reset()

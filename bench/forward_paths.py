@@ -45,8 +45,10 @@ def runnable(path: str, sm: int, linear: ForwardLinear, m: int) -> bool:
 def path_for(rule: str, linear: ForwardLinear, m: int, sm: int, profile: GpuProfile, table: Table | None) -> str:
     """The registry path name one linear runs; 'aten' wherever the rule's kernel cannot take the linear."""
     low = f"flashinfer:{profile.low_m_backend}"
-    if rule in PATHS:  # a registry path everywhere it can run
-        return rule if runnable(rule, sm, linear, m) else "aten"
+    if rule not in RULES:
+        if rule not in PATHS:
+            raise HarnessError(f"unknown forward path {rule!r}; known: {', '.join(known_rules())}")
+        return rule if runnable(rule, sm, linear, m) else "aten"  # a registry path everywhere it can run
     if rule == "aten" or linear.layer == "lm_head":  # vLLM's LM head always dispatches F.linear
         return "aten"
     if rule == "vllm-flashinfer":
@@ -62,4 +64,4 @@ def path_for(rule: str, linear: ForwardLinear, m: int, sm: int, profile: GpuProf
             raise HarnessError("the dispatch path needs a threshold table for this GPU; fit one with python -m dispatch fit")
         chosen = table.choose(linear.n, linear.k, m)
         return chosen if chosen == "aten" or runnable(chosen, sm, linear, m) else "aten"
-    raise HarnessError(f"unknown forward path {rule!r}; known: {', '.join(known_rules())}")
+    raise AssertionError(rule)

@@ -13,7 +13,7 @@ from bench.results import done_keys, write_parquet, write_results, write_run_jso
 from bench.stats import PhaseTimer, calls_per_graph, estimate_call_us, rotation_count, summary
 from shapes.catalog import Shape
 from shapes.console import divert_noise, log_path, terminal
-from shapes.errors import HarnessError, Interrupted, raise_on_sigterm, signal_of
+from shapes.errors import HarnessError, Interrupted, raise_on_sigterm, signal_of, signals_deferred
 from shapes.grid import hybrid_buckets
 
 MAX_ROTATION_BYTES = 8 << 30
@@ -323,23 +323,31 @@ def run_sweep(cfg: SweepConfig) -> Path:
     finally:
         bar.close()
         wall = time.perf_counter() - t_start
-        write_results(cfg.out, rows)
-        phases = phase.rounded()
-        phases["cupti_drain (inside replay)"] = round(clock.drain_s, 2)
-        info.update(status="interrupted" if interrupted else "complete", wall_s=round(wall, 1), phase_s=phases,
-                    kernel_records=clock.records_seen, clocks_end=nvml_clocks(), cupti_invalid_records=clock.invalid)
-        if any(p.flashinfer_backend and p.name in fns for p in cfg.paths):
-            info["autotune_cache"] = _keep_tactics(cfg, pinned)
-        parquet_note = write_parquet(cfg.out)
-        if parquet_note:
-            info["parquet"] = parquet_note
-        write_run_json(cfg.out, info)
+        with signals_deferred():
+            _finish(cfg, rows, info, phase, clock, fns, pinned, wall, interrupted)
     if interrupted is not None:
         raise Interrupted(f"interrupted; {len(rows)} finished rows are in {cfg.out}/results.csv, continue with "
                           f"the same command and --resume", signal_of(interrupted))
     clock.close()
     print_summary(cfg, rows, wall)
     return cfg.out
+
+
+def _finish(cfg: SweepConfig, rows, info, phase: PhaseTimer, clock, fns, pinned, wall: float,
+            interrupted: BaseException | None) -> None:
+    """The last writes of a sweep (results, parquet, tactics, run.json), also after an interrupt."""
+    from bench.envinfo import nvml_clocks
+    write_results(cfg.out, rows)
+    phases = phase.rounded()
+    phases["cupti_drain (inside replay)"] = round(clock.drain_s, 2)
+    info.update(status="interrupted" if interrupted else "complete", wall_s=round(wall, 1), phase_s=phases,
+                kernel_records=clock.records_seen, clocks_end=nvml_clocks(), cupti_invalid_records=clock.invalid)
+    if any(p.flashinfer_backend and p.name in fns for p in cfg.paths):
+        info["autotune_cache"] = _keep_tactics(cfg, pinned)
+    parquet_note = write_parquet(cfg.out)
+    if parquet_note:
+        info["parquet"] = parquet_note
+    write_run_json(cfg.out, info)
 
 
 def print_summary(cfg: SweepConfig, rows: list[dict[str, Any]], wall_s: float) -> None:

@@ -66,6 +66,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                        help="best achievable over the dispatcher's own choices (default) or every measured path")
     p_val.add_argument("--csv", help="write the per-cell verdicts here")
     p_val.add_argument("--partial", **partial)
+    p_val.add_argument("--forward", help="a measured-forward folder (python -m bench forward): per-forward verdicts "
+                                         "use it where it has the (model, M), and the cell-sum model is set beside it")
     p_val.add_argument("--allow-mismatch", action="store_true", help="judge a run from another GPU than the profile's")
     p_fit = sub.add_parser("fit", help="fit thresholds that minimise the count-weighted per-forward time")
     p_fit.add_argument("results")
@@ -154,17 +156,45 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(show.to_string(float_format=lambda v: f"{v:.4f}"))
     slower = verdicts[verdicts["verdict"] == "SLOWER"]
     over = totals[totals["actual"] & (totals["dispatch_over_best"] > 1.01)]
+    measured_over = pd.DataFrame()
+    if args.forward:
+        measured_over, measured = _forward_report(args, cells, table, profile)
+        over = over[[(m, mm) not in measured for m, mm in zip(over["model"], over["m"])]]
     if not slower.empty:
         print(f"\nFAIL: the dispatcher is SLOWER than the best path beyond {args.margin:.0%} on {len(slower)} cell(s):")
         print(slower[["n", "k", "m", "chosen", "oracle", "chosen_us", "oracle_us", "regret", "ratio_lo", "ratio_hi"]]
               .to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     if not over.empty:
-        print("\nFAIL: per-forward total more than 1% above the best achievable:")
+        print("\nFAIL: per-forward total (cell-sum model) more than 1% above the best achievable:")
         print(over.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
-    if slower.empty and over.empty:
+    if not measured_over.empty:
+        print("\nFAIL: measured forward of the dispatcher more than 1% above the best measured path:")
+        print(measured_over.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    if slower.empty and over.empty and measured_over.empty:
         print("PASS")
         return 0
     return 1
+
+
+def _forward_report(args, cells, table, profile) -> tuple[pd.DataFrame, set[tuple[str, int]]]:
+    """Prints measured per-forward ratios and the cell-sum model against them; returns the failing measured
+    verdicts and the (model, M) that the measurement covers."""
+    from dispatch.forward_model import MODEL_MISS, forward_ratios, forward_verdicts, load_forward, model_vs_measured
+    fdf, finfo = load_forward(args.forward, args.partial)
+    _check_gpu(finfo, profile.name, args.forward, args.allow_mismatch)
+    ratios = forward_ratios(fdf)
+    print(f"\nmeasured forwards ({args.forward}): per-forward µs over aten's")
+    print(ratios.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    mv = model_vs_measured(cells, fdf, finfo, profile, table)
+    if not mv.empty:
+        show = mv.pivot_table(index=["model", "m"], columns=["regime", "path"], values="measured_over_model")
+        print(f"\nmeasured / cell-sum model (the model misses by more than {MODEL_MISS:.0%} in "
+              f"{int(mv['miss'].sum())} of {len(mv)} rows; largest miss {(mv['measured_over_model'] - 1).abs().max():.1%}):")
+        print(show.to_string(float_format=lambda v: f"{v:.3f}"))
+    fv = forward_verdicts(fdf, profile.capture_size)
+    if fv.empty:
+        return fv, set()
+    return fv[~fv["ok"]], set(zip(fv["model"], fv["m"]))
 
 
 def _baseline_cmd(args, argv) -> int:

@@ -17,13 +17,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("results", nargs="+", help="results folder(s); the first is reported, the others compared with it")
     p.add_argument("--baseline", help="a stored baseline (tests/baselines/<profile>.json) to compare the first run with")
     p.add_argument("--anatomy", help="a host-anatomy results folder (python -m bench host-anatomy)")
+    p.add_argument("--forward", help="a measured-forward folder (python -m bench forward)")
     p.add_argument("--thresholds", help="threshold table (default: dispatch/thresholds/<profile>.json)")
     p.add_argument("-o", "--out", default="report.html", help="output file (default report.html)")
     p.add_argument("--partial", action="store_true",
                    help="report runs with missing cells or that did not finish (the verdict says so)")
     args = parser.parse_args(argv)
     from reports.build import build
-    out = build(args.results, output_file(args.out, "-o"), args.baseline, args.anatomy, args.thresholds, args.partial)
+    out = build(args.results, output_file(args.out, "-o"), args.baseline, args.anatomy, args.thresholds, args.partial, args.forward)
     print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB)")
     return 0
 

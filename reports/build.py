@@ -66,9 +66,11 @@ def totals_section(head) -> str:
             ("best_us", "best ms"), ("dispatch_over_best", "dispatcher / best")]
     fmt = {c: "{:.4g}" for c, _ in cols}
     return (f"<img alt='per-forward totals' src='{figures.totals_figure(t)}'>"
-            "<p class='muted'>Count-weighted sum over a model's in-graph linear layers (lm_head excluded) of GPU time "
-            "per call in the CUDA-graph regime and of max(host, GPU) per call in the eager regime. 'FlashInfer' is "
-            "the low-M backend at M <= 32 and FlashInfer's cuBLASLt above, as vLLM's flag runs it.</p>"
+            "<p class='muted'><b>A model, not a measurement:</b> the count-weighted sum over a model's in-graph linear "
+            "layers (lm_head excluded) of GPU time per call in the CUDA-graph regime and of max(host, GPU) per call in "
+            "the eager regime. It leaves out the gaps, clocks and L2 state of a real sequence and the overlap of host "
+            "and GPU across layers; the Measured forward section (bench forward, where given) is the ground truth. "
+            "'FlashInfer' is the low-M backend at M <= 32 and FlashInfer's cuBLASLt above, as vLLM's flag runs it.</p>"
             f"<details><summary>Table ({len(show)} rows)</summary>"
             f"{table(show.sort_values(['model', 'regime', 'm']), cols, fmt=fmt, left=('model', 'regime'))}</details>")
 
@@ -198,8 +200,53 @@ def anatomy_section(path: str) -> str:
             + table(first, cols, fmt=fmt, left=("path", "layer")) + "</details>")
 
 
+def forward_section(run: Run, path: str, partial: bool) -> str:
+    from dispatch.forward_model import MODEL_MISS, forward_ratios, forward_verdicts, load_forward, model_vs_measured
+    fdf, info = load_forward(path, partial)
+    ratios = forward_ratios(fdf)
+    paths = [c for c in ("vllm-flashinfer", "seed-fix", "dispatch") if c in ratios.columns]
+    parts = [f"<p class='muted'>{esc(info.get('command', ''))} · {esc(info.get('started', ''))} · "
+             f"{esc((info.get('fingerprint') or {}).get('gpu_name', ''))} · decoder layers: "
+             f"{esc(info.get('decoder_layers') or 'all')} · lm_head: {esc(info.get('lm_head'))}</p>",
+             "<p>Every BF16 linear of one forward, in layer order with one weight per instance, timed as a whole: "
+             "<b>graph</b> = the forward captured as one CUDA graph, CUPTI first-kernel-start to last-kernel-end; "
+             "<b>eager</b> = the forward launched op by op from an idle GPU to one synchronize (host and GPU overlap "
+             "as in a real eager step). 'vllm-flashinfer' is FlashInfer as vLLM's flag runs it (low-M backend at "
+             "M <= 32, FlashInfer cuBLASLt above), 'seed-fix' the seed PR's rule (low-M backend at M <= 32, F.linear "
+             "above); lm_head is F.linear in both, as in vLLM.</p>",
+             f"<img alt='measured forwards' src='{figures.forward_figure(fdf)}'>"]
+    cols = [("model", "model"), ("m", "M"), ("regime", "regime")] + [(p, f"{p} / aten") for p in paths]
+    parts.append("<h3>Per-forward time over aten's (measured)</h3>"
+                 + table(ratios.sort_values(["model", "regime", "m"]), cols, fmt={p: "{:.3f}" for p in paths},
+                         left=("model", "regime")))
+    if run.profile is not None:
+        fv = forward_verdicts(fdf, run.profile.capture_size)
+        if not fv.empty:
+            bad = fv[~fv["ok"]]
+            parts.append(f"<p><b>Measured verdict:</b> in the regime vLLM runs each M in, the dispatcher's forward is "
+                         f"within 1% of the best measured path at {int(fv['ok'].sum())} of {len(fv)} (model, M) points"
+                         + (": over it at " + ", ".join(f"{r.model} M={r.m} ({r.dispatch_over_best:.3f}x {r.best})"
+                                                        for r in bad.itertuples()) if len(bad) else "") + ".</p>")
+        mv = model_vs_measured(run.cells, fdf, info, run.profile, run.table)
+        if not mv.empty:
+            miss = mv[mv["miss"]]
+            worst = mv.iloc[(mv["measured_over_model"] - 1).abs().argsort()[::-1]]
+            parts.append(f"<h3>Model against measurement</h3><p>The cell-sum model (GPU time per call summed in the "
+                         f"graph regime, max(host, GPU) per call summed in the eager regime, from {esc(run.path)}) "
+                         f"misses the measured forward by more than {MODEL_MISS:.0%} in <b>{len(miss)} of {len(mv)}</b> "
+                         f"rows; the largest miss is {(mv['measured_over_model'] - 1).abs().max():.1%}. Per-forward "
+                         f"verdicts use the measured forwards wherever they exist.</p>"
+                         "<details><summary>Every row, largest miss first</summary>"
+                         + table(worst, [("model", "model"), ("m", "M"), ("path", "path"), ("regime", "regime"),
+                                         ("measured_us", "measured µs"), ("modelled_us", "model µs"),
+                                         ("measured_over_model", "measured / model"), ("miss", "miss > 5%")],
+                                 fmt={"measured_us": "{:.0f}", "modelled_us": "{:.0f}", "measured_over_model": "{:.3f}"},
+                                 left=("model", "path", "regime")) + "</details>")
+    return "".join(parts)
+
+
 def build(results: list[str], out: Path, baseline: str | None = None, anatomy: str | None = None,
-          thresholds: str | None = None, partial: bool = False) -> Path:
+          thresholds: str | None = None, partial: bool = False, forward: str | None = None) -> Path:
     with progress(len(results) + 1, "report: loading") as bar:
         runs = []
         for r in results:
@@ -212,11 +259,13 @@ def build(results: list[str], out: Path, baseline: str | None = None, anatomy: s
     gpus = " vs ".join(dict.fromkeys(r.gpu for r in runs))
     todo = [("summary", "Verdict", lambda: summary_section(primary, head)),
             ("shapes", "Per shape", lambda: shapes_section(primary, rows)),
-            ("totals", "Per-forward totals", lambda: totals_section(head)),
+            ("totals", "Per-forward totals (cell-sum model)", lambda: totals_section(head)),
             ("cells", "Every cell", lambda: cells_section(rows)),
             ("problems", "Failed and skipped cells", lambda: problems_section(rows))]
     if len(runs) > 1 or baseline:
         todo.append(("comparison", "Comparison", lambda: comparison_section(primary, rows, runs[1:], baseline)))
+    if forward:
+        todo.insert(3, ("forward", "Measured forward", lambda: forward_section(primary, forward, partial)))
     if anatomy:
         todo.append(("anatomy", "Host-time anatomy", lambda: anatomy_section(anatomy)))
     sections = []

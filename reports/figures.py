@@ -135,3 +135,34 @@ def compare_figure(comp: pd.DataFrame, label_a: str, label_b: str) -> str:
     ax.grid(True, which="both", alpha=0.25)
     ax.legend(fontsize=7)
     return to_uri(fig)
+
+
+FORWARD_COLORS = {"aten": "#333333", "vllm-flashinfer": "#1b9e77", "seed-fix": "#d95f02", "dispatch": "#66a61e"}
+
+
+def forward_figure(forward: pd.DataFrame) -> str:
+    """Per model (rows) and regime (columns): measured per-forward µs against M, one line per path, p20-p80 band."""
+    ok = forward[forward["status"] == "ok"]
+    models = sorted(ok["model"].unique())
+    fig, axes = plt.subplots(len(models), 2, figsize=(13, 3.6 * len(models)), squeeze=False)
+    for row, model in zip(axes, models):
+        for ax, regime in zip(row, ("graph", "eager")):
+            g = ok[(ok["model"] == model) & (ok["regime"] == regime)]
+            for path, p in g.groupby("path"):
+                p = p.sort_values("m")
+                color = FORWARD_COLORS.get(path, _color(path))
+                ax.plot(p["m"], p["us"], marker="o", ms=3, color=color, label=path)
+                if "us_p20" in p:
+                    ax.fill_between(p["m"], p["us_p20"], p["us_p80"], color=color, alpha=0.15)
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.xaxis.set_major_formatter(PLAIN)
+            ax.yaxis.set_major_formatter(PLAIN)
+            ax.set_title(f"{model}, {regime}: " + ("GPU span per captured forward" if regime == "graph"
+                                                    else "wall time per eager forward"), fontsize=10)
+            ax.set_xlabel("M (tokens)")
+            ax.set_ylabel("µs per forward")
+            ax.grid(alpha=0.3, which="both")
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    return to_uri(fig)

@@ -5,6 +5,7 @@ import os
 import signal
 import sys
 import threading
+from contextlib import contextmanager
 from typing import Callable, Sequence
 
 from shapes.console import terminal
@@ -40,6 +41,20 @@ def raise_on_sigterm() -> None:
     """SIGTERM raises Terminated (a KeyboardInterrupt) in the main thread, so the cleanup of Ctrl-C runs for it too."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+@contextmanager
+def signals_deferred():
+    """Ctrl-C and SIGTERM wait until the block is done (the final writes of a run), then act as usual."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = {signal.SIGINT, signal.SIGTERM}
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def run_cli(main: Callable[[Sequence[str] | None], int], prog: str, argv: Sequence[str] | None = None) -> int:

@@ -57,8 +57,9 @@ def test_a_shape_that_does_not_fit_is_skipped_with_the_reason(tmp_path):
 
 def test_an_interrupted_sweep_keeps_its_rows_and_resumes(tmp_path):
     out = tmp_path / "sweep"
-    cmd = [sys.executable, "-m", "bench", "run", "--gpu", _profile().name, "--shapes", "n2048_k4096,n1024_k2048",
-           "--m", "1,8,64,256,1024,4096", "--paths", "aten,flashinfer:cublaslt", "--out", str(out)]
+    shapes, ms = "n2048_k4096,n1024_k2048,n12288_k2048,n2048_k512", "1,8,16,32,64,128,256,512,1024,4096"
+    cmd = [sys.executable, "-m", "bench", "run", "--gpu", _profile().name, "--shapes", shapes, "--m", ms,
+           "--paths", "aten,flashinfer:cublaslt", "--out", str(out)]
     env = {**os.environ, "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"}
     p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 240
@@ -78,7 +79,7 @@ def test_an_interrupted_sweep_keeps_its_rows_and_resumes(tmp_path):
     assert r.returncode == 0, r.stderr
     from bench.results import load_results
     df = load_results(out)  # the whole grid: no --partial needed after the resume
-    assert len(df) == 2 * 6 * 2 and json.loads((out / "run.json").read_text())["status"] == "complete"
+    assert len(df) == 4 * 10 * 2 and json.loads((out / "run.json").read_text())["status"] == "complete"
     assert len(json.loads((out / "run.json").read_text())["previous_legs"]) == 1
     assert "cells ok" in r.stderr  # the summary, on the terminal
     # nothing else there: FlashInfer's logs, autotuner warnings and the cuDNN leak report went to log.txt

@@ -1,0 +1,123 @@
+"""Measured forwards against the model of them that sums isolated cells (CPU only).
+
+The model is what `dispatch validate` used to state as per-forward totals: per linear of the forward, the cell's GPU
+time in the CUDA-graph regime and max(host, GPU) per call in the eager regime, summed. A measured forward
+(bench/forward.py) is the ground truth; this module reads it, validates it, and sets the two side by side."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from bench.forward_paths import path_for
+from bench.profiles import GpuProfile
+from bench.results import load_run_info
+from dispatch.analysis import Cells
+from dispatch.table import ThresholdTable
+from shapes.catalog import model_configs
+from shapes.derive import forward_sequence, load_config
+from shapes.errors import HarnessError
+
+KEY = ("model", "tp", "m", "path", "regime")
+MODEL_MISS = 0.05  # a model that misses the measurement by more than this is flagged
+FORWARD_MARGIN = 0.01  # the dispatcher's measured forward may exceed the best measured path by at most this
+
+
+def load_forward(path: str | Path, partial: bool = False) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """forward.csv and its run.json, validated: columns, finite positive times on ok rows, no duplicate row, and
+    every (model, M, path, regime) of the run present unless `partial`."""
+    p = Path(path)
+    csv = p / "forward.csv" if p.is_dir() else p
+    if not csv.is_file():
+        raise HarnessError(f"forward results {csv} not found; run `python -m bench forward` first or pass its folder")
+    info = load_run_info(csv)
+    if info.get("kind") != "forward":
+        raise HarnessError(f"{csv.parent}/run.json is not a forward run's (kind {info.get('kind')!r}); pass the folder "
+                           f"that `python -m bench forward` wrote")
+    try:
+        df = pd.read_csv(csv)
+    except Exception as exc:
+        raise HarnessError(f"cannot read forward results {csv} ({type(exc).__name__}); re-run or restore it") from None
+    missing = [c for c in (*KEY, "status", "us", "linears") if c not in df.columns]
+    if missing or df.empty:
+        raise HarnessError(f"{csv} lacks column(s) {', '.join(missing) or 'and rows'}; it was not written by bench forward")
+    ok = df["status"] == "ok"
+    us = pd.to_numeric(df["us"], errors="coerce")
+    if (ok & ~(np.isfinite(us) & (us > 0))).any():
+        raise HarnessError(f"{csv}: an ok row has a missing, NaN or non-positive time in us; re-run or restore it")
+    df["us"] = us
+    if df.duplicated(list(KEY)).any():
+        raise HarnessError(f"{csv}: a (model, tp, m, path, regime) row appears twice; re-run or restore it")
+    want = {(mo, m, pa, r) for mo in info.get("models", []) for m in info.get("ms", []) for pa in info.get("paths", [])
+            for r in info.get("regimes", [])}
+    have = set(zip(df["model"], df["m"].astype(int), df["path"], df["regime"]))
+    gaps = sorted(want - have)
+    if (gaps or info.get("status") != "complete") and not partial:
+        raise HarnessError(f"forward results {csv}: run status {info.get('status')!r}, {len(gaps)} of {len(want)} rows "
+                           f"missing; finish it with --resume, or pass --partial")
+    return df, info
+
+
+def modelled_us(cells: Cells, seq, rule: str, m: int, regime: str, sm: int, profile: GpuProfile,
+                table: ThresholdTable | None) -> float:
+    """The cell-sum model of one forward; NaN where a cell it needs was not measured."""
+    total = 0.0
+    for lin in seq:
+        path = path_for(rule, lin, m, sm, profile, table)
+        if not cells.has(lin.n, lin.k, m, path):
+            return math.nan
+        total += cells.cost(lin.n, lin.k, m, path, regime)
+    return total
+
+
+def model_vs_measured(cells: Cells, forward: pd.DataFrame, info: dict[str, Any], profile: GpuProfile,
+                      table: ThresholdTable | None) -> pd.DataFrame:
+    """One row per measured (model, M, path, regime): measured µs, modelled µs, their ratio and whether the model
+    misses by more than MODEL_MISS. Models outside the catalog (a --config run) cannot be rebuilt and are left out."""
+    sm = int((info.get("fingerprint") or {}).get("sm") or profile.sm)
+    configs = model_configs()
+    layers = info.get("decoder_layers")
+    seqs = {name: forward_sequence(load_config(configs[name]), name, int(info.get("tp", 1)), layers)
+            for name in set(forward["model"]) if name in configs}
+    if not info.get("lm_head", True):
+        seqs = {k: [lin for lin in v if lin.layer != "lm_head"] for k, v in seqs.items()}
+    rows = []
+    for r in forward[forward["status"] == "ok"].itertuples(index=False):
+        if r.model not in seqs:
+            continue
+        model = modelled_us(cells, seqs[r.model], r.path, int(r.m), r.regime, sm, profile, table)
+        rows.append({"model": r.model, "m": int(r.m), "path": r.path, "regime": r.regime, "measured_us": r.us,
+                     "modelled_us": model, "measured_over_model": r.us / model if model == model else math.nan})
+    out = pd.DataFrame(rows)
+    if not out.empty:
+        out["miss"] = (out["measured_over_model"] - 1).abs() > MODEL_MISS
+    return out
+
+
+def forward_ratios(forward: pd.DataFrame) -> pd.DataFrame:
+    """Per model, M and regime: each path's measured per-forward µs over aten's."""
+    ok = forward[forward["status"] == "ok"]
+    piv = ok.pivot_table(index=["model", "m", "regime"], columns="path", values="us")
+    if "aten" not in piv.columns:
+        raise HarnessError("the forward run has no aten rows to compare the paths with")
+    return piv.div(piv["aten"], axis=0).reset_index()
+
+
+def forward_verdicts(forward: pd.DataFrame, capture_size: int) -> pd.DataFrame:
+    """Per model and M, in the regime vLLM runs that M in (graph up to the capture size, eager above): the
+    dispatcher's measured forward over the best measured path; FAIL beyond FORWARD_MARGIN."""
+    ok = forward[forward["status"] == "ok"]
+    rows = []
+    for (model, m), g in ok.groupby(["model", "m"]):
+        regime = "graph" if m <= capture_size else "eager"
+        g = g[g["regime"] == regime].set_index("path")["us"]
+        if "dispatch" not in g.index:
+            continue
+        best = g.idxmin()
+        ratio = g["dispatch"] / g[best]
+        rows.append({"model": model, "m": int(m), "regime": regime, "dispatch_us": g["dispatch"], "best": best,
+                     "best_us": g[best], "dispatch_over_best": ratio, "ok": ratio <= 1 + FORWARD_MARGIN})
+    return pd.DataFrame(rows)

@@ -1,0 +1,128 @@
+"""CPU tests of measured forwards: the layer sequence, the forward-path rules and the cell-sum model of a forward."""
+import json
+
+import pandas as pd
+import pytest
+
+from bench.forward_paths import check_rules, path_for
+from bench.profiles import get_profile
+from dispatch.analysis import Cells
+from dispatch.forward_model import forward_verdicts, load_forward, model_vs_measured, modelled_us
+from dispatch.table import ThresholdTable, load_table
+from shapes.catalog import model_configs, model_layers
+from shapes.derive import ForwardLinear, forward_sequence, load_config
+from shapes.errors import HarnessError
+
+H200 = get_profile("h200")
+
+
+@pytest.mark.parametrize("model", ["Qwen3.5-4B", "Qwen3.5-35B-A3B"])
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_a_forward_holds_exactly_the_catalog_counts(model, tp):
+    seq = forward_sequence(load_config(model_configs()[model]), model, tp)
+    counts = {}
+    for lin in seq:
+        counts[(lin.layer, lin.n, lin.k)] = counts.get((lin.layer, lin.n, lin.k), 0) + 1
+    assert counts == {(l.layer, l.n, l.k): l.count for l in model_layers(model, tp)}
+    assert seq[-1].layer == "lm_head" and [lin.index for lin in seq[:-1]] == sorted(lin.index for lin in seq[:-1])
+
+
+def test_the_sequence_runs_layer_by_layer_in_order():
+    seq = forward_sequence(load_config(model_configs()["Qwen3.5-4B"]), "Qwen3.5-4B")
+    first = [lin.layer for lin in seq if lin.index == 0]
+    full = [lin.layer for lin in seq if lin.index == 3]  # full_attention_interval 4: layer 3 is full attention
+    assert first == ["linear_attn.in_proj_qkvz", "linear_attn.in_proj_ba", "linear_attn.out_proj",
+                     "mlp.gate_up_proj", "mlp.down_proj"]
+    assert full == ["self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj"]
+
+
+def test_a_qwen3_next_style_config_and_a_layer_limit(tmp_path):
+    cfg = {"model_type": "qwen3_next", "hidden_size": 2048, "num_hidden_layers": 8, "num_attention_heads": 16,
+           "num_key_value_heads": 2, "head_dim": 256, "linear_num_key_heads": 16, "linear_num_value_heads": 32,
+           "linear_key_head_dim": 128, "linear_value_head_dim": 128, "vocab_size": 151936,
+           "full_attention_interval": 4, "num_experts": 512, "shared_expert_intermediate_size": 512,
+           "decoder_sparse_step": 1, "mlp_only_layers": [5], "intermediate_size": 5120}
+    seq = forward_sequence(cfg, "next", 1)
+    kinds = {lin.index: lin.layer for lin in seq if lin.layer.startswith(("self_attn.qkv", "linear_attn.in_proj_qkvz"))}
+    assert [i for i, name in kinds.items() if name.startswith("self_attn")] == [3, 7]
+    assert [lin.layer for lin in seq if lin.index == 5][-2:] == ["mlp.gate_up_proj", "mlp.down_proj"]  # mlp_only layer
+    assert ("mlp.gate", 512, 2048) in {(lin.layer, lin.n, lin.k) for lin in seq if lin.index == 0}
+    two = forward_sequence(cfg, "next", 1, decoder_layers=2)
+    assert {lin.index for lin in two} == {0, 1, -1} and len(two) == 2 * 7 + 1
+
+
+def test_forward_rules_on_the_h200():
+    lin = ForwardLinear(0, "linear_attn.out_proj", 2560, 4096)
+    gate = ForwardLinear(0, "mlp.shared_expert_gate", 1, 2048)
+    head = ForwardLinear(-1, "lm_head", 248320, 2560)
+    table = load_table("h200")
+    assert path_for("vllm-flashinfer", lin, 8, 90, H200, table) == "flashinfer:tinygemm"
+    assert path_for("vllm-flashinfer", gate, 8, 90, H200, table) == "flashinfer:cublaslt"  # N = 1: no TinyGEMM
+    assert path_for("vllm-flashinfer", lin, 64, 90, H200, table) == "flashinfer:cublaslt"
+    assert path_for("vllm-flashinfer", head, 8, 90, H200, table) == "aten"  # vLLM's LM head is F.linear
+    assert path_for("seed-fix", lin, 32, 90, H200, table) == "flashinfer:tinygemm"
+    assert path_for("seed-fix", lin, 33, 90, H200, table) == "aten"
+    assert path_for("dispatch", lin, 8, 90, H200, ThresholdTable("h200", "tinygemm", 16)) == "flashinfer:tinygemm"
+    assert path_for("dispatch", gate, 8, 90, H200, ThresholdTable("h200", "tinygemm", 16)) == "aten"
+    assert path_for("flashinfer:tinygemm", head, 8, 90, H200, table) == "flashinfer:tinygemm"  # a registry path: all
+    b200 = get_profile("b200")
+    assert path_for("vllm-flashinfer", lin, 4096, 100, b200, None) == "flashinfer:cute-dsl"  # its own fallback
+    with pytest.raises(HarnessError, match="unknown forward path"):
+        check_rules(["aten", "fast"])
+
+
+def test_the_model_of_an_aten_forward_is_the_sum_of_its_cells():
+    from bench.results import load_results
+    df = load_results("tests/data/h200-sweep")
+    cells = Cells.from_results(df)
+    seq = forward_sequence(load_config(model_configs()["Qwen3.5-4B"]), "Qwen3.5-4B")
+    ok = df[(df["status"] == "ok") & (df["path"] == "aten") & (df["m"] == 128)].set_index(["n", "k"])["gpu_us"]
+    by_hand = sum(l.count * ok[(l.n, l.k)] for l in model_layers("Qwen3.5-4B"))
+    assert modelled_us(cells, seq, "aten", 128, "graph", 90, H200, None) == pytest.approx(by_hand)
+
+
+def _forward_dir(tmp_path, rows, **info):
+    d = tmp_path / "fw"
+    d.mkdir()
+    pd.DataFrame(rows).to_csv(d / "forward.csv", index=False)
+    run = {"kind": "forward", "models": ["Qwen3.5-4B"], "ms": [8, 4096], "paths": ["aten", "dispatch"],
+           "regimes": ["graph", "eager"], "status": "complete", "tp": 1, "decoder_layers": None, "lm_head": True,
+           "fingerprint": {"gpu_name": "NVIDIA H200", "sm": 90}, "profile": "h200", **info}
+    (d / "run.json").write_text(json.dumps(run))
+    return d
+
+
+def _rows(dispatch_factor=1.0):
+    rows = []
+    for m in (8, 4096):
+        for regime in ("graph", "eager"):
+            for path, f in (("aten", 1.0), ("dispatch", dispatch_factor)):
+                rows.append({"model": "Qwen3.5-4B", "tp": 1, "m": m, "path": path, "regime": regime, "status": "ok",
+                             "us": 1000.0 * f, "linears": 153})
+    return rows
+
+
+def test_measured_forward_verdicts_and_the_model_beside_them(tmp_path):
+    from bench.results import load_results
+    d = _forward_dir(tmp_path, _rows(1.02))
+    fdf, info = load_forward(d)
+    v = forward_verdicts(fdf, capture_size=512).set_index("m")
+    assert v.loc[8, "regime"] == "graph" and v.loc[4096, "regime"] == "eager"
+    assert not v["ok"].any() and v.loc[8, "best"] == "aten"
+    cells = Cells.from_results(load_results("tests/data/h200-sweep"))
+    mv = model_vs_measured(cells, fdf, info, H200, load_table("h200"))
+    assert len(mv) == 8 and mv["modelled_us"].notna().all() and "miss" in mv
+
+
+@pytest.mark.parametrize("edit, needle", [
+    (lambda rows, info: (rows[:-1], info), "missing"),
+    (lambda rows, info: (rows + rows[:1], info), "twice"),
+    (lambda rows, info: ([{**r, "us": -1.0} for r in rows], info), "non-positive"),
+    (lambda rows, info: (rows, {**info, "kind": "sweep"}), "not a forward run"),
+    (lambda rows, info: (rows, {**info, "status": "interrupted"}), "interrupted"),
+])
+def test_bad_forward_results_are_one_clear_error(tmp_path, edit, needle):
+    rows, info = edit(_rows(), {})
+    d = _forward_dir(tmp_path, rows, **info)
+    with pytest.raises(HarnessError, match=needle):
+        load_forward(d)
