@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Sequence
 
 from bench.forward_paths import DEFAULT_RULES, check_rules
+from bench.gpu import L2_MODES
 from bench.paths import PATHS, paths_for
 from bench.profiles import PROFILES, get_profile
 from shapes.catalog import catalog, select
@@ -32,7 +33,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_run.add_argument("--timer", choices=("cupti", "events"), default="cupti",
                        help="GPU timer: CUPTI kernel records (default) or CUDA events only")
     p_run.add_argument("--samples", type=int_in(3, 1000), default=10, help="timed graph replays per path and cell (default 10)")
-    p_run.add_argument("--warm-l2", action="store_true", help="no input rotation: time with a warm L2")
+    p_run.add_argument("--l2", choices=L2_MODES, default="rotate",
+                       help="L2 state of each timed call: rotate = cold by rotating input/weight copies over >= 5x L2 "
+                            "(default); flush = one copy, a buffer of 2x L2 written before every call inside the graph "
+                            "(its kernels excluded from the call's time); warm = one copy, no flush")
     p_run.add_argument("--no-tune", action="store_true", help="skip FlashInfer's autotuner (time its default tactics)")
     p_run.add_argument("--autotune-cache", metavar="FILE",
                        help="FlashInfer's tactics from FILE (e.g. an earlier run's autotune-cache.json) instead of "
@@ -121,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from bench.sweep import SweepConfig, run_sweep
     shapes = select(catalog(args.model, args.tp), args.shapes)
     cfg = SweepConfig(profile=profile, shapes=shapes, ms=parse_m(args.m), paths=paths_for(profile.flashinfer_backends, args.paths),
-                      out=output_dir(args.out, "--out"), timer=args.timer, samples=args.samples, warm_l2=args.warm_l2,
+                      out=output_dir(args.out, "--out"), timer=args.timer, samples=args.samples, l2=args.l2,
                       resume=args.resume, allow_mismatch=args.allow_mismatch, tune=not args.no_tune, tune_all=args.tune_all,
                       autotune_cache=output_file(args.autotune_cache, "--autotune-cache") if args.autotune_cache else None,
                       max_rotations=args.max_rotations, command=command, quiet=True)

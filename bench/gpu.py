@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 from bench.stats import Window, attribute, kernels_per_call, rel_err
 
+L2_MODES = ("rotate", "flush", "warm")
 REL_ERR_BOUND = 2e-2  # bf16 output rounding is ~4e-3; K-long fp32 accumulation keeps the Frobenius error well below this
 
 
@@ -84,8 +85,28 @@ def sleep_cycles_per_us() -> float:
     return cycles / (start.elapsed_time(end) * 1e3)
 
 
-def capture(fn: Callable, ops: Operands, calls: int):
-    """A CUDA graph of `calls` back-to-back calls cycling through every rotated copy."""
+class L2Flush:
+    """Writes a buffer of `multiple` x L2 bytes: captured before every call in --l2 flush mode, so that each call finds
+    its weight and input evicted from L2 without needing rotated copies."""
+
+    def __init__(self, l2_bytes: int, multiple: float = 2.0):
+        import torch
+        self.multiple = multiple
+        self.buf = torch.empty(int(l2_bytes * multiple) // 4, dtype=torch.float32, device="cuda")
+
+    def __call__(self) -> None:
+        self.buf.fill_(1.0)
+
+    def kernel_names(self, clock) -> frozenset[str]:
+        """The names of the kernels one flush launches (from CUPTI), to leave out of a call's time."""
+        clock.drain()
+        self()
+        return frozenset(r.name for r in clock.drain() if r.graph_id == 0)
+
+
+def capture(fn: Callable, ops: Operands, calls: int, before: Callable[[], None] | None = None):
+    """A CUDA graph of `calls` back-to-back calls cycling through every rotated copy (each after `before()`, when
+    given: the L2 flush)."""
     import torch
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -97,6 +118,8 @@ def capture(fn: Callable, ops: Operands, calls: int):
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for i in range(calls):
+            if before is not None:
+                before()
             fn(ops.xs[i % ops.rotations], ops.ws[i % ops.rotations])
     return graph
 
@@ -111,8 +134,10 @@ class GraphTiming:
     error: str | None = None
 
 
-def replay_interleaved(clock, graphs: dict[str, Any], calls: int, samples: int, warmup: int = 2) -> dict[str, GraphTiming]:
-    """Replays every path's graph `samples` times in A B B A order; attributes kernel records to each replay."""
+def replay_interleaved(clock, graphs: dict[str, Any], calls: int, samples: int, warmup: int = 2,
+                       exclude: frozenset[str] = frozenset()) -> dict[str, GraphTiming]:
+    """Replays every path's graph `samples` times in A B B A order; attributes kernel records to each replay.
+    Kernels named in `exclude` (an L2 flush captured between calls) are not counted, nor timed."""
     import torch
     names = list(graphs)
     result = {p: GraphTiming() for p in names}
@@ -129,7 +154,7 @@ def replay_interleaved(clock, graphs: dict[str, Any], calls: int, samples: int, 
             launch_ns[p] = min(launch_ns[p], time.perf_counter_ns() - h0)  # the first replay also uploads the graph
             torch.cuda.synchronize()
             windows.append(Window(p, -1 - s, t0, clock.now()))
-    records = clock.drain()
+    records = [r for r in clock.drain() if r.name not in exclude]
     if use_records:
         seen: dict[str, int] = {}
         for w, timing in zip(windows, attribute(records, windows)):
@@ -159,7 +184,7 @@ def replay_interleaved(clock, graphs: dict[str, Any], calls: int, samples: int, 
             torch.cuda.synchronize()
             windows.append(Window(p, s, t0, clock.now()))
             events.append((start, end))
-    records = clock.drain()
+    records = [r for r in clock.drain() if r.name not in exclude]
     for (start, end), w in zip(events, windows):
         result[w.path].event_us.append(start.elapsed_time(end) * 1e3 / calls)
     if use_records:

@@ -32,7 +32,7 @@ class SweepConfig:
     host_rounds: int = 5
     gpu_bound_us: float = 100.0  # a call estimated this long on the GPU is host-timed with 5 calls x 3 rounds
     write_every_s: float = 5.0  # results are rewritten at most this often (and always at the end or on interrupt)
-    warm_l2: bool = False
+    l2: str = "rotate"  # rotate | flush | warm (bench.gpu.L2_MODES)
     resume: bool = False
     allow_mismatch: bool = False
     tune: bool = True
@@ -134,7 +134,8 @@ def _record_error(fail, name: str, exc: Exception) -> None:
 
 def measure_group(cfg: SweepConfig, clock, shape: Shape, m: int, paths: list[GemmPath], fns: dict[str, Any],
                   l2_bytes: int, tune_info: dict[str, tuple[float | None, str | None]],
-                  phase: PhaseTimer | None = None) -> list[dict[str, Any]]:
+                  phase: PhaseTimer | None = None, flush=None, flush_names: frozenset[str] = frozenset()
+                  ) -> list[dict[str, Any]]:
     import torch
     phase = phase or PhaseTimer()
     from bench.gpu import REL_ERR_BOUND, capture, check_output, flashinfer_choices, make_operands, replay_interleaved
@@ -146,7 +147,7 @@ def measure_group(cfg: SweepConfig, clock, shape: Shape, m: int, paths: list[Gem
         rows[name].update(status=status, reason=reason)
 
     bytes_per_copy = 2 * (m * shape.k + shape.n * shape.k)
-    rotations = 1 if cfg.warm_l2 else rotation_count(bytes_per_copy, l2_bytes, cap=cfg.max_rotations)
+    rotations = 1 if cfg.l2 != "rotate" else rotation_count(bytes_per_copy, l2_bytes, cap=cfg.max_rotations)
     rotations = max(1, min(rotations, MAX_ROTATION_BYTES // bytes_per_copy))
     calls = calls_per_graph(rotations, estimate_call_us(m, shape.n, shape.k), cfg.target_replay_us)
     try:
@@ -163,7 +164,7 @@ def measure_group(cfg: SweepConfig, clock, shape: Shape, m: int, paths: list[Gem
         row = rows[p.name]
         tune_s, tune_err = tune_info.get(p.name, (None, None))
         row.update(tune_s=tune_s, rotations=rotations, calls_per_graph=calls,
-                   l2_multiple=rotations * bytes_per_copy / l2_bytes)
+                   l2_multiple=flush.multiple if flush is not None else rotations * bytes_per_copy / l2_bytes)
         if tune_err:
             fail(p.name, "failed", tune_err)
             continue
@@ -194,12 +195,12 @@ def measure_group(cfg: SweepConfig, clock, shape: Shape, m: int, paths: list[Gem
     for name, fn in checked.items():
         try:
             with phase("capture"):
-                graphs[name] = capture(fn, ops, calls)
+                graphs[name] = capture(fn, ops, calls, before=flush)
         except Exception as exc:
             _record_error(fail, name, exc)
     if graphs:
         with phase("replay"):
-            timings = replay_interleaved(clock, graphs, calls, cfg.samples)
+            timings = replay_interleaved(clock, graphs, calls, cfg.samples, exclude=flush_names)
         for name, t in timings.items():
             row = rows[name]
             if t.error:
@@ -258,7 +259,7 @@ def run_sweep(cfg: SweepConfig) -> Path:
     from bench.envinfo import nvml_clocks, run_info
 
     pinned = _load_pinned_tactics(cfg)  # before anything is written: a refused file stops the run here
-    info = run_info(cfg.command, profile=cfg.profile.name, timer=cfg.timer, warm_l2=cfg.warm_l2,
+    info = run_info(cfg.command, profile=cfg.profile.name, timer=cfg.timer, l2=cfg.l2, warm_l2=cfg.l2 == "warm",
                     samples=cfg.samples, ms=cfg.ms, shapes=[s.name for s in cfg.shapes],
                     paths=[p.name for p in cfg.paths], clocks_start=nvml_clocks())
     cfg.out.mkdir(parents=True, exist_ok=True)
@@ -279,6 +280,13 @@ def run_sweep(cfg: SweepConfig) -> Path:
                                f"pip install -e '.[gpu]' or leave the path out with --paths") from None
 
     raise_on_sigterm()  # `timeout`, a batch scheduler or kill: finish like Ctrl-C, keeping the written rows (exit 143)
+    flush, flush_names = None, frozenset()
+    if cfg.l2 == "flush":
+        from bench.gpu import L2Flush
+        flush = L2Flush(props.L2_cache_size)
+        flush_names = flush.kernel_names(clock)
+        info["l2_flush"] = {"bytes": flush.buf.numel() * 4, "kernels_excluded": sorted(flush_names),
+                            "note": "span_us and event_us include the flush; gpu_us does not"}
     total = len(cfg.shapes) * len(cfg.ms)
     bar = _progress(total, "bench")
     t_start = last_write = time.perf_counter()
@@ -312,7 +320,8 @@ def run_sweep(cfg: SweepConfig) -> Path:
                     else:
                         live.append(p)
                 rows.extend(skipped)
-                rows.extend(measure_group(cfg, clock, shape, m, live, fns, props.L2_cache_size, tune_info, phase))
+                rows.extend(measure_group(cfg, clock, shape, m, live, fns, props.L2_cache_size, tune_info, phase,
+                                          flush, flush_names))
                 if time.perf_counter() - last_write >= cfg.write_every_s:
                     with phase("write"):
                         write_results(cfg.out, rows)
