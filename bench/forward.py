@@ -21,7 +21,7 @@ from bench.sweep import _keep_tactics, _load_pinned_tactics, _progress, require_
 from shapes.catalog import model_configs
 from shapes.console import divert_noise, terminal
 from shapes.derive import ForwardLinear, forward_sequence, load_config
-from shapes.errors import HarnessError, Interrupted, raise_on_sigterm, signal_of, signals_deferred
+from shapes.errors import HarnessError, Interrupted, signal_of, signals_deferred
 from shapes.io import atomic_write_text
 
 FORWARD_MS = (1, 8, 32, 128, 512, 1031, 4096, 16384)
@@ -144,9 +144,9 @@ def _capture(fwd: Bound):
     return graph
 
 
-def eager_forwards(clock, forwards: dict[str, Bound], samples: int) -> dict[str, dict[str, list[float]]]:
-    """`samples` eager forwards per rule, interleaved (A B, B A, ...), gc off, each from an idle GPU to one
-    synchronize at its end: wall µs, host submission µs (until the last call returned), CUPTI busy µs."""
+def eager_forwards(clock, forwards: dict[Any, Bound], samples: int) -> dict[Any, dict[str, list[float]]]:
+    """`samples` eager forwards of each, interleaved round by round (A B C, C B A, ...), gc off, each from an idle GPU
+    to one synchronize at its end: wall µs, host submission µs (until the last call returned), CUPTI busy µs."""
     import torch
     names = list(forwards)
     out = {p: {"wall": [], "submit": [], "busy": [], "kernels": []} for p in names}
@@ -186,8 +186,10 @@ def _row(cfg: ForwardConfig, model: str, m: int, rule: str, regime: str, n_linea
             "lm_head": cfg.lm_head, **kw}
 
 
-def measure_m(cfg: ForwardConfig, clock, model: str, seq, weights, m: int, sm: int, fns, phase: PhaseTimer
-              ) -> list[dict[str, Any]]:
+def graph_m(cfg: ForwardConfig, clock, model: str, seq, weights, m: int, sm: int, fns, phase: PhaseTimer
+            ) -> tuple[list[dict[str, Any]], dict[str, Bound]]:
+    """Binds, checks and warms every rule's forward at one M, and times it captured; returns the graph rows (and
+    failures) and the bound forwards for the eager phase."""
     import torch
     rows: list[dict[str, Any]] = []
     xs = {k: torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for k in sorted({lin.k for lin in seq})}
@@ -228,17 +230,25 @@ def measure_m(cfg: ForwardConfig, clock, model: str, seq, weights, m: int, sm: i
                              paths_used=bound[rule].describe(), samples_us=[round(v, 2) for v in t.span_us]))
     del graphs
     torch.cuda.empty_cache()
-    if bound:
-        with phase("eager"):
-            eager = eager_forwards(clock, bound, cfg.samples)
-        for rule, e in eager.items():
-            us, p20, p80 = summary(e["wall"])
-            rows.append(_row(cfg, model, m, rule, "eager", len(seq), status="ok", reason="", us=us, us_p20=p20,
-                             us_p80=p80, submit_us=summary(e["submit"])[0],
-                             gpu_busy_us=summary(e["busy"])[0] if e["busy"] else None,
-                             kernels=int(summary(e["kernels"])[0]) if e["kernels"] else None,
-                             samples=len(e["wall"]), paths_used=bound[rule].describe(),
-                             samples_us=[round(v, 1) for v in e["wall"]]))
+    return rows, bound
+
+
+def eager_rows(cfg: ForwardConfig, clock, model: str, n_linears: int, bound: dict[tuple[int, str], Bound],
+               phase: PhaseTimer) -> list[dict[str, Any]]:
+    """Every (M, rule) forward of a model timed eagerly, all of them interleaved round by round, so that the slow
+    drift of host speed (on the H200 host whole minutes ran 1.3-1.7x slower) spreads over every M and path alike
+    instead of landing on the M that happened to run then."""
+    with phase("eager"):
+        eager = eager_forwards(clock, bound, cfg.samples)
+    rows = []
+    for (m, rule), e in eager.items():
+        us, p20, p80 = summary(e["wall"])
+        rows.append(_row(cfg, model, m, rule, "eager", n_linears, status="ok", reason="", us=us, us_p20=p20,
+                         us_p80=p80, submit_us=summary(e["submit"])[0],
+                         gpu_busy_us=summary(e["busy"])[0] if e["busy"] else None,
+                         kernels=int(summary(e["kernels"])[0]) if e["kernels"] else None,
+                         samples=len(e["wall"]), paths_used=bound[(m, rule)].describe(),
+                         samples_us=[round(v, 1) for v in e["wall"]]))
     return rows
 
 
@@ -303,7 +313,6 @@ def run_forward(cfg: ForwardConfig) -> Path:
         fns["dispatch"] = dispatch.linear
     phase = PhaseTimer()
     bar = _progress(sum(len(cfg.ms) for _ in seqs), "forward")
-    raise_on_sigterm()
     t0 = time.perf_counter()
     interrupted: KeyboardInterrupt | None = None
     try:
@@ -322,13 +331,18 @@ def run_forward(cfg: ForwardConfig) -> Path:
                 raise HarnessError(f"{model}: its {len(seq)} distinct weights do not fit in GPU memory; measure the "
                                    f"first N decoder layers with --layers N") from None
             bar.update(len(cfg.ms) - len(todo))
+            fresh, bound = [], {}
             for m in todo:
-                bar.set_postfix_str(f"{model} M={m}")
-                fresh = measure_m(cfg, clock, model, seq, weights, m, sm, fns, phase)
-                rows = [r for r in rows if (r["model"], int(r["m"])) != (model, m)] + fresh
-                atomic_write_text(out_csv, rows_to_csv(rows, FORWARD_COLUMNS))
+                bar.set_postfix_str(f"{model} M={m} graph")
+                graph_rows, bound_m = graph_m(cfg, clock, model, seq, weights, m, sm, fns, phase)
+                fresh += graph_rows
+                bound.update({(m, rule): b for rule, b in bound_m.items()})
                 bar.update(1)
-            del weights
+            bar.set_postfix_str(f"{model} eager, every M interleaved")
+            fresh += eager_rows(cfg, clock, model, len(seq), bound, phase)
+            rows = [r for r in rows if not (r["model"] == model and int(r["m"]) in todo)] + fresh
+            atomic_write_text(out_csv, rows_to_csv(rows, FORWARD_COLUMNS))
+            del weights, bound
             torch.cuda.empty_cache()
     except KeyboardInterrupt as exc:
         interrupted = exc

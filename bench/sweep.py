@@ -13,7 +13,7 @@ from bench.results import done_keys, write_parquet, write_results, write_run_jso
 from bench.stats import PhaseTimer, calls_per_graph, estimate_call_us, rotation_count, summary
 from shapes.catalog import Shape
 from shapes.console import divert_noise, log_path, terminal
-from shapes.errors import HarnessError, Interrupted, raise_on_sigterm, signal_of, signals_deferred
+from shapes.errors import HarnessError, Interrupted, signal_of, signals_deferred
 from shapes.grid import hybrid_buckets
 
 MAX_ROTATION_BYTES = 8 << 30
@@ -279,7 +279,6 @@ def run_sweep(cfg: SweepConfig) -> Path:
             raise HarnessError(f"path {p.name} needs a package that is missing ({exc}); "
                                f"pip install -e '.[gpu]' or leave the path out with --paths") from None
 
-    raise_on_sigterm()  # `timeout`, a batch scheduler or kill: finish like Ctrl-C, keeping the written rows (exit 143)
     flush, flush_names = None, frozenset()
     if cfg.l2 == "flush":
         from bench.gpu import L2Flush
