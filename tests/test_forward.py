@@ -126,3 +126,16 @@ def test_bad_forward_results_are_one_clear_error(tmp_path, edit, needle):
     d = _forward_dir(tmp_path, rows, **info)
     with pytest.raises(HarnessError, match=needle):
         load_forward(d)
+
+
+def test_eager_rounds_shuffle_whole_m_blocks_and_the_paths_inside():
+    from bench.forward import round_orders
+    keys = [(m, p) for m in (1, 8, 4096, 16384) for p in ("aten", "vllm-flashinfer", "seed-fix", "dispatch")]
+    orders = round_orders(keys, 10)
+    assert all(sorted(o) == sorted(keys) for o in orders)
+    for o in orders:  # each M's paths stay together
+        ms = [m for m, _ in o]
+        assert all(ms[i] == ms[4 * (i // 4)] for i in range(len(ms)))
+    predecessors = {tuple(o[i - 1]) for o in orders for i in range(1, len(o)) if o[i] == (4096, "dispatch")}
+    assert len(predecessors) > 2  # no fixed neighbour
+    assert round_orders(keys, 10) == orders  # seeded: the same plan in every run
