@@ -13,6 +13,7 @@ RESULTS ?= tests/data/h200-sweep
 COMPARE ?= tests/data/h200-sweep-1
 BASELINE ?= tests/baselines/h200.json
 ANATOMY ?= tests/data/h200-host-anatomy
+FORWARD ?= tests/data/h200-forward
 REPORT ?= report.html
 
 # --system-site-packages: a GPU machine's own CUDA build of torch (and FlashInfer, CUPTI) stays visible.
@@ -50,7 +51,7 @@ host-anatomy: gpu-env
 
 report: $(VENV)/.installed
 	$(PY) -m reports build $(RESULTS) $(COMPARE) $(if $(BASELINE),--baseline $(BASELINE)) \
-	  $(if $(ANATOMY),--anatomy $(ANATOMY)) -o $(REPORT)
+	  $(if $(ANATOMY),--anatomy $(ANATOMY)) $(if $(FORWARD),--forward $(FORWARD)) -o $(REPORT)
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q

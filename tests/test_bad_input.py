@@ -64,13 +64,14 @@ def run_folder(tmp: Path, edit_rows: Callable[[pd.DataFrame], pd.DataFrame] | No
     """A copy of a committed run with its results table and/or run.json edited."""
     d = tmp / "run"
     d.mkdir()
-    text = (source / "results.csv").read_text()
+    table = "forward.csv" if (source / "forward.csv").is_file() else "results.csv"
+    text = (source / table).read_text()
     if edit_rows is not None:
-        df = pd.read_csv(source / "results.csv", dtype=str, keep_default_na=False)
+        df = pd.read_csv(source / table, dtype=str, keep_default_na=False)
         text = edit_rows(df).to_csv(index=False)
     if csv_text is not None:
         text = csv_text(text)
-    (d / "results.csv").write_text(text)
+    (d / table).write_text(text)
     info = json.loads((source / "run.json").read_text())
     if edit_info is not None:
         info = edit_info(info) or info
@@ -279,6 +280,32 @@ CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
                                                   user_folder(t) + "/notes.txt"], "is a file"),
     ("bench --autotune-cache a folder", lambda t: ["bench", "run", "--gpu", "h200", "--autotune-cache", str(t)], "is a folder"),
     ("report under a file", lambda t: ["reports", "build", str(SWEEP), "-o", user_folder(t) + "/notes.txt/r.html"], "is a file"),
+    # measured forwards and L2 states
+    ("forward layers 0", lambda t: ["bench", "forward", "--gpu", "h200", "--layers", "0"], "outside 1..1000"),
+    ("forward unknown model", lambda t: ["bench", "forward", "--gpu", "h200", "--model", "llama"], "unknown model"),
+    ("forward model and config", lambda t: ["bench", "forward", "--gpu", "h200", "--model", "Qwen3.5-4B", "--config",
+                                            config(t)], "exclude each other"),
+    ("forward bad config", lambda t: ["bench", "forward", "--gpu", "h200", "--config",
+                                      config(t, {"hidden_size": 0})], "hidden_size is 0"),
+    ("forward unknown path", lambda t: ["bench", "forward", "--gpu", "h200", "--paths", "aten,fast"], "unknown forward path"),
+    ("forward paths comma", lambda t: ["bench", "forward", "--gpu", "h200", "--paths", ","], "names no path"),
+    ("forward M above 16384", lambda t: ["bench", "forward", "--gpu", "h200", "--m", "32768"], "1..16384"),
+    ("forward --out an existing file", lambda t: ["bench", "forward", "--gpu", "h200", "--out",
+                                                  user_folder(t) + "/notes.txt"], "is a file"),
+    ("forward, no GPU", lambda t: ["bench", "forward", "--gpu", "h200", "--out", str(t / "out")], "no CUDA GPU"),
+    ("validate --forward a sweep", lambda t: ["dispatch", "validate", str(SWEEP), "--forward", str(SWEEP)],
+     "forward.csv not found"),
+    ("validate --forward of another kind", lambda t: ["dispatch", "validate", str(SWEEP), "--forward", run_folder(
+        t, source=DATA / "h200-forward", edit_info=lambda i: {**i, "kind": "host-anatomy"})], "not a forward run"),
+    ("validate --forward missing", lambda t: ["dispatch", "validate", str(SWEEP), "--forward", str(t / "none")], "not found"),
+    ("validate --forward cut", lambda t: ["dispatch", "validate", str(SWEEP), "--forward",
+                                          run_folder(t, csv_text=lambda s: "\n".join(s.splitlines()[:9]) + "\n",
+                                                     source=DATA / "h200-forward")], "rows missing"),
+    ("l2 modes swapped", lambda t: ["dispatch", "l2", "--rotate", str(DATA / "h200-l2-flush"), "--flush",
+                                    str(DATA / "h200-l2-rotate"), "--warm", str(DATA / "h200-l2-warm")], "swept with --l2 flush"),
+    ("l2 within 2", lambda t: ["dispatch", "l2", "--rotate", "a", "--flush", "b", "--warm", "c", "--within", "2"],
+     "outside 0..1"),
+    ("bench unknown L2 mode", lambda t: ["bench", "run", "--gpu", "h200", "--l2", "cold"], "invalid choice"),
     # folders the harness did not create
     ("baseline --work a user folder, no GPU", lambda t: ["dispatch", "baseline", "--gpu", "h200", "--work", user_folder(t)],
      "no CUDA GPU"),

@@ -139,3 +139,28 @@ def test_eager_rounds_shuffle_whole_m_blocks_and_the_paths_inside():
     predecessors = {tuple(o[i - 1]) for o in orders for i in range(1, len(o)) if o[i] == (4096, "dispatch")}
     assert len(predecessors) > 2  # no fixed neighbour
     assert round_orders(keys, 10) == orders  # seeded: the same plan in every run
+
+
+def test_the_committed_h200_forwards_are_complete_and_count_the_catalogs_linears():
+    for name in ("h200-forward", "h200-forward-2"):
+        df, info = load_forward(f"tests/data/{name}")
+        assert info["fingerprint"]["gpu_name"] == "NVIDIA H200" and info["status"] == "complete"
+        assert set(df["status"]) == {"ok"} and len(df) == 2 * 8 * 4 * 2
+        assert info["wall_s"] <= 240  # the issue's budget for the default run
+        for model, seq_len in info["linears"].items():
+            assert seq_len == sum(l.count for l in model_layers(model))  # every linear, lm_head included
+            assert (df[df["model"] == model]["linears"] == seq_len).all()
+
+
+def test_two_fresh_runs_agree_and_the_measured_verdict_names_its_failure(capsys):
+    """The repeatability figures of the README, recomputed from the committed pair; and validate --forward judges the
+    dispatcher on the measured forwards (it fails where its extra host time shows in an eager forward)."""
+    a, _ = load_forward("tests/data/h200-forward")
+    b, _ = load_forward("tests/data/h200-forward-2")
+    j = a.merge(b, on=["model", "m", "path", "regime"])
+    dev = (j["us_x"] / j["us_y"] - 1).abs().groupby(j["regime"]).median()
+    assert dev["graph"] <= 0.02 and dev["eager"] <= 0.05, dev
+    from dispatch.__main__ import main
+    assert main(["validate", "tests/data/h200-sweep", "--forward", "tests/data/h200-forward"]) == 1
+    out = capsys.readouterr().out
+    assert "measured / cell-sum model" in out and "FAIL: measured forward of the dispatcher" in out

@@ -10,7 +10,7 @@ from reports.__main__ import main as reports_main
 from shapes.errors import HarnessError
 
 DATA = Path(__file__).parent / "data"
-SECTIONS = ("summary", "shapes", "totals", "cells", "problems", "comparison", "anatomy")
+SECTIONS = ("summary", "shapes", "totals", "cells", "problems", "comparison", "anatomy", "forward")
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
                   "--hide-scrollbars"]
@@ -21,7 +21,8 @@ def report(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("report") / "report.html"
     assert reports_main(["build", str(DATA / "h200-sweep"), str(DATA / "h200-sweep-1"),
                          "--baseline", str(Path(__file__).parent / "baselines" / "h200.json"),
-                         "--anatomy", str(DATA / "h200-host-anatomy"), "-o", str(out)]) == 0
+                         "--anatomy", str(DATA / "h200-host-anatomy"), "--forward", str(DATA / "h200-forward"),
+                         "-o", str(out)]) == 0
     return out
 
 
