@@ -141,27 +141,35 @@ FORWARD_COLORS = {"aten": "#333333", "vllm-flashinfer": "#1b9e77", "seed-fix": "
 
 
 def forward_figure(forward: pd.DataFrame) -> str:
-    """Per model (rows) and regime (columns): measured per-forward µs against M, one line per path, p20-p80 band."""
+    """Per model (rows) and regime (columns): each path's measured per-forward time over aten's against M, with the
+    p20-p80 band; aten's own time per forward is printed along the top."""
     ok = forward[forward["status"] == "ok"]
     models = sorted(ok["model"].unique())
-    fig, axes = plt.subplots(len(models), 2, figsize=(13, 3.6 * len(models)), squeeze=False)
+    fig, axes = plt.subplots(len(models), 2, figsize=(13, 3.8 * len(models)), squeeze=False)
     for row, model in zip(axes, models):
         for ax, regime in zip(row, ("graph", "eager")):
             g = ok[(ok["model"] == model) & (ok["regime"] == regime)]
+            aten = g[g["path"] == "aten"].set_index("m")["us"]
             for path, p in g.groupby("path"):
-                p = p.sort_values("m")
+                p = p.sort_values("m").set_index("m")
+                base = aten.reindex(p.index)
                 color = FORWARD_COLORS.get(path, _color(path))
-                ax.plot(p["m"], p["us"], marker="o", ms=3, color=color, label=path)
-                if "us_p20" in p:
-                    ax.fill_between(p["m"], p["us_p20"], p["us_p80"], color=color, alpha=0.15)
+                style = "--" if path == "seed-fix" else "-"
+                ax.plot(p.index, p["us"] / base, style, marker="o", ms=3, color=color, label=path)
+                if "us_p20" in p and path != "aten":
+                    ax.fill_between(p.index, p["us_p20"] / base, p["us_p80"] / base, color=color, alpha=0.12)
             ax.set_xscale("log", base=2)
-            ax.set_yscale("log")
+            if regime == "eager":
+                ax.set_yscale("log")
+                ax.yaxis.set_major_formatter(PLAIN)
             ax.xaxis.set_major_formatter(PLAIN)
-            ax.yaxis.set_major_formatter(PLAIN)
-            ax.set_title(f"{model}, {regime}: " + ("GPU span per captured forward" if regime == "graph"
-                                                    else "wall time per eager forward"), fontsize=10)
+            for m, us in aten.items():
+                ax.annotate(f"{us / 1e3:.3g}", (m, 1), textcoords="offset points", xytext=(0, -11), ha="center",
+                            fontsize=6.5, color="#555555")
+            ax.set_title(f"{model}, {regime} ({'GPU span' if regime == 'graph' else 'wall time'} / aten's; "
+                         f"aten's ms under its line)", fontsize=9.5)
             ax.set_xlabel("M (tokens)")
-            ax.set_ylabel("µs per forward")
+            ax.set_ylabel("per-forward time / aten")
             ax.grid(alpha=0.3, which="both")
             ax.legend(fontsize=8)
     fig.tight_layout()

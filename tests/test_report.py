@@ -101,5 +101,6 @@ def test_the_report_renders_in_headless_chromium(report, tmp_path):
                          timeout=120).stdout
     for sid in SECTIONS:
         assert f'id="{sid}"' in dom
-    for heading in ("Verdict", "Per shape", "Per-forward totals", "Every cell", "Comparison", "Host-time anatomy"):
+    for heading in ("Verdict", "Per shape", "Per-forward totals (cell-sum model)", "Measured forward", "Every cell",
+                    "Comparison", "Host-time anatomy"):
         assert f">{heading}</h2>" in dom
