@@ -38,7 +38,7 @@ bench: gpu-env
 	$(PY) -m bench run --gpu $(GPU) --out $(OUT)
 
 baseline: gpu-env
-	$(PY) -m dispatch baseline --gpu $(GPU)
+	$(PY) -m calibrate baseline --gpu $(GPU)
 
 regress: gpu-env
 	$(PY) -m pytest -q -m gpu tests/test_gpu_regression.py

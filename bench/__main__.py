@@ -8,12 +8,12 @@ from typing import Sequence
 from bench.forward_paths import DEFAULT_RULES, check_rules
 from bench.gpu import L2_MODES
 from bench.paths import PATHS, paths_for
-from bench.profiles import PROFILES, get_profile
+from dispatch.profiles import PROFILES, get_profile
 from shapes.catalog import catalog, select
-from shapes.cli import Parser, int_in
-from shapes.console import divert_noise
-from shapes.errors import HarnessError, run_cli
-from shapes.io import output_dir, output_file
+from harness.cli import Parser, int_in
+from harness.console import divert_noise
+from harness.errors import HarnessError, run_cli
+from harness.io import output_dir, output_file
 from shapes.grid import parse_m
 
 

@@ -11,12 +11,12 @@ from typing import Any, Callable
 from bench.anatomy import (FLASHINFER_SEGMENTS, FLASHINFER_TOTAL, NULL_OP_SEGMENT, can_use_flashinfer,
                            inductor_style, segment_costs)
 from bench.hosttime import sleep_guard, time_blocks
-from bench.profiles import GpuProfile, check_device
+from dispatch.profiles import GpuProfile, check_device
 from bench.results import write_run_json
 from bench.stats import summary
 from shapes.catalog import Shape
-from shapes.io import atomic_write_text
-from shapes.errors import HarnessError
+from harness.io import atomic_write_text
+from harness.errors import HarnessError
 
 ANATOMY_COLUMNS = ("path", "kind", "layer", "n", "k", "m", "host_us", "host_us_p20", "host_us_p80", "calls", "rounds",
                    "gpu_busy", "cache_state", "status", "reason")

@@ -14,8 +14,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from shapes.io import atomic_write
-from shapes.errors import HarnessError
+from harness.io import atomic_write
+from harness.errors import HarnessError
 
 FILE_NAME = "autotune-cache.json"
 

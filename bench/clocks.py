@@ -5,7 +5,7 @@ import threading
 import time
 
 from bench.stats import KernelRecord
-from shapes.errors import HarnessError
+from harness.errors import HarnessError
 
 INVALID_END = 1 << 63
 

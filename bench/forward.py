@@ -14,15 +14,15 @@ from typing import Any, Callable
 
 from bench.forward_paths import RULES, path_for
 from bench.paths import PATHS
-from bench.profiles import GpuProfile
+from dispatch.profiles import GpuProfile
 from bench.results import rows_to_csv, write_run_json
 from bench.stats import PhaseTimer, Window, attribute, summary
 from bench.sweep import _keep_tactics, _load_pinned_tactics, _progress, require_gpu, tune_shape
 from shapes.catalog import model_configs
-from shapes.console import divert_noise, terminal
+from harness.console import divert_noise, terminal
 from shapes.derive import ForwardLinear, forward_sequence, load_config
-from shapes.errors import HarnessError, Interrupted, signal_of, signals_deferred
-from shapes.io import atomic_write_text
+from harness.errors import HarnessError, Interrupted, signal_of, signals_deferred
+from harness.io import atomic_write_text
 
 FORWARD_MS = (1, 8, 32, 128, 512, 1031, 4096, 16384)
 FORWARD_FILE = "forward.csv"
@@ -383,6 +383,6 @@ def run_forward(cfg: ForwardConfig) -> Path:
     clock.close()
     ok = sum(1 for r in rows if r.get("status") == "ok")
     print(f"forward: {ok} of {len(rows)} rows ok in {info['wall_s']:.0f} s; results: {out_csv} and run.json\n"
-          f"  next: python -m dispatch validate RESULTS --forward {cfg.out}   |   "
+          f"  next: python -m calibrate validate RESULTS --forward {cfg.out}   |   "
           f"python -m reports build RESULTS --forward {cfg.out} -o report.html", file=terminal(), flush=True)
     return cfg.out

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import Protocol
 
 from bench.paths import PATHS
-from bench.profiles import GpuProfile
+from dispatch.profiles import GpuProfile
 from shapes.derive import ForwardLinear
-from shapes.errors import HarnessError
+from harness.errors import HarnessError
 
 SEED_FIX_M = 32  # the seed PR's dispatcher: FlashInfer's low-M backend at M <= 32, F.linear above
 RULES = {
@@ -61,7 +61,7 @@ def path_for(rule: str, linear: ForwardLinear, m: int, sm: int, profile: GpuProf
         return low if m <= SEED_FIX_M and runnable(low, sm, linear, m) else "aten"
     if rule == "dispatch":
         if table is None:
-            raise HarnessError("the dispatch path needs a threshold table for this GPU; fit one with python -m dispatch fit")
+            raise HarnessError("the dispatch path needs a threshold table for this GPU; fit one with python -m calibrate fit")
         chosen = table.choose(linear.n, linear.k, m)
         return chosen if chosen == "aten" or runnable(chosen, sm, linear, m) else "aten"
     raise AssertionError(rule)

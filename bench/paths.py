@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from dispatch.backends import BACKENDS, Backend
+
 LinearFn = Callable[[Any, Any], Any]
 
 
@@ -55,25 +57,22 @@ def _dispatch() -> LinearFn:
     return dispatch.linear
 
 
+def _flashinfer_path(b: Backend) -> GemmPath:
+    return GemmPath(b.path, b.sms, _flashinfer(b.name), max_m=b.max_m, min_n_multiple=b.n_multiple,
+                    min_k_multiple=b.k_multiple, flashinfer_backend=b.name, tune_by_default=b.tune_by_default,
+                    note=b.note)
+
+
 PATHS: dict[str, GemmPath] = {p.name: p for p in (
     GemmPath("aten", None, _aten, note="torch.nn.functional.linear(x, w)"),
-    GemmPath("flashinfer:tinygemm", (90, 100, 103, 110, 120, 121), _flashinfer("tinygemm"), max_m=2048,
-             min_n_multiple=16, flashinfer_backend="tinygemm", note="TinyGEMM, tiles of 8 tokens"),
-    GemmPath("flashinfer:cublaslt", None, _flashinfer("cublaslt"), flashinfer_backend="cublaslt",
-             note="FlashInfer's autotuned cuBLASLt"),
-    # Tuning cuDNN builds and times every engine plan per bucket (~14 s for 3 buckets of one shape on an H200),
-    # which alone would outlast the sweep; it runs its heuristic plan unless --tune-all.
-    GemmPath("flashinfer:cudnn", None, _flashinfer("cudnn"), flashinfer_backend="cudnn", tune_by_default=False,
-             note="cuDNN graph GEMM (heuristic plan; --tune-all tunes it)"),
-    GemmPath("flashinfer:cute-dsl", (100, 103, 107), _flashinfer("cute-dsl"), min_k_multiple=128,
-             flashinfer_backend="cute-dsl", note="CuTeDSL kernels for M <= 32, cuBLASLt fallback above"),
+    *(_flashinfer_path(b) for b in BACKENDS.values()),
     GemmPath("dispatch", None, _dispatch, note="threshold dispatcher: FlashInfer low-M backend at M <= threshold"),
 )}
 
 
 def paths_for(profile_backends: tuple[str, ...], spec: str | None = None) -> list[GemmPath]:
     """The profile's paths (aten, its FlashInfer backends, dispatch), or those named in a comma list."""
-    from shapes.errors import HarnessError
+    from harness.errors import HarnessError
     if spec:
         names = [s.strip() for s in spec.split(",") if s.strip()]
         if not names:

@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 from typing import Any, Iterable
 
-from shapes.errors import HarnessError
-from shapes.io import atomic_write, atomic_write_text, read_json_object
+from harness.errors import HarnessError
+from harness.io import atomic_write, atomic_write_text, read_json_object
 
 COLUMNS = (
     "shape", "n", "k", "tp", "m", "path", "status", "reason",

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
-from shapes.errors import HarnessError
+from harness.errors import HarnessError
 
 
 def quantile(values: Sequence[float], q: float) -> float:

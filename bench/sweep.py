@@ -8,12 +8,12 @@ from typing import Any
 
 from bench import autotune_cache
 from bench.paths import GemmPath
-from bench.profiles import GpuProfile, check_device
+from dispatch.profiles import GpuProfile, check_device
 from bench.results import done_keys, write_parquet, write_results, write_run_json
 from bench.stats import PhaseTimer, calls_per_graph, estimate_call_us, rotation_count, summary
 from shapes.catalog import Shape
-from shapes.console import divert_noise, log_path, terminal
-from shapes.errors import HarnessError, Interrupted, signal_of, signals_deferred
+from harness.console import divert_noise, log_path, terminal
+from harness.errors import HarnessError, Interrupted, signal_of, signals_deferred
 from shapes.grid import hybrid_buckets
 
 MAX_ROTATION_BYTES = 8 << 30
@@ -366,5 +366,5 @@ def print_summary(cfg: SweepConfig, rows: list[dict[str, Any]], wall_s: float) -
     failed = sorted({str(r.get("reason", ""))[:100] for r in rows if r.get("status") == "failed"})
     lines += [f"  failed: {reason}" for reason in failed[:5]]
     lines.append(f"  results: {cfg.out}/results.csv and run.json" + (f"; third-party log: {log_path()}" if log_path() else ""))
-    lines.append(f"  next: python -m dispatch validate {cfg.out}   |   python -m reports build {cfg.out} -o report.html")
+    lines.append(f"  next: python -m calibrate validate {cfg.out}   |   python -m reports build {cfg.out} -o report.html")
     print("\n".join(lines), file=terminal(), flush=True)

@@ -8,12 +8,14 @@ from typing import Any, Callable
 
 import torch.nn.functional as F
 
+from dispatch.backends import BACKENDS, Backend
+from dispatch.profiles import detect_profile
 from dispatch.table import ThresholdTable, load_table
 
 __all__ = ["linear", "ThresholdTable", "load_table", "configure", "reset"]
 
-# Per CUDA device index: (default threshold, overrides, low-M kernel or None). Built on first use.
-_DEVICES: dict[int | None, tuple[int, dict[tuple[int, int], int], Callable | None, int]] = {}
+# Per CUDA device index: (default threshold, overrides, (low-M kernel, its Backend) or None, SM). Built on first use.
+_DEVICES: dict[int | None, tuple[int, dict[tuple[int, int], int], tuple[Callable, Backend] | None, int]] = {}
 _FORCED: ThresholdTable | None = None
 
 
@@ -45,7 +47,6 @@ def _device_state(index: int | None):
     if state is not None:
         return state
     import torch
-    from bench.profiles import detect_profile
     table, sm = _FORCED, 0
     if index is not None and index >= 0:  # get_device() is -1 for CPU tensors
         major, minor = torch.cuda.get_device_capability(index)
@@ -59,19 +60,11 @@ def _device_state(index: int | None):
     if table is None:
         state = (-1, {}, None, sm)  # unknown GPU: always F.linear
     else:
-        state = (table.default_threshold, dict(table.overrides), _low_m_kernel(table.low_m_backend), sm)
+        kernel = _low_m_kernel(table.low_m_backend)
+        low_m = (kernel, BACKENDS[table.low_m_backend]) if kernel is not None else None
+        state = (table.default_threshold, dict(table.overrides), low_m, sm)
     _DEVICES[key] = state
     return state
-
-
-def _eligible(x: Any, weight: Any, bias: Any, backend_sm: int) -> bool:
-    """What the low-M kernels accept: bf16, contiguous, 2-D weight, N % 16 == 0, 16-byte aligned, no bias."""
-    import torch
-    n, k = weight.shape[0], weight.shape[-1]
-    return (bias is None and x.dtype == torch.bfloat16 and weight.dtype == torch.bfloat16 and weight.dim() == 2
-            and x.is_cuda and x.device == weight.device and x.is_contiguous() and weight.is_contiguous()
-            and n % 16 == 0 and k % 8 == 0 and x.data_ptr() % 16 == 0 and weight.data_ptr() % 16 == 0
-            and (backend_sm < 100 or k % 128 == 0))
 
 
 def linear(x: Any, weight: Any, bias: Any = None) -> Any:
@@ -81,10 +74,10 @@ def linear(x: Any, weight: Any, bias: Any = None) -> Any:
     m = x.numel() // k if k else 0
     device = x.get_device()  # an int, cheaper than x.device; -1 on the CPU
     state = _DEVICES.get(device)
-    threshold, overrides, kernel, sm = state if state is not None else _device_state(device)
+    threshold, overrides, low_m, sm = state if state is not None else _device_state(device)
     if overrides:
         threshold = overrides.get((weight.shape[0], k), threshold)
-    if m > threshold or kernel is None or m == 0 or not _eligible(x, weight, bias, sm):
+    if m > threshold or low_m is None or m == 0 or not low_m[1].accepts(x, weight, bias, sm):
         return F.linear(x, weight, bias)
-    out = kernel(x.reshape(m, k), weight)
+    out = low_m[0](x.reshape(m, k), weight)
     return out.view(*x.shape[:-1], weight.shape[0])

@@ -5,9 +5,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shapes.errors import HarnessError
+from dispatch.backends import BACKENDS
+from harness.errors import HarnessError
 from shapes.grid import M_MAX
-from shapes.io import read_json
+from harness.io import read_json
 
 TABLE_DIR = Path(__file__).parent / "thresholds"
 
@@ -56,7 +57,7 @@ def parse_table(data: Any, where: str) -> ThresholdTable:
     known = known_low_m_backends()
     if backend not in known:
         raise HarnessError(f"{where}: low_m_backend {backend!r} is not a FlashInfer backend of the path registry "
-                           f"(known: {', '.join(known)}); fix the table or refit it with python -m dispatch fit")
+                           f"(known: {', '.join(known)}); fix the table or refit it with python -m calibrate fit")
     source = data.get("source", {})
     if not isinstance(source, dict):
         raise HarnessError(f"{where}: source must be an object (where the table came from)")
@@ -64,8 +65,7 @@ def parse_table(data: Any, where: str) -> ThresholdTable:
 
 
 def known_low_m_backends() -> list[str]:
-    from bench.paths import PATHS  # the registry names the backends; imported late (dispatch sits below bench)
-    return [p.flashinfer_backend for p in PATHS.values() if p.flashinfer_backend]
+    return list(BACKENDS)
 
 
 def load_table(profile: str | None = None, path: str | Path | None = None) -> ThresholdTable:
@@ -73,5 +73,5 @@ def load_table(profile: str | None = None, path: str | Path | None = None) -> Th
         if profile is None:
             raise HarnessError("name a GPU profile or a threshold file")
         path = TABLE_DIR / f"{profile}.json"
-    data = read_json(path, "threshold table", "run `python -m dispatch fit RESULTS --gpu PROFILE` to make one")
+    data = read_json(path, "threshold table", "run `python -m calibrate fit RESULTS --gpu PROFILE` to make one")
     return parse_table(data, str(path))

@@ -5,9 +5,9 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from shapes.cli import Parser
-from shapes.errors import run_cli
-from shapes.io import output_file
+from harness.cli import Parser
+from harness.errors import run_cli
+from harness.io import output_file
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -8,8 +8,8 @@ import pandas as pd
 from reports import figures
 from reports.data import Run, cell_rows, compare_runs, headline, load_anatomy, load_run, shape_crossovers
 from reports.page import esc, kv_table, page, table
-from shapes.console import terminal
-from shapes.io import atomic_write_text
+from harness.console import terminal
+from harness.io import atomic_write_text
 
 FINGERPRINT_KEYS = ("gpu_name", "sm", "sm_count", "l2_bytes", "driver", "cuda", "torch", "cublas", "cudnn",
                     "flashinfer", "cupti_python", "libcupti", "cutlass_dsl", "python", "harness_sha")
@@ -128,7 +128,7 @@ def comparison_section(primary: Run, rows: pd.DataFrame, others: list[Run], base
                     fmt={"ratio_a": "{:.3f}", "ratio_b": "{:.3f}", "drift": "{:+.1%}"},
                     left=("shape", "path")) + "</details>")
     if baseline:
-        from dispatch.baseline import cells_from_results, compare, load_baseline
+        from calibrate.baseline import cells_from_results, compare, load_baseline
         b = load_baseline(Path(baseline))
         fi = sorted({c.path for c in b.cells})
         checks = compare(b, cells_from_results(primary.df, fi))
@@ -201,7 +201,7 @@ def anatomy_section(path: str) -> str:
 
 
 def forward_section(run: Run, path: str, partial: bool) -> str:
-    from dispatch.forward_model import MODEL_MISS, forward_ratios, forward_verdicts, load_forward, model_vs_measured
+    from calibrate.forward_model import MODEL_MISS, forward_ratios, forward_verdicts, load_forward, model_vs_measured
     fdf, info = load_forward(path, partial)
     ratios = forward_ratios(fdf)
     paths = [c for c in ("vllm-flashinfer", "seed-fix", "dispatch") if c in ratios.columns]

@@ -8,13 +8,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from bench.profiles import PROFILES, GpuProfile
+from dispatch.profiles import PROFILES, GpuProfile
 from bench.results import check_grid, load_results, load_run_info
-from dispatch.analysis import (Cells, cell_verdicts, crossover, forward_totals, model_uses, ratio_ci, verdict)
+from calibrate.analysis import (Cells, cell_verdicts, crossover, forward_totals, model_uses, ratio_ci, verdict)
 from dispatch.table import TABLE_DIR, ThresholdTable, load_table
-from shapes.errors import HarnessError
+from harness.errors import HarnessError
 
-MARGIN = 0.03  # equivalence margin of every verdict in the report, as in `python -m dispatch validate`
+MARGIN = 0.03  # equivalence margin of every verdict in the report, as in `python -m calibrate validate`
 
 
 @dataclass
@@ -104,7 +104,7 @@ def headline(run: Run) -> Headline:
         s.append("Median host time per eager call: " + ", ".join(f"{p} {v:.0f} µs" for p, v in host.items()) + ".")
     if run.profile is None or run.table is None:
         s.insert(0, "No threshold table exists for this GPU, so the dispatcher cannot be judged here; "
-                    "fit one with `python -m dispatch fit`.")
+                    "fit one with `python -m calibrate fit`.")
         return Headline(None, s, pd.DataFrame(), pd.DataFrame())
     verdicts = cell_verdicts(c, run.table, MARGIN)
     totals = forward_totals(c, run.table, model_uses(df), run.profile.capture_size)

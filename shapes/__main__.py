@@ -10,8 +10,8 @@ from typing import Sequence
 
 from shapes.catalog import dedup, model_configs, model_layers
 from shapes.derive import LinearLayer, derive_layers, load_config
-from shapes.cli import Parser, int_in
-from shapes.errors import run_cli
+from harness.cli import Parser, int_in
+from harness.errors import run_cli
 from shapes.grid import hybrid_buckets, parse_m
 
 FORMATS = ("table", "csv", "json")

@@ -5,7 +5,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shapes.derive import LinearLayer, derive_layers, load_config
-from shapes.errors import HarnessError
+from harness.errors import HarnessError
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 

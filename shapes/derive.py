@@ -10,8 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shapes.errors import HarnessError
-from shapes.io import read_json_object
+from harness.errors import HarnessError
+from harness.io import read_json_object
 
 SUPPORTED_MODEL_TYPES = ("qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "qwen3_5", "qwen3_5_moe")
 COMMON_FIELDS = (

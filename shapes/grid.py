@@ -1,7 +1,7 @@
 """The M (token count) grid."""
 from __future__ import annotations
 
-from shapes.errors import HarnessError
+from harness.errors import HarnessError
 
 M_MAX = 16384
 MAX_GRID_VALUES = 1024  # a sweep over more M values than this is a typo, not a plan

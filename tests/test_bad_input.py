@@ -19,7 +19,7 @@ from typing import Callable
 import pandas as pd
 import pytest
 
-from shapes.errors import run_cli
+from harness.errors import run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data"
@@ -29,10 +29,10 @@ WATCHED = [ROOT / "dispatch" / "thresholds", ROOT / "tests" / "baselines", DATA,
 
 def _mains() -> dict[str, Callable]:
     from bench.__main__ import main as bench
-    from dispatch.__main__ import main as dispatch
+    from calibrate.__main__ import main as calibrate
     from reports.__main__ import main as reports
     from shapes.__main__ import main as shapes
-    return {"bench": bench, "dispatch": dispatch, "reports": reports, "shapes": shapes}
+    return {"bench": bench, "calibrate": calibrate, "reports": reports, "shapes": shapes}
 
 
 def snapshot(*roots: Path) -> dict[str, tuple[int, str]]:
@@ -150,105 +150,105 @@ CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
     ("shapes list TP out of range", lambda t: ["shapes", "list", "--tp", "0"], "outside 1..64"),
     ("shapes grid M above 16384", lambda t: ["shapes", "grid", "--m", "20000"], "1..16384"),
     # results tables
-    ("results gpu_us text", lambda t: ["dispatch", "validate", run_folder(t, set_cell("gpu_us", "fast"))], "non-numeric text in gpu_us"),
-    ("results gpu_us NaN", lambda t: ["dispatch", "validate", run_folder(t, set_cell("gpu_us", "nan"))], "NaN or negative time"),
-    ("results gpu_us inf", lambda t: ["dispatch", "validate", run_folder(t, set_cell("gpu_us", "inf"))], "infinite"),
-    ("results gpu_us negative", lambda t: ["dispatch", "validate", run_folder(t, set_cell("gpu_us", "-3.5"))], "negative time"),
-    ("results gpu_us zero", lambda t: ["dispatch", "validate", run_folder(t, set_cell("gpu_us", "0"))], "gpu_us"),
-    ("results host_us negative", lambda t: ["dispatch", "validate", run_folder(t, set_cell("host_us", "-20"))], "host_us"),
-    ("results host_us NaN", lambda t: ["dispatch", "validate", run_folder(t, set_cell("host_us", "nan"))], "host_us"),
-    ("results ok row without event_us", lambda t: ["dispatch", "validate", run_folder(t, set_cell("event_us", ""))], "event_us"),
-    ("results samples garbage", lambda t: ["dispatch", "validate", run_folder(t, set_cell("gpu_samples_us", "1.2;x;3"))],
+    ("results gpu_us text", lambda t: ["calibrate", "validate", run_folder(t, set_cell("gpu_us", "fast"))], "non-numeric text in gpu_us"),
+    ("results gpu_us NaN", lambda t: ["calibrate", "validate", run_folder(t, set_cell("gpu_us", "nan"))], "NaN or negative time"),
+    ("results gpu_us inf", lambda t: ["calibrate", "validate", run_folder(t, set_cell("gpu_us", "inf"))], "infinite"),
+    ("results gpu_us negative", lambda t: ["calibrate", "validate", run_folder(t, set_cell("gpu_us", "-3.5"))], "negative time"),
+    ("results gpu_us zero", lambda t: ["calibrate", "validate", run_folder(t, set_cell("gpu_us", "0"))], "gpu_us"),
+    ("results host_us negative", lambda t: ["calibrate", "validate", run_folder(t, set_cell("host_us", "-20"))], "host_us"),
+    ("results host_us NaN", lambda t: ["calibrate", "validate", run_folder(t, set_cell("host_us", "nan"))], "host_us"),
+    ("results ok row without event_us", lambda t: ["calibrate", "validate", run_folder(t, set_cell("event_us", ""))], "event_us"),
+    ("results samples garbage", lambda t: ["calibrate", "validate", run_folder(t, set_cell("gpu_samples_us", "1.2;x;3"))],
      "gpu_samples_us"),
-    ("results samples negative", lambda t: ["dispatch", "validate", run_folder(t, set_cell("gpu_samples_us", "1.2;-3"))],
+    ("results samples negative", lambda t: ["calibrate", "validate", run_folder(t, set_cell("gpu_samples_us", "1.2;-3"))],
      "gpu_samples_us"),
-    ("results duplicated rows", lambda t: ["dispatch", "validate", run_folder(t, lambda df: pd.concat([df, df.head(3)]))],
+    ("results duplicated rows", lambda t: ["calibrate", "validate", run_folder(t, lambda df: pd.concat([df, df.head(3)]))],
      "duplicated cell"),
-    ("results M zero", lambda t: ["dispatch", "validate", run_folder(t, set_cell("m", "0"))], "positive integer in m"),
-    ("results M fractional", lambda t: ["dispatch", "validate", run_folder(t, set_cell("m", "8.5"))], "positive integer in m"),
-    ("results unknown status", lambda t: ["dispatch", "validate", run_folder(t, set_cell("status", "great"))], "unknown status"),
-    ("results lacks a column", lambda t: ["dispatch", "validate", run_folder(t, lambda df: df.drop(columns=["gpu_us"]))],
+    ("results M zero", lambda t: ["calibrate", "validate", run_folder(t, set_cell("m", "0"))], "positive integer in m"),
+    ("results M fractional", lambda t: ["calibrate", "validate", run_folder(t, set_cell("m", "8.5"))], "positive integer in m"),
+    ("results unknown status", lambda t: ["calibrate", "validate", run_folder(t, set_cell("status", "great"))], "unknown status"),
+    ("results lacks a column", lambda t: ["calibrate", "validate", run_folder(t, lambda df: df.drop(columns=["gpu_us"]))],
      "lacks column"),
-    ("results cut at a line (1 row)", lambda t: ["dispatch", "validate", run_folder(t, csv_text=lambda s: "\n".join(s.splitlines()[:2]) + "\n")],
+    ("results cut at a line (1 row)", lambda t: ["calibrate", "validate", run_folder(t, csv_text=lambda s: "\n".join(s.splitlines()[:2]) + "\n")],
      "cells of its grid are missing"),
-    ("results cut mid-line", lambda t: ["dispatch", "validate", run_folder(t, csv_text=lambda s: s[: len(s) // 2])],
+    ("results cut mid-line", lambda t: ["calibrate", "validate", run_folder(t, csv_text=lambda s: s[: len(s) // 2])],
      "missing|NaN|non-numeric|cannot read"),
-    ("results empty file", lambda t: ["dispatch", "validate", run_folder(t, csv_text=lambda s: "")], "cannot read|no rows"),
-    ("results header only", lambda t: ["dispatch", "validate", run_folder(t, csv_text=lambda s: s.splitlines()[0] + "\n")], "no rows"),
-    ("results of an unfinished run", lambda t: ["dispatch", "validate", run_folder(t, edit_info=lambda i: {**i, "status": "interrupted"})],
+    ("results empty file", lambda t: ["calibrate", "validate", run_folder(t, csv_text=lambda s: "")], "cannot read|no rows"),
+    ("results header only", lambda t: ["calibrate", "validate", run_folder(t, csv_text=lambda s: s.splitlines()[0] + "\n")], "no rows"),
+    ("results of an unfinished run", lambda t: ["calibrate", "validate", run_folder(t, edit_info=lambda i: {**i, "status": "interrupted"})],
      "interrupted"),
-    ("results folder missing", lambda t: ["dispatch", "validate", str(t / "nothing")], "not found"),
+    ("results folder missing", lambda t: ["calibrate", "validate", str(t / "nothing")], "not found"),
     ("report on a cut results file", lambda t: ["reports", "build", run_folder(t, csv_text=lambda s: "\n".join(s.splitlines()[:50]) + "\n"),
                                                  "-o", str(t / "r.html")], "missing"),
-    ("fit on one row", lambda t: ["dispatch", "fit", run_folder(t, csv_text=lambda s: "\n".join(s.splitlines()[:2]) + "\n"),
+    ("fit on one row", lambda t: ["calibrate", "fit", run_folder(t, csv_text=lambda s: "\n".join(s.splitlines()[:2]) + "\n"),
                                   "--gpu", "h200", "--out", str(t / "t.json")], "missing"),
-    ("fit on one row with --partial", lambda t: ["dispatch", "fit", run_folder(t, csv_text=lambda s: "\n".join(s.splitlines()[:2]) + "\n"),
+    ("fit on one row with --partial", lambda t: ["calibrate", "fit", run_folder(t, csv_text=lambda s: "\n".join(s.splitlines()[:2]) + "\n"),
                                                  "--gpu", "h200", "--partial", "--out", str(t / "t.json")], "nothing to fit"),
-    ("fit on NaN data", lambda t: ["dispatch", "fit", run_folder(t, set_cell("gpu_us", "nan", 5)), "--gpu", "h200",
+    ("fit on NaN data", lambda t: ["calibrate", "fit", run_folder(t, set_cell("gpu_us", "nan", 5)), "--gpu", "h200",
                                    "--out", str(t / "t.json")], "NaN"),
-    ("baseline --from NaN data", lambda t: ["dispatch", "baseline", "--gpu", "h200", "--from",
+    ("baseline --from NaN data", lambda t: ["calibrate", "baseline", "--gpu", "h200", "--from",
                                             run_folder(t, set_cell("gpu_samples_us", "nan;1", 2)), "--out", str(t / "b.json")],
      "gpu_samples_us"),
     # run.json
-    ("run.json a list", lambda t: ["dispatch", "validate", run_folder(t, edit_info=lambda i: [i])], "not an object"),
-    ("run.json not UTF-8", lambda t: ["dispatch", "validate", run_folder(t, edit_info=lambda i: NOT_UTF8)], "not UTF-8"),
-    ("run.json not JSON", lambda t: ["dispatch", "validate", run_folder(t, edit_info=lambda i: b"{oops")], "not valid JSON"),
-    ("run.json fingerprint a string", lambda t: ["dispatch", "validate", run_folder(t, edit_info=lambda i: {**i, "fingerprint": "H200"})],
+    ("run.json a list", lambda t: ["calibrate", "validate", run_folder(t, edit_info=lambda i: [i])], "not an object"),
+    ("run.json not UTF-8", lambda t: ["calibrate", "validate", run_folder(t, edit_info=lambda i: NOT_UTF8)], "not UTF-8"),
+    ("run.json not JSON", lambda t: ["calibrate", "validate", run_folder(t, edit_info=lambda i: b"{oops")], "not valid JSON"),
+    ("run.json fingerprint a string", lambda t: ["calibrate", "validate", run_folder(t, edit_info=lambda i: {**i, "fingerprint": "H200"})],
      "fingerprint is a str"),
-    ("run.json ms not integers", lambda t: ["dispatch", "validate", run_folder(t, edit_info=lambda i: {**i, "ms": ["a"]})],
+    ("run.json ms not integers", lambda t: ["calibrate", "validate", run_folder(t, edit_info=lambda i: {**i, "ms": ["a"]})],
      "ms must be a list"),
-    ("run.json missing", lambda t: ["dispatch", "validate", run_folder(t, edit_info=lambda i: b"{}") and
+    ("run.json missing", lambda t: ["calibrate", "validate", run_folder(t, edit_info=lambda i: b"{}") and
                                     (os.remove(t / "run" / "run.json") or str(t / "run"))], "run.json not found"),
-    ("run.json from another GPU", lambda t: ["dispatch", "validate", run_folder(t, edit_info=lambda i: i["fingerprint"].update(
+    ("run.json from another GPU", lambda t: ["calibrate", "validate", run_folder(t, edit_info=lambda i: i["fingerprint"].update(
         gpu_name="NVIDIA GH200 480GB"))], "not on a h200"),
-    ("results from a B200 judged as GB200", lambda t: ["dispatch", "validate", "--gpu", "gb200", run_folder(
+    ("results from a B200 judged as GB200", lambda t: ["calibrate", "validate", "--gpu", "gb200", run_folder(
         t, edit_info=lambda i: i["fingerprint"].update(gpu_name="NVIDIA B200", sm=100))], "not on a gb200"),
     # threshold tables
-    ("thresholds not UTF-8", lambda t: ["dispatch", "validate", str(SWEEP), "--thresholds", thresholds(t, raw=NOT_UTF8)], "not UTF-8"),
-    ("thresholds not JSON", lambda t: ["dispatch", "validate", str(SWEEP), "--thresholds", thresholds(t, raw=b"{")], "not valid JSON"),
-    ("thresholds a list", lambda t: ["dispatch", "validate", str(SWEEP), "--thresholds", thresholds(t, raw=b"[]")], "JSON object"),
-    ("thresholds unknown backend", lambda t: ["dispatch", "validate", str(SWEEP), "--thresholds",
+    ("thresholds not UTF-8", lambda t: ["calibrate", "validate", str(SWEEP), "--thresholds", thresholds(t, raw=NOT_UTF8)], "not UTF-8"),
+    ("thresholds not JSON", lambda t: ["calibrate", "validate", str(SWEEP), "--thresholds", thresholds(t, raw=b"{")], "not valid JSON"),
+    ("thresholds a list", lambda t: ["calibrate", "validate", str(SWEEP), "--thresholds", thresholds(t, raw=b"[]")], "JSON object"),
+    ("thresholds unknown backend", lambda t: ["calibrate", "validate", str(SWEEP), "--thresholds",
                                               thresholds(t, {"low_m_backend": "tinygem"})], "not a FlashInfer backend"),
-    ("thresholds negative", lambda t: ["dispatch", "validate", str(SWEEP), "--thresholds",
+    ("thresholds negative", lambda t: ["calibrate", "validate", str(SWEEP), "--thresholds",
                                        thresholds(t, {"default_threshold": -1})], ">= 0"),
-    ("thresholds above M max", lambda t: ["dispatch", "validate", str(SWEEP), "--thresholds",
+    ("thresholds above M max", lambda t: ["calibrate", "validate", str(SWEEP), "--thresholds",
                                           thresholds(t, {"default_threshold": 10 ** 9})], "<= 16384"),
-    ("thresholds malformed override", lambda t: ["dispatch", "validate", str(SWEEP), "--thresholds",
+    ("thresholds malformed override", lambda t: ["calibrate", "validate", str(SWEEP), "--thresholds",
                                                  thresholds(t, {"overrides": [{"n": 1}]})], "malformed"),
-    ("thresholds missing", lambda t: ["dispatch", "validate", str(SWEEP), "--thresholds", str(t / "none.json")], "not found"),
+    ("thresholds missing", lambda t: ["calibrate", "validate", str(SWEEP), "--thresholds", str(t / "none.json")], "not found"),
     # baselines
-    ("baseline not UTF-8", lambda t: ["dispatch", "regress", "--gpu", "h200", "--from", str(SWEEP), "--baseline",
+    ("baseline not UTF-8", lambda t: ["calibrate", "regress", "--gpu", "h200", "--from", str(SWEEP), "--baseline",
                                       baseline(t, raw=NOT_UTF8)], "not UTF-8"),
-    ("baseline bound text", lambda t: ["dispatch", "regress", "--gpu", "h200", "--from", str(SWEEP), "--baseline",
+    ("baseline bound text", lambda t: ["calibrate", "regress", "--gpu", "h200", "--from", str(SWEEP), "--baseline",
                                        baseline(t, first_cell("gpu_ratio_hi", "high"))], "gpu_ratio_hi"),
-    ("baseline bound NaN", lambda t: ["dispatch", "regress", "--gpu", "h200", "--from", str(SWEEP), "--baseline",
+    ("baseline bound NaN", lambda t: ["calibrate", "regress", "--gpu", "h200", "--from", str(SWEEP), "--baseline",
                                       baseline(t, first_cell("gpu_ratio_lo", float("nan")))], "gpu_ratio_lo"),
-    ("baseline ratio outside its bounds", lambda t: ["dispatch", "regress", "--gpu", "h200", "--from", str(SWEEP), "--baseline",
+    ("baseline ratio outside its bounds", lambda t: ["calibrate", "regress", "--gpu", "h200", "--from", str(SWEEP), "--baseline",
                                                      baseline(t, first_cell("gpu_ratio_lo", 50.0))], "outside"),
-    ("baseline M text", lambda t: ["dispatch", "regress", "--gpu", "h200", "--from", str(SWEEP), "--baseline",
+    ("baseline M text", lambda t: ["calibrate", "regress", "--gpu", "h200", "--from", str(SWEEP), "--baseline",
                                    baseline(t, first_cell("m", "8"))], "positive integer"),
-    ("baseline tolerance NaN", lambda t: ["dispatch", "regress", "--gpu", "h200", "--from", str(SWEEP), "--baseline",
+    ("baseline tolerance NaN", lambda t: ["calibrate", "regress", "--gpu", "h200", "--from", str(SWEEP), "--baseline",
                                           baseline(t, lambda d: d.update(tolerance=float("nan")))], "tolerance"),
-    ("baseline cell twice", lambda t: ["dispatch", "regress", "--gpu", "h200", "--from", str(SWEEP), "--baseline",
+    ("baseline cell twice", lambda t: ["calibrate", "regress", "--gpu", "h200", "--from", str(SWEEP), "--baseline",
                                        baseline(t, lambda d: d["cells"].append(d["cells"][0]))], "twice"),
-    ("baseline of another profile", lambda t: ["dispatch", "regress", "--gpu", "h100", "--from", str(SWEEP), "--baseline",
+    ("baseline of another profile", lambda t: ["calibrate", "regress", "--gpu", "h100", "--from", str(SWEEP), "--baseline",
                                                baseline(t)], "is for h200"),
-    ("baseline of another fingerprint", lambda t: ["dispatch", "regress", "--gpu", "h200", "--from", str(SWEEP), "--baseline",
+    ("baseline of another fingerprint", lambda t: ["calibrate", "regress", "--gpu", "h200", "--from", str(SWEEP), "--baseline",
                                                    baseline(t, lambda d: d["fingerprint"].update(torch="2.0.0"))],
      "another environment"),
-    ("baseline missing", lambda t: ["dispatch", "regress", "--gpu", "h200", "--from", str(SWEEP), "--baseline",
+    ("baseline missing", lambda t: ["calibrate", "regress", "--gpu", "h200", "--from", str(SWEEP), "--baseline",
                                     str(t / "none.json")], "no baseline"),
     # CLI numbers
-    ("validate margin NaN", lambda t: ["dispatch", "validate", str(SWEEP), "--margin", "nan"], "outside 0..0.5"),
-    ("validate margin negative", lambda t: ["dispatch", "validate", str(SWEEP), "--margin", "-0.1"], "outside 0..0.5"),
-    ("validate margin text", lambda t: ["dispatch", "validate", str(SWEEP), "--margin", "lots"], "not a number"),
-    ("regress tolerance NaN", lambda t: ["dispatch", "regress", "--gpu", "h200", "--from", str(SWEEP), "--tolerance", "nan"],
+    ("validate margin NaN", lambda t: ["calibrate", "validate", str(SWEEP), "--margin", "nan"], "outside 0..0.5"),
+    ("validate margin negative", lambda t: ["calibrate", "validate", str(SWEEP), "--margin", "-0.1"], "outside 0..0.5"),
+    ("validate margin text", lambda t: ["calibrate", "validate", str(SWEEP), "--margin", "lots"], "not a number"),
+    ("regress tolerance NaN", lambda t: ["calibrate", "regress", "--gpu", "h200", "--from", str(SWEEP), "--tolerance", "nan"],
      "outside 0..1"),
-    ("regress tolerance negative", lambda t: ["dispatch", "regress", "--gpu", "h200", "--from", str(SWEEP), "--tolerance", "-1"],
+    ("regress tolerance negative", lambda t: ["calibrate", "regress", "--gpu", "h200", "--from", str(SWEEP), "--tolerance", "-1"],
      "outside 0..1"),
-    ("fit min-gain 2", lambda t: ["dispatch", "fit", str(SWEEP), "--gpu", "h200", "--min-gain", "2"], "outside 0..1"),
-    ("host-cost calls 5", lambda t: ["dispatch", "host-cost", "--gpu", "h200", "--calls", "5"], "outside 100..1000000"),
-    ("baseline samples 0", lambda t: ["dispatch", "baseline", "--gpu", "h200", "--samples", "0"], "outside 3..1000"),
+    ("fit min-gain 2", lambda t: ["calibrate", "fit", str(SWEEP), "--gpu", "h200", "--min-gain", "2"], "outside 0..1"),
+    ("host-cost calls 5", lambda t: ["calibrate", "host-cost", "--gpu", "h200", "--calls", "5"], "outside 100..1000000"),
+    ("baseline samples 0", lambda t: ["calibrate", "baseline", "--gpu", "h200", "--samples", "0"], "outside 3..1000"),
     ("bench samples 0", lambda t: ["bench", "run", "--gpu", "h200", "--samples", "0"], "outside 3..1000"),
     ("bench rotations 0", lambda t: ["bench", "run", "--gpu", "h200", "--max-rotations", "0"], "outside 1..4096"),
     ("bench TP 0", lambda t: ["bench", "run", "--gpu", "h200", "--tp", "0"], "outside 1..64"),
@@ -266,14 +266,14 @@ CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
     ("bench unknown profile", lambda t: ["bench", "run", "--gpu", "nosuchgpu"], "unknown GPU profile 'nosuchgpu'"),
     ("bench profiles unknown", lambda t: ["bench", "profiles", "nosuchgpu"], "unknown GPU profile"),
     ("bench without --gpu", lambda t: ["bench", "run"], "required: --gpu"),
-    ("dispatch unknown command", lambda t: ["dispatch", "judge"], "invalid choice"),
+    ("dispatch unknown command", lambda t: ["calibrate", "judge"], "invalid choice"),
     # output paths
-    ("validate --csv a folder", lambda t: ["dispatch", "validate", str(SWEEP), "--csv", str(t)], "is a folder"),
-    ("fit --out a folder", lambda t: ["dispatch", "fit", str(SWEEP), "--gpu", "h200", "--out", str(t)], "is a folder"),
+    ("validate --csv a folder", lambda t: ["calibrate", "validate", str(SWEEP), "--csv", str(t)], "is a folder"),
+    ("fit --out a folder", lambda t: ["calibrate", "fit", str(SWEEP), "--gpu", "h200", "--out", str(t)], "is a folder"),
     ("report -o a folder", lambda t: ["reports", "build", str(SWEEP), "-o", str(t)], "is a folder"),
-    ("baseline --out a folder", lambda t: ["dispatch", "baseline", "--gpu", "h200", "--from", str(DATA / "h200-baseline-1"),
+    ("baseline --out a folder", lambda t: ["calibrate", "baseline", "--gpu", "h200", "--from", str(DATA / "h200-baseline-1"),
                                            "--out", str(t)], "is a folder"),
-    ("host-cost --out a folder", lambda t: ["dispatch", "host-cost", "--gpu", "h200", "--out", str(t)], "is a folder"),
+    ("host-cost --out a folder", lambda t: ["calibrate", "host-cost", "--gpu", "h200", "--out", str(t)], "is a folder"),
     ("bench --out an existing file", lambda t: ["bench", "run", "--gpu", "h200", "--out", user_folder(t) + "/notes.txt"],
      "is a file"),
     ("anatomy --out an existing file", lambda t: ["bench", "host-anatomy", "--gpu", "h200", "--out",
@@ -293,25 +293,25 @@ CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
     ("forward --out an existing file", lambda t: ["bench", "forward", "--gpu", "h200", "--out",
                                                   user_folder(t) + "/notes.txt"], "is a file"),
     ("forward, no GPU", lambda t: ["bench", "forward", "--gpu", "h200", "--out", str(t / "out")], "no CUDA GPU"),
-    ("validate --forward a sweep", lambda t: ["dispatch", "validate", str(SWEEP), "--forward", str(SWEEP)],
+    ("validate --forward a sweep", lambda t: ["calibrate", "validate", str(SWEEP), "--forward", str(SWEEP)],
      "forward.csv not found"),
-    ("validate --forward of another kind", lambda t: ["dispatch", "validate", str(SWEEP), "--forward", run_folder(
+    ("validate --forward of another kind", lambda t: ["calibrate", "validate", str(SWEEP), "--forward", run_folder(
         t, source=DATA / "h200-forward", edit_info=lambda i: {**i, "kind": "host-anatomy"})], "not a forward run"),
-    ("validate --forward missing", lambda t: ["dispatch", "validate", str(SWEEP), "--forward", str(t / "none")], "not found"),
-    ("validate --forward cut", lambda t: ["dispatch", "validate", str(SWEEP), "--forward",
+    ("validate --forward missing", lambda t: ["calibrate", "validate", str(SWEEP), "--forward", str(t / "none")], "not found"),
+    ("validate --forward cut", lambda t: ["calibrate", "validate", str(SWEEP), "--forward",
                                           run_folder(t, csv_text=lambda s: "\n".join(s.splitlines()[:9]) + "\n",
                                                      source=DATA / "h200-forward")], "rows missing"),
-    ("l2 modes swapped", lambda t: ["dispatch", "l2", "--rotate", str(DATA / "h200-l2-flush"), "--flush",
+    ("l2 modes swapped", lambda t: ["calibrate", "l2", "--rotate", str(DATA / "h200-l2-flush"), "--flush",
                                     str(DATA / "h200-l2-rotate"), "--warm", str(DATA / "h200-l2-warm")], "swept with --l2 flush"),
-    ("l2 within 2", lambda t: ["dispatch", "l2", "--rotate", "a", "--flush", "b", "--warm", "c", "--within", "2"],
+    ("l2 within 2", lambda t: ["calibrate", "l2", "--rotate", "a", "--flush", "b", "--warm", "c", "--within", "2"],
      "outside 0..1"),
     ("bench unknown L2 mode", lambda t: ["bench", "run", "--gpu", "h200", "--l2", "cold"], "invalid choice"),
     # folders the harness did not create
-    ("baseline --work a user folder, no GPU", lambda t: ["dispatch", "baseline", "--gpu", "h200", "--work", user_folder(t)],
+    ("baseline --work a user folder, no GPU", lambda t: ["calibrate", "baseline", "--gpu", "h200", "--work", user_folder(t)],
      "no CUDA GPU"),
-    ("baseline --runs 0", lambda t: ["dispatch", "baseline", "--gpu", "h200", "--work", user_folder(t), "--runs", "0"],
+    ("baseline --runs 0", lambda t: ["calibrate", "baseline", "--gpu", "h200", "--work", user_folder(t), "--runs", "0"],
      "outside 1..20"),
-    ("regress --work a user folder, no GPU", lambda t: ["dispatch", "regress", "--gpu", "h200", "--work",
+    ("regress --work a user folder, no GPU", lambda t: ["calibrate", "regress", "--gpu", "h200", "--work",
                                                        user_folder(t, inner="fresh/kept.csv")], "no CUDA GPU"),
     ("bench run, no GPU", lambda t: ["bench", "run", "--gpu", "h200", "--out", str(t / "out")], "no CUDA GPU"),
     ("host-anatomy, no GPU", lambda t: ["bench", "host-anatomy", "--gpu", "h200", "--out", str(t / "out")], "no CUDA GPU"),
@@ -347,7 +347,7 @@ def test_the_table_covers_at_least_a_hundred_cases():
 
 # ---------------------------------------------------------------- beyond one command line
 def test_allow_mismatch_and_partial_let_the_user_judge_anyway(tmp_path, capsys):
-    from dispatch.__main__ import main
+    from calibrate.__main__ import main
     b = baseline(tmp_path, lambda d: d["fingerprint"].update(torch="2.0.0"))
     assert main(["regress", "--gpu", "h200", "--from", str(SWEEP), "--baseline", b, "--allow-mismatch"]) in (0, 1)
     assert "fingerprint differs" in capsys.readouterr().out
@@ -357,8 +357,8 @@ def test_allow_mismatch_and_partial_let_the_user_judge_anyway(tmp_path, capsys):
 
 
 def test_a_work_folder_is_cleared_only_when_the_harness_made_it(tmp_path):
-    from shapes.errors import HarnessError
-    from shapes.io import WORK_MARKER, claim_work_dir, clear_work_dir
+    from harness.errors import HarnessError
+    from harness.io import WORK_MARKER, claim_work_dir, clear_work_dir
     mine = Path(user_folder(tmp_path))
     with pytest.raises(HarnessError, match="not created by this harness"):
         claim_work_dir(mine, "--work")
@@ -376,7 +376,7 @@ def test_a_work_folder_is_cleared_only_when_the_harness_made_it(tmp_path):
 
 
 def test_outputs_get_the_users_umask(tmp_path):
-    from shapes.io import atomic_write_text
+    from harness.io import atomic_write_text
     old = os.umask(0o022)
     try:
         atomic_write_text(tmp_path / "a.txt", "x")
@@ -390,7 +390,7 @@ def test_outputs_get_the_users_umask(tmp_path):
 
 @pytest.mark.parametrize("exc, code", [(KeyboardInterrupt, 130), ("Terminated", 143), (BrokenPipeError, 141)])
 def test_interrupts_and_closed_pipes_exit_like_unix_tools(exc, code, capsys):
-    from shapes import errors
+    from harness import errors
 
     def main(argv):
         raise (getattr(errors, exc) if isinstance(exc, str) else exc)()
@@ -409,7 +409,7 @@ def test_piping_into_head_ends_quietly():
 
 
 def test_sigterm_exits_143_without_a_traceback(tmp_path):
-    code = ("import time, sys\nfrom shapes.errors import run_cli\n"
+    code = ("import time, sys\nfrom harness.errors import run_cli\n"
             "def main(argv):\n    print('ready', flush=True)\n    time.sleep(30)\n"
             "sys.exit(run_cli(main, 'bench'))\n")
     p = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -421,7 +421,7 @@ def test_sigterm_exits_143_without_a_traceback(tmp_path):
 
 
 def test_third_party_output_goes_to_the_log_and_ours_to_the_terminal(tmp_path):
-    code = ("import os, sys, warnings\nfrom pathlib import Path\nfrom shapes.console import divert_noise, terminal\n"
+    code = ("import os, sys, warnings\nfrom pathlib import Path\nfrom harness.console import divert_noise, terminal\n"
             f"divert_noise(Path({str(tmp_path / 'log.txt')!r}))\n"
             "os.write(2, b'C++ leak report\\n'); os.write(1, b'JIT chatter\\n'); warnings.warn('autotuner noise')\n"
             "print('bench: summary', file=terminal()); print('results: here')\n")

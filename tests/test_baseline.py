@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from bench.results import load_results, load_run_info
-from dispatch.__main__ import main as dispatch_main
-from dispatch.baseline import (REGRESSION_MS, baseline_text, cells_from_results, check_cell, compare,
+from calibrate.__main__ import main as dispatch_main
+from calibrate.baseline import (REGRESSION_MS, baseline_text, cells_from_results, check_cell, compare,
                                fingerprint_mismatch, fingerprint_of, load_baseline, merge_runs)
-from shapes.errors import HarnessError
+from harness.errors import HarnessError
 
 SWEEP = Path(__file__).parent / "data" / "h200-sweep"
 FI = ["flashinfer:tinygemm", "flashinfer:cublaslt"]
@@ -177,7 +177,7 @@ def test_runs_of_two_environments_make_no_baseline(recorded):
 
 
 def test_the_committed_h200_baseline_is_readable_and_from_real_runs():
-    from dispatch.baseline import baseline_path
+    from calibrate.baseline import baseline_path
     b = load_baseline(baseline_path("h200"))
     assert b.fingerprint["gpu_name"] == "NVIDIA H200" and len(b.sources) >= 1
     root = Path(__file__).parent.parent
@@ -199,7 +199,7 @@ def _tactics(path: Path, tactic: int) -> Path:
 
 
 def test_runs_that_served_one_autotuner_cache_pin_it(tmp_path):
-    from dispatch.baseline import shared_tactics
+    from calibrate.baseline import shared_tactics
     a, b, c = (tmp_path / x for x in "abc")
     for run, tactic in ((a, 3), (b, 3), (c, 0)):
         _tactics(run / "autotune-cache.json", tactic)
@@ -243,7 +243,7 @@ def test_a_malformed_autotuner_cache_is_one_clear_error(tmp_path, text, needle):
 
 
 def test_serving_tactics_without_tuning_is_refused(tmp_path):
-    from bench.profiles import get_profile
+    from dispatch.profiles import get_profile
     from bench.sweep import SweepConfig, _load_pinned_tactics
     cfg = SweepConfig(get_profile("h200"), [], [1], [], tmp_path, tune=False,
                       autotune_cache=_tactics(tmp_path / "c.json", 1))
@@ -256,8 +256,8 @@ def test_a_fresh_process_measurement_reports_the_childs_error(tmp_path):
     import torch
     if torch.cuda.is_available():
         pytest.skip("a CUDA GPU is visible: the child would measure")
-    from bench.profiles import get_profile
-    from dispatch.regress import measure_in_fresh_process
+    from dispatch.profiles import get_profile
+    from calibrate.regress import measure_in_fresh_process
     with pytest.raises(HarnessError, match="no CUDA GPU"):
         measure_in_fresh_process(get_profile("h200"), tmp_path / "x", ["n2048_k4096"], (1,))
     assert not (tmp_path / "x").exists()

@@ -4,11 +4,11 @@ import json
 import pytest
 
 from bench.paths import PATHS, paths_for
-from bench.profiles import check_device, get_profile
+from dispatch.profiles import check_device, get_profile
 from bench.results import COLUMNS, done_keys, load_results, write_results, write_run_json
 from bench.stats import (KernelCountError, KernelRecord, Window, attribute, calls_per_graph, kernels_per_call,
                          quantile, rotation_count, summary)
-from shapes.errors import HarnessError
+from harness.errors import HarnessError
 
 L2 = 62_914_560  # H200, as torch reports it
 
@@ -131,7 +131,7 @@ def test_bad_results_files(tmp_path, content, needle):
 
 def test_bench_cli_bad_input(capsys):
     from bench.__main__ import main
-    from shapes.errors import run_cli
+    from harness.errors import run_cli
     assert run_cli(main, "bench", ["run", "--gpu", "x100"]) == 2
     assert "unknown GPU profile" in capsys.readouterr().err
     assert run_cli(main, "bench", ["run", "--gpu", "h200", "--shapes", "n3_k3"]) == 2
@@ -143,7 +143,7 @@ def test_bench_without_gpu_writes_nothing(tmp_path, capsys):
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
     from bench.__main__ import main
-    from shapes.errors import run_cli
+    from harness.errors import run_cli
     out = tmp_path / "out"
     assert run_cli(main, "bench", ["run", "--gpu", "h200", "--out", str(out)]) == 2
     assert "no CUDA GPU" in capsys.readouterr().err
@@ -174,7 +174,7 @@ def test_resume_keeps_earlier_legs(tmp_path):
 
 
 def test_detect_profile_tells_gb200_from_b200():
-    from bench.profiles import detect_profile
+    from dispatch.profiles import detect_profile
     assert detect_profile("NVIDIA GB200", 100).name == "gb200"
     assert detect_profile("NVIDIA B200", 100).name == "b200"
     assert detect_profile("NVIDIA H200", 90).name == "h200"
@@ -203,6 +203,6 @@ def test_phase_timer_accumulates_wall_time_per_phase_even_on_errors():
     ("NVIDIA H200", 100, None),
 ])
 def test_one_gpu_identity_rule_takes_whole_model_names(name, sm, profile):
-    from bench.profiles import detect_profile
+    from dispatch.profiles import detect_profile
     found = detect_profile(name, sm)
     assert (found.name if found else None) == profile

@@ -6,9 +6,9 @@ import pandas as pd
 import pytest
 
 from bench.results import load_results
-from dispatch.analysis import Cells, cell_verdicts, fit, forward_totals, model_uses, ratio_ci, verdict
+from calibrate.analysis import Cells, cell_verdicts, fit, forward_totals, model_uses, ratio_ci, verdict
 from dispatch.table import ThresholdTable, load_table, parse_table
-from shapes.errors import HarnessError
+from harness.errors import HarnessError
 
 
 @pytest.mark.parametrize("lo,hi,expected", [
@@ -81,14 +81,14 @@ def test_table_files():
 
 
 def test_committed_h200_table_holds_on_both_runs():
-    from dispatch.__main__ import main
+    from calibrate.__main__ import main
     assert main(["validate", "tests/data/h200-sweep"]) == 0
     # out of sample: a second run, stopped at 375 of 400 groups, so judged as a partial run
     assert main(["validate", "tests/data/h200-sweep-2", "--partial"]) == 0
 
 
 def test_the_seed_threshold_fails_on_h200(capsys):
-    from dispatch.__main__ import main
+    from calibrate.__main__ import main
     import tempfile, os
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "t.json")
@@ -98,7 +98,7 @@ def test_the_seed_threshold_fails_on_h200(capsys):
 
 
 def test_validate_refuses_other_gpu_and_bad_files(tmp_path):
-    from dispatch.__main__ import main
+    from calibrate.__main__ import main
     df = load_results("tests/data/h200-sweep")
     info = json.load(open("tests/data/h200-sweep/run.json"))
     info["fingerprint"]["gpu_name"] = "NVIDIA B200"
@@ -127,7 +127,7 @@ def test_dispatch_linear_on_cpu_is_f_linear():
 def test_paired_ratio_cancels_a_clock_step_that_hits_both_paths():
     """Recorded shape of the problem (H200, n18432_k2560 M=16384): both paths' replays step from ~1930 to ~2200 us
     a few replays in. Paired, the same kernel is 1.0 with a tight interval; unpaired, the interval is wide."""
-    from dispatch.analysis import paired_ratio_ci, ratio_ci
+    from calibrate.analysis import paired_ratio_ci, ratio_ci
     step = np.array([1930.0] * 5 + [2200.0] * 5)
     a, b = step * (1 + 0.002 * np.sin(np.arange(10))), step.copy()
     b[4] = 2200.0  # the step caught the aten replay of pair 4 first

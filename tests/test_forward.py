@@ -5,13 +5,13 @@ import pandas as pd
 import pytest
 
 from bench.forward_paths import check_rules, path_for
-from bench.profiles import get_profile
-from dispatch.analysis import Cells
-from dispatch.forward_model import forward_verdicts, load_forward, model_vs_measured, modelled_us
+from dispatch.profiles import get_profile
+from calibrate.analysis import Cells
+from calibrate.forward_model import forward_verdicts, load_forward, model_vs_measured, modelled_us
 from dispatch.table import ThresholdTable, load_table
 from shapes.catalog import model_configs, model_layers
 from shapes.derive import ForwardLinear, forward_sequence, load_config
-from shapes.errors import HarnessError
+from harness.errors import HarnessError
 
 H200 = get_profile("h200")
 
@@ -160,7 +160,7 @@ def test_two_fresh_runs_agree_and_the_measured_verdict_names_its_failure(capsys)
     j = a.merge(b, on=["model", "m", "path", "regime"])
     dev = (j["us_x"] / j["us_y"] - 1).abs().groupby(j["regime"]).median()
     assert dev["graph"] <= 0.02 and dev["eager"] <= 0.05, dev
-    from dispatch.__main__ import main
+    from calibrate.__main__ import main
     assert main(["validate", "tests/data/h200-sweep", "--forward", "tests/data/h200-forward"]) == 1
     out = capsys.readouterr().out
     assert "measured / cell-sum model" in out and "FAIL: measured forward of the dispatcher" in out

@@ -9,7 +9,7 @@ def test_host_anatomy_times_every_layer_and_the_segments_add_up(tmp_path):
     import torch
     from bench.anatomy import FLASHINFER_SEGMENTS, FLASHINFER_TOTAL
     from bench.anatomy_gpu import run_anatomy
-    from bench.profiles import detect_profile
+    from dispatch.profiles import detect_profile
     from shapes.catalog import catalog, select
     major, minor = torch.cuda.get_device_capability(0)
     profile = detect_profile(torch.cuda.get_device_name(0), major * 10 + minor)

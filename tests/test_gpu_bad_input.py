@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _profile():
     import torch
-    from bench.profiles import detect_profile
+    from dispatch.profiles import detect_profile
     major, minor = torch.cuda.get_device_capability(0)
     p = detect_profile(torch.cuda.get_device_name(0), major * 10 + minor)
     if p is None:
@@ -25,7 +25,7 @@ def _profile():
 
 def test_another_gpus_profile_is_refused_before_anything_is_written(tmp_path, capsys):
     from bench.__main__ import main
-    from shapes.errors import run_cli
+    from harness.errors import run_cli
     other = "b200" if _profile().sm != 100 else "h200"
     out = tmp_path / "out"
     assert run_cli(main, "bench", ["run", "--gpu", other, "--shapes", "n2048_k4096", "--m", "8", "--out", str(out)]) == 2

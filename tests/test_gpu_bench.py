@@ -8,7 +8,7 @@ pytestmark = pytest.mark.gpu
 def small_sweep_dir(tmp_path_factory):
     import torch
     from bench.paths import paths_for
-    from bench.profiles import detect_profile
+    from dispatch.profiles import detect_profile
     from bench.results import load_results
     from bench.sweep import SweepConfig, run_sweep
     from shapes.catalog import catalog, select
@@ -36,7 +36,7 @@ def test_the_kept_autotuner_cache_serves_the_tuned_tactics(small_sweep_dir, tmp_
     from flashinfer.autotuner import AutoTuner
     from bench.autotune_cache import FILE_NAME
     from bench.paths import PATHS
-    from bench.profiles import detect_profile
+    from dispatch.profiles import detect_profile
     from bench.results import load_results, load_run_info
     from bench.sweep import SweepConfig, run_sweep
     from shapes.catalog import catalog, select
@@ -123,7 +123,7 @@ def test_l2_modes_time_a_cached_weight_faster_when_warm(tmp_path):
     L2 and is faster than after a flush; the flush's own kernels are not counted in the call's time."""
     import torch
     from bench.paths import PATHS
-    from bench.profiles import detect_profile
+    from dispatch.profiles import detect_profile
     from bench.results import load_results, load_run_info
     from bench.sweep import SweepConfig, run_sweep
     from shapes.catalog import catalog, select

@@ -10,7 +10,7 @@ def short_forward(tmp_path_factory):
     import torch
     from bench.forward import ForwardConfig, models_for, run_forward
     from bench.forward_paths import DEFAULT_RULES
-    from bench.profiles import detect_profile
+    from dispatch.profiles import detect_profile
     major, minor = torch.cuda.get_device_capability(0)
     profile = detect_profile(torch.cuda.get_device_name(0), major * 10 + minor)
     if profile is None:

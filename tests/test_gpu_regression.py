@@ -21,10 +21,10 @@ class KernelChangeWarning(UserWarning):
 def test_fresh_measurements_stay_within_the_stored_ratios(tmp_path, request):
     import torch
     from bench.envinfo import fingerprint
-    from bench.profiles import detect_profile
-    from dispatch.baseline import (baseline_path, describe, fingerprint_mismatch, fingerprint_of, kernel_change,
+    from dispatch.profiles import detect_profile
+    from calibrate.baseline import (baseline_path, describe, fingerprint_mismatch, fingerprint_of, kernel_change,
                                    load_baseline)
-    from dispatch.regress import regress
+    from calibrate.regress import regress
     major, minor = torch.cuda.get_device_capability(0)
     profile = detect_profile(torch.cuda.get_device_name(0), major * 10 + minor)
     if profile is None:

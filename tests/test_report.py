@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from reports.__main__ import main as reports_main
-from shapes.errors import HarnessError
+from harness.errors import HarnessError
 
 DATA = Path(__file__).parent / "data"
 SECTIONS = ("summary", "shapes", "totals", "cells", "problems", "comparison", "anatomy", "forward")
@@ -72,7 +72,7 @@ def test_bad_input_is_one_clear_error_and_no_file(tmp_path, setup, needle):
 
 
 def test_the_cli_exits_2_with_one_line(tmp_path, capsys):
-    from shapes.errors import run_cli
+    from harness.errors import run_cli
     assert run_cli(reports_main, "reports", ["build", str(tmp_path / "nothing"), "-o", str(tmp_path / "r.html")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("reports: error:")

@@ -5,7 +5,7 @@ import pytest
 
 from shapes.catalog import catalog, model_layers
 from shapes.derive import derive_layers, load_config
-from shapes.errors import HarnessError
+from harness.errors import HarnessError
 from shapes.grid import default_grid, hybrid_buckets, parse_m, vllm_capture_sizes
 
 # (model, tp) -> {layer: (n, k)} from the research file's TP table (section 4)
@@ -149,7 +149,7 @@ def test_parse_m():
 
 def test_cli_errors_are_one_line(tmp_path, capsys):
     from shapes.__main__ import main
-    from shapes.errors import run_cli
+    from harness.errors import run_cli
     cases = [
         [str(tmp_path / "missing.json")],
         [str(_write(tmp_path, "{not json"))],

@@ -1,4 +1,4 @@
-"""python -m dispatch validate RESULTS | fit RESULTS --gpu PROFILE | host-cost --gpu PROFILE
+"""python -m calibrate validate RESULTS | fit RESULTS --gpu PROFILE | host-cost --gpu PROFILE
                    | baseline --gpu PROFILE [--runs N] [--retune] [--from RESULTS...]
                    | regress --gpu PROFILE [--from RESULTS]"""
 from __future__ import annotations
@@ -11,19 +11,19 @@ from typing import Sequence
 
 import pandas as pd
 
-from bench.profiles import PROFILES, get_profile, matches
+from dispatch.profiles import PROFILES, get_profile, matches
 from bench.results import check_grid, load_results, load_run_info
 from bench.sweep import require_gpu
-from dispatch.analysis import Cells, cell_verdicts, fit, forward_totals, model_uses
+from calibrate.analysis import Cells, cell_verdicts, fit, forward_totals, model_uses
 from dispatch.table import TABLE_DIR, ThresholdTable, load_table
-from shapes.cli import Parser, float_in, int_in
-from shapes.console import terminal
-from shapes.errors import HarnessError, run_cli
-from shapes.io import atomic_write_text, claim_work_dir, output_file
+from harness.cli import Parser, float_in, int_in
+from harness.console import terminal
+from harness.errors import HarnessError, run_cli
+from harness.io import atomic_write_text, claim_work_dir, output_file
 
 
 def _check_gpu(info: dict, profile_name: str, results: str, allow_mismatch: bool = False) -> None:
-    """The run must come from the profile's GPU (one identity rule: bench.profiles.matches)."""
+    """The run must come from the profile's GPU (one identity rule: dispatch.profiles.matches)."""
     fp = info.get("fingerprint") or {}
     profile = get_profile(profile_name)
     gpu, sm = str(fp.get("gpu_name", "")), fp.get("sm")
@@ -54,7 +54,7 @@ def _load(results: str, partial: bool, profile_name: str | None = None, allow_mi
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = Parser(prog="python -m dispatch", description="Validate and fit the threshold dispatcher.")
+    parser = Parser(prog="python -m calibrate", description="Validate and fit the threshold dispatcher.")
     partial = dict(action="store_true", help="judge a run with missing cells or that did not finish (they are named)")
     sub = parser.add_subparsers(dest="cmd", required=True)
     p_val = sub.add_parser("validate", help="judge a threshold table against measured results")
@@ -123,7 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _l2_cmd(args)
 
     if args.cmd == "host-cost":
-        from dispatch.hostcost import run_host_cost
+        from calibrate.hostcost import run_host_cost
         return run_host_cost(args.gpu, args.calls, output_file(args.out, "--out") if args.out else None)
 
     out = output_file(args.out, "--out") if args.cmd == "fit" and args.out else None
@@ -140,7 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         fp = info.get("fingerprint", {})
         source = {"fitted_from": str(args.results), "run_command": info.get("command"), "gpu": fp.get("gpu_name"),
                   "harness_sha": fp.get("harness_sha"), "fingerprint": fp,
-                  "fit_command": "python -m dispatch " + " ".join(argv if argv is not None else sys.argv[1:]),
+                  "fit_command": "python -m calibrate " + " ".join(argv if argv is not None else sys.argv[1:]),
                   "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                   "objective": "count-weighted per-forward time summed over the grid's M values; GPU time at "
                                f"M <= {profile.capture_size}, max(host, GPU) above",
@@ -193,7 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _forward_report(args, cells, table, profile) -> tuple[pd.DataFrame, set[tuple[str, int]]]:
     """Prints measured per-forward ratios and the cell-sum model against them; returns the failing measured
     verdicts and the (model, M) that the measurement covers."""
-    from dispatch.forward_model import MODEL_MISS, forward_ratios, forward_verdicts, load_forward, model_vs_measured
+    from calibrate.forward_model import MODEL_MISS, forward_ratios, forward_verdicts, load_forward, model_vs_measured
     fdf, finfo = load_forward(args.forward, args.partial)
     _check_gpu(finfo, profile.name, args.forward, args.allow_mismatch)
     ratios = forward_ratios(fdf)
@@ -212,7 +212,7 @@ def _forward_report(args, cells, table, profile) -> tuple[pd.DataFrame, set[tupl
 
 
 def _l2_cmd(args) -> int:
-    from dispatch.l2 import MODES, close_cells, decisions
+    from calibrate.l2 import MODES, close_cells, decisions
     csv_out = output_file(args.csv, "--csv") if args.csv else None
     runs, profile = {}, None
     for mode in MODES:
@@ -238,7 +238,7 @@ def _l2_cmd(args) -> int:
     if csv_out:
         atomic_write_text(csv_out, d.to_csv(index=False))
     if args.forward:
-        from dispatch.forward_model import load_forward, model_vs_measured
+        from calibrate.forward_model import load_forward, model_vs_measured
         fdf, finfo = load_forward(args.forward, args.partial)
         print("\nmeasured forward (graph regime) / cell-sum model, per L2 state of the cells:")
         for mode, cells in runs.items():
@@ -254,10 +254,10 @@ def _l2_cmd(args) -> int:
 
 def _baseline_cmd(args, argv) -> int:
     from bench.autotune_cache import copy as copy_atomic, sha256
-    from dispatch.baseline import (REGRESSION_MS, autotune_cache_path, baseline_path, baseline_text,
+    from calibrate.baseline import (REGRESSION_MS, autotune_cache_path, baseline_path, baseline_text,
                                    cells_from_results, compare, describe,
                                    kernel_change, load_baseline, merge_runs, shared_tactics, write_baseline)
-    from dispatch.regress import measure_runs, regress, regression_paths
+    from calibrate.regress import measure_runs, regress, regression_paths
     profile = get_profile(args.gpu)
     fi_paths = regression_paths(profile)[1:]
     fresh = not (args.sources if args.cmd == "baseline" else args.source)
@@ -325,7 +325,7 @@ def _baseline_cmd(args, argv) -> int:
 
 def _check_fingerprint(baseline, info: dict, what: str, allow_mismatch: bool) -> list[str]:
     """The fingerprint keys that differ; an error unless the user allows the mismatch."""
-    from dispatch.baseline import fingerprint_mismatch, fingerprint_of
+    from calibrate.baseline import fingerprint_mismatch, fingerprint_of
     problems = fingerprint_mismatch(baseline.fingerprint, fingerprint_of(info))
     if problems and not allow_mismatch:
         raise HarnessError(f"{what} is another environment than the baseline {baseline.path} "
@@ -334,4 +334,4 @@ def _check_fingerprint(baseline, info: dict, what: str, allow_mismatch: bool) ->
 
 
 if __name__ == "__main__":
-    sys.exit(run_cli(main, "dispatch"))
+    sys.exit(run_cli(main, "calibrate"))

@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from shapes.errors import HarnessError
+from harness.errors import HarnessError
 
 WORK_MARKER = ".bf16-linear-bench-work"  # a folder holding this file was created by the harness and may be cleared
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from dispatch.analysis import Cells, ratio_ci, verdict
+from calibrate.analysis import Cells, ratio_ci, verdict
 from dispatch.table import ThresholdTable
 
 MODES = ("rotate", "flush", "warm")

@@ -5,8 +5,8 @@ import gc
 import time
 from pathlib import Path
 
-from shapes.io import atomic_write_text
-from shapes.errors import HarnessError
+from harness.io import atomic_write_text
+from harness.errors import HarnessError
 
 
 def paired_host_us(fa, fb, args, calls: int, block: int = 50) -> tuple[float, float]:

@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 
 from dispatch.table import ThresholdTable
-from shapes.errors import HarnessError
+from harness.errors import HarnessError
 
 VERDICTS = ("FASTER", "SAME", "SLOWER", "AMBIGUOUS")
 

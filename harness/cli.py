@@ -5,7 +5,7 @@ import argparse
 import math
 from typing import Callable
 
-from shapes.errors import HarnessError
+from harness.errors import HarnessError
 
 
 class Parser(argparse.ArgumentParser):

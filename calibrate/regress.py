@@ -1,5 +1,5 @@
 """(GPU) Measure the regression grid, write a baseline from it, or check it against the stored baseline with one
-automatic re-measurement of failing cells. Used by `python -m dispatch baseline|regress`, `make baseline` and the
+automatic re-measurement of failing cells. Used by `python -m calibrate baseline|regress`, `make baseline` and the
 GPU regression tests."""
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ from pathlib import Path
 
 from bench.autotune_cache import FILE_NAME
 from bench.paths import PATHS
-from bench.profiles import GpuProfile
+from dispatch.profiles import GpuProfile
 from bench.results import load_results, load_run_info
-from dispatch.baseline import (REGRESSION_MS, Baseline, BaselineCell, CellCheck, cells_from_results, compare,
+from calibrate.baseline import (REGRESSION_MS, Baseline, BaselineCell, CellCheck, cells_from_results, compare,
                                fingerprint_mismatch, fingerprint_of)
 from shapes.catalog import Shape, catalog
-from shapes.errors import HarnessError
-from shapes.io import claim_work_dir, clear_work_dir
+from harness.errors import HarnessError
+from harness.io import claim_work_dir, clear_work_dir
 
 
 def regression_paths(profile: GpuProfile) -> list[str]:
@@ -84,7 +84,7 @@ def regress(profile: GpuProfile, baseline: Baseline, work: Path, tolerance: floa
 
 def _measure_in_child(profile_name: str, out: str, shapes: list[str] | None, ms: tuple[int, ...], samples: int,
                       autotune_cache: str | None) -> None:
-    from bench.profiles import get_profile
+    from dispatch.profiles import get_profile
     by_name = {s.name: s for s in catalog()}
     measure(get_profile(profile_name), Path(out), [by_name[n] for n in shapes] if shapes else None, ms, samples,
             Path(autotune_cache) if autotune_cache else None)

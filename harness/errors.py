@@ -8,7 +8,7 @@ import threading
 from contextlib import contextmanager
 from typing import Callable, Sequence
 
-from shapes.console import terminal
+from harness.console import terminal
 
 
 class HarnessError(Exception):

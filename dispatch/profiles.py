@@ -4,7 +4,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from shapes.errors import HarnessError
+from harness.errors import HarnessError
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,57 @@
+"""FlashInfer's mm_bf16 backends and what each accepts: the one eligibility rule per backend. The dispatcher applies
+it to tensors on every call; the bench registry and the analyses apply it to (SM, N, K, M) cells."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Backend:
+    name: str  # mm_bf16(backend=...)
+    sms: tuple[int, ...] | None  # SMs it runs on; None = any CUDA GPU
+    n_multiple: int = 1
+    k_multiple: int = 1
+    align_bytes: int = 16  # data_ptr() alignment of input and weight
+    max_m: int | None = None  # a low-M kernel: not swept above this M
+    tune_by_default: bool = True  # FlashInfer's autotuner runs before timing unless --no-tune
+    note: str = ""
+
+    @property
+    def path(self) -> str:
+        return f"flashinfer:{self.name}"
+
+    def skip_reason(self, sm: int, n: int, k: int, m: int) -> str | None:
+        """Why this backend cannot run a (shape, M) cell on this SM, or None."""
+        if self.sms is not None and sm not in self.sms:
+            return f"{self.path} needs SM{'/'.join(map(str, self.sms))}, this GPU is SM{sm}"
+        if n % self.n_multiple:
+            return f"{self.path} needs N % {self.n_multiple} == 0, N = {n}"
+        if k % self.k_multiple:
+            return f"{self.path} needs K % {self.k_multiple} == 0, K = {k}"
+        if self.max_m is not None and m > self.max_m:
+            return f"{self.path} is a low-M kernel, not swept above M = {self.max_m}"
+        return None
+
+    def accepts(self, x: Any, weight: Any, bias: Any, sm: int) -> bool:
+        """Whether the kernel takes these tensors (bf16, contiguous, on one GPU, no bias, shape multiples, alignment);
+        the dispatcher falls back to F.linear otherwise, instead of letting the kernel raise."""
+        import torch
+        n, k = weight.shape[0], weight.shape[-1]
+        return (bias is None and x.dtype == torch.bfloat16 and weight.dtype == torch.bfloat16 and weight.dim() == 2
+                and x.is_cuda and x.device == weight.device and x.is_contiguous() and weight.is_contiguous()
+                and (self.sms is None or sm in self.sms) and n % self.n_multiple == 0 and k % self.k_multiple == 0
+                and x.data_ptr() % self.align_bytes == 0 and weight.data_ptr() % self.align_bytes == 0)
+
+
+BACKENDS: dict[str, Backend] = {b.name: b for b in (
+    Backend("tinygemm", (90, 100, 103, 110, 120, 121), n_multiple=16, k_multiple=8, max_m=2048,
+            note="TinyGEMM, tiles of 8 tokens"),
+    Backend("cublaslt", None, note="FlashInfer's autotuned cuBLASLt"),
+    # Tuning cuDNN builds and times every engine plan per bucket (~14 s for 3 buckets of one shape on an H200),
+    # which alone would outlast the sweep; it runs its heuristic plan unless --tune-all.
+    Backend("cudnn", None, tune_by_default=False, note="cuDNN graph GEMM (heuristic plan; --tune-all tunes it)"),
+    # vLLM's _can_use_flashinfer_cutedsl_bf16: K % 128 and 32-byte aligned input and weight; any N.
+    Backend("cute-dsl", (100, 103, 107), k_multiple=128, align_bytes=32,
+            note="CuTeDSL kernels for M <= 32, cuBLASLt fallback above"),
+)}
