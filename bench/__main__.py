@@ -8,6 +8,7 @@ from typing import Sequence
 from bench.forward_paths import DEFAULT_RULES, check_rules
 from bench.gpu import L2_MODES
 from bench.paths import PATHS, paths_for
+from dispatch.backends import flashinfer_path
 from dispatch.profiles import PROFILES, get_profile
 from shapes.catalog import catalog, select
 from harness.cli import Parser, int_in
@@ -95,7 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from bench.sweep import require_gpu
         backends = ([b.strip() for b in args.backends.split(",") if b.strip()] if args.backends
                     else list(dict.fromkeys((profile.low_m_backend, "cublaslt"))))
-        unknown = [b for b in backends if f"flashinfer:{b}" not in PATHS]
+        unknown = [b for b in backends if flashinfer_path(b) not in PATHS]
         if unknown:
             raise HarnessError(f"unknown FlashInfer backend(s) {', '.join(unknown)}; known: "
                                f"{', '.join(p.flashinfer_backend for p in PATHS.values() if p.flashinfer_backend)}")

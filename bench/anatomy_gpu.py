@@ -11,6 +11,7 @@ from typing import Any, Callable
 from bench.anatomy import (FLASHINFER_SEGMENTS, FLASHINFER_TOTAL, NULL_OP_SEGMENT, can_use_flashinfer,
                            inductor_style, segment_costs)
 from bench.hosttime import sleep_guard, time_blocks
+from dispatch.backends import ATEN, flashinfer_path
 from dispatch.profiles import GpuProfile, check_device
 from bench.results import write_run_json
 from bench.stats import summary
@@ -158,7 +159,7 @@ def module_load_costs(backends: list[str]) -> list[dict[str, Any]]:
         t0 = time.perf_counter_ns()
         loaders[b]()
         # A present cache folder need not hold this module: seconds here mean it was built, milliseconds loaded.
-        rows.append({"path": f"flashinfer:{b}", "kind": "first_call", "status": "ok", "calls": 1, "rounds": 1,
+        rows.append({"path": flashinfer_path(b), "kind": "first_call", "status": "ok", "calls": 1, "rounds": 1,
                      "layer": "JIT module: first load in this process (a build when not cached)",
                      "cache_state": "cache folder present" if warm else "no cache folder",
                      "host_us": (time.perf_counter_ns() - t0) / 1e3})
@@ -181,13 +182,13 @@ def run_anatomy(profile: GpuProfile, shapes: list[Shape], ms: list[int], backend
                     shapes=[s.name for s in shapes], backends=backends)
     t_start = time.perf_counter()
     rows: list[dict[str, Any]] = []
-    runnable = [b for b in backends if not PATHS[f"flashinfer:{b}"].skip_reason(sm, 16, 128, 1)]
+    runnable = [b for b in backends if not PATHS[flashinfer_path(b)].skip_reason(sm, 16, 128, 1)]
     rows += module_load_costs(runnable)
     before, after = sleep_guard(factor=2.5, margin_us=500)  # cuBLASLt's per-call heuristic query varies
     for shape in shapes:
         base = {"n": shape.n, "k": shape.k}
         for backend in backends:
-            path = PATHS[f"flashinfer:{backend}"]
+            path = PATHS[flashinfer_path(backend)]
             live = [m for m in ms if not path.skip_reason(sm, shape.n, shape.k, m)]
             for m in ms:
                 if m not in live:
@@ -220,11 +221,11 @@ def run_anatomy(profile: GpuProfile, shapes: list[Shape], ms: list[int], backend
                 layers.update(aten)
                 per_round, prot = time_blocks(layers, calls, rounds, before, after)
                 for name, vals in per_round.items():
-                    rows.append(_row(base, "aten" if name in aten else path.name, m, "layer", name, vals, calls, prot,
+                    rows.append(_row(base, ATEN if name in aten else path.name, m, "layer", name, vals, calls, prot,
                                      state if name == "choose_one" else ""))
                 for seg, med, p20, p80 in segment_costs(per_round, (*FLASHINFER_SEGMENTS, NULL_OP_SEGMENT)):
                     is_null = seg is NULL_OP_SEGMENT
-                    rows.append({**base, "path": "aten" if is_null else path.name, "m": m, "kind": "segment",
+                    rows.append({**base, "path": ATEN if is_null else path.name, "m": m, "kind": "segment",
                                  "layer": seg.name, "host_us": med, "host_us_p20": p20, "host_us_p80": p80,
                                  "calls": calls, "rounds": rounds, "status": "ok",
                                  "cache_state": state if seg.outer == "choose_one" else "",

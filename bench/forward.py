@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from bench.forward_paths import RULES, path_for
-from bench.paths import PATHS
+from bench.paths import ATEN, DISPATCH, PATHS
 from dispatch.profiles import GpuProfile
 from bench.results import rows_to_csv, write_run_json
 from bench.stats import PhaseTimer, Window, attribute, summary
@@ -108,8 +108,8 @@ def _bind(rule: str, seq, weights, xs, m, sm, cfg: ForwardConfig, fns: dict[str,
     for lin, w in zip(seq, weights):
         path = path_for(rule, lin, m, sm, cfg.profile, cfg.table)
         fn = fns[path]
-        if rule == "dispatch" and lin.layer != "lm_head":
-            fn = fns["dispatch"]  # the real dispatcher decides per call; `path` is what its table chooses
+        if rule == DISPATCH and lin.layer != "lm_head":
+            fn = fns[DISPATCH]  # the real dispatcher decides per call; `path` is what its table chooses
         bound.calls.append((fn, xs[lin.k], w))
         bound.used[path] = bound.used.get(path, 0) + 1
     return bound
@@ -296,7 +296,7 @@ def run_forward(cfg: ForwardConfig) -> Path:
     out_csv = cfg.out / FORWARD_FILE
     if out_csv.exists() and not cfg.resume:
         raise HarnessError(f"{out_csv} exists; pass --resume to continue it or choose another --out")
-    if cfg.table is None and "dispatch" in cfg.rules:
+    if cfg.table is None and DISPATCH in cfg.rules:
         from dispatch.table import load_table
         cfg.table = load_table(cfg.profile.name)
     seqs = sequences(cfg)
@@ -320,15 +320,15 @@ def run_forward(cfg: ForwardConfig) -> Path:
     used = {path_for(r, lin, m, sm, cfg.profile, cfg.table) for r in cfg.rules for s in seqs.values() for lin in s
             for m in cfg.ms}
     fns: dict[str, Callable] = {}
-    for name in used | {"aten"}:
+    for name in used | {ATEN}:
         try:
             fns[name] = PATHS[name].build()
         except ImportError as exc:
             raise HarnessError(f"path {name} needs a package that is missing ({exc}); pip install -e '.[gpu]'") from None
-    if "dispatch" in cfg.rules:
+    if DISPATCH in cfg.rules:
         import dispatch
         dispatch.configure(cfg.table)
-        fns["dispatch"] = dispatch.linear
+        fns[DISPATCH] = dispatch.linear
     phase = PhaseTimer()
     bar = _progress(sum(len(cfg.ms) for _ in seqs), "forward")
     t0 = time.perf_counter()
@@ -374,7 +374,7 @@ def run_forward(cfg: ForwardConfig) -> Path:
             if any(PATHS[p].flashinfer_backend for p in used):
                 info["autotune_cache"] = _keep_tactics(cfg, pinned)
             write_run_json(cfg.out, info)
-        if "dispatch" in cfg.rules:
+        if DISPATCH in cfg.rules:
             import dispatch
             dispatch.reset()
     if interrupted is not None:

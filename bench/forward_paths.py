@@ -4,21 +4,23 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from bench.paths import PATHS
+from bench.paths import ATEN, DISPATCH, PATHS, TUNED_CUBLASLT, low_m_path
 from dispatch.profiles import GpuProfile
 from shapes.derive import ForwardLinear
 from harness.errors import HarnessError
 
-SEED_FIX_M = 32  # the seed PR's dispatcher: FlashInfer's low-M backend at M <= 32, F.linear above
+SEED_FIX_M = 32  # the seed PR's dispatcher, and vLLM's flag on SM90: FlashInfer's low-M backend at M <= 32
+VLLM_FLASHINFER = "vllm-flashinfer"
+SEED_FIX = "seed-fix"
 RULES = {
-    "aten": "F.linear for every linear",
-    "vllm-flashinfer": "FlashInfer as vLLM's FlashInfer-BF16 flag runs it: the low-M backend at M <= 32 where "
+    ATEN: "F.linear for every linear",
+    VLLM_FLASHINFER: "FlashInfer as vLLM's FlashInfer-BF16 flag runs it: the low-M backend at M <= 32 where "
                        "eligible, FlashInfer's cuBLASLt above (SM100: cute-dsl with its own fallback); lm_head F.linear",
-    "seed-fix": f"the seed PR's fix: the low-M backend at M <= {SEED_FIX_M} where eligible, F.linear above; "
+    SEED_FIX: f"the seed PR's fix: the low-M backend at M <= {SEED_FIX_M} where eligible, F.linear above; "
                 "lm_head F.linear",
-    "dispatch": "dispatch.linear with the committed threshold table; lm_head F.linear",
+    DISPATCH: "dispatch.linear with the committed threshold table; lm_head F.linear",
 }
-DEFAULT_RULES = ("aten", "vllm-flashinfer", "seed-fix", "dispatch")
+DEFAULT_RULES = (ATEN, VLLM_FLASHINFER, SEED_FIX, DISPATCH)
 
 
 class Table(Protocol):
@@ -44,24 +46,24 @@ def runnable(path: str, sm: int, linear: ForwardLinear, m: int) -> bool:
 
 def path_for(rule: str, linear: ForwardLinear, m: int, sm: int, profile: GpuProfile, table: Table | None) -> str:
     """The registry path name one linear runs; 'aten' wherever the rule's kernel cannot take the linear."""
-    low = f"flashinfer:{profile.low_m_backend}"
+    low = low_m_path(profile)
     if rule not in RULES:
         if rule not in PATHS:
             raise HarnessError(f"unknown forward path {rule!r}; known: {', '.join(known_rules())}")
-        return rule if runnable(rule, sm, linear, m) else "aten"  # a registry path everywhere it can run
-    if rule == "aten" or linear.layer == "lm_head":  # vLLM's LM head always dispatches F.linear
-        return "aten"
-    if rule == "vllm-flashinfer":
+        return rule if runnable(rule, sm, linear, m) else ATEN  # a registry path everywhere it can run
+    if rule == ATEN or linear.layer == "lm_head":  # vLLM's LM head always dispatches F.linear
+        return ATEN
+    if rule == VLLM_FLASHINFER:
         if profile.low_m_backend == "cute-dsl":  # one runner set: CuTe DSL at M <= 32, its cuBLASLt above
-            return low if runnable(low, sm, linear, m) else "aten"
+            return low if runnable(low, sm, linear, m) else ATEN
         if m <= SEED_FIX_M and runnable(low, sm, linear, m):
             return low
-        return "flashinfer:cublaslt" if runnable("flashinfer:cublaslt", sm, linear, m) else "aten"
-    if rule == "seed-fix":
-        return low if m <= SEED_FIX_M and runnable(low, sm, linear, m) else "aten"
-    if rule == "dispatch":
+        return TUNED_CUBLASLT if runnable(TUNED_CUBLASLT, sm, linear, m) else ATEN
+    if rule == SEED_FIX:
+        return low if m <= SEED_FIX_M and runnable(low, sm, linear, m) else ATEN
+    if rule == DISPATCH:
         if table is None:
             raise HarnessError("the dispatch path needs a threshold table for this GPU; fit one with python -m calibrate fit")
         chosen = table.choose(linear.n, linear.k, m)
-        return chosen if chosen == "aten" or runnable(chosen, sm, linear, m) else "aten"
+        return chosen if chosen == ATEN or runnable(chosen, sm, linear, m) else ATEN
     raise AssertionError(rule)

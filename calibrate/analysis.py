@@ -7,6 +7,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from bench.forward_paths import SEED_FIX_M
+from bench.paths import TUNED_CUBLASLT
+from dispatch.backends import ATEN, DISPATCH, is_flashinfer
 from dispatch.table import ThresholdTable
 from harness.errors import HarnessError
 
@@ -109,22 +112,22 @@ class Cells:
 def chosen_path(table: ThresholdTable, cells: Cells, n: int, k: int, m: int) -> str:
     """The dispatcher's path for a cell; where the low-M kernel has no ok row (ineligible), F.linear."""
     path = table.choose(n, k, m)
-    return path if cells.has(n, k, m, path) else "aten"
+    return path if cells.has(n, k, m, path) else ATEN
 
 
 def flashinfer_path(table: ThresholdTable, cells: Cells, n: int, k: int, m: int) -> str:
     """'FlashInfer alone', as vLLM's flag runs it: the low-M kernel at M <= 32, FlashInfer's cuBLASLt above."""
     low = table.low_m_path()
-    if m <= 32 and cells.has(n, k, m, low):
+    if m <= SEED_FIX_M and cells.has(n, k, m, low):
         return low
-    return "flashinfer:cublaslt" if cells.has(n, k, m, "flashinfer:cublaslt") else "aten"
+    return TUNED_CUBLASLT if cells.has(n, k, m, TUNED_CUBLASLT) else ATEN
 
 
 def candidates(table: ThresholdTable, cells: Cells, n: int, k: int, m: int, oracle: str) -> list[str]:
     if oracle == "all":
-        return [p for p in ("aten", *sorted({pp for *_, pp in cells.samples if pp.startswith("flashinfer:")}))
+        return [p for p in (ATEN, *sorted({pp for *_, pp in cells.samples if is_flashinfer(pp)}))
                 if cells.has(n, k, m, p)]
-    return [p for p in ("aten", table.low_m_path()) if cells.has(n, k, m, p)]
+    return [p for p in (ATEN, table.low_m_path()) if cells.has(n, k, m, p)]
 
 
 def cell_verdicts(cells: Cells, table: ThresholdTable, margin: float = 0.03, oracle: str = "candidates") -> pd.DataFrame:
@@ -141,15 +144,15 @@ def cell_verdicts(cells: Cells, table: ThresholdTable, margin: float = 0.03, ora
             v = "SAME" if chosen == best else verdict(lo, hi, margin)
             low = table.low_m_path()
             low_vs_aten = ""
-            if cells.has(n, k, m, low) and cells.has(n, k, m, "aten"):
-                _, llo, lhi = ratio_ci(cells.samples[(n, k, m, low)], cells.samples[(n, k, m, "aten")],
+            if cells.has(n, k, m, low) and cells.has(n, k, m, ATEN):
+                _, llo, lhi = ratio_ci(cells.samples[(n, k, m, low)], cells.samples[(n, k, m, ATEN)],
                                        seed=(hash((n, k, m)) + 1) & 0xFFFF)
                 low_vs_aten = verdict(llo, lhi, margin)
             rows.append({"n": n, "k": k, "m": m, "chosen": chosen, "oracle": best,
                          "chosen_us": cells.gpu(n, k, m, chosen), "oracle_us": cells.gpu(n, k, m, best),
                          "regret": ratio - 1, "ratio_lo": lo, "ratio_hi": hi, "verdict": v,
                          "low_m_vs_aten": low_vs_aten,
-                         "measured_dispatch_us": cells.gpu(n, k, m, "dispatch") if cells.has(n, k, m, "dispatch") else np.nan})
+                         "measured_dispatch_us": cells.gpu(n, k, m, DISPATCH) if cells.has(n, k, m, DISPATCH) else np.nan})
     return pd.DataFrame(rows)
 
 
@@ -176,21 +179,21 @@ def forward_totals(cells: Cells, table: ThresholdTable, uses: dict[str, list[tup
     all_ms = sorted({m for _, _, m, _ in cells.samples})
     for model, layers in uses.items():
         for m in all_ms:
-            if not all(cells.has(n, k, m, "aten") for n, k, _ in layers):
+            if not all(cells.has(n, k, m, ATEN) for n, k, _ in layers):
                 continue
             for regime in ("graph", "eager"):
-                tot = {"aten": 0.0, "flashinfer": 0.0, "dispatch": 0.0, "best": 0.0}
+                tot = {ATEN: 0.0, "flashinfer": 0.0, DISPATCH: 0.0, "best": 0.0}
                 for n, k, count in layers:
-                    tot["aten"] += count * cells.cost(n, k, m, "aten", regime)
+                    tot[ATEN] += count * cells.cost(n, k, m, ATEN, regime)
                     tot["flashinfer"] += count * cells.cost(n, k, m, flashinfer_path(table, cells, n, k, m), regime)
-                    tot["dispatch"] += count * cells.cost(n, k, m, chosen_path(table, cells, n, k, m), regime)
+                    tot[DISPATCH] += count * cells.cost(n, k, m, chosen_path(table, cells, n, k, m), regime)
                     tot["best"] += count * min(cells.cost(n, k, m, p, regime)
                                                for p in candidates(table, cells, n, k, m, oracle))
                 # vLLM runs a step of M tokens in the graph regime only up to the capture size.
                 actual = (regime == "graph") == (m <= capture_size)
                 rows.append({"model": model, "m": m, "regime": regime, "actual": actual,
                              **{f"{k}_us": v for k, v in tot.items()},
-                             "dispatch_over_best": tot["dispatch"] / tot["best"]})
+                             "dispatch_over_best": tot[DISPATCH] / tot["best"]})
     return pd.DataFrame(rows)
 
 
@@ -206,7 +209,7 @@ def fit(cells: Cells, base: ThresholdTable, uses: dict[str, list[tuple[int, int,
             weight[(n, k)] = weight.get((n, k), 0) + c
     shapes = [s for s in cells.shapes() if s in weight]
     low = base.low_m_path()
-    if not any(sum(cells.has(n, k, m, low) and cells.has(n, k, m, "aten") for m in cells.ms(n, k)) >= 2
+    if not any(sum(cells.has(n, k, m, low) and cells.has(n, k, m, ATEN) for m in cells.ms(n, k)) >= 2
                for n, k in shapes):
         raise HarnessError(f"nothing to fit: no catalog shape has aten and {low} measured ok at two or more M values; "
                            f"measure both with python -m bench run")
@@ -216,13 +219,13 @@ def fit(cells: Cells, base: ThresholdTable, uses: dict[str, list[tuple[int, int,
     def best_cost(n: int, k: int, m: int) -> float:
         return min(cells.cost(n, k, m, p, regime[m]) for p in candidates(base, cells, n, k, m, "candidates"))
 
-    per_m_best = {m: sum(weight[(n, k)] * best_cost(n, k, m) for n, k in shapes if cells.has(n, k, m, "aten"))
+    per_m_best = {m: sum(weight[(n, k)] * best_cost(n, k, m) for n, k in shapes if cells.has(n, k, m, ATEN))
                   for m in ms}
 
     def shape_term(n: int, k: int, threshold: int) -> float:
         t = ThresholdTable(base.profile, base.low_m_backend, threshold)
         return sum(weight[(n, k)] * cells.cost(n, k, m, chosen_path(t, cells, n, k, m), regime[m]) / per_m_best[m]
-                   for m in cells.ms(n, k) if cells.has(n, k, m, "aten"))
+                   for m in cells.ms(n, k) if cells.has(n, k, m, ATEN))
 
     options = sorted({0} | {m for m in ms if m <= capture_size})
     terms = {(n, k): {t: shape_term(n, k, t) for t in options} for n, k in shapes}
@@ -247,9 +250,9 @@ def crossover(cells: Cells, table: ThresholdTable, n: int, k: int, margin: float
     low = table.low_m_path()
     was_faster = False
     for m in cells.ms(n, k):
-        if not (cells.has(n, k, m, low) and cells.has(n, k, m, "aten")):
+        if not (cells.has(n, k, m, low) and cells.has(n, k, m, ATEN)):
             continue
-        _, lo, hi = ratio_ci(cells.samples[(n, k, m, low)], cells.samples[(n, k, m, "aten")], seed=m)
+        _, lo, hi = ratio_ci(cells.samples[(n, k, m, low)], cells.samples[(n, k, m, ATEN)], seed=m)
         v = verdict(lo, hi, margin)
         if v == "FASTER":
             was_faster = True

@@ -19,6 +19,7 @@ from typing import Any
 
 import pandas as pd
 
+from dispatch.backends import ATEN
 from calibrate.analysis import Cells, paired_ratio_ci, ratio_ci
 from harness.io import atomic_write_text, read_json_object
 from harness.errors import HarnessError
@@ -97,13 +98,13 @@ def cells_from_results(df: pd.DataFrame, flashinfer_paths: list[str]) -> list[Ba
     cells = Cells.from_results(df)
     out = []
     for (n, k, m, path) in cells.samples:
-        if path not in flashinfer_paths or not cells.has(n, k, m, "aten"):
+        if path not in flashinfer_paths or not cells.has(n, k, m, ATEN):
             continue
-        fi, at = cells.samples[(n, k, m, path)], cells.samples[(n, k, m, "aten")]
+        fi, at = cells.samples[(n, k, m, path)], cells.samples[(n, k, m, ATEN)]
         # replays alternate between the paths, so sample i of each ran side by side: pair them when counts agree
         ratio, lo, hi = paired_ratio_ci(fi, at) if len(fi) == len(at) else ratio_ci(fi, at)
-        row, arow = cells.df.loc[(n, k, m, path)], cells.df.loc[(n, k, m, "aten")]
-        host = cells.host(n, k, m, path) / cells.host(n, k, m, "aten")
+        row, arow = cells.df.loc[(n, k, m, path)], cells.df.loc[(n, k, m, ATEN)]
+        host = cells.host(n, k, m, path) / cells.host(n, k, m, ATEN)
         host = round(host, 4) if math.isfinite(host) else float("nan")
         out.append(BaselineCell(str(row["shape"]), n, k, m, path, round(ratio, 5), round(lo, 5), round(hi, 5),
                                 host, host, host, _names(row["kernels"]), _names(arow["kernels"]), len(fi), len(at)))

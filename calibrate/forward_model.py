@@ -13,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from bench.forward_paths import path_for
+from dispatch.backends import ATEN, DISPATCH
 from dispatch.profiles import GpuProfile
 from bench.results import load_run_info
 from calibrate.analysis import Cells, paired_ratio_ci
@@ -101,9 +102,9 @@ def forward_ratios(forward: pd.DataFrame) -> pd.DataFrame:
     """Per model, M and regime: each path's measured per-forward µs over aten's."""
     ok = forward[forward["status"] == "ok"]
     piv = ok.pivot_table(index=["model", "m", "regime"], columns="path", values="us")
-    if "aten" not in piv.columns:
+    if ATEN not in piv.columns:
         raise HarnessError("the forward run has no aten rows to compare the paths with")
-    return piv.div(piv["aten"], axis=0).reset_index()
+    return piv.div(piv[ATEN], axis=0).reset_index()
 
 
 def _samples(value: Any) -> np.ndarray:
@@ -123,16 +124,16 @@ def forward_verdicts(forward: pd.DataFrame, capture_size: int) -> pd.DataFrame:
     for (model, m), g in ok.groupby(["model", "m"]):
         regime = "graph" if m <= capture_size else "eager"
         g = g[g["regime"] == regime].set_index("path")
-        if "dispatch" not in g.index:
+        if DISPATCH not in g.index:
             continue
         best = g["us"].idxmin()
-        ratio, lo, hi = g.at["dispatch", "us"] / g.at[best, "us"], math.nan, math.nan
-        if best != "dispatch" and "samples_us" in g.columns:
-            a, b = _samples(g.at["dispatch", "samples_us"]), _samples(g.at[best, "samples_us"])
+        ratio, lo, hi = g.at[DISPATCH, "us"] / g.at[best, "us"], math.nan, math.nan
+        if best != DISPATCH and "samples_us" in g.columns:
+            a, b = _samples(g.at[DISPATCH, "samples_us"]), _samples(g.at[best, "samples_us"])
             if len(a) == len(b) and len(a):
                 ratio, lo, hi = paired_ratio_ci(a, b)
         fails = (lo if lo == lo else ratio) > 1 + FORWARD_MARGIN
-        rows.append({"model": model, "m": int(m), "regime": regime, "dispatch_us": g.at["dispatch", "us"],
+        rows.append({"model": model, "m": int(m), "regime": regime, "dispatch_us": g.at[DISPATCH, "us"],
                      "best": best, "best_us": g.at[best, "us"], "dispatch_over_best": ratio, "ratio_lo": lo,
                      "ratio_hi": hi, "ok": not fails})
     return pd.DataFrame(rows)

@@ -10,6 +10,7 @@ import numpy as np
 import pandas as pd
 
 from calibrate.analysis import Cells, ratio_ci, verdict
+from dispatch.backends import ATEN
 from dispatch.table import ThresholdTable
 
 MODES = ("rotate", "flush", "warm")
@@ -21,8 +22,8 @@ def close_cells(cells: Cells, table: ThresholdTable, within: float = 0.10) -> li
     out = []
     for n, k in cells.shapes():
         for m in cells.ms(n, k):
-            if cells.has(n, k, m, low) and cells.has(n, k, m, "aten"):
-                if abs(cells.gpu(n, k, m, low) / cells.gpu(n, k, m, "aten") - 1) <= within:
+            if cells.has(n, k, m, low) and cells.has(n, k, m, ATEN):
+                if abs(cells.gpu(n, k, m, low) / cells.gpu(n, k, m, ATEN) - 1) <= within:
                     out.append((n, k, m))
     return out
 
@@ -36,14 +37,14 @@ def decisions(runs: dict[str, Cells], table: ThresholdTable, keys: list[tuple[in
     for n, k, m in keys:
         row: dict = {"n": n, "k": k, "m": m, "table_choice": table.choose(n, k, m)}
         for mode, cells in runs.items():
-            if not (cells.has(n, k, m, low) and cells.has(n, k, m, "aten")):
+            if not (cells.has(n, k, m, low) and cells.has(n, k, m, ATEN)):
                 row[f"{mode}_ratio"] = np.nan
                 row[f"{mode}_faster"] = ""
                 continue
-            r, lo, hi = ratio_ci(cells.samples[(n, k, m, low)], cells.samples[(n, k, m, "aten")], seed=m)
+            r, lo, hi = ratio_ci(cells.samples[(n, k, m, low)], cells.samples[(n, k, m, ATEN)], seed=m)
             row[f"{mode}_ratio"] = r
             row[f"{mode}_verdict"] = verdict(lo, hi, margin)
-            row[f"{mode}_faster"] = low if r < 1 else "aten"
+            row[f"{mode}_faster"] = low if r < 1 else ATEN
         faster = {row.get(f"{mode}_faster") for mode in runs if row.get(f"{mode}_faster")}
         row["flips"] = len(faster) > 1
         rows.append(row)

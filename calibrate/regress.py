@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.autotune_cache import FILE_NAME
-from bench.paths import PATHS
+from bench.paths import ATEN, PATHS, TUNED_CUBLASLT, low_m_path
 from dispatch.profiles import GpuProfile
 from bench.results import load_results, load_run_info
 from calibrate.baseline import (REGRESSION_MS, Baseline, BaselineCell, CellCheck, cells_from_results, compare,
@@ -21,7 +21,7 @@ from harness.io import claim_work_dir, clear_work_dir
 
 def regression_paths(profile: GpuProfile) -> list[str]:
     """aten, the low-M backend and FlashInfer's cuBLASLt: the paths a dispatch decision chooses between."""
-    return list(dict.fromkeys(("aten", f"flashinfer:{profile.low_m_backend}", "flashinfer:cublaslt")))
+    return list(dict.fromkeys((ATEN, low_m_path(profile), TUNED_CUBLASLT)))
 
 
 def measure(profile: GpuProfile, out: Path, shapes: list[Shape] | None = None, ms: tuple[int, ...] = REGRESSION_MS,

@@ -5,6 +5,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+# Path names shared by every floor (the bench registry gives each its role): F.linear, and the dispatcher itself.
+ATEN = "aten"
+DISPATCH = "dispatch"
+
+
+def flashinfer_path(backend: str) -> str:
+    return f"flashinfer:{backend}"
+
+
+def is_flashinfer(path: str) -> bool:
+    return path.startswith(flashinfer_path(""))
+
 
 @dataclass(frozen=True)
 class Backend:
@@ -19,7 +31,7 @@ class Backend:
 
     @property
     def path(self) -> str:
-        return f"flashinfer:{self.name}"
+        return flashinfer_path(self.name)
 
     def skip_reason(self, sm: int, n: int, k: int, m: int) -> str | None:
         """Why this backend cannot run a (shape, M) cell on this SM, or None."""

@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dispatch.backends import BACKENDS
+from dispatch.backends import ATEN, BACKENDS, flashinfer_path
 from harness.errors import HarnessError
 from shapes.grid import M_MAX
 from harness.io import read_json
@@ -25,11 +25,11 @@ class ThresholdTable:
         return self.overrides.get((n, k), self.default_threshold)
 
     def low_m_path(self) -> str:
-        return f"flashinfer:{self.low_m_backend}"
+        return flashinfer_path(self.low_m_backend)
 
     def choose(self, n: int, k: int, m: int) -> str:
         """The path name the dispatcher runs for this cell (eligibility aside)."""
-        return self.low_m_path() if m <= self.threshold(n, k) else "aten"
+        return self.low_m_path() if m <= self.threshold(n, k) else ATEN
 
     def to_json(self) -> dict[str, Any]:
         return {"profile": self.profile, "low_m_backend": self.low_m_backend,

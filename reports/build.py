@@ -5,6 +5,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from bench.forward_paths import DEFAULT_RULES
+from dispatch.backends import ATEN, is_flashinfer
 from reports import figures
 from reports.data import Run, cell_rows, compare_runs, headline, load_anatomy, load_run, shape_crossovers
 from reports.page import esc, kv_table, page, table
@@ -168,7 +170,7 @@ def comparison_section(primary: Run, rows: pd.DataFrame, others: list[Run], base
 def anatomy_section(path: str) -> str:
     df, info = load_anatomy(path)
     ok = df[df["status"] == "ok"]
-    seg = ok[(ok["kind"] == "segment") & ok["path"].str.startswith("flashinfer:")]
+    seg = ok[(ok["kind"] == "segment") & ok["path"].map(is_flashinfer)]
     aten = ok[(ok["kind"] == "layer") & (ok["layer"] == "F.linear")].groupby("m", as_index=False)["host_us"].median()
     totals = ok[(ok["kind"] == "layer") & (ok["layer"] == "inductor_wrapper")]
     lines = []
@@ -204,7 +206,7 @@ def forward_section(run: Run, path: str, partial: bool) -> str:
     from calibrate.forward_model import MODEL_MISS, forward_ratios, forward_verdicts, load_forward, model_vs_measured
     fdf, info = load_forward(path, partial)
     ratios = forward_ratios(fdf)
-    paths = [c for c in ("vllm-flashinfer", "seed-fix", "dispatch") if c in ratios.columns]
+    paths = [c for c in DEFAULT_RULES if c != ATEN and c in ratios.columns]
     parts = [f"<p class='muted'>{esc(info.get('command', ''))} · {esc(info.get('started', ''))} · "
              f"{esc((info.get('fingerprint') or {}).get('gpu_name', ''))} · decoder layers: "
              f"{esc(info.get('decoder_layers') or 'all')} · lm_head: {esc(info.get('lm_head'))}</p>",

@@ -11,6 +11,9 @@ import pandas as pd
 from dispatch.profiles import PROFILES, GpuProfile
 from bench.results import check_grid, load_results, load_run_info
 from calibrate.analysis import (Cells, cell_verdicts, crossover, forward_totals, model_uses, ratio_ci, verdict)
+from bench.forward_paths import SEED_FIX_M
+from bench.paths import TUNED_CUBLASLT
+from dispatch.backends import ATEN, DISPATCH, is_flashinfer
 from dispatch.table import TABLE_DIR, ThresholdTable, load_table
 from harness.errors import HarnessError
 
@@ -58,8 +61,8 @@ def cell_rows(run: Run, dispatch_verdicts: pd.DataFrame | None = None) -> pd.Dat
     c = run.cells
     ratio, lo, hi, verd, same = [], [], [], [], []
     for r in df.itertuples(index=False):
-        key, akey = (r.n, r.k, r.m, r.path), (r.n, r.k, r.m, "aten")
-        if r.path != "aten" and key in c.samples and akey in c.samples:
+        key, akey = (r.n, r.k, r.m, r.path), (r.n, r.k, r.m, ATEN)
+        if r.path != ATEN and key in c.samples and akey in c.samples:
             x, a, b = ratio_ci(c.samples[key], c.samples[akey], n_boot=1000, seed=(r.n * 31 + r.m) & 0xFFFF)
             ratio.append(x), lo.append(a), hi.append(b), verd.append(verdict(a, b, MARGIN))
             same.append(str(r.kernels) == str(c.df.loc[akey, "kernels"]))
@@ -68,9 +71,9 @@ def cell_rows(run: Run, dispatch_verdicts: pd.DataFrame | None = None) -> pd.Dat
     df["ratio"], df["ratio_lo"], df["ratio_hi"], df["verdict"], df["same_kernel"] = ratio, lo, hi, verd, same
     if dispatch_verdicts is None and run.table is not None:
         dispatch_verdicts = cell_verdicts(c, run.table, MARGIN)
-    if dispatch_verdicts is not None and not dispatch_verdicts.empty and "dispatch" in set(df["path"]):
+    if dispatch_verdicts is not None and not dispatch_verdicts.empty and DISPATCH in set(df["path"]):
         v = dispatch_verdicts.set_index(["n", "k", "m"])
-        is_d = df["path"] == "dispatch"
+        is_d = df["path"] == DISPATCH
         df.loc[is_d, "verdict"] = [f"{v.loc[(n, k, m), 'verdict']} vs best" if (n, k, m) in v.index else ""
                                    for n, k, m in zip(df.loc[is_d, "n"], df.loc[is_d, "k"], df.loc[is_d, "m"])]
     return df.sort_values(["n", "k", "m", "path"]).reset_index(drop=True)
@@ -93,8 +96,8 @@ def headline(run: Run) -> Headline:
              f"{int((df['status'] == 'failed').sum())} failed, over {df['shape'].nunique()} shapes and "
              f"{df['m'].nunique()} token counts M = {df['m'].min()}..{df['m'].max()}.")
     piv = ok.pivot_table(index=["n", "k", "m"], columns="path", values="gpu_us")
-    if {"flashinfer:cublaslt", "aten"} <= set(piv.columns):
-        r = (piv["flashinfer:cublaslt"] / piv["aten"]).dropna()
+    if {TUNED_CUBLASLT, ATEN} <= set(piv.columns):
+        r = (piv[TUNED_CUBLASLT] / piv[ATEN]).dropna()
         r = r[r.index.get_level_values("m") >= 64]
         if len(r):
             s.append(f"FlashInfer's tuned cuBLASLt against aten at M >= 64: GPU-time ratio median {r.median():.3f}, "
@@ -146,8 +149,8 @@ def compare_runs(a: Run, b: Run, rows_a: pd.DataFrame | None = None) -> pd.DataF
     """FlashInfer/aten GPU-time ratios of two runs side by side, per cell both measured, with the drift b/a - 1."""
     ra, rb = (cell_rows(a) if rows_a is None else rows_a), cell_rows(b, pd.DataFrame())  # FlashInfer rows only
     keep = ["n", "k", "m", "path", "shape", "ratio", "ratio_lo", "ratio_hi", "kernels"]
-    ra = ra[ra["path"].str.startswith("flashinfer:") & ra["ratio"].notna()][keep]
-    rb = rb[rb["path"].str.startswith("flashinfer:") & rb["ratio"].notna()][keep]
+    ra = ra[ra["path"].map(is_flashinfer) & ra["ratio"].notna()][keep]
+    rb = rb[rb["path"].map(is_flashinfer) & rb["ratio"].notna()][keep]
     j = ra.merge(rb, on=["n", "k", "m", "path", "shape"], suffixes=("_a", "_b"))
     if j.empty:
         raise HarnessError(f"{a.path} and {b.path} share no FlashInfer cell measured against aten; nothing to compare")

@@ -12,10 +12,14 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 
+from bench.forward_paths import SEED_FIX, VLLM_FLASHINFER  # noqa: E402
+from bench.paths import TUNED_CUBLASLT  # noqa: E402
+from dispatch.backends import ATEN, DISPATCH, flashinfer_path, is_flashinfer  # noqa: E402
+
 PLAIN = FuncFormatter(lambda v, _: f"{v:g}")  # 0.6, 2, 300 instead of 6x10^-1 on log axes
 
-COLORS = {"aten": "#333333", "flashinfer:tinygemm": "#d95f02", "flashinfer:cublaslt": "#1b9e77",
-          "flashinfer:cudnn": "#7570b3", "flashinfer:cute-dsl": "#e7298a", "dispatch": "#66a61e"}
+COLORS = {ATEN: "#333333", flashinfer_path("tinygemm"): "#d95f02", TUNED_CUBLASLT: "#1b9e77",
+          flashinfer_path("cudnn"): "#7570b3", flashinfer_path("cute-dsl"): "#e7298a", DISPATCH: "#66a61e"}
 
 
 def _color(path: str) -> str:
@@ -40,7 +44,7 @@ def shape_figure(rows: pd.DataFrame, title: str, threshold: int | None, crossove
         ax1.fill_between(g["m"], g["gpu_us_p20"], g["gpu_us_p80"], color=_color(path), alpha=0.15)
         ax3.plot(g["m"], g["host_us"], marker=".", color=_color(path), label=f"{path} host")
         ax3.plot(g["m"], g["gpu_us"], ls=":", color=_color(path))
-        if path.startswith("flashinfer:") and g["ratio"].notna().any():
+        if is_flashinfer(path) and g["ratio"].notna().any():
             ax2.plot(g["m"], g["ratio"], marker=".", color=_color(path), label=path)
             ax2.fill_between(g["m"], g["ratio_lo"], g["ratio_hi"], color=_color(path), alpha=0.25)
     ax1.set(xscale="log", yscale="log", xlabel="M (tokens)", ylabel="GPU µs per call (CUPTI, in graph)",
@@ -77,9 +81,9 @@ def totals_figure(totals: pd.DataFrame) -> str:
     fig, axes = plt.subplots(1, len(models), figsize=(7 * len(models), 3.8), squeeze=False)
     for ax, model in zip(axes[0], models):
         t = totals[(totals["model"] == model) & totals["actual"]].sort_values("m")
-        for col, color, label in (("aten_us", COLORS["aten"], "aten (F.linear)"),
-                                  ("flashinfer_us", COLORS["flashinfer:cublaslt"], "FlashInfer for every linear"),
-                                  ("dispatch_us", COLORS["dispatch"], "dispatcher")):
+        for col, color, label in (("aten_us", COLORS[ATEN], "aten (F.linear)"),
+                                  ("flashinfer_us", COLORS[TUNED_CUBLASLT], "FlashInfer for every linear"),
+                                  ("dispatch_us", COLORS[DISPATCH], "dispatcher")):
             ax.plot(t["m"], t[col] / 1e3, marker=".", color=color, label=label)
         ax.set(xscale="log", yscale="log", xlabel="M (tokens)", ylabel="ms per forward (linears only)",
                title=f"{model}: graph regime up to the capture size, eager above")
@@ -137,7 +141,7 @@ def compare_figure(comp: pd.DataFrame, label_a: str, label_b: str) -> str:
     return to_uri(fig)
 
 
-FORWARD_COLORS = {"aten": "#333333", "vllm-flashinfer": "#1b9e77", "seed-fix": "#d95f02", "dispatch": "#66a61e"}
+FORWARD_COLORS = {ATEN: "#333333", VLLM_FLASHINFER: "#1b9e77", SEED_FIX: "#d95f02", DISPATCH: "#66a61e"}
 
 
 def forward_figure(forward: pd.DataFrame) -> str:
@@ -149,14 +153,14 @@ def forward_figure(forward: pd.DataFrame) -> str:
     for row, model in zip(axes, models):
         for ax, regime in zip(row, ("graph", "eager")):
             g = ok[(ok["model"] == model) & (ok["regime"] == regime)]
-            aten = g[g["path"] == "aten"].set_index("m")["us"]
+            aten = g[g["path"] == ATEN].set_index("m")["us"]
             for path, p in g.groupby("path"):
                 p = p.sort_values("m").set_index("m")
                 base = aten.reindex(p.index)
                 color = FORWARD_COLORS.get(path, _color(path))
-                style = "--" if path == "seed-fix" else "-"
+                style = "--" if path == SEED_FIX else "-"
                 ax.plot(p.index, p["us"] / base, style, marker="o", ms=3, color=color, label=path)
-                if "us_p20" in p and path != "aten":
+                if "us_p20" in p and path != ATEN:
                     ax.fill_between(p.index, p["us_p20"] / base, p["us_p80"] / base, color=color, alpha=0.12)
             ax.set_xscale("log", base=2)
             if regime == "eager":

@@ -22,3 +22,28 @@ def test_the_runtime_dispatcher_needs_only_the_ground_floor():
 
 def test_the_readme_shows_the_generated_import_graph():
     assert mermaid(imports()) in (ROOT / "README.md").read_text()
+
+
+def _path_literals() -> list[str]:
+    """String constants naming a path or forward rule, outside the modules that define the names."""
+    import ast
+    from bench.forward_paths import RULES
+    from bench.paths import PATHS
+    names = set(PATHS) | set(RULES)
+    owners = {"bench/paths.py", "bench/forward_paths.py", "dispatch/backends.py",
+              "harness/floors.py"}  # the last names the package dispatch/, not the path
+    found = []
+    for pkg in FLOORS:
+        for path in sorted((ROOT / pkg).rglob("*.py")):
+            rel = str(path.relative_to(ROOT))
+            if rel in owners:
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.Constant) and isinstance(node.value, str) and (
+                        node.value in names or node.value.startswith("flashinfer:")):
+                    found.append(f"{rel}:{node.lineno} {node.value!r}")
+    return found
+
+
+def test_no_path_name_is_written_outside_the_registry():
+    assert _path_literals() == []
