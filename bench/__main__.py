@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Sequence
 
 from bench.forward_paths import DEFAULT_RULES, check_rules

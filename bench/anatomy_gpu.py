@@ -12,7 +12,7 @@ from bench.anatomy import (FLASHINFER_SEGMENTS, FLASHINFER_TOTAL, NULL_OP_SEGMEN
                            inductor_style, segment_costs)
 from bench.hosttime import sleep_guard, time_blocks
 from dispatch.backends import ATEN, flashinfer_path
-from dispatch.profiles import GpuProfile, check_device
+from dispatch.profiles import GpuProfile
 from bench.results import write_run_json
 from bench.stats import summary
 from shapes.catalog import Shape
@@ -168,16 +168,13 @@ def module_load_costs(backends: list[str]) -> list[dict[str, Any]]:
 
 def run_anatomy(profile: GpuProfile, shapes: list[Shape], ms: list[int], backends: list[str], out_dir: Path,
                 calls: int, rounds: int, allow_mismatch: bool, command: list[str]) -> Path:
-    from bench.sweep import require_cuda, tune_shape
-    require_cuda()
+    from bench.sweep import require_gpu, tune_shape
+    sm = require_gpu(profile, allow_mismatch)
     import torch
     from flashinfer.autotuner import AutoTuner  # noqa: F401  (a missing FlashInfer stops here, before any write)
     from bench.envinfo import run_info
     from bench.paths import PATHS
     from bench.results import rows_to_csv
-    props = torch.cuda.get_device_properties(0)
-    sm = props.major * 10 + props.minor
-    check_device(profile, torch.cuda.get_device_name(0), sm, allow_mismatch)
     info = run_info(command, profile=profile.name, kind="host-anatomy", calls=calls, rounds=rounds, ms=ms,
                     shapes=[s.name for s in shapes], backends=backends)
     t_start = time.perf_counter()

@@ -10,6 +10,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from dispatch.profiles import sm_of
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -77,7 +79,7 @@ def fingerprint() -> dict[str, Any]:
         pass
     return {
         "gpu_name": torch.cuda.get_device_name(0),
-        "sm": props.major * 10 + props.minor,
+        "sm": sm_of(0),
         "sm_count": props.multi_processor_count,
         "l2_bytes": props.L2_cache_size,
         "memory_bytes": props.total_memory,

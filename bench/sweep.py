@@ -8,7 +8,7 @@ from typing import Any
 
 from bench import autotune_cache
 from bench.paths import GemmPath
-from dispatch.profiles import GpuProfile, check_device
+from dispatch.profiles import GpuProfile, check_device, this_gpu
 from bench.results import done_keys, write_parquet, write_results, write_run_json
 from bench.stats import PhaseTimer, calls_per_graph, estimate_call_us, rotation_count, summary
 from shapes.catalog import Shape
@@ -70,10 +70,9 @@ def require_cuda() -> None:
 def require_gpu(profile: GpuProfile, allow_mismatch: bool = False) -> int:
     """A CUDA GPU that is the profile's (or allowed not to be), checked before anything is written; returns its SM."""
     require_cuda()
-    import torch
-    major, minor = torch.cuda.get_device_capability(0)
-    check_device(profile, torch.cuda.get_device_name(0), major * 10 + minor, allow_mismatch)
-    return major * 10 + minor
+    name, sm = this_gpu(0)
+    check_device(profile, name, sm, allow_mismatch)
+    return sm
 
 
 def _shape_fields(shape: Shape) -> dict[str, Any]:

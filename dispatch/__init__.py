@@ -9,7 +9,7 @@ from typing import Any, Callable
 import torch.nn.functional as F
 
 from dispatch.backends import BACKENDS, Backend
-from dispatch.profiles import detect_profile
+from dispatch.profiles import detect_profile, this_gpu
 from dispatch.table import ThresholdTable, load_table
 
 __all__ = ["linear", "ThresholdTable", "load_table", "configure", "reset"]
@@ -46,12 +46,10 @@ def _device_state(index: int | None):
     state = _DEVICES.get(key)
     if state is not None:
         return state
-    import torch
     table, sm = _FORCED, 0
     if index is not None and index >= 0:  # get_device() is -1 for CPU tensors
-        major, minor = torch.cuda.get_device_capability(index)
-        sm = major * 10 + minor
-        profile = detect_profile(torch.cuda.get_device_name(index), sm) if table is None else None
+        name, sm = this_gpu(index)
+        profile = detect_profile(name, sm) if table is None else None
         if profile is not None:
             try:
                 table = load_table(profile.name)

@@ -39,6 +39,19 @@ def matches(profile: GpuProfile, device_name: str, sm: int) -> bool:
                                           device_name) is not None
 
 
+def sm_of(device: int = 0) -> int:
+    """The SM number (major * 10 + minor) of a CUDA device, as the profiles name it."""
+    import torch
+    major, minor = torch.cuda.get_device_capability(device)
+    return major * 10 + minor
+
+
+def this_gpu(device: int = 0) -> tuple[str, int]:
+    """(device name, SM) of a CUDA device: what the identity rule reads."""
+    import torch
+    return torch.cuda.get_device_name(device), sm_of(device)
+
+
 def detect_profile(device_name: str, sm: int) -> GpuProfile | None:
     """The profile of this GPU, or None when no profile describes it."""
     return next((p for p in PROFILES.values() if matches(p, device_name, sm)), None)

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Sequence
 
 from harness.cli import Parser

@@ -132,9 +132,9 @@ def headline(run: Run) -> Headline:
         s[0] = (f"No verdict: this run is incomplete ({'; '.join(run.incomplete)}), judged with --partial. On the "
                 f"measured cells alone: " + s[0])
         holds = None
-    seed = ThresholdTable(t.profile, t.low_m_backend, 32)
+    seed = ThresholdTable(t.profile, t.low_m_backend, SEED_FIX_M)
     seed_slow = int((cell_verdicts(c, seed, MARGIN)["verdict"] == "SLOWER").sum())
-    s.insert(1, f"The seed PR's single rule (FlashInfer at M <= 32 on every shape) would be SLOWER beyond "
+    s.insert(1, f"The seed PR's single rule (FlashInfer at M <= {SEED_FIX_M} on every shape) would be SLOWER beyond "
                 f"{MARGIN:.0%} in {seed_slow} cell(s) on this GPU.")
     return Headline(holds, s, verdicts, totals)
 

@@ -4,17 +4,12 @@ import pytest
 pytestmark = pytest.mark.gpu
 
 
-def test_host_anatomy_times_every_layer_and_the_segments_add_up(tmp_path):
+def test_host_anatomy_times_every_layer_and_the_segments_add_up(tmp_path, gpu_profile):
     import pandas as pd
-    import torch
     from bench.anatomy import FLASHINFER_SEGMENTS, FLASHINFER_TOTAL
     from bench.anatomy_gpu import run_anatomy
-    from dispatch.profiles import detect_profile
     from shapes.catalog import catalog, select
-    major, minor = torch.cuda.get_device_capability(0)
-    profile = detect_profile(torch.cuda.get_device_name(0), major * 10 + minor)
-    if profile is None:
-        pytest.skip(f"no GPU profile for {torch.cuda.get_device_name(0)}")
+    profile = gpu_profile
     backends = ["cublaslt"] + ([profile.low_m_backend] if profile.low_m_backend != "cute-dsl" else [])
     run_anatomy(profile, select(catalog(), "n2048_k4096"), [8, 48], backends, tmp_path, calls=10, rounds=3,
                 allow_mismatch=False, command=["pytest"])

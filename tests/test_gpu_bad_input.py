@@ -13,20 +13,10 @@ pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _profile():
-    import torch
-    from dispatch.profiles import detect_profile
-    major, minor = torch.cuda.get_device_capability(0)
-    p = detect_profile(torch.cuda.get_device_name(0), major * 10 + minor)
-    if p is None:
-        pytest.skip(f"no GPU profile for {torch.cuda.get_device_name(0)}")
-    return p
-
-
-def test_another_gpus_profile_is_refused_before_anything_is_written(tmp_path, capsys):
+def test_another_gpus_profile_is_refused_before_anything_is_written(tmp_path, capsys, gpu_profile):
     from bench.__main__ import main
     from harness.errors import run_cli
-    other = "b200" if _profile().sm != 100 else "h200"
+    other = "b200" if gpu_profile.sm != 100 else "h200"
     out = tmp_path / "out"
     assert run_cli(main, "bench", ["run", "--gpu", other, "--shapes", "n2048_k4096", "--m", "8", "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip()
@@ -34,7 +24,7 @@ def test_another_gpus_profile_is_refused_before_anything_is_written(tmp_path, ca
     assert not out.exists()
 
 
-def test_a_shape_that_does_not_fit_is_skipped_with_the_reason(tmp_path):
+def test_a_shape_that_does_not_fit_is_skipped_with_the_reason(tmp_path, gpu_profile):
     """Most of the GPU's memory taken by another tensor: the cells that cannot get their operands are rows with status
     skipped and an out-of-memory reason, the others are measured, and the run completes."""
     import torch
@@ -45,7 +35,7 @@ def test_a_shape_that_does_not_fit_is_skipped_with_the_reason(tmp_path):
     free, _ = torch.cuda.mem_get_info()
     blocker = torch.empty(free - (3 << 30), dtype=torch.uint8, device="cuda")  # leave 3 GiB
     try:
-        run_sweep(SweepConfig(profile=_profile(), shapes=select(catalog(), "n248320_k2560,n64_k2048"), ms=[1, 16384],
+        run_sweep(SweepConfig(profile=gpu_profile, shapes=select(catalog(), "n248320_k2560,n64_k2048"), ms=[1, 16384],
                               paths=[PATHS["aten"]], out=tmp_path, samples=3, tune=False))
     finally:
         del blocker
@@ -55,10 +45,10 @@ def test_a_shape_that_does_not_fit_is_skipped_with_the_reason(tmp_path):
     assert df.loc[(64, 1), "status"] == "ok" and df.loc[(64, 16384), "status"] == "ok"
 
 
-def test_an_interrupted_sweep_keeps_its_rows_and_resumes(tmp_path):
+def test_an_interrupted_sweep_keeps_its_rows_and_resumes(tmp_path, gpu_profile):
     out = tmp_path / "sweep"
     shapes, ms = "n2048_k4096,n1024_k2048,n12288_k2048,n2048_k512", "1,8,16,32,64,128,256,512,1024,4096"
-    cmd = [sys.executable, "-m", "bench", "run", "--gpu", _profile().name, "--shapes", shapes, "--m", ms,
+    cmd = [sys.executable, "-m", "bench", "run", "--gpu", gpu_profile.name, "--shapes", shapes, "--m", ms,
            "--paths", "aten,flashinfer:cublaslt", "--out", str(out)]
     env = {**os.environ, "PYTHONPATH": f"{ROOT}:{os.environ.get('PYTHONPATH', '')}"}
     p = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -5,17 +5,11 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module")
-def small_sweep_dir(tmp_path_factory):
-    import torch
+def small_sweep_dir(tmp_path_factory, gpu_profile):
     from bench.paths import paths_for
-    from dispatch.profiles import detect_profile
-    from bench.results import load_results
     from bench.sweep import SweepConfig, run_sweep
     from shapes.catalog import catalog, select
-    major, minor = torch.cuda.get_device_capability(0)
-    name = detect_profile(torch.cuda.get_device_name(0), major * 10 + minor)
-    if name is None:
-        pytest.skip(f"no GPU profile for {torch.cuda.get_device_name(0)}")
+    name = gpu_profile
     out = tmp_path_factory.mktemp("sweep")
     cfg = SweepConfig(profile=name, shapes=select(catalog(), "n2048_k4096,n64_k2048,n1_k2048"), ms=[1, 48, 1031],
                       paths=paths_for(name.flashinfer_backends), out=out, samples=10)
@@ -29,19 +23,16 @@ def small_sweep(small_sweep_dir):
     return load_results(small_sweep_dir)
 
 
-def test_the_kept_autotuner_cache_serves_the_tuned_tactics(small_sweep_dir, tmp_path):
+def test_the_kept_autotuner_cache_serves_the_tuned_tactics(small_sweep_dir, tmp_path, gpu_profile):
     """A second sweep serving the first one's autotune-cache.json (tuner memory cleared, so only the file can answer)
     runs the same FlashInfer tactics and kernels."""
-    import torch
     from flashinfer.autotuner import AutoTuner
     from bench.autotune_cache import FILE_NAME
     from bench.paths import PATHS
-    from dispatch.profiles import detect_profile
     from bench.results import load_results, load_run_info
     from bench.sweep import SweepConfig, run_sweep
     from shapes.catalog import catalog, select
-    major, minor = torch.cuda.get_device_capability(0)
-    profile = detect_profile(torch.cuda.get_device_name(0), major * 10 + minor)
+    profile = gpu_profile
     first = load_results(small_sweep_dir)
     assert load_run_info(small_sweep_dir)["autotune_cache"]["mode"] == "tuned"
     AutoTuner.get().clear_cache()
@@ -118,18 +109,16 @@ def test_dispatcher_captures_and_falls_back():
         dispatch.reset()
 
 
-def test_l2_modes_time_a_cached_weight_faster_when_warm(tmp_path):
+def test_l2_modes_time_a_cached_weight_faster_when_warm(tmp_path, gpu_profile):
     """n2560_k9216 (47 MB of weight, under the H200's 60 MB L2) at M=1: with a warm L2 the GEMM reads its weight from
     L2 and is faster than after a flush; the flush's own kernels are not counted in the call's time."""
     import torch
     from bench.paths import PATHS
-    from dispatch.profiles import detect_profile
     from bench.results import load_results, load_run_info
     from bench.sweep import SweepConfig, run_sweep
     from shapes.catalog import catalog, select
-    major, minor = torch.cuda.get_device_capability(0)
-    profile = detect_profile(torch.cuda.get_device_name(0), major * 10 + minor)
-    if profile is None or torch.cuda.get_device_properties(0).L2_cache_size < 48 << 20:
+    profile = gpu_profile
+    if torch.cuda.get_device_properties(0).L2_cache_size < 48 << 20:
         pytest.skip("needs a known GPU with an L2 larger than the weight")
     gpu = {}
     for mode in ("flush", "warm"):

@@ -6,15 +6,10 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module")
-def short_forward(tmp_path_factory):
-    import torch
+def short_forward(tmp_path_factory, gpu_profile):
     from bench.forward import ForwardConfig, models_for, run_forward
     from bench.forward_paths import DEFAULT_RULES
-    from dispatch.profiles import detect_profile
-    major, minor = torch.cuda.get_device_capability(0)
-    profile = detect_profile(torch.cuda.get_device_name(0), major * 10 + minor)
-    if profile is None:
-        pytest.skip(f"no GPU profile for {torch.cuda.get_device_name(0)}")
+    profile = gpu_profile
     out = tmp_path_factory.mktemp("forward")
     cfg = ForwardConfig(profile=profile, models=models_for(["Qwen3.5-35B-A3B"], None), ms=[8, 1031],
                         rules=list(DEFAULT_RULES), out=out, samples=5, decoder_layers=2)

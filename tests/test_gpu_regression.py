@@ -18,17 +18,12 @@ class KernelChangeWarning(UserWarning):
     pass
 
 
-def test_fresh_measurements_stay_within_the_stored_ratios(tmp_path, request):
-    import torch
+def test_fresh_measurements_stay_within_the_stored_ratios(tmp_path, request, gpu_profile):
     from bench.envinfo import fingerprint
-    from dispatch.profiles import detect_profile
     from calibrate.baseline import (baseline_path, describe, fingerprint_mismatch, fingerprint_of, kernel_change,
                                    load_baseline)
     from calibrate.regress import regress
-    major, minor = torch.cuda.get_device_capability(0)
-    profile = detect_profile(torch.cuda.get_device_name(0), major * 10 + minor)
-    if profile is None:
-        pytest.skip(f"no GPU profile for {torch.cuda.get_device_name(0)}; add one in bench/profiles.py")
+    profile = gpu_profile
     path = baseline_path(profile.name)
     if not path.exists():
         pytest.skip(f"no baseline for {profile.name} ({path}); create it on this GPU with make baseline GPU={profile.name}")
