@@ -28,14 +28,21 @@ def test_segments_with_an_untimed_layer_are_left_out():
     assert out == []
 
 
-def test_flashinfer_segments_sum_to_the_outermost_layer():
-    """Every inner layer is subtracted exactly as often as it is added, so the segments telescope to the total."""
-    import random
-    names = {s.outer for s in FLASHINFER_SEGMENTS} | {n for s in FLASHINFER_SEGMENTS for n in s.inner}
-    rng = random.Random(1)
-    per_round = {n: [rng.uniform(1, 100) for _ in range(5)] for n in names}
-    total = sum(value for _, value, _, _ in segment_costs(per_round, FLASHINFER_SEGMENTS))
-    assert total == pytest.approx(sorted(per_round["inductor_wrapper"])[2])
+def test_each_segment_recovers_its_layers_own_cost():
+    """A call tree with a known self cost per layer (the time of a layer is its own cost plus its callees' times):
+    every segment must come out as exactly its outer layer's own cost, which fails if a segment lists the wrong
+    callees, leaves one out or counts one twice."""
+    own = {s.outer: 10.0 * (i + 1) for i, s in enumerate(FLASHINFER_SEGMENTS)}
+    callees = {s.outer: s.inner for s in FLASHINFER_SEGMENTS}
+
+    def total(layer: str) -> float:
+        return own[layer] + sum(total(c) for c in callees[layer])
+    per_round = {layer: [total(layer)] * 3 for layer in own}
+    got = {seg.outer: value for seg, value, _, _ in segment_costs(per_round, FLASHINFER_SEGMENTS)}
+    assert got == pytest.approx(own)
+    broken = [Segment("glue", "gemm_dispatch", ("choose_one",))]  # leaves runner_call_fresh out
+    [(_, value, _, _)] = segment_costs(per_round, broken)
+    assert value != pytest.approx(own["gemm_dispatch"])
 
 
 def test_time_blocks_orders_layers_by_their_cost_and_calls_the_guard():

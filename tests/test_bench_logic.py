@@ -1,5 +1,6 @@
 """CPU tests of the bench logic with fake timers: attribution, kernel counts, sizing, statistics, results files."""
 import json
+from pathlib import Path
 
 import pytest
 
@@ -9,6 +10,8 @@ from bench.results import COLUMNS, done_keys, load_results, write_results, write
 from bench.stats import (KernelCountError, KernelRecord, Window, attribute, calls_per_graph, kernels_per_call,
                          quantile, rotation_count, summary)
 from harness.errors import HarnessError
+
+DATA = Path(__file__).parent / "data"
 
 L2 = 62_914_560  # H200, as torch reports it
 
@@ -151,8 +154,8 @@ def test_bench_without_gpu_writes_nothing(tmp_path, capsys):
 
 
 def test_committed_sweep_is_complete_and_consistent():
-    df = load_results("tests/data/h200-sweep")
-    info = json.load(open("tests/data/h200-sweep/run.json"))
+    df = load_results(DATA / "h200-sweep")
+    info = json.load(open(DATA / "h200-sweep" / "run.json"))
     assert info["fingerprint"]["gpu_name"] == "NVIDIA H200" and info["status"] == "complete"
     assert df.groupby(["n", "k"]).ngroups == 16 and df["m"].nunique() == 25
     assert len(df) == 16 * 25 * 5 and set(df["status"]) == {"ok", "skipped"}

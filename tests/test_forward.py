@@ -1,5 +1,6 @@
 """CPU tests of measured forwards: the layer sequence, the forward-path rules and the cell-sum model of a forward."""
 import json
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -12,6 +13,8 @@ from dispatch.table import ThresholdTable, load_table
 from shapes.catalog import model_configs, model_layers
 from shapes.derive import ForwardLinear, forward_sequence, load_config
 from harness.errors import HarnessError
+
+DATA = Path(__file__).parent / "data"
 
 H200 = get_profile("h200")
 
@@ -73,7 +76,7 @@ def test_forward_rules_on_the_h200():
 
 def test_the_model_of_an_aten_forward_is_the_sum_of_its_cells():
     from bench.results import load_results
-    df = load_results("tests/data/h200-sweep")
+    df = load_results(DATA / "h200-sweep")
     cells = Cells.from_results(df)
     seq = forward_sequence(load_config(model_configs()["Qwen3.5-4B"]), "Qwen3.5-4B")
     ok = df[(df["status"] == "ok") & (df["path"] == "aten") & (df["m"] == 128)].set_index(["n", "k"])["gpu_us"]
@@ -109,7 +112,7 @@ def test_measured_forward_verdicts_and_the_model_beside_them(tmp_path):
     v = forward_verdicts(fdf, capture_size=512).set_index("m")
     assert v.loc[8, "regime"] == "graph" and v.loc[4096, "regime"] == "eager"
     assert not v["ok"].any() and v.loc[8, "best"] == "aten"
-    cells = Cells.from_results(load_results("tests/data/h200-sweep"))
+    cells = Cells.from_results(load_results(DATA / "h200-sweep"))
     mv = model_vs_measured(cells, fdf, info, H200, load_table("h200"))
     assert len(mv) == 8 and mv["modelled_us"].notna().all() and "miss" in mv
 
@@ -143,7 +146,7 @@ def test_eager_rounds_shuffle_whole_m_blocks_and_the_paths_inside():
 
 def test_the_committed_h200_forwards_are_complete_and_count_the_catalogs_linears():
     for name in ("h200-forward", "h200-forward-2"):
-        df, info = load_forward(f"tests/data/{name}")
+        df, info = load_forward(DATA / name)
         assert info["fingerprint"]["gpu_name"] == "NVIDIA H200" and info["status"] == "complete"
         assert set(df["status"]) == {"ok"} and len(df) == 2 * 8 * 4 * 2
         assert info["wall_s"] <= 240  # the issue's budget for the default run
@@ -155,12 +158,12 @@ def test_the_committed_h200_forwards_are_complete_and_count_the_catalogs_linears
 def test_two_fresh_runs_agree_and_the_measured_verdict_names_its_failure(capsys):
     """The repeatability figures of the README, recomputed from the committed pair; and validate --forward judges the
     dispatcher on the measured forwards (it fails where its extra host time shows in an eager forward)."""
-    a, _ = load_forward("tests/data/h200-forward")
-    b, _ = load_forward("tests/data/h200-forward-2")
+    a, _ = load_forward(DATA / "h200-forward")
+    b, _ = load_forward(DATA / "h200-forward-2")
     j = a.merge(b, on=["model", "m", "path", "regime"])
     dev = (j["us_x"] / j["us_y"] - 1).abs().groupby(j["regime"]).median()
     assert dev["graph"] <= 0.02 and dev["eager"] <= 0.05, dev
     from calibrate.__main__ import main
-    assert main(["validate", "tests/data/h200-sweep", "--forward", "tests/data/h200-forward"]) == 1
+    assert main(["validate", str(DATA / "h200-sweep"), "--forward", str(DATA / "h200-forward")]) == 1
     out = capsys.readouterr().out
     assert "measured / cell-sum model" in out and "FAIL: measured forward of the dispatcher" in out

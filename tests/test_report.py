@@ -37,11 +37,23 @@ def test_the_report_is_one_self_contained_file_with_every_section(report):
     assert "this run did not serve them" in html
 
 
-def test_the_verdict_is_in_plain_words(report):
-    html = report.read_text()
-    verdict = re.search(r'<div class="verdict (yes|no|unknown)">(.*?)</div>', html)
-    assert verdict and verdict.group(1) == "yes" and verdict.group(2).startswith("Yes, the dispatcher holds")
-    assert "The seed PR&#x27;s single rule" in html
+def test_the_verdict_in_words_agrees_with_validate(report, tmp_path, capsys):
+    """The page's yes/no is calibrate validate's PASS/FAIL on the same run; with the seed PR's table (which validate
+    fails) the page says no."""
+    from calibrate.__main__ import main as calibrate_main
+    passes = calibrate_main(["validate", str(DATA / "h200-sweep")]) == 0
+    verdict = re.search(r'<div class="verdict (yes|no|unknown)">(.*?)</div>', report.read_text())
+    assert verdict.group(1) == ("yes" if passes else "no")
+    assert verdict.group(2).startswith("Yes, the dispatcher holds" if passes else "No, the dispatcher does not hold")
+    assert "The seed PR&#x27;s single rule" in report.read_text()
+    seed = tmp_path / "seed.json"
+    seed.write_text('{"profile": "h200", "low_m_backend": "tinygemm", "default_threshold": 32}')
+    assert calibrate_main(["validate", str(DATA / "h200-sweep"), "--thresholds", str(seed)]) == 1
+    out = tmp_path / "seed.html"
+    assert reports_main(["build", str(DATA / "h200-sweep"), "--thresholds", str(seed), "-o", str(out)]) == 0
+    seed_verdict = re.search(r'<div class="verdict (yes|no|unknown)">(.*?)</div>', out.read_text())
+    assert seed_verdict.group(1) == "no" and "SLOWER" in seed_verdict.group(2)
+    capsys.readouterr()
 
 
 def test_the_cell_table_has_every_measured_cell(report):
