@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 from typing import Sequence
 
 from bench.forward_paths import DEFAULT_RULES, check_rules
@@ -39,9 +40,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                             "(its kernels excluded from the call's time); warm = one copy, no flush")
     p_run.add_argument("--no-tune", action="store_true", help="skip FlashInfer's autotuner (time its default tactics)")
     p_run.add_argument("--autotune-cache", metavar="FILE",
-                       help="FlashInfer's tactics from FILE (e.g. an earlier run's autotune-cache.json) instead of "
-                            "tuning; written there after tuning when FILE does not exist. Shapes or M that FILE "
-                            "lacks run FlashInfer's fallback tactic (-1), as in vLLM")
+                       help="serve FlashInfer's tactics from FILE (e.g. an earlier run's autotune-cache.json) instead "
+                            "of tuning; shapes or M that FILE lacks run FlashInfer's fallback tactic (-1), as in vLLM")
+    p_run.add_argument("--save-autotune-cache", metavar="FILE",
+                       help="after tuning, also write the tactics to FILE (they are always kept in OUT/autotune-cache.json)")
     p_run.add_argument("--tune-all", action="store_true", help="also tune backends that are untuned by default (cudnn)")
     p_run.add_argument("--max-rotations", type=int_in(1, 4096), default=512,
                        help="at most this many rotated input/weight copies per graph (default 512)")
@@ -69,6 +71,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_fw.add_argument("--no-lm-head", action="store_true", help="leave lm_head out of the forward")
     p_fw.add_argument("--samples", type=int_in(3, 1000), default=10, help="forwards per path, regime and M (default 10)")
     p_fw.add_argument("--autotune-cache", metavar="FILE", help="serve FlashInfer's tactics from FILE (as bench run)")
+    p_fw.add_argument("--save-autotune-cache", metavar="FILE", help="after tuning, also write the tactics to FILE")
     p_fw.add_argument("--no-tune", action="store_true", help="skip FlashInfer's autotuner")
     p_fw.add_argument("--out", default="results/forward", help="output folder (default results/forward)")
     p_fw.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
@@ -115,7 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                             rules=check_rules([s.strip() for s in args.paths.split(",") if s.strip()]),
                             out=output_dir(args.out, "--out"), tp=args.tp, samples=args.samples,
                             decoder_layers=args.layers, lm_head=not args.no_lm_head, tune=not args.no_tune,
-                            autotune_cache=output_file(args.autotune_cache, "--autotune-cache") if args.autotune_cache else None,
+                            autotune_cache=_served(args), save_autotune_cache=_saved(args),
                             resume=args.resume, command=command, quiet=True)
         from bench.forward import sequences
         sequences(cfg)  # a config that cannot be derived stops here, before the GPU is touched
@@ -127,10 +130,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = SweepConfig(profile=profile, shapes=shapes, ms=parse_m(args.m), paths=paths_for(profile.flashinfer_backends, args.paths),
                       out=output_dir(args.out, "--out"), timer=args.timer, samples=args.samples, l2=args.l2,
                       resume=args.resume, allow_mismatch=args.allow_mismatch, tune=not args.no_tune, tune_all=args.tune_all,
-                      autotune_cache=output_file(args.autotune_cache, "--autotune-cache") if args.autotune_cache else None,
+                      autotune_cache=_served(args), save_autotune_cache=_saved(args),
                       max_rotations=args.max_rotations, command=command, quiet=True)
     run_sweep(cfg)  # stops first, writing nothing, when there is no CUDA GPU; prints its summary
     return 0
+
+
+def _served(args) -> Path | None:
+    if not args.autotune_cache:
+        return None
+    path = Path(args.autotune_cache)
+    if path.is_dir():
+        raise HarnessError(f"--autotune-cache {path} is a folder; name its autotune-cache.json")
+    if not path.is_file():
+        raise HarnessError(f"--autotune-cache {path}: no such file; serve an existing autotune-cache.json, or tune "
+                           f"(leave it out) and keep the tactics with --save-autotune-cache FILE")
+    return path
+
+
+def _saved(args) -> Path | None:
+    if not args.save_autotune_cache:
+        return None
+    if args.autotune_cache:
+        raise HarnessError("--autotune-cache serves tactics (no tuning), so there are none to save with "
+                           "--save-autotune-cache; pass one of them")
+    return output_file(args.save_autotune_cache, "--save-autotune-cache")
 
 
 if __name__ == "__main__":

@@ -9,12 +9,11 @@ server runs. Every complete sweep writes the tactics it ran to `<out>/autotune-c
 from __future__ import annotations
 
 import hashlib
-import json
 import shutil
 from pathlib import Path
 from typing import Any
 
-from harness.io import atomic_write
+from harness.io import atomic_write, read_json
 from harness.errors import HarnessError
 
 FILE_NAME = "autotune-cache.json"
@@ -26,12 +25,8 @@ def sha256(path: Path) -> str:
 
 def read_entries(path: Path) -> dict[str, Any]:
     """The file's tactic entries (metadata left out); one clear error when it is unreadable or not FlashInfer's."""
-    try:
-        data = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise HarnessError(f"no autotuner cache at {path}; tune afresh (leave the option out) to create one") from None
-    except (OSError, ValueError) as exc:
-        raise HarnessError(f"autotuner cache {path} is unreadable ({exc}); delete it and tune afresh") from None
+    data = read_json(path, "autotuner cache", "tune afresh (leave --autotune-cache out; --save-autotune-cache FILE "
+                                              "keeps the tactics)")
     if not isinstance(data, dict) or not all(isinstance(v, list) and len(v) >= 2
                                              for k, v in data.items() if not k.startswith("_")):
         raise HarnessError(f"{path} is not a FlashInfer autotuner cache (expected {{key: [runner, tactic]}}); "

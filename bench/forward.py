@@ -45,7 +45,8 @@ class ForwardConfig:
     decoder_layers: int | None = None  # only the first N decoder layers (memory); said in every row
     lm_head: bool = True
     tune: bool = True
-    autotune_cache: Path | None = None
+    autotune_cache: Path | None = None  # tactics to serve; None: tune
+    save_autotune_cache: Path | None = None  # where to write the tuned tactics (besides <out>/autotune-cache.json)
     resume: bool = False
     command: list[str] | None = None
     quiet: bool = False

@@ -7,7 +7,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from bench.stats import Window, attribute, kernels_per_call, rel_err
+from bench.stats import Window, attribute, count_error, kernels_per_call, rel_err
 
 L2_MODES = ("rotate", "flush", "warm")
 REL_ERR_BOUND = 2e-2  # bf16 output rounding is ~4e-3; K-long fp32 accumulation keeps the Frobenius error well below this
@@ -189,10 +189,9 @@ def replay_interleaved(clock, graphs: dict[str, Any], calls: int, samples: int, 
         result[w.path].event_us.append(start.elapsed_time(end) * 1e3 / calls)
     if use_records:
         for w, timing in zip(windows, attribute(records, windows)):
-            want = calls * result[w.path].kernels_per_call
-            if timing.count != want:
-                result[w.path].error = (f"{w.path} replay {w.sample}: {timing.count} kernel records in its window, "
-                                        f"expected {want} (kernels missing from CUPTI, or extra kernels launched)")
+            error = count_error(w, timing.count, calls * result[w.path].kernels_per_call)
+            if error:
+                result[w.path].error = error
                 continue
             result[w.path].gpu_us.append(timing.busy_ns / 1e3 / calls)
             result[w.path].span_us.append(timing.span_ns / 1e3 / calls)

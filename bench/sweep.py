@@ -37,8 +37,8 @@ class SweepConfig:
     allow_mismatch: bool = False
     tune: bool = True
     tune_all: bool = False
-    # FlashInfer autotuner cache: served from when the file exists (no tuning), written after tuning when it does not
-    autotune_cache: Path | None = None
+    autotune_cache: Path | None = None  # FlashInfer tactics to serve (an existing file): no tuning in this run
+    save_autotune_cache: Path | None = None  # where to write the tactics this run tuned (besides <out>/autotune-cache.json)
     target_replay_us: float = 500.0
     max_rotations: int = 512
     command: list[str] | None = None
@@ -218,7 +218,7 @@ def measure_group(cfg: SweepConfig, clock, shape: Shape, m: int, paths: list[Gem
 
 
 def _load_pinned_tactics(cfg: SweepConfig) -> dict[str, Any] | None:
-    if cfg.autotune_cache is None or not cfg.autotune_cache.exists():
+    if cfg.autotune_cache is None:
         return None
     if not cfg.tune:
         raise HarnessError("--no-tune and --autotune-cache contradict each other; pass one of them")
@@ -229,7 +229,7 @@ def _load_pinned_tactics(cfg: SweepConfig) -> dict[str, Any] | None:
 
 
 def _keep_tactics(cfg: SweepConfig, pinned: dict[str, Any] | None) -> dict[str, Any] | str:
-    """The tactics this run served, beside its results (and at cfg.autotune_cache when that was to be written)."""
+    """The tactics this run served, beside its results (and at cfg.save_autotune_cache after tuning)."""
     kept = cfg.out / autotune_cache.FILE_NAME
     try:
         if pinned:
@@ -238,8 +238,8 @@ def _keep_tactics(cfg: SweepConfig, pinned: dict[str, Any] | None) -> dict[str, 
         if not cfg.tune:
             return "not tuned: FlashInfer ran its fallback tactics"
         autotune_cache.save(kept)
-        if cfg.autotune_cache is not None:
-            autotune_cache.copy(kept, cfg.autotune_cache)
+        if cfg.save_autotune_cache is not None:
+            autotune_cache.copy(kept, cfg.save_autotune_cache)
         return {**autotune_cache.describe(kept, "tuned"), "kept": str(kept)}
     except Exception as exc:  # the measured rows are already written; losing the tactics must not lose them
         return f"not kept: {type(exc).__name__}: {exc}"

@@ -14,7 +14,7 @@ import pandas as pd
 from dispatch.profiles import PROFILES, get_profile, matches
 from bench.results import check_grid, load_results, load_run_info
 from bench.sweep import require_gpu
-from calibrate.analysis import Cells, cell_verdicts, fit, forward_totals, model_uses
+from calibrate.analysis import Cells, cell_verdicts, failures, fit, forward_totals, model_uses
 from dispatch.table import TABLE_DIR, ThresholdTable, load_table
 from harness.cli import Parser, float_in, int_in
 from harness.console import terminal
@@ -168,8 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("per-forward totals (µs), dispatcher / best:")
     show = totals.pivot_table(index="m", columns=["model", "regime"], values="dispatch_over_best")
     print(show.to_string(float_format=lambda v: f"{v:.4f}"))
-    slower = verdicts[verdicts["verdict"] == "SLOWER"]
-    over = totals[totals["actual"] & (totals["dispatch_over_best"] > 1.01)]
+    slower, over = failures(verdicts, totals)
     measured_over = pd.DataFrame()
     if args.forward:
         measured_over, measured = _forward_report(args, cells, table, profile)

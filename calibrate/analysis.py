@@ -156,6 +156,18 @@ def cell_verdicts(cells: Cells, table: ThresholdTable, margin: float = 0.03, ora
     return pd.DataFrame(rows)
 
 
+FORWARD_TOLERANCE = 1.01  # a per-forward total may exceed the best achievable by at most 1%
+
+
+def failures(verdicts: pd.DataFrame, totals: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The pass rule, in one place: the cells where the dispatcher is SLOWER than the best path, and the (model, M)
+    whose per-forward total, in the regime vLLM runs that M in, exceeds the best by more than FORWARD_TOLERANCE.
+    The dispatcher holds when both are empty."""
+    slower = verdicts[verdicts["verdict"] == "SLOWER"] if len(verdicts) else verdicts
+    over = totals[totals["actual"] & (totals["dispatch_over_best"] > FORWARD_TOLERANCE)] if len(totals) else totals
+    return slower, over
+
+
 def model_uses(df: pd.DataFrame) -> dict[str, list[tuple[int, int, int]]]:
     """model -> [(n, k, count per forward)] of its in-graph layers whose shapes the results cover (from the catalog).
     lm_head is left out: its M is the sampled rows, not the step's tokens."""

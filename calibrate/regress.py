@@ -27,7 +27,7 @@ def regression_paths(profile: GpuProfile) -> list[str]:
 def measure(profile: GpuProfile, out: Path, shapes: list[Shape] | None = None, ms: tuple[int, ...] = REGRESSION_MS,
             samples: int = 10, autotune_cache: Path | None = None) -> tuple[list[BaselineCell], dict]:
     """Runs the regression grid through the bench sweep into `out`; returns its cells and run info.
-    autotune_cache: FlashInfer tactics to serve (an existing file) or to write after tuning (a new path)."""
+    autotune_cache: FlashInfer tactics to serve (an existing file); None: tune (the tactics are kept in `out`)."""
     from bench.sweep import SweepConfig, run_sweep
     cfg = SweepConfig(profile=profile, shapes=shapes or catalog(), ms=list(ms),
                       paths=[PATHS[p] for p in regression_paths(profile)], out=out, samples=samples,

@@ -10,7 +10,7 @@ import pandas as pd
 
 from dispatch.profiles import PROFILES, GpuProfile
 from bench.results import check_grid, load_results, load_run_info
-from calibrate.analysis import (Cells, cell_verdicts, crossover, forward_totals, model_uses, ratio_ci, verdict)
+from calibrate.analysis import (Cells, cell_verdicts, failures, crossover, forward_totals, model_uses, ratio_ci, verdict)
 from bench.forward_paths import SEED_FIX_M
 from bench.paths import TUNED_CUBLASLT
 from dispatch.backends import ATEN, DISPATCH, is_flashinfer
@@ -111,8 +111,7 @@ def headline(run: Run) -> Headline:
         return Headline(None, s, pd.DataFrame(), pd.DataFrame())
     verdicts = cell_verdicts(c, run.table, MARGIN)
     totals = forward_totals(c, run.table, model_uses(df), run.profile.capture_size)
-    slower = verdicts[verdicts["verdict"] == "SLOWER"]
-    over = totals[totals["actual"] & (totals["dispatch_over_best"] > 1.01)] if len(totals) else totals
+    slower, over = failures(verdicts, totals)
     holds = slower.empty and over.empty
     t = run.table
     rule = (f"FlashInfer {t.low_m_backend} at M <= {t.default_threshold}" if t.default_threshold

@@ -279,6 +279,13 @@ CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
     ("anatomy --out an existing file", lambda t: ["bench", "host-anatomy", "--gpu", "h200", "--out",
                                                   user_folder(t) + "/notes.txt"], "is a file"),
     ("bench --autotune-cache a folder", lambda t: ["bench", "run", "--gpu", "h200", "--autotune-cache", str(t)], "is a folder"),
+    ("bench --autotune-cache missing", lambda t: ["bench", "run", "--gpu", "h200", "--autotune-cache",
+                                                  str(t / "none.json")], "no such file"),
+    ("bench serve and save tactics", lambda t: ["bench", "run", "--gpu", "h200", "--autotune-cache",
+                                                str(DATA / "h200-baseline-1" / "autotune-cache.json"), "--save-autotune-cache",
+                                                str(t / "x.json")], "pass one of them"),
+    ("bench --save-autotune-cache a folder", lambda t: ["bench", "run", "--gpu", "h200", "--save-autotune-cache",
+                                                        str(t)], "is a folder"),
     ("report under a file", lambda t: ["reports", "build", str(SWEEP), "-o", user_folder(t) + "/notes.txt/r.html"], "is a file"),
     # measured forwards and L2 states
     ("forward layers 0", lambda t: ["bench", "forward", "--gpu", "h200", "--layers", "0"], "outside 1..1000"),
