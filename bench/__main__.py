@@ -83,7 +83,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.cmd == "paths":
         for p in PATHS.values():
             sms = "any" if p.sms is None else "/".join(map(str, p.sms))
-            print(f"{p.name:22s} SM {sms:24s} {p.note}")
+            print(f"{p.name:22s} {p.role:10s} SM {sms:24s} {p.note}")
         return 0
     if args.cmd == "profiles":
         for p in ([get_profile(args.name)] if args.name else PROFILES.values()):

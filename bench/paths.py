@@ -24,27 +24,26 @@ LOW_M_BACKENDS = ("tinygemm", "cute-dsl")
 @dataclass(frozen=True)
 class GemmPath:
     name: str
-    sms: tuple[int, ...] | None  # SMs it runs on; None = any CUDA GPU
     build: Callable[[], LinearFn]  # imports lazily, so CPU-only machines can list paths
-    max_m: int | None = None  # not swept above this M (skipped with the reason)
-    min_n_multiple: int = 1  # N must be a multiple of this
-    min_k_multiple: int = 1
-    flashinfer_backend: str | None = None
-    tune_by_default: bool = True  # FlashInfer's autotuner runs before timing unless --no-tune
+    role: str  # one of ROLES
+    backend: Backend | None = None  # a FlashInfer path: the backend, whose rule says which cells it can run
     note: str = field(default="")
-    role: str = "candidate"
+
+    @property
+    def flashinfer_backend(self) -> str | None:
+        return self.backend.name if self.backend else None
+
+    @property
+    def sms(self) -> tuple[int, ...] | None:
+        return self.backend.sms if self.backend else None
+
+    @property
+    def tune_by_default(self) -> bool:
+        return self.backend.tune_by_default if self.backend else False
 
     def skip_reason(self, sm: int, n: int, k: int, m: int) -> str | None:
-        """Why this path cannot run a cell here, or None."""
-        if self.sms is not None and sm not in self.sms:
-            return f"{self.name} needs SM{'/'.join(map(str, self.sms))}, this GPU is SM{sm}"
-        if n % self.min_n_multiple:
-            return f"{self.name} needs N % {self.min_n_multiple} == 0, N = {n}"
-        if k % self.min_k_multiple:
-            return f"{self.name} needs K % {self.min_k_multiple} == 0, K = {k}"
-        if self.max_m is not None and m > self.max_m:
-            return f"{self.name} is a low-M kernel, not swept above M = {self.max_m}"
-        return None
+        """Why this path cannot run a cell here, or None (F.linear and the dispatcher run every cell)."""
+        return self.backend.skip_reason(sm, n, k, m) if self.backend else None
 
 
 def _aten() -> LinearFn:
@@ -68,16 +67,13 @@ def _dispatch() -> LinearFn:
 
 
 def _flashinfer_path(b: Backend) -> GemmPath:
-    return GemmPath(b.path, b.sms, _flashinfer(b.name), max_m=b.max_m, min_n_multiple=b.n_multiple,
-                    min_k_multiple=b.k_multiple, flashinfer_backend=b.name, tune_by_default=b.tune_by_default,
-                    note=b.note, role="low-m" if b.name in LOW_M_BACKENDS else "candidate")
+    return GemmPath(b.path, _flashinfer(b.name), "low-m" if b.name in LOW_M_BACKENDS else "candidate", b, b.note)
 
 
 PATHS: dict[str, GemmPath] = {p.name: p for p in (
-    GemmPath(ATEN, None, _aten, note="torch.nn.functional.linear(x, w)", role="baseline"),
+    GemmPath(ATEN, _aten, "baseline", note="torch.nn.functional.linear(x, w)"),
     *(_flashinfer_path(b) for b in BACKENDS.values()),
-    GemmPath(DISPATCH, None, _dispatch, note="threshold dispatcher: FlashInfer low-M backend at M <= threshold",
-             role="dispatcher"),
+    GemmPath(DISPATCH, _dispatch, "dispatcher", note="threshold dispatcher: FlashInfer low-M backend at M <= threshold"),
 )}
 TUNED_CUBLASLT = flashinfer_path("cublaslt")  # FlashInfer's autotuned cuBLASLt: vLLM's flag above M = 32 on SM90
 

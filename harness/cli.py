@@ -15,27 +15,22 @@ class Parser(argparse.ArgumentParser):
         raise HarnessError(f"{message} (see `{self.prog} --help`)")
 
 
-def int_in(lo: int, hi: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
+def _bounded(convert: Callable[[str], float], what: str, lo: float, hi: float) -> Callable[[str], float]:
+    def parse(text: str):
         try:
-            value = int(text)
+            value = convert(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if not lo <= value <= hi:
-            raise argparse.ArgumentTypeError(f"{value} is outside {lo}..{hi}")
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+        if not math.isfinite(value) or not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"{text} is outside {lo}..{hi}")
         return value
-    parse.__name__ = "integer"
+    parse.__name__ = what.split()[-1]
     return parse
+
+
+def int_in(lo: int, hi: int) -> Callable[[str], int]:
+    return _bounded(int, "an integer", lo, hi)
 
 
 def float_in(lo: float, hi: float) -> Callable[[str], float]:
-    def parse(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if not math.isfinite(value) or not lo <= value <= hi:
-            raise argparse.ArgumentTypeError(f"{text} is outside {lo:g}..{hi:g}")
-        return value
-    parse.__name__ = "number"
-    return parse
+    return _bounded(float, "a number", lo, hi)
