@@ -121,100 +121,137 @@ def tune_shape(path: GemmPath, fn, shape: Shape, ms: list[int]) -> tuple[float |
     return time.perf_counter() - t0, None
 
 
-def _record_error(fail, name: str, exc: Exception) -> None:
-    import torch
-    if isinstance(exc, torch.OutOfMemoryError):
-        torch.cuda.empty_cache()
-        fail(name, "skipped", f"out of memory: {str(exc).splitlines()[0]}")
+@dataclass
+class Group:
+    """One (shape, M) group under measurement: a row per path, and how its graphs are sized."""
+    shape: Shape
+    m: int
+    rows: dict[str, dict[str, Any]]
+    rotations: int
+    calls: int
+    l2_multiple: float
+
+    def fail(self, name: str, status: str, reason: str) -> None:
+        self.rows[name].update(status=status, reason=reason)
+
+    def error(self, name: str, exc: Exception) -> None:
+        """A path's exception as its row: out of memory is 'skipped' (the GPU's size), anything else 'failed'."""
+        import torch
+        if isinstance(exc, torch.OutOfMemoryError):
+            torch.cuda.empty_cache()
+            self.fail(name, "skipped", f"out of memory: {str(exc).splitlines()[0]}")
+            return
+        torch.cuda.synchronize()
+        self.fail(name, "failed", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+
+
+def plan_group(cfg: SweepConfig, clock, shape: Shape, m: int, paths: list[GemmPath], l2_bytes: int, flush) -> Group:
+    """Rotated copies (cold L2 in --l2 rotate) and calls per graph, and the rows every path will fill."""
+    base = {**_shape_fields(shape), "m": m, "timer": clock.name, "m_is_bucket": m in set(hybrid_buckets())}
+    bytes_per_copy = 2 * (m * shape.k + shape.n * shape.k)
+    rotations = 1 if cfg.l2 != "rotate" else rotation_count(bytes_per_copy, l2_bytes, cap=cfg.max_rotations)
+    rotations = max(1, min(rotations, MAX_ROTATION_BYTES // bytes_per_copy))
+    calls = calls_per_graph(rotations, estimate_call_us(m, shape.n, shape.k), cfg.target_replay_us)
+    l2_multiple = flush.multiple if flush is not None else rotations * bytes_per_copy / l2_bytes
+    return Group(shape, m, {p.name: {**base, "path": p.name} for p in paths}, rotations, calls, l2_multiple)
+
+
+def check_paths(group: Group, paths: list[GemmPath], fns: dict[str, Any], ops, tune_info, phase: PhaseTimer
+                ) -> dict[str, Any]:
+    """Each path's output against the fp32 reference; the paths that pass, ready to time."""
+    from bench.gpu import REL_ERR_BOUND, check_output, flashinfer_choices
+    checked: dict[str, Any] = {}
+    for p in paths:
+        row = group.rows[p.name]
+        tune_s, tune_err = tune_info.get(p.name, (None, None))
+        row.update(tune_s=tune_s, rotations=group.rotations, calls_per_graph=group.calls,
+                   l2_multiple=group.l2_multiple)
+        if tune_err:
+            group.fail(p.name, "failed", tune_err)
+            continue
+        try:
+            with flashinfer_choices() as choices, phase("check"):
+                err = check_output(fns[p.name], ops.xs[0], ops.ws[0])
+        except Exception as exc:
+            group.error(p.name, exc)
+            continue
+        row["rel_err"] = err
+        if choices:
+            row["fi_runner"], row["fi_tactic"] = choices[-1][0], str(choices[-1][1])
+        if not err <= REL_ERR_BOUND:
+            group.fail(p.name, "failed", f"output differs from the fp32 reference: rel_err {err:.3g} > {REL_ERR_BOUND}")
+            continue
+        checked[p.name] = fns[p.name]
+    return checked
+
+
+def time_host(cfg: SweepConfig, group: Group, checked: dict[str, Any], ops, phase: PhaseTimer) -> None:
+    """Eager host time of every checked path, all of them interleaved so their ratio sees the same host conditions."""
+    from bench.hosttime import host_times
+    x0, w0 = ops.xs[0], ops.ws[0]
+    # Every host-timed call also runs on the GPU; where that GPU time dwarfs the host time (large M), fewer calls
+    # keep the sweep short without changing what is measured.
+    gpu_bound = estimate_call_us(group.m, group.shape.n, group.shape.k) >= cfg.gpu_bound_us
+    with phase("host"):
+        host = host_times({n: (lambda f=f: f(x0, w0)) for n, f in checked.items()},
+                          calls=5 if gpu_bound else cfg.host_calls, rounds=3 if gpu_bound else cfg.host_rounds)
+    for name, (med, p20, p80, busy) in host.items():
+        group.rows[name].update(host_us=med, host_us_p20=p20, host_us_p80=p80, host_gpu_busy=busy)
+
+
+def time_gpu(cfg: SweepConfig, clock, group: Group, checked: dict[str, Any], ops, phase: PhaseTimer, flush,
+             flush_names: frozenset[str]) -> None:
+    """Each checked path's CUDA graph of `calls` calls, replayed interleaved; CUPTI kernel time into its row."""
+    from bench.gpu import capture, replay_interleaved
+    graphs = {}
+    for name, fn in checked.items():
+        try:
+            with phase("capture"):
+                graphs[name] = capture(fn, ops, group.calls, before=flush)
+        except Exception as exc:
+            group.error(name, exc)
+    if not graphs:
         return
-    torch.cuda.synchronize()
-    fail(name, "failed", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
+    with phase("replay"):
+        timings = replay_interleaved(clock, graphs, group.calls, cfg.samples, exclude=flush_names)
+    for name, t in timings.items():
+        if t.error:
+            print(f"bench: KERNEL COUNT CHECK FAILED for {group.shape.name} M={group.m}: {t.error}", file=terminal())
+            group.fail(name, "failed", t.error)
+            continue
+        gpu, g20, g80 = summary(t.gpu_us)
+        group.rows[name].update(status="ok", reason="", gpu_us=gpu, gpu_us_p20=g20, gpu_us_p80=g80,
+                                span_us=summary(t.span_us)[0], event_us=summary(t.event_us)[0],
+                                samples=len(t.gpu_us), kernels=t.kernels, kernels_per_call=t.kernels_per_call,
+                                gpu_samples_us=[round(v, 4) for v in t.gpu_us])
 
 
 def measure_group(cfg: SweepConfig, clock, shape: Shape, m: int, paths: list[GemmPath], fns: dict[str, Any],
                   l2_bytes: int, tune_info: dict[str, tuple[float | None, str | None]],
                   phase: PhaseTimer | None = None, flush=None, flush_names: frozenset[str] = frozenset()
                   ) -> list[dict[str, Any]]:
+    """One (shape, M) group: operands, correctness, host time, capture and replay; a row per path."""
     import torch
+    from bench.gpu import make_operands
     phase = phase or PhaseTimer()
-    from bench.gpu import REL_ERR_BOUND, capture, check_output, flashinfer_choices, make_operands, replay_interleaved
-    from bench.hosttime import host_times
-    base = {**_shape_fields(shape), "m": m, "timer": clock.name, "m_is_bucket": m in set(hybrid_buckets())}
-    rows: dict[str, dict[str, Any]] = {p.name: {**base, "path": p.name} for p in paths}
-
-    def fail(name: str, status: str, reason: str) -> None:
-        rows[name].update(status=status, reason=reason)
-
-    bytes_per_copy = 2 * (m * shape.k + shape.n * shape.k)
-    rotations = 1 if cfg.l2 != "rotate" else rotation_count(bytes_per_copy, l2_bytes, cap=cfg.max_rotations)
-    rotations = max(1, min(rotations, MAX_ROTATION_BYTES // bytes_per_copy))
-    calls = calls_per_graph(rotations, estimate_call_us(m, shape.n, shape.k), cfg.target_replay_us)
+    group = plan_group(cfg, clock, shape, m, paths, l2_bytes, flush)
     try:
         with phase("operands"):
-            ops = make_operands(m, shape.n, shape.k, rotations, seed=m * 7919 + shape.n)
+            ops = make_operands(m, shape.n, shape.k, group.rotations, seed=m * 7919 + shape.n)
     except torch.OutOfMemoryError as exc:
         torch.cuda.empty_cache()
         for p in paths:
-            fail(p.name, "skipped", f"out of memory allocating {rotations} operand copies: {str(exc).splitlines()[0]}")
-        return list(rows.values())
-
-    checked: dict[str, Any] = {}
-    for p in paths:
-        row = rows[p.name]
-        tune_s, tune_err = tune_info.get(p.name, (None, None))
-        row.update(tune_s=tune_s, rotations=rotations, calls_per_graph=calls,
-                   l2_multiple=flush.multiple if flush is not None else rotations * bytes_per_copy / l2_bytes)
-        if tune_err:
-            fail(p.name, "failed", tune_err)
-            continue
-        try:
-            with flashinfer_choices() as choices, phase("check"):
-                err = check_output(fns[p.name], ops.xs[0], ops.ws[0])
-        except Exception as exc:
-            _record_error(fail, p.name, exc)
-            continue
-        row["rel_err"] = err
-        if choices:
-            row["fi_runner"], row["fi_tactic"] = choices[-1][0], str(choices[-1][1])
-        if not err <= REL_ERR_BOUND:
-            fail(p.name, "failed", f"output differs from the fp32 reference: rel_err {err:.3g} > {REL_ERR_BOUND}")
-            continue
-        checked[p.name] = fns[p.name]
+            group.fail(p.name, "skipped", f"out of memory allocating {group.rotations} operand copies: "
+                                          f"{str(exc).splitlines()[0]}")
+        return list(group.rows.values())
+    checked = check_paths(group, paths, fns, ops, tune_info, phase)
     if checked:
-        x0, w0 = ops.xs[0], ops.ws[0]
-        # Every host-timed call also runs on the GPU; where that GPU time dwarfs the host time (large M), fewer calls
-        # keep the sweep short without changing what is measured.
-        gpu_bound = estimate_call_us(m, shape.n, shape.k) >= cfg.gpu_bound_us
-        with phase("host"):  # all paths of the group interleaved, so their ratio sees the same host conditions
-            host = host_times({n: (lambda f=f: f(x0, w0)) for n, f in checked.items()},
-                              calls=5 if gpu_bound else cfg.host_calls, rounds=3 if gpu_bound else cfg.host_rounds)
-        for name, (med, p20, p80, busy) in host.items():
-            rows[name].update(host_us=med, host_us_p20=p20, host_us_p80=p80, host_gpu_busy=busy)
-    graphs = {}
-    for name, fn in checked.items():
-        try:
-            with phase("capture"):
-                graphs[name] = capture(fn, ops, calls, before=flush)
-        except Exception as exc:
-            _record_error(fail, name, exc)
-    if graphs:
-        with phase("replay"):
-            timings = replay_interleaved(clock, graphs, calls, cfg.samples, exclude=flush_names)
-        for name, t in timings.items():
-            row = rows[name]
-            if t.error:
-                print(f"bench: KERNEL COUNT CHECK FAILED for {shape.name} M={m}: {t.error}", file=terminal())
-                fail(name, "failed", t.error)
-                continue
-            gpu, g20, g80 = summary(t.gpu_us)
-            row.update(status="ok", reason="", gpu_us=gpu, gpu_us_p20=g20, gpu_us_p80=g80,
-                       span_us=summary(t.span_us)[0], event_us=summary(t.event_us)[0], samples=len(t.gpu_us),
-                       kernels=t.kernels, kernels_per_call=t.kernels_per_call,
-                       gpu_samples_us=[round(v, 4) for v in t.gpu_us])
+        time_host(cfg, group, checked, ops, phase)
+        time_gpu(cfg, clock, group, checked, ops, phase, flush, flush_names)
     with phase("free"):
-        del graphs, ops
+        del ops
         torch.cuda.empty_cache()
-    return list(rows.values())
+    return list(group.rows.values())
 
 
 def _load_pinned_tactics(cfg: SweepConfig) -> dict[str, Any] | None:
@@ -245,6 +282,49 @@ def _keep_tactics(cfg: SweepConfig, pinned: dict[str, Any] | None) -> dict[str, 
         return f"not kept: {type(exc).__name__}: {exc}"
 
 
+def build_paths(paths: list[GemmPath], sm: int) -> dict[str, Any]:
+    """The callables of the paths this SM can run (the others' rows are recorded as skipped, with the reason)."""
+    fns: dict[str, Any] = {}
+    for p in paths:
+        if p.sms is not None and sm not in p.sms:
+            continue
+        try:
+            fns[p.name] = p.build()
+        except ImportError as exc:
+            raise HarnessError(f"path {p.name} needs a package that is missing ({exc}); "
+                               f"pip install -e '.[gpu]' or leave the path out with --paths") from None
+    return fns
+
+
+def tune_group_paths(cfg: SweepConfig, shape: Shape, todo: list[int], sm: int, fns: dict[str, Any], bar,
+                     phase: PhaseTimer) -> dict[str, tuple[float | None, str | None]]:
+    """FlashInfer's autotuner for each FlashInfer path of one shape, over the M values still to measure."""
+    tune_info: dict[str, tuple[float | None, str | None]] = {}
+    for p in cfg.paths:
+        runnable = [m for m in todo if not p.skip_reason(sm, shape.n, shape.k, m)]
+        if p.flashinfer_backend and (p.tune_by_default or cfg.tune_all) and runnable and p.name in fns:
+            bar.set_postfix_str(f"{shape.name} autotune {p.name}")
+            with phase("tune"):
+                tune_info[p.name] = tune_shape(p, fns[p.name], shape, runnable)
+    return tune_info
+
+
+def split_runnable(paths: list[GemmPath], shape: Shape, m: int, sm: int, done: set[tuple], timer: str
+                   ) -> tuple[list[GemmPath], list[dict[str, Any]]]:
+    """The paths still to measure at (shape, M), and the rows of those that cannot run here, with the reason."""
+    live, skipped = [], []
+    for p in paths:
+        if (shape.n, shape.k, m, p.name) in done:
+            continue
+        reason = p.skip_reason(sm, shape.n, shape.k, m)
+        if reason:
+            skipped.append({**_shape_fields(shape), "m": m, "path": p.name, "status": "skipped", "reason": reason,
+                            "timer": timer})
+        else:
+            live.append(p)
+    return live, skipped
+
+
 def run_sweep(cfg: SweepConfig) -> Path:
     sm = require_gpu(cfg.profile, cfg.allow_mismatch)  # before any file system change
     import torch
@@ -268,16 +348,7 @@ def run_sweep(cfg: SweepConfig) -> Path:
     if pinned:
         info["autotune_cache"] = pinned
     write_run_json(cfg.out, {**info, "status": "running"})
-    fns: dict[str, Any] = {}
-    for p in cfg.paths:
-        if p.sms is not None and sm not in p.sms:
-            continue  # its rows are recorded as skipped, with the reason
-        try:
-            fns[p.name] = p.build()
-        except ImportError as exc:
-            raise HarnessError(f"path {p.name} needs a package that is missing ({exc}); "
-                               f"pip install -e '.[gpu]' or leave the path out with --paths") from None
-
+    fns = build_paths(cfg.paths, sm)
     flush, flush_names = None, frozenset()
     if cfg.l2 == "flush":
         from bench.gpu import L2Flush
@@ -293,30 +364,13 @@ def run_sweep(cfg: SweepConfig) -> Path:
     try:
         for shape in cfg.shapes:
             todo = [m for m in cfg.ms if any((shape.n, shape.k, m, p.name) not in done for p in cfg.paths)]
-            tune_info: dict[str, tuple[float | None, str | None]] = {}
-            if cfg.tune and not pinned:
-                for p in cfg.paths:
-                    runnable = [m for m in todo if not p.skip_reason(sm, shape.n, shape.k, m)]
-                    wants_tune = p.tune_by_default or cfg.tune_all
-                    if p.flashinfer_backend and wants_tune and runnable and p.name in fns:
-                        bar.set_postfix_str(f"{shape.name} autotune {p.name}")
-                        with phase("tune"):
-                            tune_info[p.name] = tune_shape(p, fns[p.name], shape, runnable)
+            tune_info = tune_group_paths(cfg, shape, todo, sm, fns, bar, phase) if cfg.tune and not pinned else {}
             for m in cfg.ms:
                 bar.set_postfix_str(f"{shape.name} M={m}")
                 if m not in todo:
                     bar.update(1)
                     continue
-                live, skipped = [], []
-                for p in cfg.paths:
-                    if (shape.n, shape.k, m, p.name) in done:
-                        continue
-                    reason = p.skip_reason(sm, shape.n, shape.k, m)
-                    if reason:
-                        skipped.append({**_shape_fields(shape), "m": m, "path": p.name, "status": "skipped",
-                                        "reason": reason, "timer": clock.name})
-                    else:
-                        live.append(p)
+                live, skipped = split_runnable(cfg.paths, shape, m, sm, done, clock.name)
                 rows.extend(skipped)
                 rows.extend(measure_group(cfg, clock, shape, m, live, fns, props.L2_cache_size, tune_info, phase,
                                           flush, flush_names))
