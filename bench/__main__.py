@@ -10,11 +10,11 @@ from bench.gpu import L2_MODES
 from bench.paths import PATHS, paths_for
 from dispatch.backends import flashinfer_path
 from dispatch.profiles import PROFILES, get_profile
-from shapes.catalog import catalog, select
 from harness.cli import Parser, int_in
 from harness.console import divert_noise
 from harness.errors import HarnessError, run_cli
 from harness.io import output_dir, output_file
+from shapes.catalog import catalog, select
 from shapes.grid import parse_m
 
 

@@ -8,16 +8,16 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from bench.anatomy import (FLASHINFER_SEGMENTS, FLASHINFER_TOTAL, NULL_OP_SEGMENT, can_use_flashinfer,
-                           inductor_style, segment_costs)
+from bench.anatomy import (FLASHINFER_SEGMENTS, FLASHINFER_TOTAL, NULL_OP_SEGMENT, can_use_flashinfer, inductor_style,
+                           segment_costs)
 from bench.hosttime import sleep_guard, time_blocks
-from dispatch.backends import ATEN, flashinfer_path
-from dispatch.profiles import GpuProfile
 from bench.results import write_run_json
 from bench.stats import summary
-from shapes.catalog import Shape
-from harness.io import atomic_write_text
+from dispatch.backends import ATEN, flashinfer_path
+from dispatch.profiles import GpuProfile
 from harness.errors import HarnessError
+from harness.io import atomic_write_text
+from shapes.catalog import Shape
 
 ANATOMY_COLUMNS = ("path", "kind", "layer", "n", "k", "m", "host_us", "host_us_p20", "host_us_p80", "calls", "rounds",
                    "gpu_busy", "cache_state", "status", "reason")
@@ -61,6 +61,7 @@ def flashinfer_layers(backend: str, x, w) -> tuple[dict[str, Callable[[], Any]],
     import flashinfer.gemm.gemm_base as gb
     import torch
     from flashinfer.autotuner import AutoTuner
+
     from bench.anatomy_ops import make_vllm_impl, register_gemm_op
 
     mm_bf16 = flashinfer.mm_bf16
@@ -110,6 +111,7 @@ def flashinfer_layers(backend: str, x, w) -> tuple[dict[str, Callable[[], Any]],
 def aten_layers(x, w) -> dict[str, Callable[[], Any]]:
     import torch
     import torch.nn.functional as F
+
     from bench.anatomy_ops import register_null_op
     m, n = x.shape[0], w.shape[0]
     buf = torch.empty(m, n, device=x.device, dtype=x.dtype)
@@ -172,6 +174,7 @@ def run_anatomy(profile: GpuProfile, shapes: list[Shape], ms: list[int], backend
     sm = require_gpu(profile, allow_mismatch)
     import torch
     from flashinfer.autotuner import AutoTuner  # noqa: F401  (a missing FlashInfer stops here, before any write)
+
     from bench.envinfo import run_info
     from bench.paths import PATHS
     from bench.results import rows_to_csv

@@ -13,8 +13,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from harness.io import atomic_write, read_json
 from harness.errors import HarnessError
+from harness.io import atomic_write, read_json
 
 FILE_NAME = "autotune-cache.json"
 

@@ -14,15 +14,15 @@ from typing import Any, Callable
 
 from bench.forward_paths import RULES, path_for
 from bench.paths import ATEN, DISPATCH, PATHS
-from dispatch.profiles import GpuProfile
 from bench.results import rows_to_csv, write_run_json
 from bench.stats import PhaseTimer, Window, attribute, summary
 from bench.sweep import _keep_tactics, _load_pinned_tactics, _progress, require_gpu, tune_shape
-from shapes.catalog import model_configs
+from dispatch.profiles import GpuProfile
 from harness.console import divert_noise, terminal
-from shapes.derive import ForwardLinear, forward_sequence, load_config
 from harness.errors import HarnessError, Interrupted, signal_of, signals_deferred
 from harness.io import atomic_write_text
+from shapes.catalog import model_configs
+from shapes.derive import ForwardLinear, forward_sequence, load_config
 
 FORWARD_MS = (1, 8, 32, 128, 512, 1031, 4096, 16384)
 FORWARD_FILE = "forward.csv"
@@ -304,6 +304,7 @@ def run_forward(cfg: ForwardConfig) -> Path:
     if cfg.quiet:
         divert_noise(cfg.out / "log.txt")
     import torch
+
     from bench.clocks import make_clock
     from bench.envinfo import nvml_clocks, run_info
     clock = make_clock("cupti")

@@ -6,8 +6,8 @@ from typing import Protocol
 
 from bench.paths import ATEN, DISPATCH, PATHS, TUNED_CUBLASLT, low_m_path
 from dispatch.profiles import GpuProfile
-from shapes.derive import ForwardLinear
 from harness.errors import HarnessError
+from shapes.derive import ForwardLinear
 
 SEED_FIX_M = 32  # the seed PR's dispatcher, and vLLM's flag on SM90: FlashInfer's low-M backend at M <= 32
 VLLM_FLASHINFER = "vllm-flashinfer"

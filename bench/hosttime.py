@@ -54,6 +54,7 @@ def sleep_guard(factor: float = 1.5, margin_us: float = 200.0) -> tuple[Callable
     enqueued first; afterwards, True when it was still running, i.e. no call in the block could have waited on the GPU.
     The wait for the rest of the sleep is the price of that guarantee, so the factor stays small."""
     import torch
+
     from bench.gpu import sleep_cycles_per_us
     rate = sleep_cycles_per_us()
 

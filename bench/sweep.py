@@ -8,12 +8,12 @@ from typing import Any
 
 from bench import autotune_cache
 from bench.paths import GemmPath
-from dispatch.profiles import GpuProfile, check_device, this_gpu
 from bench.results import done_keys, write_parquet, write_results, write_run_json
 from bench.stats import PhaseTimer, calls_per_graph, estimate_call_us, rotation_count, summary
-from shapes.catalog import Shape
+from dispatch.profiles import GpuProfile, check_device, this_gpu
 from harness.console import divert_noise, log_path, terminal
 from harness.errors import HarnessError, Interrupted, signal_of, signals_deferred
+from shapes.catalog import Shape
 from shapes.grid import hybrid_buckets
 
 MAX_ROTATION_BYTES = 8 << 30
@@ -102,8 +102,8 @@ def _progress(total: int, desc: str):
 
 def tune_shape(path: GemmPath, fn, shape: Shape, ms: list[int]) -> tuple[float | None, str | None]:
     """FlashInfer's own autotuner over the bucket values of the grid, before any timing. (seconds, error)."""
-    import torch
     import flashinfer
+    import torch
     buckets = tuple(sorted(set(ms) & set(hybrid_buckets())))
     if not buckets:
         return 0.0, None
@@ -232,6 +232,7 @@ def measure_group(cfg: SweepConfig, clock, shape: Shape, m: int, paths: list[Gem
                   ) -> list[dict[str, Any]]:
     """One (shape, M) group: operands, correctness, host time, capture and replay; a row per path."""
     import torch
+
     from bench.gpu import make_operands
     phase = phase or PhaseTimer()
     group = plan_group(cfg, clock, shape, m, paths, l2_bytes, flush)
@@ -328,6 +329,7 @@ def split_runnable(paths: list[GemmPath], shape: Shape, m: int, sm: int, done: s
 def run_sweep(cfg: SweepConfig) -> Path:
     sm = require_gpu(cfg.profile, cfg.allow_mismatch)  # before any file system change
     import torch
+
     from bench.clocks import make_clock
     props = torch.cuda.get_device_properties(0)
     if not cfg.resume and (cfg.out / "results.csv").exists():

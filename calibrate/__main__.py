@@ -11,10 +11,10 @@ from typing import Sequence
 
 import pandas as pd
 
-from dispatch.profiles import PROFILES, get_profile, matches
 from bench.results import check_grid, load_results, load_run_info
 from bench.sweep import require_gpu
 from calibrate.analysis import Cells, cell_verdicts, failures, fit, forward_totals, model_uses
+from dispatch.profiles import PROFILES, get_profile, matches
 from dispatch.table import TABLE_DIR, ThresholdTable, load_table
 from harness.cli import Parser, float_in, int_in
 from harness.console import terminal
@@ -252,10 +252,11 @@ def _l2_cmd(args) -> int:
 
 
 def _baseline_cmd(args, argv) -> int:
-    from bench.autotune_cache import copy as copy_atomic, sha256
+    from bench.autotune_cache import copy as copy_atomic
+    from bench.autotune_cache import sha256
     from calibrate.baseline import (REGRESSION_MS, autotune_cache_path, baseline_path, baseline_text,
-                                   cells_from_results, compare, describe,
-                                   kernel_change, load_baseline, merge_runs, shared_tactics, write_baseline)
+                                    cells_from_results, compare, describe, kernel_change, load_baseline, merge_runs,
+                                    shared_tactics, write_baseline)
     from calibrate.regress import measure_runs, regress, regression_paths
     profile = get_profile(args.gpu)
     fi_paths = regression_paths(profile)[1:]

@@ -19,10 +19,10 @@ from typing import Any
 
 import pandas as pd
 
-from dispatch.backends import ATEN
 from calibrate.analysis import Cells, paired_ratio_ci, ratio_ci
-from harness.io import atomic_write_text, read_json_object
+from dispatch.backends import ATEN
 from harness.errors import HarnessError
+from harness.io import atomic_write_text, read_json_object
 
 REGRESSION_MS = (1, 8, 32, 64, 256, 1031, 4096, 16384)
 FINGERPRINT_KEYS = ("gpu_name", "sm", "driver_major", "torch", "cublas", "flashinfer")

@@ -13,14 +13,14 @@ import numpy as np
 import pandas as pd
 
 from bench.forward_paths import path_for
-from dispatch.backends import ATEN, DISPATCH
-from dispatch.profiles import GpuProfile
 from bench.results import load_run_info
 from calibrate.analysis import Cells, paired_ratio_ci
+from dispatch.backends import ATEN, DISPATCH
+from dispatch.profiles import GpuProfile
 from dispatch.table import ThresholdTable
+from harness.errors import HarnessError
 from shapes.catalog import model_configs
 from shapes.derive import forward_sequence, load_config
-from harness.errors import HarnessError
 
 KEY = ("model", "tp", "m", "path", "regime")
 MODEL_MISS = 0.05  # a model that misses the measurement by more than this is flagged

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.io import atomic_write_text
 from harness.errors import HarnessError
+from harness.io import atomic_write_text
 
 
 def run_host_cost(profile_name: str, calls: int, out: str | None) -> int:
@@ -13,6 +13,7 @@ def run_host_cost(profile_name: str, calls: int, out: str | None) -> int:
     require_cuda()
     import torch
     import torch.nn.functional as F
+
     import dispatch
     from dispatch.table import load_table
     from shapes.catalog import catalog

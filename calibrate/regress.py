@@ -10,13 +10,13 @@ from pathlib import Path
 
 from bench.autotune_cache import FILE_NAME
 from bench.paths import ATEN, PATHS, TUNED_CUBLASLT, low_m_path
-from dispatch.profiles import GpuProfile
 from bench.results import load_results, load_run_info
 from calibrate.baseline import (REGRESSION_MS, Baseline, BaselineCell, CellCheck, cells_from_results, compare,
-                               fingerprint_mismatch, fingerprint_of)
-from shapes.catalog import Shape, catalog
+                                fingerprint_mismatch, fingerprint_of)
+from dispatch.profiles import GpuProfile
 from harness.errors import HarnessError
 from harness.io import claim_work_dir, clear_work_dir
+from shapes.catalog import Shape, catalog
 
 
 def regression_paths(profile: GpuProfile) -> list[str]:
@@ -96,6 +96,7 @@ def measure_in_fresh_process(profile: GpuProfile, out: Path, shapes: list[str] |
     """measure() in a new interpreter (spawned: CUDA cannot be forked), so that no earlier work of this process (the
     GPU tests before it, a first pass) changes what it measures. Returns its cells and run info from disk."""
     import multiprocessing
+
     from bench.sweep import require_gpu
     require_gpu(profile)  # before the folder is made
     claim_work_dir(out, "the measurement folder")

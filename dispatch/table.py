@@ -7,8 +7,8 @@ from typing import Any
 
 from dispatch.backends import ATEN, BACKENDS, flashinfer_path
 from harness.errors import HarnessError
-from shapes.grid import M_MAX
 from harness.io import read_json
+from shapes.grid import M_MAX
 
 TABLE_DIR = Path(__file__).parent / "thresholds"
 

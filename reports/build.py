@@ -7,11 +7,11 @@ import pandas as pd
 
 from bench.forward_paths import DEFAULT_RULES
 from dispatch.backends import ATEN, is_flashinfer
+from harness.console import terminal
+from harness.io import atomic_write_text
 from reports import figures
 from reports.data import Run, cell_rows, compare_runs, headline, load_anatomy, load_run, shape_crossovers
 from reports.page import esc, kv_table, page, table
-from harness.console import terminal
-from harness.io import atomic_write_text
 
 FINGERPRINT_KEYS = ("gpu_name", "sm", "sm_count", "l2_bytes", "driver", "cuda", "torch", "cublas", "cudnn",
                     "flashinfer", "cupti_python", "libcupti", "cutlass_dsl", "python", "harness_sha")

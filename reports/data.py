@@ -8,12 +8,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from dispatch.profiles import PROFILES, GpuProfile
-from bench.results import check_grid, load_results, load_run_info
-from calibrate.analysis import (Cells, cell_verdicts, failures, crossover, forward_totals, model_uses, ratio_ci, verdict)
 from bench.forward_paths import SEED_FIX_M
 from bench.paths import TUNED_CUBLASLT
+from bench.results import check_grid, load_results, load_run_info
+from calibrate.analysis import Cells, cell_verdicts, crossover, failures, forward_totals, model_uses, ratio_ci, verdict
 from dispatch.backends import ATEN, DISPATCH, is_flashinfer
+from dispatch.profiles import PROFILES, GpuProfile
 from dispatch.table import TABLE_DIR, ThresholdTable, load_table
 from harness.errors import HarnessError
 

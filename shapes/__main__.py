@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from shapes.catalog import dedup, model_configs, model_layers
-from shapes.derive import LinearLayer, derive_layers, load_config
 from harness.cli import Parser, int_in
 from harness.errors import run_cli
+from shapes.catalog import dedup, model_configs, model_layers
+from shapes.derive import LinearLayer, derive_layers, load_config
 from shapes.grid import hybrid_buckets, parse_m
 
 FORMATS = ("table", "csv", "json")

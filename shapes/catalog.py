@@ -4,8 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from shapes.derive import LinearLayer, derive_layers, load_config
 from harness.errors import HarnessError
+from shapes.derive import LinearLayer, derive_layers, load_config
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 

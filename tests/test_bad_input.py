@@ -450,6 +450,7 @@ def test_make_bench_names_an_unknown_profile(tmp_path):
 def test_dispatch_linear_fails_on_0d_input_exactly_as_f_linear():
     import torch
     import torch.nn.functional as F
+
     import dispatch
     x, w = torch.tensor(1.0), torch.randn(4, 1)
     with pytest.raises(Exception) as ours:

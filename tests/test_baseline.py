@@ -10,7 +10,7 @@ import pytest
 from bench.results import load_results, load_run_info
 from calibrate.__main__ import main as dispatch_main
 from calibrate.baseline import (REGRESSION_MS, baseline_text, cells_from_results, check_cell, compare,
-                               fingerprint_mismatch, fingerprint_of, load_baseline, merge_runs)
+                                fingerprint_mismatch, fingerprint_of, load_baseline, merge_runs)
 from harness.errors import HarnessError
 
 DATA = Path(__file__).parent / "data"
@@ -254,8 +254,8 @@ def test_a_malformed_autotuner_cache_is_one_clear_error(tmp_path, text, needle):
 
 
 def test_serving_tactics_without_tuning_is_refused(tmp_path):
-    from dispatch.profiles import get_profile
     from bench.sweep import SweepConfig, _load_pinned_tactics
+    from dispatch.profiles import get_profile
     cfg = SweepConfig(get_profile("h200"), [], [1], [], tmp_path, tune=False,
                       autotune_cache=_tactics(tmp_path / "c.json", 1))
     with pytest.raises(HarnessError, match="--no-tune and --autotune-cache"):
@@ -267,8 +267,8 @@ def test_a_fresh_process_measurement_reports_the_childs_error(tmp_path):
     import torch
     if torch.cuda.is_available():
         pytest.skip("a CUDA GPU is visible: the child would measure")
-    from dispatch.profiles import get_profile
     from calibrate.regress import measure_in_fresh_process
+    from dispatch.profiles import get_profile
     with pytest.raises(HarnessError, match="no CUDA GPU"):
         measure_in_fresh_process(get_profile("h200"), tmp_path / "x", ["n2048_k4096"], (1,))
     assert not (tmp_path / "x").exists()

@@ -5,10 +5,10 @@ from pathlib import Path
 import pytest
 
 from bench.paths import PATHS, paths_for
-from dispatch.profiles import check_device, get_profile
 from bench.results import COLUMNS, done_keys, load_results, write_results, write_run_json
-from bench.stats import (KernelCountError, KernelRecord, Window, attribute, calls_per_graph, kernels_per_call,
-                         quantile, rotation_count, summary)
+from bench.stats import (KernelCountError, KernelRecord, Window, attribute, calls_per_graph, kernels_per_call, quantile,
+                         rotation_count, summary)
+from dispatch.profiles import check_device, get_profile
 from harness.errors import HarnessError
 
 DATA = Path(__file__).parent / "data"
@@ -186,6 +186,7 @@ def test_detect_profile_tells_gb200_from_b200():
 
 def test_phase_timer_accumulates_wall_time_per_phase_even_on_errors():
     import time as _time
+
     from bench.stats import PhaseTimer
     phase = PhaseTimer()
     for _ in range(2):

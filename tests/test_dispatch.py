@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from bench.results import load_results
-from calibrate.analysis import Cells, cell_verdicts, fit, forward_totals, model_uses, ratio_ci, verdict
+from calibrate.analysis import Cells, cell_verdicts, fit, model_uses, ratio_ci, verdict
 from dispatch.table import ThresholdTable, load_table, parse_table
 from harness.errors import HarnessError
 
@@ -95,8 +95,10 @@ def test_committed_h200_table_holds_on_both_runs():
 
 
 def test_the_seed_threshold_fails_on_h200(capsys):
+    import os
+    import tempfile
+
     from calibrate.__main__ import main
-    import tempfile, os
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "t.json")
         json.dump({"profile": "h200", "low_m_backend": "tinygemm", "default_threshold": 32}, open(path, "w"))

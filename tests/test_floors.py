@@ -27,6 +27,7 @@ def test_the_readme_shows_the_generated_import_graph():
 def _path_literals() -> list[str]:
     """String constants naming a path or forward rule, outside the modules that define the names."""
     import ast
+
     from bench.forward_paths import RULES
     from bench.paths import PATHS
     names = set(PATHS) | set(RULES)

@@ -6,13 +6,13 @@ import pandas as pd
 import pytest
 
 from bench.forward_paths import check_rules, path_for
-from dispatch.profiles import get_profile
 from calibrate.analysis import Cells
 from calibrate.forward_model import forward_verdicts, load_forward, model_vs_measured, modelled_us
+from dispatch.profiles import get_profile
 from dispatch.table import ThresholdTable, load_table
+from harness.errors import HarnessError
 from shapes.catalog import model_configs, model_layers
 from shapes.derive import ForwardLinear, forward_sequence, load_config
-from harness.errors import HarnessError
 
 DATA = Path(__file__).parent / "data"
 

@@ -6,6 +6,7 @@ pytestmark = pytest.mark.gpu
 
 def test_host_anatomy_times_every_layer_and_the_segments_add_up(tmp_path, gpu_profile):
     import pandas as pd
+
     from bench.anatomy import FLASHINFER_SEGMENTS, FLASHINFER_TOTAL
     from bench.anatomy_gpu import run_anatomy
     from shapes.catalog import catalog, select

@@ -28,6 +28,7 @@ def test_a_shape_that_does_not_fit_is_skipped_with_the_reason(tmp_path, gpu_prof
     """Most of the GPU's memory taken by another tensor: the cells that cannot get their operands are rows with status
     skipped and an out-of-memory reason, the others are measured, and the run completes."""
     import torch
+
     from bench.paths import PATHS
     from bench.results import load_results
     from bench.sweep import SweepConfig, run_sweep

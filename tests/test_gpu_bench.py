@@ -27,6 +27,7 @@ def test_the_kept_autotuner_cache_serves_the_tuned_tactics(small_sweep_dir, tmp_
     """A second sweep serving the first one's autotune-cache.json (tuner memory cleared, so only the file can answer)
     runs the same FlashInfer tactics and kernels."""
     from flashinfer.autotuner import AutoTuner
+
     from bench.autotune_cache import FILE_NAME
     from bench.paths import PATHS
     from bench.results import load_results, load_run_info
@@ -93,6 +94,7 @@ def test_the_dispatch_row_runs_the_kernels_of_the_tables_choice(small_sweep, gpu
 def test_dispatcher_captures_and_falls_back():
     import torch
     import torch.nn.functional as F
+
     import dispatch
     from dispatch.table import ThresholdTable
     dispatch.configure(ThresholdTable("h200", "tinygemm", 32))
@@ -123,6 +125,7 @@ def test_l2_modes_time_a_cached_weight_faster_when_warm(tmp_path, gpu_profile):
     """n2560_k9216 (47 MB of weight, under the H200's 60 MB L2) at M=1: with a warm L2 the GEMM reads its weight from
     L2 and is faster than after a flush; the flush's own kernels are not counted in the call's time."""
     import torch
+
     from bench.paths import PATHS
     from bench.results import load_results, load_run_info
     from bench.sweep import SweepConfig, run_sweep

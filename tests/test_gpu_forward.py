@@ -41,6 +41,7 @@ def test_graph_forward_holds_exactly_the_kernels_of_its_linears(short_forward):
     """Each linear of the aten forward run alone, eagerly under CUPTI: their kernel counts add up to the graph's."""
     import torch
     import torch.nn.functional as F
+
     from bench.clocks import CuptiClock
     from bench.forward import sequences
     df, cfg, _ = short_forward

@@ -6,8 +6,8 @@ BENCH_REGRESSION_WORK=DIR keeps the fresh results there (to add them to the base
 """
 import os
 import time
-from pathlib import Path
 import warnings
+from pathlib import Path
 
 import pytest
 
@@ -21,7 +21,7 @@ class KernelChangeWarning(UserWarning):
 def test_fresh_measurements_stay_within_the_stored_ratios(tmp_path, request, gpu_profile):
     from bench.envinfo import fingerprint
     from calibrate.baseline import (baseline_path, describe, fingerprint_mismatch, fingerprint_of, kernel_change,
-                                   load_baseline)
+                                    load_baseline)
     from calibrate.regress import regress
     profile = gpu_profile
     path = baseline_path(profile.name)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from reports.__main__ import main as reports_main
 from harness.errors import HarnessError
+from reports.__main__ import main as reports_main
 
 DATA = Path(__file__).parent / "data"
 SECTIONS = ("summary", "shapes", "totals", "cells", "problems", "comparison", "anatomy", "forward")

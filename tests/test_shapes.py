@@ -3,9 +3,9 @@ import json
 
 import pytest
 
+from harness.errors import HarnessError
 from shapes.catalog import catalog, model_layers
 from shapes.derive import derive_layers, load_config
-from harness.errors import HarnessError
 from shapes.grid import default_grid, hybrid_buckets, parse_m, vllm_capture_sizes
 
 # (model, tp) -> {layer: (n, k)} from the research file's TP table (section 4)
@@ -148,8 +148,8 @@ def test_parse_m():
 
 
 def test_cli_errors_are_one_line(tmp_path, capsys):
-    from shapes.__main__ import main
     from harness.errors import run_cli
+    from shapes.__main__ import main
     cases = [
         [str(tmp_path / "missing.json")],
         [str(_write(tmp_path, "{not json"))],
