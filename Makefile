@@ -33,6 +33,10 @@ gpu-env: $(VENV)/.installed
 	@$(PY) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" || \
 	  { echo "make: no CUDA GPU visible on this machine; run it on a GPU machine (nothing was written)" >&2; exit 2; }
 	$(PY) -m pip install -q -e ".[gpu]"
+	@if [ "$$($(PY) -m bench profiles $(GPU) | sed -n 's/^[a-z0-9]* *SM\([0-9]*\).*/\1/p')" -ge 100 ]; then \
+	  $(PY) -m pip install -q -e ".[gpu-sm100]" && \
+	  $(PY) -c "import cutlass.cute, cuda.bindings.driver" 2>/dev/null || \
+	  { echo "make: the SM100 paths need nvidia-cutlass-dsl[cu13] and cuda-python (cutlass.cute, cuda.bindings); pip install -e '.[gpu-sm100]'" >&2; exit 2; }; fi
 
 bench: gpu-env
 	$(PY) -m bench run --gpu $(GPU) --out $(OUT)

@@ -48,6 +48,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_run.add_argument("--max-rotations", type=int_in(1, 4096), default=512,
                        help="at most this many rotated input/weight copies per graph (default 512)")
     p_run.add_argument("--allow-mismatch", action="store_true", help="run although the GPU is not the profile's")
+    p_run.add_argument("--dry-run", action="store_true",
+                       help="print the plan (paths, skips with reasons, tuning buckets, cells, estimated time); no GPU")
     p_an = sub.add_parser("host-anatomy", help="where a FlashInfer call's host time goes, layer by layer, vs F.linear")
     p_an.add_argument("--gpu", required=True, help=f"GPU profile: {', '.join(PROFILES)}")
     p_an.add_argument("--shapes", default="n2048_k4096", help="comma list of shapes or NxK (default n2048_k4096)")
@@ -132,6 +134,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                       resume=args.resume, allow_mismatch=args.allow_mismatch, tune=not args.no_tune, tune_all=args.tune_all,
                       autotune_cache=_served(args), save_autotune_cache=_saved(args),
                       max_rotations=args.max_rotations, command=command, quiet=True)
+    if args.dry_run:
+        from bench.sweep import dry_run
+        print(dry_run(cfg))
+        return 0
     run_sweep(cfg)  # stops first, writing nothing, when there is no CUDA GPU; prints its summary
     return 0
 

@@ -75,6 +75,11 @@ def require_gpu(profile: GpuProfile, allow_mismatch: bool = False) -> int:
     return sm
 
 
+def estimate(cfg: SweepConfig, shape: Shape, m: int) -> float:
+    """The profile's roofline guess of one call (sizing only)."""
+    return estimate_call_us(m, shape.n, shape.k, cfg.profile.sizing_tflops, cfg.profile.sizing_gbps)
+
+
 def _shape_fields(shape: Shape) -> dict[str, Any]:
     return {"shape": shape.name, "n": shape.n, "k": shape.k, "tp": shape.tp, "count": shape.count,
             "models": shape.models, "layers": shape.layers, "in_cuda_graph": shape.in_cuda_graph, "tags": shape.tags}
@@ -151,9 +156,13 @@ def plan_group(cfg: SweepConfig, clock, shape: Shape, m: int, paths: list[GemmPa
     bytes_per_copy = 2 * (m * shape.k + shape.n * shape.k)
     rotations = 1 if cfg.l2 != "rotate" else rotation_count(bytes_per_copy, l2_bytes, cap=cfg.max_rotations)
     rotations = max(1, min(rotations, MAX_ROTATION_BYTES // bytes_per_copy))
-    calls = calls_per_graph(rotations, estimate_call_us(m, shape.n, shape.k), cfg.target_replay_us)
+    calls = calls_per_graph(rotations, estimate(cfg, shape, m), cfg.target_replay_us)
     l2_multiple = flush.multiple if flush is not None else rotations * bytes_per_copy / l2_bytes
-    return Group(shape, m, {p.name: {**base, "path": p.name} for p in paths}, rotations, calls, l2_multiple)
+    buckets = set(hybrid_buckets())
+    rows = {p.name: {**base, "path": p.name,
+                     "m_is_bucket": p.backend.tuned_entry_reachable(m, buckets) if p.backend else m in buckets}
+            for p in paths}
+    return Group(shape, m, rows, rotations, calls, l2_multiple)
 
 
 def check_paths(group: Group, paths: list[GemmPath], fns: dict[str, Any], ops, tune_info, phase: PhaseTimer
@@ -191,7 +200,7 @@ def time_host(cfg: SweepConfig, group: Group, checked: dict[str, Any], ops, phas
     x0, w0 = ops.xs[0], ops.ws[0]
     # Every host-timed call also runs on the GPU; where that GPU time dwarfs the host time (large M), fewer calls
     # keep the sweep short without changing what is measured.
-    gpu_bound = estimate_call_us(group.m, group.shape.n, group.shape.k) >= cfg.gpu_bound_us
+    gpu_bound = estimate(cfg, group.shape, group.m) >= cfg.gpu_bound_us
     with phase("host"):
         host = host_times({n: (lambda f=f: f(x0, w0)) for n, f in checked.items()},
                           calls=5 if gpu_bound else cfg.host_calls, rounds=3 if gpu_bound else cfg.host_rounds)
@@ -423,3 +432,42 @@ def print_summary(cfg: SweepConfig, rows: list[dict[str, Any]], wall_s: float) -
     lines.append(f"  results: {cfg.out}/results.csv and run.json" + (f"; third-party log: {log_path()}" if log_path() else ""))
     lines.append(f"  next: python -m calibrate validate {cfg.out}   |   python -m reports build {cfg.out} -o report.html")
     print("\n".join(lines), file=terminal(), flush=True)
+
+
+# The committed H200 default sweep (tests/data/h200-sweep): 255.5 s wall, 29.0 s of it tuning 32 (shape, FlashInfer
+# path) pairs, 1915 cells measured. A dry run's estimate scales these rates; it is a guess, and says so.
+SECONDS_PER_CELL = (255.5 - 29.0) / 1915
+SECONDS_PER_TUNING = 29.0 / 32
+
+
+def dry_run(cfg: SweepConfig) -> str:
+    """What `bench run` would do on the profile's GPU, without touching one: paths, skips with reasons, tuning
+    buckets, expected cells and an estimated time."""
+    sm = cfg.profile.sm
+    buckets = sorted(set(cfg.ms) & set(hybrid_buckets()))
+    lines = [f"dry run: {cfg.profile.name} (SM{sm}), {len(cfg.shapes)} shapes x {len(cfg.ms)} M x {len(cfg.paths)} "
+             f"paths = {len(cfg.shapes) * len(cfg.ms) * len(cfg.paths)} rows; L2 {cfg.l2}; {cfg.samples} replays"]
+    measured = tunings = 0
+    for p in cfg.paths:
+        reasons: dict[str, int] = {}
+        runs = 0
+        for shape in cfg.shapes:
+            ms = [m for m in cfg.ms if not p.skip_reason(sm, shape.n, shape.k, m)]
+            runs += len(ms)
+            for m in cfg.ms:
+                reason = p.skip_reason(sm, shape.n, shape.k, m)
+                if reason:
+                    key = reason.split(", N =")[0].split(", K =")[0].split(", this GPU")[0]
+                    reasons[key] = reasons.get(key, 0) + 1
+            tuned = p.backend is not None and (p.tune_by_default or cfg.tune_all) and cfg.tune and ms
+            tunings += bool(tuned and cfg.autotune_cache is None)
+        measured += runs
+        own = [b for b in buckets if p.backend is None or p.backend.max_m is None or b <= p.backend.max_m]
+        tune = (f"; tuned over buckets {own}" if p.backend and (p.tune_by_default or cfg.tune_all) and cfg.tune
+                and cfg.autotune_cache is None else "")
+        lines.append(f"  {p.name:22s} {p.role:10s} {runs:5d} cells measured{tune}")
+        lines += [f"      skipped {n:4d}: {reason}" for reason, n in sorted(reasons.items())]
+    est = measured * SECONDS_PER_CELL + tunings * SECONDS_PER_TUNING
+    lines.append(f"  {measured} cells to measure, {tunings} (shape, path) tunings; estimated {est / 60:.1f} min "
+                 f"(at the committed H200 sweep's rate; another GPU differs)")
+    return "\n".join(lines)

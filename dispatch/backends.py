@@ -28,6 +28,9 @@ class Backend:
     max_m: int | None = None  # a low-M kernel: not swept above this M
     tune_by_default: bool = True  # FlashInfer's autotuner runs before timing unless --no-tune
     note: str = ""
+    # FlashInfer's cuBLASLt keys its tuned entries by the exact M, so only bucket values find them; the CuTe DSL
+    # runners key by the bucket M rounds up to, so every M up to this value finds its bucket's entry.
+    bucketed_up_to: int = 0
 
     @property
     def path(self) -> str:
@@ -44,6 +47,10 @@ class Backend:
         if self.max_m is not None and m > self.max_m:
             return f"{self.path} is a low-M kernel, not swept above M = {self.max_m}"
         return None
+
+    def tuned_entry_reachable(self, m: int, buckets: set[int]) -> bool:
+        """Whether a call at this M can find the autotuner's tuned entry (m_is_bucket in the results)."""
+        return m in buckets or m <= self.bucketed_up_to
 
     def accepts(self, x: Any, weight: Any, bias: Any, sm: int) -> bool:
         """Whether the kernel takes these tensors (bf16, contiguous, on one GPU, no bias, shape multiples, alignment);
@@ -64,6 +71,10 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
     # which alone would outlast the sweep; it runs its heuristic plan unless --tune-all.
     Backend("cudnn", None, tune_by_default=False, note="cuDNN graph GEMM (heuristic plan; --tune-all tunes it)"),
     # vLLM's _can_use_flashinfer_cutedsl_bf16: K % 128 and 32-byte aligned input and weight; any N.
-    Backend("cute-dsl", (100, 103, 107), k_multiple=128, align_bytes=32,
+    Backend("cute-dsl", (100, 103, 107), k_multiple=128, align_bytes=32, bucketed_up_to=32,
             note="CuTeDSL kernels for M <= 32, cuBLASLt fallback above"),
+    # SM100 backends that FlashInfer gates to [100, 103, 107]; their shape requirements are FlashInfer's own
+    # requirement functions, which the correctness gate meets as a failed row, not modelled here.
+    Backend("cutlass", (100, 103, 107), note="CUTLASS bf16 GEMM (SM100; not run here)"),
+    Backend("tgv", (100, 103, 107), note="TGV GEMM (SM100; not run here)"),
 )}

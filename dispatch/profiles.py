@@ -15,13 +15,19 @@ class GpuProfile:
     flashinfer_backends: tuple[str, ...]  # mm_bf16 backends measured on this GPU
     low_m_backend: str  # what the dispatcher uses at M <= threshold
     capture_size: int  # vLLM's default max CUDA-graph capture size
+    # A roofline guess of one GEMM's GPU time, only to size graphs and host-timing blocks (never reported): sustained
+    # bf16 TFLOP/s and HBM GB/s. H100/H200 keep the figures every committed H200 run was sized with; the SM100
+    # figures scale them by the B200's peaks (about 2.3x the math, 1.7x the memory bandwidth of an H200).
+    sizing_tflops: float = 600.0
+    sizing_gbps: float = 4000.0
 
 
 PROFILES: dict[str, GpuProfile] = {p.name: p for p in (
     GpuProfile("h100", 90, "H100", ("tinygemm", "cublaslt", "cudnn"), "tinygemm", 512),
     GpuProfile("h200", 90, "H200", ("tinygemm", "cublaslt", "cudnn"), "tinygemm", 512),
-    GpuProfile("b200", 100, "B200", ("cute-dsl", "cublaslt", "cudnn"), "cute-dsl", 512),
-    GpuProfile("gb200", 100, "GB200", ("cute-dsl", "cublaslt", "cudnn"), "cute-dsl", 512),
+    # TinyGEMM's SM list includes 100: measured beside cute-dsl, the low-M backend vLLM runs there
+    GpuProfile("b200", 100, "B200", ("cute-dsl", "tinygemm", "cublaslt", "cudnn"), "cute-dsl", 512, 1380.0, 6700.0),
+    GpuProfile("gb200", 100, "GB200", ("cute-dsl", "tinygemm", "cublaslt", "cudnn"), "cute-dsl", 512, 1380.0, 6700.0),
 )}
 
 
@@ -29,7 +35,7 @@ def get_profile(name: str) -> GpuProfile:
     try:
         return PROFILES[name.lower()]
     except KeyError:
-        raise HarnessError(f"unknown GPU profile {name!r}; known: {', '.join(PROFILES)} (add one in bench/profiles.py)") from None
+        raise HarnessError(f"unknown GPU profile {name!r}; known: {', '.join(PROFILES)} (add one in dispatch/profiles.py)") from None
 
 
 def matches(profile: GpuProfile, device_name: str, sm: int) -> bool:

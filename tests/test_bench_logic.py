@@ -210,3 +210,21 @@ def test_one_gpu_identity_rule_takes_whole_model_names(name, sm, profile):
     from dispatch.profiles import detect_profile
     found = detect_profile(name, sm)
     assert (found.name if found else None) == profile
+
+
+@pytest.mark.parametrize("profile", ["h100", "h200", "b200", "gb200"])
+def test_a_dry_run_prints_the_plan_of_every_profile_without_a_gpu(profile, tmp_path, capsys):
+    from bench.__main__ import main
+    from dispatch.profiles import get_profile
+    out = tmp_path / "out"
+    assert main(["run", "--gpu", profile, "--dry-run", "--paths", "aten,flashinfer:tinygemm,flashinfer:cute-dsl",
+                 "--m", "8,64,4096", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    sm = get_profile(profile).sm
+    assert f"dry run: {profile} (SM{sm}), 16 shapes x 3 M x 3 paths = 144 rows" in text
+    if sm == 90:  # CuTe DSL needs SM100: every cell skipped, with the reason
+        assert "skipped   48: flashinfer:cute-dsl needs SM100/103/107" in text
+    else:  # N = 1 runs on cute-dsl (vLLM's rule has no N multiple), K % 128 holds for every catalog K
+        assert "flashinfer:cute-dsl    low-m         48 cells measured" in text
+    assert "skipped    3: flashinfer:tinygemm needs N % 16 == 0" in text and "is a low-M kernel" in text
+    assert "estimated" in text and not out.exists()
