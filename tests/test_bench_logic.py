@@ -228,3 +228,30 @@ def test_a_dry_run_prints_the_plan_of_every_profile_without_a_gpu(profile, tmp_p
         assert "flashinfer:cute-dsl    low-m         48 cells measured" in text
     assert "skipped    3: flashinfer:tinygemm needs N % 16 == 0" in text and "is a low-M kernel" in text
     assert "estimated" in text and not out.exists()
+
+
+def test_every_flashinfer_path_sends_its_own_backend(monkeypatch):
+    """A fake flashinfer module records what each registry path and the dispatcher's low-M kernel send to mm_bf16."""
+    import sys
+    import types
+
+    import torch
+    sent = []
+
+    def mm_bf16(a, b, **kwargs):
+        sent.append(kwargs)
+        return a @ b
+    monkeypatch.setitem(sys.modules, "flashinfer", types.SimpleNamespace(mm_bf16=mm_bf16))
+    from bench.paths import PATHS
+    x, w = torch.randn(4, 64), torch.randn(32, 64)
+    for path in PATHS.values():
+        if path.backend is None:
+            continue
+        sent.clear()
+        assert torch.allclose(path.build()(x, w), x @ w.t())
+        assert [s["backend"] for s in sent] == [path.backend.name], path.name
+    import dispatch
+    kernel = dispatch._low_m_kernel("cute-dsl")
+    sent.clear()
+    kernel(x, w)
+    assert [s["backend"] for s in sent] == ["cute-dsl"]
