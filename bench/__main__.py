@@ -5,9 +5,12 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from bench.anatomy_gpu import run_anatomy
+from bench.forward import FORWARD_MS, ForwardConfig, models_for, run_forward, sequences
 from bench.forward_paths import DEFAULT_RULES, check_rules
 from bench.gpu import L2_MODES
 from bench.paths import PATHS, paths_for
+from bench.sweep import SweepConfig, dry_run, require_gpu, run_sweep
 from dispatch.backends import flashinfer_path
 from dispatch.profiles import PROFILES, get_profile
 from harness.cli import Parser, int_in
@@ -20,7 +23,6 @@ from shapes.grid import parse_m
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = Parser(prog="python -m bench", description="GPU and host time of BF16 GEMM paths.")
-    from bench.forward import FORWARD_MS
     sub = parser.add_subparsers(dest="cmd", required=True)
     p_run = sub.add_parser("run", help="sweep the shape catalog x M grid x paths on this GPU")
     p_run.add_argument("--gpu", required=True, help=f"GPU profile: {', '.join(PROFILES)}")
@@ -96,8 +98,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     profile = get_profile(args.gpu)
     command = ["python", "-m", "bench", *(argv if argv is not None else sys.argv[1:])]
     if args.cmd == "host-anatomy":
-        from bench.anatomy_gpu import run_anatomy
-        from bench.sweep import require_gpu
         backends = ([b.strip() for b in args.backends.split(",") if b.strip()] if args.backends
                     else list(dict.fromkeys((profile.low_m_backend, "cublaslt"))))
         unknown = [b for b in backends if flashinfer_path(b) not in PATHS]
@@ -112,7 +112,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
     if args.cmd == "forward":
-        from bench.forward import ForwardConfig, models_for, run_forward
         if args.model and args.config:
             raise HarnessError("--model and --config exclude each other; pass one")
         models = models_for([s.strip() for s in args.model.split(",") if s.strip()] if args.model else None, args.config)
@@ -122,12 +121,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                             decoder_layers=args.layers, lm_head=not args.no_lm_head, tune=not args.no_tune,
                             autotune_cache=_served(args), save_autotune_cache=_saved(args),
                             resume=args.resume, command=command, quiet=True)
-        from bench.forward import sequences
         sequences(cfg)  # a config that cannot be derived stops here, before the GPU is touched
         run_forward(cfg)
         return 0
 
-    from bench.sweep import SweepConfig, run_sweep
     shapes = select(catalog(args.model, args.tp), args.shapes)
     cfg = SweepConfig(profile=profile, shapes=shapes, ms=parse_m(args.m), paths=paths_for(profile.flashinfer_backends, args.paths),
                       out=output_dir(args.out, "--out"), timer=args.timer, samples=args.samples, l2=args.l2,
@@ -135,7 +132,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                       autotune_cache=_served(args), save_autotune_cache=_saved(args),
                       max_rotations=args.max_rotations, command=command, quiet=True)
     if args.dry_run:
-        from bench.sweep import dry_run
         print(dry_run(cfg))
         return 0
     run_sweep(cfg)  # stops first, writing nothing, when there is no CUDA GPU; prints its summary

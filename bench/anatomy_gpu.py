@@ -10,9 +10,13 @@ from typing import Any, Callable
 
 from bench.anatomy import (FLASHINFER_SEGMENTS, FLASHINFER_TOTAL, NULL_OP_SEGMENT, can_use_flashinfer, inductor_style,
                            segment_costs)
+from bench.anatomy_ops import make_vllm_impl, register_gemm_op, register_null_op
+from bench.envinfo import run_info
 from bench.hosttime import sleep_guard, time_blocks
-from bench.results import write_run_json
+from bench.paths import PATHS
+from bench.results import rows_to_csv, write_run_json
 from bench.stats import summary
+from bench.sweep import require_gpu, tune_shape
 from dispatch.backends import ATEN, flashinfer_path
 from dispatch.profiles import GpuProfile
 from harness.errors import HarnessError
@@ -62,7 +66,6 @@ def flashinfer_layers(backend: str, x, w) -> tuple[dict[str, Callable[[], Any]],
     import torch
     from flashinfer.autotuner import AutoTuner
 
-    from bench.anatomy_ops import make_vllm_impl, register_gemm_op
 
     mm_bf16 = flashinfer.mm_bf16
     m, n = x.shape[0], w.shape[0]
@@ -112,7 +115,6 @@ def aten_layers(x, w) -> dict[str, Callable[[], Any]]:
     import torch
     import torch.nn.functional as F
 
-    from bench.anatomy_ops import register_null_op
     m, n = x.shape[0], w.shape[0]
     buf = torch.empty(m, n, device=x.device, dtype=x.dtype)
     null = register_null_op()
@@ -170,14 +172,10 @@ def module_load_costs(backends: list[str]) -> list[dict[str, Any]]:
 
 def run_anatomy(profile: GpuProfile, shapes: list[Shape], ms: list[int], backends: list[str], out_dir: Path,
                 calls: int, rounds: int, allow_mismatch: bool, command: list[str]) -> Path:
-    from bench.sweep import require_gpu, tune_shape
     sm = require_gpu(profile, allow_mismatch)
     import torch
     from flashinfer.autotuner import AutoTuner  # noqa: F401  (a missing FlashInfer stops here, before any write)
 
-    from bench.envinfo import run_info
-    from bench.paths import PATHS
-    from bench.results import rows_to_csv
     info = run_info(command, profile=profile.name, kind="host-anatomy", calls=calls, rounds=rounds, ms=ms,
                     shapes=[s.name for s in shapes], backends=backends)
     t_start = time.perf_counter()

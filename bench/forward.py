@@ -12,12 +12,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+import dispatch
+from bench.clocks import make_clock
+from bench.envinfo import nvml_clocks, run_info
 from bench.forward_paths import RULES, path_for
+from bench.gpu import REL_ERR_BOUND, check_output, replay_interleaved
 from bench.paths import ATEN, DISPATCH, PATHS
 from bench.results import rows_to_csv, write_run_json
 from bench.stats import PhaseTimer, Window, attribute, summary
 from bench.sweep import _keep_tactics, _load_pinned_tactics, _progress, require_gpu, tune_shape
 from dispatch.profiles import GpuProfile
+from dispatch.table import load_table
 from harness.console import divert_noise, terminal
 from harness.errors import HarnessError, Interrupted, signal_of, signals_deferred
 from harness.io import atomic_write_text
@@ -118,7 +123,6 @@ def _bind(rule: str, seq, weights, xs, m, sm, cfg: ForwardConfig, fns: dict[str,
 
 def _check(bound: Bound, rule: str) -> None:
     """Every distinct (callable, shape) of the forward against an fp32 reference, before any timing."""
-    from bench.gpu import REL_ERR_BOUND, check_output
     seen = set()
     for fn, x, w in bound.calls:
         key = (id(fn), tuple(w.shape))
@@ -235,7 +239,6 @@ def graph_m(cfg: ForwardConfig, clock, model: str, seq, weights, m: int, sm: int
             rows.append(_row(cfg, model, m, rule, "graph", len(seq), status="skipped",
                              reason=f"out of memory capturing the forward: {str(exc).splitlines()[0]}"))
     if graphs:
-        from bench.gpu import replay_interleaved
         with phase("graph replay"):
             timings = replay_interleaved(clock, graphs, 1, cfg.samples)
         for rule, t in timings.items():
@@ -298,15 +301,12 @@ def run_forward(cfg: ForwardConfig) -> Path:
     if out_csv.exists() and not cfg.resume:
         raise HarnessError(f"{out_csv} exists; pass --resume to continue it or choose another --out")
     if cfg.table is None and DISPATCH in cfg.rules:
-        from dispatch.table import load_table
         cfg.table = load_table(cfg.profile.name)
     seqs = sequences(cfg)
     if cfg.quiet:
         divert_noise(cfg.out / "log.txt")
     import torch
 
-    from bench.clocks import make_clock
-    from bench.envinfo import nvml_clocks, run_info
     clock = make_clock("cupti")
     pinned = _load_pinned_tactics(cfg)
     info = run_info(cfg.command, kind="forward", profile=cfg.profile.name, models=list(cfg.models), tp=cfg.tp,
@@ -328,7 +328,6 @@ def run_forward(cfg: ForwardConfig) -> Path:
         except ImportError as exc:
             raise HarnessError(f"path {name} needs a package that is missing ({exc}); pip install -e '.[gpu]'") from None
     if DISPATCH in cfg.rules:
-        import dispatch
         dispatch.configure(cfg.table)
         fns[DISPATCH] = dispatch.linear
     phase = PhaseTimer()
@@ -377,7 +376,6 @@ def run_forward(cfg: ForwardConfig) -> Path:
                 info["autotune_cache"] = _keep_tactics(cfg, pinned)
             write_run_json(cfg.out, info)
         if DISPATCH in cfg.rules:
-            import dispatch
             dispatch.reset()
     if interrupted is not None:
         raise Interrupted(f"interrupted; finished rows are in {out_csv}, continue with the same command and --resume",

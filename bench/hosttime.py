@@ -6,6 +6,7 @@ import gc
 import time
 from typing import Any, Callable
 
+from bench.gpu import sleep_cycles_per_us
 from bench.stats import summary
 
 
@@ -55,7 +56,6 @@ def sleep_guard(factor: float = 1.5, margin_us: float = 200.0) -> tuple[Callable
     The wait for the rest of the sleep is the price of that guarantee, so the factor stays small."""
     import torch
 
-    from bench.gpu import sleep_cycles_per_us
     rate = sleep_cycles_per_us()
 
     def before(expected_us: float):

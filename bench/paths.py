@@ -12,7 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import dispatch
 from dispatch.backends import ATEN, BACKENDS, DISPATCH, Backend, flashinfer_path
+from harness.errors import HarnessError
 
 LinearFn = Callable[[Any, Any], Any]
 
@@ -62,7 +64,6 @@ def _flashinfer(backend: str) -> Callable[[], LinearFn]:
 
 
 def _dispatch() -> LinearFn:
-    import dispatch
     return dispatch.linear
 
 
@@ -90,7 +91,6 @@ def flashinfer_paths(names) -> list[str]:
 
 def paths_for(profile_backends: tuple[str, ...], spec: str | None = None) -> list[GemmPath]:
     """The profile's paths (aten, its FlashInfer backends, dispatch), or those named in a comma list."""
-    from harness.errors import HarnessError
     if spec:
         names = [s.strip() for s in spec.split(",") if s.strip()]
         if not names:

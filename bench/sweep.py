@@ -7,6 +7,11 @@ from pathlib import Path
 from typing import Any
 
 from bench import autotune_cache
+from bench.clocks import make_clock
+from bench.envinfo import nvml_clocks, run_info
+from bench.gpu import (REL_ERR_BOUND, L2Flush, capture, check_output, flashinfer_choices, make_operands,
+                       replay_interleaved)
+from bench.hosttime import host_times
 from bench.paths import GemmPath
 from bench.results import done_keys, write_parquet, write_results, write_run_json
 from bench.stats import PhaseTimer, calls_per_graph, estimate_call_us, rotation_count, summary
@@ -168,7 +173,6 @@ def plan_group(cfg: SweepConfig, clock, shape: Shape, m: int, paths: list[GemmPa
 def check_paths(group: Group, paths: list[GemmPath], fns: dict[str, Any], ops, tune_info, phase: PhaseTimer
                 ) -> dict[str, Any]:
     """Each path's output against the fp32 reference; the paths that pass, ready to time."""
-    from bench.gpu import REL_ERR_BOUND, check_output, flashinfer_choices
     checked: dict[str, Any] = {}
     for p in paths:
         row = group.rows[p.name]
@@ -196,7 +200,6 @@ def check_paths(group: Group, paths: list[GemmPath], fns: dict[str, Any], ops, t
 
 def time_host(cfg: SweepConfig, group: Group, checked: dict[str, Any], ops, phase: PhaseTimer) -> None:
     """Eager host time of every checked path, all of them interleaved so their ratio sees the same host conditions."""
-    from bench.hosttime import host_times
     x0, w0 = ops.xs[0], ops.ws[0]
     # Every host-timed call also runs on the GPU; where that GPU time dwarfs the host time (large M), fewer calls
     # keep the sweep short without changing what is measured.
@@ -211,7 +214,6 @@ def time_host(cfg: SweepConfig, group: Group, checked: dict[str, Any], ops, phas
 def time_gpu(cfg: SweepConfig, clock, group: Group, checked: dict[str, Any], ops, phase: PhaseTimer, flush,
              flush_names: frozenset[str]) -> None:
     """Each checked path's CUDA graph of `calls` calls, replayed interleaved; CUPTI kernel time into its row."""
-    from bench.gpu import capture, replay_interleaved
     graphs = {}
     for name, fn in checked.items():
         try:
@@ -242,7 +244,6 @@ def measure_group(cfg: SweepConfig, clock, shape: Shape, m: int, paths: list[Gem
     """One (shape, M) group: operands, correctness, host time, capture and replay; a row per path."""
     import torch
 
-    from bench.gpu import make_operands
     phase = phase or PhaseTimer()
     group = plan_group(cfg, clock, shape, m, paths, l2_bytes, flush)
     try:
@@ -339,14 +340,12 @@ def run_sweep(cfg: SweepConfig) -> Path:
     sm = require_gpu(cfg.profile, cfg.allow_mismatch)  # before any file system change
     import torch
 
-    from bench.clocks import make_clock
     props = torch.cuda.get_device_properties(0)
     if not cfg.resume and (cfg.out / "results.csv").exists():
         raise HarnessError(f"{cfg.out}/results.csv exists; pass --resume to continue it or choose another --out")
     if cfg.quiet:
         divert_noise(cfg.out / "log.txt")
     clock = make_clock(cfg.timer)  # before any FlashInfer JIT load or capture
-    from bench.envinfo import nvml_clocks, run_info
 
     pinned = _load_pinned_tactics(cfg)  # before anything is written: a refused file stops the run here
     info = run_info(cfg.command, profile=cfg.profile.name, timer=cfg.timer, l2=cfg.l2, warm_l2=cfg.l2 == "warm",
@@ -362,7 +361,6 @@ def run_sweep(cfg: SweepConfig) -> Path:
     fns = build_paths(cfg.paths, sm)
     flush, flush_names = None, frozenset()
     if cfg.l2 == "flush":
-        from bench.gpu import L2Flush
         flush = L2Flush(props.L2_cache_size)
         flush_names = flush.kernel_names(clock)
         info["l2_flush"] = {"bytes": flush.buf.numel() * 4, "kernels_excluded": sorted(flush_names),
@@ -408,7 +406,6 @@ def run_sweep(cfg: SweepConfig) -> Path:
 def _finish(cfg: SweepConfig, rows, info, phase: PhaseTimer, clock, fns, pinned, wall: float,
             interrupted: BaseException | None) -> None:
     """The last writes of a sweep (results, parquet, tactics, run.json), also after an interrupt."""
-    from bench.envinfo import nvml_clocks
     write_results(cfg.out, rows)
     phases = phase.rounded()
     phases["cupti_drain (inside replay)"] = round(clock.drain_s, 2)

@@ -11,9 +11,17 @@ from typing import Sequence
 
 import pandas as pd
 
+from bench.autotune_cache import copy as copy_atomic
+from bench.autotune_cache import sha256
+from bench.envinfo import fingerprint
 from bench.results import check_grid, load_results, load_run_info
 from bench.sweep import require_gpu
 from calibrate.analysis import Cells, cell_verdicts, failures, fit, forward_totals, model_uses
+from calibrate.baseline import fingerprint_mismatch, fingerprint_of
+from calibrate.forward_model import MODEL_MISS, forward_ratios, forward_verdicts, load_forward, model_vs_measured
+from calibrate.hostcost import run_host_cost
+from calibrate.l2 import MODES, close_cells, decisions
+from calibrate.regress import measure_runs, regress, regression_paths
 from dispatch.profiles import PROFILES, get_profile, matches
 from dispatch.table import TABLE_DIR, ThresholdTable, load_table
 from harness.cli import Parser, float_in, int_in
@@ -123,7 +131,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _l2_cmd(args)
 
     if args.cmd == "host-cost":
-        from calibrate.hostcost import run_host_cost
         return run_host_cost(args.gpu, args.calls, output_file(args.out, "--out") if args.out else None)
 
     out = output_file(args.out, "--out") if args.cmd == "fit" and args.out else None
@@ -192,7 +199,6 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _forward_report(args, cells, table, profile) -> tuple[pd.DataFrame, set[tuple[str, int]]]:
     """Prints measured per-forward ratios and the cell-sum model against them; returns the failing measured
     verdicts and the (model, M) that the measurement covers."""
-    from calibrate.forward_model import MODEL_MISS, forward_ratios, forward_verdicts, load_forward, model_vs_measured
     fdf, finfo = load_forward(args.forward, args.partial)
     _check_gpu(finfo, profile.name, args.forward, args.allow_mismatch)
     ratios = forward_ratios(fdf)
@@ -211,7 +217,6 @@ def _forward_report(args, cells, table, profile) -> tuple[pd.DataFrame, set[tupl
 
 
 def _l2_cmd(args) -> int:
-    from calibrate.l2 import MODES, close_cells, decisions
     csv_out = output_file(args.csv, "--csv") if args.csv else None
     runs, profile = {}, None
     for mode in MODES:
@@ -237,7 +242,6 @@ def _l2_cmd(args) -> int:
     if csv_out:
         atomic_write_text(csv_out, d.to_csv(index=False))
     if args.forward:
-        from calibrate.forward_model import load_forward, model_vs_measured
         fdf, finfo = load_forward(args.forward, args.partial)
         print("\nmeasured forward (graph regime) / cell-sum model, per L2 state of the cells:")
         for mode, cells in runs.items():
@@ -252,12 +256,9 @@ def _l2_cmd(args) -> int:
 
 
 def _baseline_cmd(args, argv) -> int:
-    from bench.autotune_cache import copy as copy_atomic
-    from bench.autotune_cache import sha256
     from calibrate.baseline import (REGRESSION_MS, autotune_cache_path, baseline_path, baseline_text,
                                     cells_from_results, compare, describe, kernel_change, load_baseline, merge_runs,
                                     shared_tactics, write_baseline)
-    from calibrate.regress import measure_runs, regress, regression_paths
     profile = get_profile(args.gpu)
     fi_paths = regression_paths(profile)[1:]
     fresh = not (args.sources if args.cmd == "baseline" else args.source)
@@ -296,7 +297,6 @@ def _baseline_cmd(args, argv) -> int:
                            f"pass that GPU's baseline (or --allow-mismatch)")
     if fresh:
         require_gpu(profile)
-        from bench.envinfo import fingerprint
         _check_fingerprint(baseline, {"fingerprint": fingerprint()}, "this machine", args.allow_mismatch)
         work = claim_work_dir(Path(args.work), "--work")
         run = regress(profile, baseline, work, args.tolerance)
@@ -325,7 +325,6 @@ def _baseline_cmd(args, argv) -> int:
 
 def _check_fingerprint(baseline, info: dict, what: str, allow_mismatch: bool) -> list[str]:
     """The fingerprint keys that differ; an error unless the user allows the mismatch."""
-    from calibrate.baseline import fingerprint_mismatch, fingerprint_of
     problems = fingerprint_mismatch(baseline.fingerprint, fingerprint_of(info))
     if problems and not allow_mismatch:
         raise HarnessError(f"{what} is another environment than the baseline {baseline.path} "

@@ -19,6 +19,7 @@ from typing import Any
 
 import pandas as pd
 
+from bench.autotune_cache import FILE_NAME, sha256
 from calibrate.analysis import Cells, paired_ratio_ci, ratio_ci
 from dispatch.backends import ATEN
 from harness.errors import HarnessError
@@ -76,7 +77,6 @@ def autotune_cache_path(baseline_file: Path) -> Path:
 
 def shared_tactics(sources: list[str]) -> Path | None:
     """The autotuner cache every run in `sources` served, when they all served the same one (by content)."""
-    from bench.autotune_cache import FILE_NAME, sha256
     files = [Path(s) / FILE_NAME for s in sources]
     if not all(f.is_file() for f in files):
         return None
@@ -221,7 +221,6 @@ class Baseline:
         """The pinned tactics beside the baseline, checked by hash; None when the baseline's runs were tuned apiece."""
         if not self.autotune_cache:
             return None
-        from bench.autotune_cache import sha256
         f = (self.path.parent if self.path else BASELINE_DIR) / self.autotune_cache["file"]
         if not f.is_file():
             raise HarnessError(f"the baseline's autotuner cache {f} is missing; restore it or regenerate both "

@@ -3,20 +3,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import dispatch
+from bench.hosttime import host_times
+from bench.sweep import require_cuda
+from dispatch.table import load_table
 from harness.errors import HarnessError
 from harness.io import atomic_write_text
+from shapes.catalog import catalog
 
 
 def run_host_cost(profile_name: str, calls: int, out: str | None) -> int:
-    from bench.hosttime import host_times
-    from bench.sweep import require_cuda
     require_cuda()
     import torch
     import torch.nn.functional as F
 
-    import dispatch
-    from dispatch.table import load_table
-    from shapes.catalog import catalog
     table = load_table(profile_name)
     dispatch.configure(table)
     rows = ["n,k,m,aten_host_us,dispatch_host_us,ratio"]

@@ -11,9 +11,10 @@ from pathlib import Path
 from bench.autotune_cache import FILE_NAME
 from bench.paths import ATEN, PATHS, TUNED_CUBLASLT, low_m_path
 from bench.results import load_results, load_run_info
+from bench.sweep import SweepConfig, require_gpu, run_sweep
 from calibrate.baseline import (REGRESSION_MS, Baseline, BaselineCell, CellCheck, cells_from_results, compare,
                                 fingerprint_mismatch, fingerprint_of)
-from dispatch.profiles import GpuProfile
+from dispatch.profiles import GpuProfile, get_profile
 from harness.errors import HarnessError
 from harness.io import claim_work_dir, clear_work_dir
 from shapes.catalog import Shape, catalog
@@ -28,7 +29,6 @@ def measure(profile: GpuProfile, out: Path, shapes: list[Shape] | None = None, m
             samples: int = 10, autotune_cache: Path | None = None) -> tuple[list[BaselineCell], dict]:
     """Runs the regression grid through the bench sweep into `out`; returns its cells and run info.
     autotune_cache: FlashInfer tactics to serve (an existing file); None: tune (the tactics are kept in `out`)."""
-    from bench.sweep import SweepConfig, run_sweep
     cfg = SweepConfig(profile=profile, shapes=shapes or catalog(), ms=list(ms),
                       paths=[PATHS[p] for p in regression_paths(profile)], out=out, samples=samples,
                       autotune_cache=autotune_cache,
@@ -84,7 +84,6 @@ def regress(profile: GpuProfile, baseline: Baseline, work: Path, tolerance: floa
 
 def _measure_in_child(profile_name: str, out: str, shapes: list[str] | None, ms: tuple[int, ...], samples: int,
                       autotune_cache: str | None) -> None:
-    from dispatch.profiles import get_profile
     by_name = {s.name: s for s in catalog()}
     measure(get_profile(profile_name), Path(out), [by_name[n] for n in shapes] if shapes else None, ms, samples,
             Path(autotune_cache) if autotune_cache else None)
@@ -97,7 +96,6 @@ def measure_in_fresh_process(profile: GpuProfile, out: Path, shapes: list[str] |
     GPU tests before it, a first pass) changes what it measures. Returns its cells and run info from disk."""
     import multiprocessing
 
-    from bench.sweep import require_gpu
     require_gpu(profile)  # before the folder is made
     claim_work_dir(out, "the measurement folder")
     with multiprocessing.get_context("spawn").Pool(1) as pool:
