@@ -57,11 +57,25 @@ def _load(results: str, partial: bool, profile_name: str | None = None, allow_mi
     df = load_results(results, partial=partial)
     if partial:
         for problem in check_grid(df, info, Path(results), partial=True):
+            _INCOMPLETE.append(results)
             print(f"note (--partial): {results}: {problem}; judging only the measured cells", file=terminal())
     return df, info
 
 
+_INCOMPLETE: list[str] = []  # runs that --partial let through incomplete in this command: its verdict says so
+
+
+def verdict_word(ok: bool) -> str:
+    """PASS or FAIL, and, on data that --partial let through incomplete, that it is no verdict on the whole grid."""
+    word = "PASS" if ok else "FAIL"
+    if _INCOMPLETE:
+        word += (f" on the measured cells only: {', '.join(dict.fromkeys(_INCOMPLETE))} is incomplete, so this is no "
+                 f"verdict on the whole grid")
+    return word
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    _INCOMPLETE.clear()
     parser = Parser(prog="python -m calibrate", description="Validate and fit the threshold dispatcher.")
     partial = dict(action="store_true", help="judge a run with missing cells or that did not finish (they are named)")
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -190,10 +204,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not measured_over.empty:
         print("\nFAIL: measured forward of the dispatcher more than 1% above the best measured path:")
         print(measured_over.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
-    if slower.empty and over.empty and measured_over.empty:
-        print("PASS")
-        return 0
-    return 1
+    ok = slower.empty and over.empty and measured_over.empty
+    print(verdict_word(ok))
+    return 0 if ok else 1
 
 
 def _forward_report(args, cells, table, profile) -> tuple[pd.DataFrame, set[tuple[str, int]]]:
@@ -319,7 +332,7 @@ def _baseline_cmd(args, argv) -> int:
     print(f"{len(checks)} cells, {len(bad)} outside the band")
     for c in bad:
         print(f"{c.status}: {describe(c)}")
-    print("PASS" if not bad else "FAIL")
+    print(verdict_word(not bad))
     return 0 if not bad else 1
 
 
