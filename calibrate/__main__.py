@@ -167,8 +167,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                                f"M <= {profile.capture_size}, max(host, GPU) above",
                   "crossover_m": {f"{r.n}x{r.k}": (None if pd.isna(r.crossover_m) else int(r.crossover_m))
                                   for r in report.itertuples()}}
+        if _INCOMPLETE:
+            source["incomplete_data"] = "fitted with --partial from a run with missing cells or that did not finish"
         table = ThresholdTable(table.profile, table.low_m_backend, table.default_threshold, table.overrides, source)
-        print(f"global threshold: {table.default_threshold}")
+        print(f"global threshold: {table.default_threshold}"
+              + (" (fitted from incomplete data, --partial)" if _INCOMPLETE else ""))
         print(report.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
         if not args.dry_run:
             out = out or TABLE_DIR / f"{profile.name}.json"
