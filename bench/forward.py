@@ -16,9 +16,9 @@ import dispatch
 from bench.clocks import make_clock
 from bench.envinfo import nvml_clocks, run_info
 from bench.forward_paths import RULES, path_for
-from bench.gpu import REL_ERR_BOUND, check_output, replay_interleaved
+from bench.gpu import REL_ERR_BOUND, capture_graph, check_output, replay_interleaved
 from bench.paths import ATEN, DISPATCH, PATHS
-from bench.results import rows_to_csv, write_run_json
+from bench.results import finished_rows, rows_to_csv, write_run_json
 from bench.stats import PhaseTimer, Window, attribute, summary
 from bench.sweep import _keep_tactics, _load_pinned_tactics, _progress, require_gpu, tune_shape
 from dispatch.profiles import GpuProfile
@@ -78,17 +78,6 @@ def sequences(cfg: ForwardConfig) -> dict[str, list[ForwardLinear]]:
     return out
 
 
-def done_rows(path: Path) -> list[dict[str, Any]]:
-    import csv
-    if not path.is_file():
-        return []
-    with path.open(newline="") as fh:
-        reader = csv.DictReader(fh)
-        if reader.fieldnames is None or any(c not in reader.fieldnames for c in ("model", "m", "path", "regime")):
-            raise HarnessError(f"{path} is not a forward table; remove it or choose another --out")
-        return list(reader)
-
-
 @dataclass
 class Bound:
     """One forward under one rule: the callables in order, and which registry path each linear runs."""
@@ -133,20 +122,6 @@ def _check(bound: Bound, rule: str) -> None:
         if not err <= REL_ERR_BOUND:
             raise HarnessError(f"{rule}: output of a {tuple(w.shape)} linear differs from the fp32 reference "
                                f"(rel_err {err:.3g})")
-
-
-def _capture(fwd: Bound):
-    import torch
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fwd()
-    torch.cuda.current_stream().wait_stream(stream)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fwd()
-    return graph
 
 
 def round_orders(keys: list[Any], rounds: int, seed: int = 0) -> list[list[Any]]:
@@ -233,7 +208,7 @@ def graph_m(cfg: ForwardConfig, clock, model: str, seq, weights, m: int, sm: int
     for rule, b in bound.items():
         try:
             with phase("capture"):
-                graphs[rule] = _capture(b)
+                graphs[rule] = capture_graph(b, b)
         except torch.OutOfMemoryError as exc:
             torch.cuda.empty_cache()
             rows.append(_row(cfg, model, m, rule, "graph", len(seq), status="skipped",
@@ -316,8 +291,11 @@ def run_forward(cfg: ForwardConfig) -> Path:
                     table=getattr(cfg.table, "source", {}).get("fitted_from") if cfg.table else None,
                     clocks_start=nvml_clocks())
     cfg.out.mkdir(parents=True, exist_ok=True)
-    rows = done_rows(out_csv) if cfg.resume else []
-    done = {(r["model"], int(r["m"]), r["path"]) for r in rows}
+    rows = finished_rows(out_csv, ("model", "m", "path", "regime"), "forward table") if cfg.resume else []
+    try:
+        done = {(r["model"], int(r["m"]), r["path"]) for r in rows}
+    except (TypeError, ValueError):
+        raise HarnessError(f"{out_csv} has a row whose m is not an integer; restore it or choose another --out") from None
     write_run_json(cfg.out, {**info, "status": "running"})
     used = {path_for(r, lin, m, sm, cfg.profile, cfg.table) for r in cfg.rules for s in seqs.values() for lin in s
             for m in cfg.ms}

@@ -104,24 +104,34 @@ class L2Flush:
         return frozenset(r.name for r in clock.drain() if r.graph_id == 0)
 
 
-def capture(fn: Callable, ops: Operands, calls: int, before: Callable[[], None] | None = None):
-    """A CUDA graph of `calls` back-to-back calls cycling through every rotated copy (each after `before()`, when
-    given: the L2 flush)."""
+def capture_graph(warmup: Callable[[], None], body: Callable[[], None]):
+    """`warmup()` on a side stream (lazy initialisation must not happen during capture), then `body()` captured."""
     import torch
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
-        for i in range(min(2, ops.rotations)):
-            fn(ops.xs[i], ops.ws[i])
+        warmup()
     torch.cuda.current_stream().wait_stream(stream)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
+        body()
+    return graph
+
+
+def capture(fn: Callable, ops: Operands, calls: int, before: Callable[[], None] | None = None):
+    """A CUDA graph of `calls` back-to-back calls cycling through every rotated copy (each after `before()`, when
+    given: the L2 flush)."""
+    def warmup() -> None:
+        for i in range(min(2, ops.rotations)):
+            fn(ops.xs[i], ops.ws[i])
+
+    def body() -> None:
         for i in range(calls):
             if before is not None:
                 before()
             fn(ops.xs[i % ops.rotations], ops.ws[i % ops.rotations])
-    return graph
+    return capture_graph(warmup, body)
 
 
 @dataclass

@@ -99,7 +99,7 @@ def load_results(path: str | Path, partial: bool = False):
         raise HarnessError(f"cannot read results file {path} ({type(exc).__name__}: {first}); "
                            f"is it a bench results table?") from None
     validate_results(df, path)
-    check_grid(df, load_run_info(path), path, partial)
+    df.attrs["incomplete"] = check_grid(df, load_run_info(path), path, partial)  # empty unless `partial` let it by
     return df
 
 
@@ -214,15 +214,24 @@ def load_run_info(path: str | Path) -> dict[str, Any]:
     return info
 
 
+def finished_rows(path: Path, key: tuple[str, ...], what: str) -> list[dict[str, str]]:
+    """The rows a run already wrote (for --resume), as text; none when the file is not there yet."""
+    if not path.is_file():
+        return []
+    with path.open(newline="") as fh:
+        reader = csv.DictReader(fh)
+        if reader.fieldnames is None or any(c not in reader.fieldnames for c in key):
+            raise HarnessError(f"{path} is not a {what}; remove it or choose another --out")
+        return list(reader)
+
+
 def done_keys(out_dir: Path) -> tuple[list[dict[str, Any]], set[tuple]]:
     """Rows already written to out_dir (for --resume) and their (n, k, m, path) keys."""
     path = out_dir / "results.csv"
-    if not path.is_file():
-        return [], set()
-    with path.open(newline="") as fh:
-        reader = csv.DictReader(fh)
-        if reader.fieldnames is None or any(c not in reader.fieldnames for c in KEY):
-            raise HarnessError(f"{path} is not a results table; remove it or choose another --out")
-        rows = list(reader)
-    keys = {(int(r["n"]), int(r["k"]), int(r["m"]), r["path"]) for r in rows}
+    rows = finished_rows(path, KEY, "results table")
+    try:
+        keys = {(int(r["n"]), int(r["k"]), int(r["m"]), r["path"]) for r in rows}
+    except (TypeError, ValueError):
+        raise HarnessError(f"{path} has a row whose n, k or m is not an integer; restore it or choose another "
+                           f"--out") from None
     return rows, keys

@@ -14,7 +14,7 @@ import pandas as pd
 from bench.autotune_cache import copy as copy_atomic
 from bench.autotune_cache import sha256
 from bench.envinfo import fingerprint
-from bench.results import check_grid, load_results, load_run_info
+from bench.results import load_results, load_run_info
 from bench.sweep import require_gpu
 from calibrate.analysis import Cells, cell_verdicts, failures, fit, forward_totals, model_uses
 from calibrate.baseline import fingerprint_mismatch, fingerprint_of
@@ -55,27 +55,20 @@ def _load(results: str, partial: bool, profile_name: str | None = None, allow_mi
     if profile_name is not None:
         _check_gpu(info, profile_name, results, allow_mismatch)
     df = load_results(results, partial=partial)
-    if partial:
-        for problem in check_grid(df, info, Path(results), partial=True):
-            _INCOMPLETE.append(results)
-            print(f"note (--partial): {results}: {problem}; judging only the measured cells", file=terminal())
+    for problem in df.attrs["incomplete"]:
+        print(f"note (--partial): {results}: {problem}; judging only the measured cells", file=terminal())
     return df, info
 
 
-_INCOMPLETE: list[str] = []  # runs that --partial let through incomplete in this command: its verdict says so
-
-
-def verdict_word(ok: bool) -> str:
+def verdict_word(ok: bool, results: str | None, incomplete: list[str]) -> str:
     """PASS or FAIL, and, on data that --partial let through incomplete, that it is no verdict on the whole grid."""
     word = "PASS" if ok else "FAIL"
-    if _INCOMPLETE:
-        word += (f" on the measured cells only: {', '.join(dict.fromkeys(_INCOMPLETE))} is incomplete, so this is no "
-                 f"verdict on the whole grid")
+    if incomplete:
+        word += f" on the measured cells only: {results} is incomplete, so this is no verdict on the whole grid"
     return word
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    _INCOMPLETE.clear()
     parser = Parser(prog="python -m calibrate", description="Validate and fit the threshold dispatcher.")
     partial = dict(action="store_true", help="judge a run with missing cells or that did not finish (they are named)")
     sub = parser.add_subparsers(dest="cmd", required=True)
@@ -167,11 +160,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                                f"M <= {profile.capture_size}, max(host, GPU) above",
                   "crossover_m": {f"{r.n}x{r.k}": (None if pd.isna(r.crossover_m) else int(r.crossover_m))
                                   for r in report.itertuples()}}
-        if _INCOMPLETE:
+        if df.attrs["incomplete"]:
             source["incomplete_data"] = "fitted with --partial from a run with missing cells or that did not finish"
         table = ThresholdTable(table.profile, table.low_m_backend, table.default_threshold, table.overrides, source)
         print(f"global threshold: {table.default_threshold}"
-              + (" (fitted from incomplete data, --partial)" if _INCOMPLETE else ""))
+              + (" (fitted from incomplete data, --partial)" if df.attrs["incomplete"] else ""))
         print(report.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
         if not args.dry_run:
             out = out or TABLE_DIR / f"{profile.name}.json"
@@ -208,7 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("\nFAIL: measured forward of the dispatcher more than 1% above the best measured path:")
         print(measured_over.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     ok = slower.empty and over.empty and measured_over.empty
-    print(verdict_word(ok))
+    print(verdict_word(ok, args.results, df.attrs["incomplete"]))
     return 0 if ok else 1
 
 
@@ -319,8 +312,10 @@ def _baseline_cmd(args, argv) -> int:
         checks, remeasured, problems = run.checks, run.remeasured, run.fingerprint_problems
         print(f"fresh measurement: {run.wall_s:.1f} s; FlashInfer tactics "
               + (f"served from {run.tactics}" if run.tactics else "tuned afresh"))
+        incomplete: list[str] = []
     else:
         df, info = _load(args.source, args.partial, profile.name, args.allow_mismatch)
+        incomplete = df.attrs["incomplete"]
         problems = _check_fingerprint(baseline, info, args.source, args.allow_mismatch)
         checks = compare(baseline, cells_from_results(df, fi_paths), args.tolerance)
         remeasured: list[str] = []
@@ -335,7 +330,7 @@ def _baseline_cmd(args, argv) -> int:
     print(f"{len(checks)} cells, {len(bad)} outside the band")
     for c in bad:
         print(f"{c.status}: {describe(c)}")
-    print(verdict_word(not bad))
+    print(verdict_word(not bad, args.source, incomplete))
     return 0 if not bad else 1
 
 

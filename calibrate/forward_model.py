@@ -14,7 +14,7 @@ import pandas as pd
 
 from bench.forward_paths import path_for
 from bench.results import load_run_info
-from calibrate.analysis import Cells, paired_ratio_ci
+from calibrate.analysis import Cells, paired_ratio_ci, parse_samples
 from dispatch.backends import ATEN, DISPATCH
 from dispatch.profiles import GpuProfile
 from dispatch.table import ThresholdTable
@@ -107,12 +107,6 @@ def forward_ratios(forward: pd.DataFrame) -> pd.DataFrame:
     return piv.div(piv[ATEN], axis=0).reset_index()
 
 
-def _samples(value: Any) -> np.ndarray:
-    if not isinstance(value, str) or not value.strip():
-        return np.empty(0)
-    return np.array([float(v) for v in value.split(";") if v.strip()])
-
-
 def forward_verdicts(forward: pd.DataFrame, capture_size: int) -> pd.DataFrame:
     """Per model and M, in the regime vLLM runs that M in (graph up to the capture size, eager above): the
     dispatcher's measured forward over the best measured path. The forwards of all paths ran interleaved, so
@@ -129,7 +123,7 @@ def forward_verdicts(forward: pd.DataFrame, capture_size: int) -> pd.DataFrame:
         best = g["us"].idxmin()
         ratio, lo, hi = g.at[DISPATCH, "us"] / g.at[best, "us"], math.nan, math.nan
         if best != DISPATCH and "samples_us" in g.columns:
-            a, b = _samples(g.at[DISPATCH, "samples_us"]), _samples(g.at[best, "samples_us"])
+            a, b = parse_samples(g.at[DISPATCH, "samples_us"]), parse_samples(g.at[best, "samples_us"])
             if len(a) == len(b) and len(a):
                 ratio, lo, hi = paired_ratio_ci(a, b)
         fails = (lo if lo == lo else ratio) > 1 + FORWARD_MARGIN

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
 # Path names shared by every floor (the bench registry gives each its role): F.linear, and the dispatcher itself.
 ATEN = "aten"
 DISPATCH = "dispatch"
@@ -55,7 +57,6 @@ class Backend:
     def accepts(self, x: Any, weight: Any, bias: Any, sm: int) -> bool:
         """Whether the kernel takes these tensors (bf16, contiguous, on one GPU, no bias, shape multiples, alignment);
         the dispatcher falls back to F.linear otherwise, instead of letting the kernel raise."""
-        import torch
         n, k = weight.shape[0], weight.shape[-1]
         return (bias is None and x.dtype == torch.bfloat16 and weight.dtype == torch.bfloat16 and weight.dim() == 2
                 and x.is_cuda and x.device == weight.device and x.is_contiguous() and weight.is_contiguous()

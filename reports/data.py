@@ -10,7 +10,7 @@ import pandas as pd
 
 from bench.forward_paths import SEED_FIX_M
 from bench.paths import TUNED_CUBLASLT
-from bench.results import check_grid, load_results, load_run_info
+from bench.results import load_results, load_run_info
 from calibrate.analysis import Cells, cell_verdicts, crossover, failures, forward_totals, model_uses, ratio_ci, verdict
 from dispatch.backends import ATEN, DISPATCH, is_flashinfer
 from dispatch.profiles import PROFILES, GpuProfile
@@ -39,7 +39,7 @@ class Run:
 def load_run(path: str | Path, thresholds: str | None = None, partial: bool = False) -> Run:
     df = load_results(path, partial=partial)
     info = load_run_info(path)
-    incomplete = check_grid(df, info, Path(path), partial=True)
+    incomplete = df.attrs["incomplete"]
     for col in ("n", "k", "m"):
         df[col] = df[col].astype(int)
     profile = PROFILES.get(str(info.get("profile", "")))

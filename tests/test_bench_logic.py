@@ -255,3 +255,12 @@ def test_every_flashinfer_path_sends_its_own_backend(monkeypatch):
     sent.clear()
     kernel(x, w)
     assert [s["backend"] for s in sent] == ["cute-dsl"]
+
+
+def test_a_damaged_results_file_stops_a_resume_with_one_line(tmp_path):
+    (tmp_path / "results.csv").write_text("n,k,m,path\n64,2048,eight,aten\n")
+    with pytest.raises(HarnessError, match="not an integer"):
+        done_keys(tmp_path)
+    (tmp_path / "results.csv").write_text("a,b\n1,2\n")
+    with pytest.raises(HarnessError, match="is not a results table"):
+        done_keys(tmp_path)
