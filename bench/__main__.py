@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Sequence
 
@@ -50,6 +51,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_run.add_argument("--max-rotations", type=int_in(1, 4096), default=512,
                        help="at most this many rotated input/weight copies per graph (default 512)")
     p_run.add_argument("--allow-mismatch", action="store_true", help="run although the GPU is not the profile's")
+    p_run.add_argument("--pdl", choices=("profile", "on", "off"), default="profile",
+                       help="programmatic dependent launch for the backends that take it: the profile's (vLLM's: on "
+                            "for SM >= 90; default), or forced on/off to measure what it changes; run.json records it")
     p_run.add_argument("--dry-run", action="store_true",
                        help="print the plan (paths, skips with reasons, tuning buckets, cells, estimated time); no GPU")
     p_an = sub.add_parser("host-anatomy", help="where a FlashInfer call's host time goes, layer by layer, vs F.linear")
@@ -126,6 +130,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
     shapes = select(catalog(args.model, args.tp), args.shapes)
+    if args.pdl != "profile":
+        profile = replace(profile, pdl=args.pdl == "on")
     cfg = SweepConfig(profile=profile, shapes=shapes, ms=parse_m(args.m), paths=paths_for(profile.flashinfer_backends, args.paths),
                       out=output_dir(args.out, "--out"), timer=args.timer, samples=args.samples, l2=args.l2,
                       resume=args.resume, allow_mismatch=args.allow_mismatch, tune=not args.no_tune, tune_all=args.tune_all,

@@ -17,7 +17,8 @@ from bench.paths import PATHS
 from bench.results import rows_to_csv, write_run_json
 from bench.stats import summary
 from bench.sweep import require_gpu, tune_shape
-from dispatch.backends import ATEN, flashinfer_path
+from dispatch.backends import ATEN, BACKENDS, flashinfer_path
+from dispatch.lean import lean_call
 from dispatch.profiles import GpuProfile
 from harness.errors import HarnessError
 from harness.io import atomic_write_text
@@ -27,13 +28,13 @@ ANATOMY_COLUMNS = ("path", "kind", "layer", "n", "k", "m", "host_us", "host_us_p
                    "gpu_busy", "cache_state", "status", "reason")
 
 
-def _raw_kernel(backend: str, gb, a, b, out, ws) -> Callable[[], Any] | None:
+def _raw_kernel(backend: str, gb, a, b, out, ws, pdl: bool) -> Callable[[], Any] | None:
     """The innermost call each runner makes, without the runner: the TVM-FFI function on the same tensors."""
     import torch
     if backend == "tinygemm":
         mod = gb.get_tinygemm2_module()
         weight = b.transpose(-2, -1)
-        return lambda: mod.tinygemm2_nobias_op(a, weight, out, False)
+        return lambda: mod.tinygemm2_nobias_op(a, weight, out, pdl)
     if backend == "cublaslt":
         from flashinfer.jit.gemm import gen_mm_bf16_cublaslt_module
         mod = gen_mm_bf16_cublaslt_module().build_and_load()
@@ -58,9 +59,10 @@ def _runner_builder(backend: str, gb) -> Callable[[list], list]:
     raise HarnessError(f"host-anatomy has no runner builder for backend {backend!r}")
 
 
-def flashinfer_layers(backend: str, x, w) -> tuple[dict[str, Callable[[], Any]], str]:
-    """Every entry point of the FlashInfer path, outermost first, on the same x [M, K] and w [N, K].
-    Returns the layers and the autotuner cache state of choose_one at this M ('hit' or 'miss')."""
+def flashinfer_layers(backend: str, x, w, pdl: bool = False) -> tuple[dict[str, Callable[[], Any]], str]:
+    """Every entry point of the FlashInfer path, outermost first, on the same x [M, K] and w [N, K], and beside them
+    the lean call (dispatch/lean.py) on the same tensors. `pdl` is what the backend is called with (the profile's,
+    where the backend takes it). Returns the layers and the autotuner cache state of choose_one at this M."""
     import flashinfer
     import flashinfer.gemm.gemm_base as gb
     import torch
@@ -78,7 +80,7 @@ def flashinfer_layers(backend: str, x, w) -> tuple[dict[str, Callable[[], Any]],
     wt = w.t()
     out = torch.empty(m, n, device=x.device, dtype=torch.bfloat16)
     ws = gb._get_cache_buf("mm_bf16_workspace", gb.DEFAULT_WORKSPACE_SIZE, x.device)
-    inputs = [x, wt, None, False, out, ws]
+    inputs = [x, wt, None, pdl, out, ws]
     build = _runner_builder(backend, gb)
     tuner = AutoTuner.get()
     cfg = gb._BF16_GEMM_SM100_TUNING_CONFIG
@@ -92,20 +94,23 @@ def flashinfer_layers(backend: str, x, w) -> tuple[dict[str, Callable[[], Any]],
         return r(inputs=inputs, tactic=tactic)
 
     layers: dict[str, Callable[[], Any]] = {
-        "inductor_wrapper": inductor_style(op.default, (x, w, None, False, backend), (m, n), (n, 1), "bench_op"),
-        "custom_op": lambda: op.default(x, w, None, False, backend),
-        "vllm_impl": lambda: impl(x, w, None, False, backend),
-        "mm_bf16": lambda: mm_bf16(x, wt, bias=None, pdl=False, out_dtype=torch.bfloat16, backend=backend),
-        "mm_bf16_skip_check": lambda: mm_bf16(x, wt, bias=None, pdl=False, out_dtype=torch.bfloat16, backend=backend,
+        "inductor_wrapper": inductor_style(op.default, (x, w, None, pdl, backend), (m, n), (n, 1), "bench_op"),
+        "custom_op": lambda: op.default(x, w, None, pdl, backend),
+        "vllm_impl": lambda: impl(x, w, None, pdl, backend),
+        "mm_bf16": lambda: mm_bf16(x, wt, bias=None, pdl=pdl, out_dtype=torch.bfloat16, backend=backend),
+        "mm_bf16_skip_check": lambda: mm_bf16(x, wt, bias=None, pdl=pdl, out_dtype=torch.bfloat16, backend=backend,
                                               skip_check=True),
-        "mm_bf16_body": lambda: body(x, wt, None, False, None, torch.bfloat16, backend),
-        "gemm_dispatch": lambda: gb.bf16_gemm_sm100(x, wt, None, False, out, ws, [backend]),
+        "mm_bf16_body": lambda: body(x, wt, None, pdl, None, torch.bfloat16, backend),
+        "gemm_dispatch": lambda: gb.bf16_gemm_sm100(x, wt, None, pdl, out, ws, [backend]),
         "runner_build": lambda: build(inputs),
         "choose_one": lambda: tuner.choose_one("bf16_gemm", runners, cfg, inputs),
         "runner_call_fresh": fresh_call,
         "runner_call_cached": lambda: cached_runner(inputs=inputs, tactic=tactic),
     }
-    raw = _raw_kernel(backend, gb, x, wt, out, ws)
+    lean = lean_call(backend, pdl)
+    lean(x, w)  # resolves runner and tactic for this M before timing
+    layers["lean_call"] = lambda: lean(x, w)
+    raw = _raw_kernel(backend, gb, x, wt, out, ws, pdl)
     if raw is not None:
         layers["raw_kernel"] = raw
     return layers, "hit" if hit else "miss"
@@ -176,7 +181,7 @@ def run_anatomy(profile: GpuProfile, shapes: list[Shape], ms: list[int], backend
     import torch
     from flashinfer.autotuner import AutoTuner  # noqa: F401  (a missing FlashInfer stops here, before any write)
 
-    info = run_info(command, profile=profile.name, kind="host-anatomy", calls=calls, rounds=rounds, ms=ms,
+    info = run_info(command, profile=profile.name, kind="host-anatomy", calls=calls, rounds=rounds, ms=ms, pdl=profile.pdl,
                     shapes=[s.name for s in shapes], backends=backends)
     t_start = time.perf_counter()
     rows: list[dict[str, Any]] = []
@@ -199,12 +204,12 @@ def run_anatomy(profile: GpuProfile, shapes: list[Shape], ms: list[int], backend
             for m in live:
                 x = torch.randn(m, shape.k, device="cuda", dtype=torch.bfloat16)
                 w = torch.randn(shape.n, shape.k, device="cuda", dtype=torch.bfloat16)
-                layers, _ = flashinfer_layers(backend, x, w)
+                layers, _ = flashinfer_layers(backend, x, w, BACKENDS[backend].pdl(profile.pdl))
                 per_round, prot = time_blocks({"choose_one": layers["choose_one"]}, calls, rounds, before, after)
                 rows.append(_row(base, path.name, m, "layer", "choose_one", per_round["choose_one"], calls, prot,
                                  "untuned"))
-            fn = path.build()  # the sweep's own callable for this path: mm_bf16(x, w.t(), backend=...)
-            _, err = tune_shape(path, fn, shape, live)
+            fn = path.build(profile.pdl)  # the sweep's own callable for this path: mm_bf16(x, w.t(), backend=...)
+            _, err = tune_shape(path, shape, live, profile.pdl)
             if err:
                 raise HarnessError(f"{path.name} {shape.name}: {err}")
             for m in live:
@@ -214,7 +219,7 @@ def run_anatomy(profile: GpuProfile, shapes: list[Shape], ms: list[int], backend
                 if not can_use_flashinfer(x, w, None):
                     raise HarnessError(f"{shape.name} fails vLLM's FlashInfer eligibility test (K % 128 == 0, "
                                        f"contiguous bf16 CUDA tensors); vLLM would run F.linear there: pick another shape")
-                layers, state = flashinfer_layers(backend, x, w)
+                layers, state = flashinfer_layers(backend, x, w, BACKENDS[backend].pdl(profile.pdl))
                 aten = aten_layers(x, w)
                 layers.update(aten)
                 per_round, prot = time_blocks(layers, calls, rounds, before, after)

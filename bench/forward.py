@@ -105,6 +105,8 @@ def _bind(rule: str, seq, weights, xs, m, sm, cfg: ForwardConfig, fns: dict[str,
         fn = fns[path]
         if rule == DISPATCH and lin.layer != "lm_head":
             fn = fns[DISPATCH]  # the real dispatcher decides per call; `path` is what its table chooses
+            eager = path_for(rule, lin, m, sm, cfg.profile, cfg.table, "eager")
+            path = path if eager == path else f"graph {path} / eager {eager}"
         bound.calls.append((fn, xs[lin.k], w))
         bound.used[path] = bound.used.get(path, 0) + 1
     return bound
@@ -256,14 +258,16 @@ def _tune(cfg: ForwardConfig, seqs, sm: int, fns, bar, phase: PhaseTimer) -> dic
         for lin in seq:
             for m in cfg.ms:
                 for rule in cfg.rules:
-                    path = path_for(rule, lin, m, sm, cfg.profile, cfg.table)
-                    if PATHS[path].flashinfer_backend and PATHS[path].tune_by_default:
-                        wanted.setdefault((path, lin.n, lin.k), set()).add(m)
+                    for regime in REGIMES:
+                        path = path_for(rule, lin, m, sm, cfg.profile, cfg.table, regime)
+                        if PATHS[path].flashinfer_backend and PATHS[path].tune_by_default:
+                            wanted.setdefault((path, lin.n, lin.k), set()).add(m)
     tuned = {}
     for (path, n, k), ms in sorted(wanted.items()):
         bar.set_postfix_str(f"autotune {path} {n}x{k}")
         with phase("tune"):
-            tuned[f"{path} {n}x{k}"] = tune_shape(PATHS[path], fns[path], ForwardLinear(0, "", n, k), sorted(ms))
+            tuned[f"{path} {n}x{k}"] = tune_shape(PATHS[path], ForwardLinear(0, "", n, k), sorted(ms),
+                                                  cfg.profile.pdl)
     failed = {key: err for key, (_, err) in tuned.items() if err}
     if failed:
         raise HarnessError(f"FlashInfer's autotuner failed for {', '.join(failed)}: {next(iter(failed.values()))}")
@@ -285,7 +289,7 @@ def run_forward(cfg: ForwardConfig) -> Path:
     clock = make_clock("cupti")
     pinned = _load_pinned_tactics(cfg)
     info = run_info(cfg.command, kind="forward", profile=cfg.profile.name, models=list(cfg.models), tp=cfg.tp,
-                    ms=cfg.ms, paths=cfg.rules, regimes=list(REGIMES), samples=cfg.samples,
+                    ms=cfg.ms, paths=cfg.rules, regimes=list(REGIMES), samples=cfg.samples, pdl=cfg.profile.pdl,
                     decoder_layers=cfg.decoder_layers, lm_head=cfg.lm_head,
                     linears={m: len(s) for m, s in seqs.items()}, rules={r: RULES.get(r, "registry path") for r in cfg.rules},
                     table=getattr(cfg.table, "source", {}).get("fitted_from") if cfg.table else None,
@@ -297,12 +301,12 @@ def run_forward(cfg: ForwardConfig) -> Path:
     except (TypeError, ValueError):
         raise HarnessError(f"{out_csv} has a row whose m is not an integer; restore it or choose another --out") from None
     write_run_json(cfg.out, {**info, "status": "running"})
-    used = {path_for(r, lin, m, sm, cfg.profile, cfg.table) for r in cfg.rules for s in seqs.values() for lin in s
-            for m in cfg.ms}
+    used = {path_for(r, lin, m, sm, cfg.profile, cfg.table, regime) for r in cfg.rules for s in seqs.values()
+            for lin in s for m in cfg.ms for regime in REGIMES}
     fns: dict[str, Callable] = {}
     for name in used | {ATEN}:
         try:
-            fns[name] = PATHS[name].build()
+            fns[name] = PATHS[name].build(cfg.profile.pdl)
         except ImportError as exc:
             raise HarnessError(f"path {name} needs a package that is missing ({exc}); pip install -e '.[gpu]'") from None
     if DISPATCH in cfg.rules:

@@ -18,13 +18,14 @@ RULES = {
                        "eligible, FlashInfer's cuBLASLt above (SM100: cute-dsl with its own fallback); lm_head F.linear",
     SEED_FIX: f"the seed PR's fix: the low-M backend at M <= {SEED_FIX_M} where eligible, F.linear above; "
                 "lm_head F.linear",
-    DISPATCH: "dispatch.linear with the committed threshold table; lm_head F.linear",
+    DISPATCH: "dispatch.linear with the committed table (its graph ranges while capturing, eager ranges otherwise); "
+              "lm_head F.linear",
 }
 DEFAULT_RULES = (ATEN, VLLM_FLASHINFER, SEED_FIX, DISPATCH)
 
 
 class Table(Protocol):
-    def choose(self, n: int, k: int, m: int) -> str: ...
+    def choose(self, n: int, k: int, m: int, regime: str = "graph") -> str: ...
 
 
 def known_rules() -> list[str]:
@@ -44,8 +45,10 @@ def runnable(path: str, sm: int, linear: ForwardLinear, m: int) -> bool:
     return PATHS[path].skip_reason(sm, linear.n, linear.k, m) is None
 
 
-def path_for(rule: str, linear: ForwardLinear, m: int, sm: int, profile: GpuProfile, table: Table | None) -> str:
-    """The registry path name one linear runs; 'aten' wherever the rule's kernel cannot take the linear."""
+def path_for(rule: str, linear: ForwardLinear, m: int, sm: int, profile: GpuProfile, table: Table | None,
+             regime: str = "graph") -> str:
+    """The registry path name one linear runs in a regime; 'aten' wherever the rule's kernel cannot take the linear.
+    Only the dispatcher's choice depends on the regime."""
     low = low_m_path(profile)
     if rule not in RULES:
         if rule not in PATHS:
@@ -64,6 +67,6 @@ def path_for(rule: str, linear: ForwardLinear, m: int, sm: int, profile: GpuProf
     if rule == DISPATCH:
         if table is None:
             raise HarnessError("the dispatch path needs a threshold table for this GPU; fit one with python -m calibrate fit")
-        chosen = table.choose(linear.n, linear.k, m)
+        chosen = table.choose(linear.n, linear.k, m, regime)
         return chosen if chosen == ATEN or runnable(chosen, sm, linear, m) else ATEN
     raise AssertionError(rule)

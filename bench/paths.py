@@ -5,7 +5,13 @@ A path turns (x [M, K], w [N, K]) into y [M, N]. Each has a role, and every cons
 - low-m: a FlashInfer backend for small M (TinyGEMM, CuTe DSL); which one a GPU uses is its profile's low_m_backend;
 - candidate: another FlashInfer backend (cuBLASLt, cuDNN); `flashinfer:cublaslt` is also what vLLM's FlashInfer flag
   runs above M = 32 on SM90 (TUNED_CUBLASLT);
-- dispatcher: `dispatch.linear`, which runs the baseline or the low-M backend by its table.
+- dispatcher: `dispatch.linear`, which runs the baseline or a FlashInfer path by its table and the regime.
+
+Each FlashInfer backend has two paths: `flashinfer:<backend>`, FlashInfer's public mm_bf16 with every per-call check,
+and `flashinfer-lean:<backend>` (dispatch/lean.py), the same kernel with runner and tactic resolved once. Both run
+the same tuned tactics: tuning goes through the public call, whose autotuner cache the lean call reads.
+
+A path is built with the pdl flag of the GPU profile (vLLM's: True on SM >= 90); backends that take no pdl ignore it.
 """
 from __future__ import annotations
 
@@ -13,10 +19,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import dispatch
-from dispatch.backends import ATEN, BACKENDS, DISPATCH, Backend, flashinfer_path
+from dispatch.backends import ATEN, BACKENDS, DISPATCH, Backend, flashinfer_path, lean_path
 from harness.errors import HarnessError
 
 LinearFn = Callable[[Any, Any], Any]
+LEAN_BACKENDS = ("tinygemm", "cublaslt", "cute-dsl")  # the backends with a lean call
 
 
 ROLES = ("baseline", "low-m", "candidate", "dispatcher")
@@ -26,7 +33,7 @@ LOW_M_BACKENDS = ("tinygemm", "cute-dsl")
 @dataclass(frozen=True)
 class GemmPath:
     name: str
-    build: Callable[[], LinearFn]  # imports lazily, so CPU-only machines can list paths
+    build: Callable[[bool], LinearFn]  # build(pdl); imports lazily, so CPU-only machines can list paths
     role: str  # one of ROLES
     backend: Backend | None = None  # a FlashInfer path: the backend, whose rule says which cells it can run
     note: str = field(default="")
@@ -47,41 +54,72 @@ class GemmPath:
         """Why this path cannot run a cell here, or None (F.linear and the dispatcher run every cell)."""
         return self.backend.skip_reason(sm, n, k, m) if self.backend else None
 
+    def tuning_call(self, pdl: bool) -> LinearFn:
+        """What FlashInfer's autotuner is run through for this path: the public call of its backend (a lean call
+        has no choose_one; it reads the entries the public call tuned, keyed alike, pdl included)."""
+        if self.backend is None:
+            raise HarnessError(f"{self.name} is not a FlashInfer path; nothing to tune")
+        return _public(self.backend.name)(pdl)
 
-def _aten() -> LinearFn:
+
+def _aten(pdl: bool) -> LinearFn:
     import torch.nn.functional as F
     return F.linear
 
 
-def _flashinfer(backend: str) -> Callable[[], LinearFn]:
-    def build() -> LinearFn:
-        import flashinfer
+def _two_arg(fn) -> LinearFn:
+    def linear(x, w):
+        return fn(x, w, None)
+    return linear
 
-        def linear(x, w):
-            return flashinfer.mm_bf16(x, w.t(), backend=backend)
-        return linear
+
+def _public(backend: str) -> Callable[[bool], LinearFn]:
+    def build(pdl: bool) -> LinearFn:
+        from dispatch.lean import public_call
+        return _two_arg(public_call(backend, BACKENDS[backend].pdl(pdl)))
     return build
 
 
-def _dispatch() -> LinearFn:
-    return dispatch.linear
+def _lean(backend: str) -> Callable[[bool], LinearFn]:
+    def build(pdl: bool) -> LinearFn:
+        from dispatch.lean import lean_call
+        return _two_arg(lean_call(backend, BACKENDS[backend].pdl(pdl)))
+    return build
 
 
-def _flashinfer_path(b: Backend) -> GemmPath:
-    return GemmPath(b.path, _flashinfer(b.name), "low-m" if b.name in LOW_M_BACKENDS else "candidate", b, b.note)
+def _dispatch(pdl: bool) -> LinearFn:
+    return dispatch.linear  # the dispatcher reads pdl from the GPU's profile itself
+
+
+def _role(b: Backend) -> str:
+    return "low-m" if b.name in LOW_M_BACKENDS else "candidate"
+
+
+def _flashinfer_paths(b: Backend) -> list[GemmPath]:
+    paths = [GemmPath(b.path, _public(b.name), _role(b), b, b.note)]
+    if b.name in LEAN_BACKENDS:
+        paths.append(GemmPath(lean_path(b.name), _lean(b.name), _role(b), b,
+                              f"{b.note}; lean call: runner and tactic resolved once (dispatch/lean.py)"))
+    return paths
 
 
 PATHS: dict[str, GemmPath] = {p.name: p for p in (
     GemmPath(ATEN, _aten, "baseline", note="torch.nn.functional.linear(x, w)"),
-    *(_flashinfer_path(b) for b in BACKENDS.values()),
-    GemmPath(DISPATCH, _dispatch, "dispatcher", note="threshold dispatcher: FlashInfer low-M backend at M <= threshold"),
+    *(p for b in BACKENDS.values() for p in _flashinfer_paths(b)),
+    GemmPath(DISPATCH, _dispatch, "dispatcher", note="dispatch.linear: its table's path for the shape, M and regime "
+                                                     "(graph while capturing, eager otherwise)"),
 )}
 TUNED_CUBLASLT = flashinfer_path("cublaslt")  # FlashInfer's autotuned cuBLASLt: vLLM's flag above M = 32 on SM90
 
 
 def low_m_path(profile) -> str:
-    """The registry name of the GPU profile's low-M backend."""
+    """The registry name of the GPU profile's low-M backend (FlashInfer's public call)."""
     return flashinfer_path(profile.low_m_backend)
+
+
+def lean_low_m_path(profile) -> str:
+    """The registry name of the lean call of the GPU profile's low-M backend."""
+    return lean_path(profile.low_m_backend)
 
 
 def flashinfer_paths(names) -> list[str]:
@@ -90,7 +128,8 @@ def flashinfer_paths(names) -> list[str]:
 
 
 def paths_for(profile_backends: tuple[str, ...], spec: str | None = None) -> list[GemmPath]:
-    """The profile's paths (aten, its FlashInfer backends, dispatch), or those named in a comma list."""
+    """The profile's paths (aten, its FlashInfer backends' public and lean calls, dispatch), or those named in a
+    comma list."""
     if spec:
         names = [s.strip() for s in spec.split(",") if s.strip()]
         if not names:
@@ -99,4 +138,5 @@ def paths_for(profile_backends: tuple[str, ...], spec: str | None = None) -> lis
         if unknown:
             raise HarnessError(f"unknown path(s) {', '.join(unknown)}; known: {', '.join(PATHS)}")
         return [PATHS[n] for n in names]
-    return [PATHS[ATEN], *(PATHS[flashinfer_path(b)] for b in profile_backends), PATHS[DISPATCH]]
+    fi = [PATHS[f(b)] for b in profile_backends for f in (flashinfer_path, lean_path) if f(b) in PATHS]
+    return [PATHS[ATEN], *fi, PATHS[DISPATCH]]

@@ -110,10 +110,12 @@ def _progress(total: int, desc: str):
         return Plain()
 
 
-def tune_shape(path: GemmPath, fn, shape: Shape, ms: list[int]) -> tuple[float | None, str | None]:
-    """FlashInfer's own autotuner over the bucket values of the grid, before any timing. (seconds, error)."""
+def tune_shape(path: GemmPath, shape: Shape, ms: list[int], pdl: bool) -> tuple[float | None, str | None]:
+    """FlashInfer's own autotuner over the bucket values of the grid, before any timing, through the path's public
+    call (a lean path reads the entries it leaves). (seconds, error)."""
     import flashinfer
     import torch
+    fn = path.tuning_call(pdl)
     buckets = tuple(sorted(set(ms) & set(hybrid_buckets())))
     if not buckets:
         return 0.0, None
@@ -293,14 +295,14 @@ def _keep_tactics(cfg: SweepConfig, pinned: dict[str, Any] | None) -> dict[str, 
         return f"not kept: {type(exc).__name__}: {exc}"
 
 
-def build_paths(paths: list[GemmPath], sm: int) -> dict[str, Any]:
+def build_paths(paths: list[GemmPath], sm: int, pdl: bool) -> dict[str, Any]:
     """The callables of the paths this SM can run (the others' rows are recorded as skipped, with the reason)."""
     fns: dict[str, Any] = {}
     for p in paths:
         if p.sms is not None and sm not in p.sms:
             continue
         try:
-            fns[p.name] = p.build()
+            fns[p.name] = p.build(pdl)
         except ImportError as exc:
             raise HarnessError(f"path {p.name} needs a package that is missing ({exc}); "
                                f"pip install -e '.[gpu]' or leave the path out with --paths") from None
@@ -311,12 +313,15 @@ def tune_group_paths(cfg: SweepConfig, shape: Shape, todo: list[int], sm: int, f
                      phase: PhaseTimer) -> dict[str, tuple[float | None, str | None]]:
     """FlashInfer's autotuner for each FlashInfer path of one shape, over the M values still to measure."""
     tune_info: dict[str, tuple[float | None, str | None]] = {}
+    by_backend: dict[str, tuple[float | None, str | None]] = {}  # a backend's public and lean paths share its tuning
     for p in cfg.paths:
         runnable = [m for m in todo if not p.skip_reason(sm, shape.n, shape.k, m)]
         if p.flashinfer_backend and (p.tune_by_default or cfg.tune_all) and runnable and p.name in fns:
-            bar.set_postfix_str(f"{shape.name} autotune {p.name}")
-            with phase("tune"):
-                tune_info[p.name] = tune_shape(p, fns[p.name], shape, runnable)
+            if p.flashinfer_backend not in by_backend:
+                bar.set_postfix_str(f"{shape.name} autotune {p.flashinfer_backend}")
+                with phase("tune"):
+                    by_backend[p.flashinfer_backend] = tune_shape(p, shape, runnable, cfg.profile.pdl)
+            tune_info[p.name] = by_backend[p.flashinfer_backend]
     return tune_info
 
 
@@ -350,7 +355,7 @@ def run_sweep(cfg: SweepConfig) -> Path:
     pinned = _load_pinned_tactics(cfg)  # before anything is written: a refused file stops the run here
     info = run_info(cfg.command, profile=cfg.profile.name, timer=cfg.timer, l2=cfg.l2, warm_l2=cfg.l2 == "warm",
                     samples=cfg.samples, ms=cfg.ms, shapes=[s.name for s in cfg.shapes],
-                    paths=[p.name for p in cfg.paths], clocks_start=nvml_clocks())
+                    paths=[p.name for p in cfg.paths], pdl=cfg.profile.pdl, clocks_start=nvml_clocks())
     cfg.out.mkdir(parents=True, exist_ok=True)
     rows, done = done_keys(cfg.out) if cfg.resume else ([], set())
     if cfg.resume and (cfg.out / "run.json").is_file():
@@ -358,7 +363,7 @@ def run_sweep(cfg: SweepConfig) -> Path:
     if pinned:
         info["autotune_cache"] = pinned
     write_run_json(cfg.out, {**info, "status": "running"})
-    fns = build_paths(cfg.paths, sm)
+    fns = build_paths(cfg.paths, sm, cfg.profile.pdl)
     flush, flush_names = None, frozenset()
     if cfg.l2 == "flush":
         flush = L2Flush(props.L2_cache_size)
@@ -457,7 +462,8 @@ def dry_run(cfg: SweepConfig) -> str:
                     key = reason.split(", N =")[0].split(", K =")[0].split(", this GPU")[0]
                     reasons[key] = reasons.get(key, 0) + 1
             tuned = p.backend is not None and (p.tune_by_default or cfg.tune_all) and cfg.tune and ms
-            tunings += bool(tuned and cfg.autotune_cache is None)
+            first = p.backend is not None and next(q for q in cfg.paths if q.backend is p.backend) is p
+            tunings += bool(tuned and first and cfg.autotune_cache is None)
         measured += runs
         own = [b for b in buckets if p.backend is None or p.backend.max_m is None or b <= p.backend.max_m]
         tune = (f"; tuned over buckets {own}" if p.backend and (p.tune_by_default or cfg.tune_all) and cfg.tune

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -16,14 +17,15 @@ from bench.autotune_cache import sha256
 from bench.envinfo import fingerprint
 from bench.results import load_results, load_run_info
 from bench.sweep import require_gpu
-from calibrate.analysis import Cells, cell_verdicts, failures, fit, forward_totals, model_uses
+from calibrate.analysis import FIT_MIN_GAIN, Cells, dispatch_candidates, cell_verdicts, failures, fit, forward_totals, model_uses
+from calibrate.noise import LEVEL, coverage, coverage_line, fit_floor, load_noise, noise_path
 from calibrate.baseline import fingerprint_mismatch, fingerprint_of
 from calibrate.forward_model import MODEL_MISS, forward_ratios, forward_verdicts, load_forward, model_vs_measured
 from calibrate.hostcost import run_host_cost
 from calibrate.l2 import MODES, close_cells, decisions
 from calibrate.regress import measure_runs, regress, regression_paths
 from dispatch.profiles import PROFILES, get_profile, matches
-from dispatch.table import TABLE_DIR, ThresholdTable, load_table
+from dispatch.table import REGIMES, TABLE_DIR, ThresholdTable, load_table
 from harness.cli import Parser, float_in, int_in
 from harness.console import terminal
 from harness.errors import HarnessError, run_cli
@@ -77,21 +79,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_val.add_argument("--gpu", help="GPU profile (default: the run's)")
     p_val.add_argument("--thresholds", help="threshold table file (default: dispatch/thresholds/<profile>.json)")
     p_val.add_argument("--margin", type=float_in(0, 0.5), default=0.03, help="equivalence margin (default 0.03 = 3%%)")
-    p_val.add_argument("--oracle", choices=("candidates", "all"), default="candidates",
-                       help="best achievable over the dispatcher's own choices (default) or every measured path")
+    p_val.add_argument("--oracle", choices=("candidates", "all"), default="all",
+                       help="best achievable over every measured path (default) or the dispatcher's own candidates")
     p_val.add_argument("--csv", help="write the per-cell verdicts here")
     p_val.add_argument("--partial", **partial)
     p_val.add_argument("--forward", help="a measured-forward folder (python -m bench forward): per-forward verdicts "
                                          "use it where it has the (model, M), and the cell-sum model is set beside it")
     p_val.add_argument("--allow-mismatch", action="store_true", help="judge a run from another GPU than the profile's")
-    p_fit = sub.add_parser("fit", help="fit thresholds that minimise the count-weighted per-forward time")
+    p_val.add_argument("--replicate", help="a replicate run (fresh process, same GPU): measure how often its point "
+                                           "ratios fall inside this run's intervals (their coverage)")
+    p_fit = sub.add_parser("fit", help="fit per-shape M ranges for both regimes (graph: GPU time; eager: host and GPU)")
     p_fit.add_argument("results")
     p_fit.add_argument("--gpu", required=True, help=f"GPU profile: {', '.join(PROFILES)}")
-    p_fit.add_argument("--min-gain", type=float_in(0, 1), default=0.0,
-                       help="an override must cut the objective by more than this share (default 0: any gain)")
+    p_fit.add_argument("--min-gain", type=float_in(0, 1), default=FIT_MIN_GAIN,
+                       help=f"a cell leaves F.linear only for a gain above this share, beyond the noise "
+                            f"(default {FIT_MIN_GAIN})")
+    p_fit.add_argument("--hold-out", default="", help="comma list of M values the fit must not see (validated later)")
     p_fit.add_argument("--out", help="table file to write (default dispatch/thresholds/<profile>.json)")
     p_fit.add_argument("--dry-run", action="store_true", help="print, write nothing")
     p_fit.add_argument("--partial", **partial)
+    p_noise = sub.add_parser("noise", help="measure the run-to-run noise floor of GPU-time ratios from replicate runs")
+    p_noise.add_argument("runs", nargs="+", help="two or more runs of one grid, each in a fresh process")
+    p_noise.add_argument("--gpu", required=True, help=f"GPU profile: {', '.join(PROFILES)}")
+    p_noise.add_argument("--out", help="floor file (default calibrate/noise/<profile>.json)")
+    p_noise.add_argument("--partial", **partial)
     p_host = sub.add_parser("host-cost", help="(GPU) host time of dispatch.linear against F.linear above the threshold")
     p_host.add_argument("--gpu", required=True)
     p_host.add_argument("--calls", type=int_in(100, 1_000_000), default=4000)
@@ -140,49 +151,44 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.cmd == "host-cost":
         return run_host_cost(args.gpu, args.calls, output_file(args.out, "--out") if args.out else None)
 
-    out = output_file(args.out, "--out") if args.cmd == "fit" and args.out else None
+    if args.cmd == "noise":
+        return _noise_cmd(args)
+
     csv_out = output_file(args.csv, "--csv") if args.cmd == "validate" and args.csv else None
     profile = get_profile(_profile_of(load_run_info(args.results), args.gpu))
     df, info = _load(args.results, args.partial, profile.name, getattr(args, "allow_mismatch", False))
     cells = Cells.from_results(df)
-    uses = model_uses(df)
 
     if args.cmd == "fit":
-        base = load_table(profile.name) if (TABLE_DIR / f"{profile.name}.json").exists() else \
-            ThresholdTable(profile.name, profile.low_m_backend, 0)
-        table, report = fit(cells, base, uses, profile.capture_size, args.min_gain)
-        fp = info.get("fingerprint", {})
-        source = {"fitted_from": str(args.results), "run_command": info.get("command"), "gpu": fp.get("gpu_name"),
-                  "harness_sha": fp.get("harness_sha"), "fingerprint": fp,
-                  "fit_command": "python -m calibrate " + " ".join(argv if argv is not None else sys.argv[1:]),
-                  "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                  "objective": "count-weighted per-forward time summed over the grid's M values; GPU time at "
-                               f"M <= {profile.capture_size}, max(host, GPU) above",
-                  "crossover_m": {f"{r.n}x{r.k}": (None if pd.isna(r.crossover_m) else int(r.crossover_m))
-                                  for r in report.itertuples()}}
-        if df.attrs["incomplete"]:
-            source["incomplete_data"] = "fitted with --partial from a run with missing cells or that did not finish"
-        table = ThresholdTable(table.profile, table.low_m_backend, table.default_threshold, table.overrides, source)
-        print(f"global threshold: {table.default_threshold}"
-              + (" (fitted from incomplete data, --partial)" if df.attrs["incomplete"] else ""))
-        print(report.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
-        if not args.dry_run:
-            out = out or TABLE_DIR / f"{profile.name}.json"
-            atomic_write_text(out, json.dumps(table.to_json(), indent=2) + "\n")
-            print(f"wrote {out}")
-        return 0
+        return _fit_cmd(args, argv, profile, df, info, cells)
 
     table = load_table(profile.name, args.thresholds)
     if table.profile != profile.name:
         raise HarnessError(f"threshold table is for {table.profile}, the results are from {profile.name}")
-    verdicts = cell_verdicts(cells, table, args.margin, args.oracle)
-    totals = forward_totals(cells, table, uses, profile.capture_size, args.oracle)
+    unmeasured = sorted(table.paths() - cells.paths())
+    if unmeasured:
+        raise HarnessError(f"the table chooses {', '.join(unmeasured)}, which {args.results} did not measure; judge it "
+                           f"on a run that did (python -m bench run --paths ...)")
+    noise = load_noise(profile.name)
+    _print_provenance(table, args.results, info)
+    verdicts = cell_verdicts(cells, table, args.margin, args.oracle, noise)
+    totals = forward_totals(cells, table, model_uses(df), profile.capture_size, args.oracle)
     if csv_out:
         atomic_write_text(csv_out, verdicts.to_csv(index=False))
     counts = verdicts["verdict"].value_counts().to_dict()
-    print(f"{len(verdicts)} cells; dispatcher vs best of {args.oracle}: {counts}; "
+    print(f"{len(verdicts)} cells, graph regime (GPU time); dispatcher vs best of {args.oracle}: {counts}; "
           f"max regret {verdicts['regret'].max():.1%}")
-    print("per-forward totals (µs), dispatcher / best:")
+    print("intervals: " + (f"bootstrap widened by the run-to-run floor of {noise_path(profile.name).name} "
+                           f"({noise.source.get('runs', '?')})" if noise else
+                           "bootstrap alone (no noise floor for this profile: python -m calibrate noise)"))
+    if args.replicate:
+        rep_df, _ = _load(args.replicate, args.partial, profile.name, args.allow_mismatch)
+        cov = coverage(cells, Cells.from_results(rep_df), noise)
+        print(coverage_line(cov, noise.level if noise else LEVEL, f"{args.replicate}'s ratios in {args.results}'s intervals"))
+    ev = verdicts["eager_regret"]
+    print(f"eager regime (cost max(host, GPU) per call, point estimates): the table's choice costs more than the best "
+          f"by over {args.margin:.0%} in {int((ev > args.margin).sum())} of {len(ev)} cells; largest {ev.max():.1%}")
+    print("per-forward totals (cell-sum model, µs), dispatcher / best:")
     show = totals.pivot_table(index="m", columns=["model", "regime"], values="dispatch_over_best")
     print(show.to_string(float_format=lambda v: f"{v:.4f}"))
     slower, over = failures(verdicts, totals)
@@ -205,6 +211,82 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0 if ok else 1
 
 
+def _grid_ms(value: str) -> set[int]:
+    try:
+        return {int(v) for v in value.split(",") if v.strip()}
+    except ValueError:
+        raise HarnessError(f"--hold-out {value!r}: a comma list of integers, e.g. 24,40,48") from None
+
+
+def _print_provenance(table: ThresholdTable, results: str, info: dict) -> None:
+    src = table.source
+    fitted = src.get("fitted_from", "unknown")
+    held = src.get("held_out_m") or []
+    same = str(fitted).rstrip("/") == str(results).rstrip("/")
+    print(f"table fitted from {fitted}" + (f" (M {', '.join(map(str, held))} held out)" if held else "")
+          + f"; validated on {results}" + (" -- the data it was fitted on (in-sample)" if same else
+                                           f" (out of sample: another run, started {info.get('started', '?')})"))
+    ms = set(info.get("ms") or [])
+    unseen = sorted(ms - set(src.get("fitted_ms") or ms))
+    if unseen and not same:
+        print(f"M values the fit never saw: {', '.join(map(str, unseen))}")
+
+
+def _fit_cmd(args, argv, profile, df, info, cells) -> int:
+    out = output_file(args.out, "--out") if args.out else TABLE_DIR / f"{profile.name}.json"
+    hold_out = _grid_ms(args.hold_out)
+    base = ThresholdTable(profile.name, profile.low_m_backend, {r: () for r in REGIMES})
+    noise = load_noise(profile.name)
+    table, report = fit(cells, base, profile.capture_size, args.min_gain, noise, hold_out)
+    fp = info.get("fingerprint", {})
+    fitted_ms = sorted(set(int(m) for m in df["m"]) - hold_out)
+    source = {"fitted_from": str(args.results), "run_command": info.get("command"), "gpu": fp.get("gpu_name"),
+              "harness_sha": fp.get("harness_sha"), "fingerprint": fp, "pdl": info.get("pdl"),
+              "fit_command": "python -m calibrate " + " ".join(argv if argv is not None else sys.argv[1:]),
+              "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+              "fitted_ms": fitted_ms, "held_out_m": sorted(hold_out),
+              "rule": "per shape, regime and measured M, the cheapest of " + ", ".join(dispatch_candidates(cells, base))
+                      + " in the regime's cost (graph: GPU time; eager: max(host, GPU) per call) replaces F.linear "
+                      f"where it beats F.linear beyond the noise by more than {args.min_gain:.0%} (graph: the "
+                      "GPU-time ratio's interval widened by the run-to-run floor; eager: path's p80 cost below "
+                      "F.linear's p20 cost); a range ends at the last measured M of its run; shapes not measured and "
+                      "M above the last range run F.linear",
+              "noise_floor": noise.source if noise else None}
+    if df.attrs["incomplete"]:
+        source["incomplete_data"] = "fitted with --partial from a run with missing cells or that did not finish"
+    table = ThresholdTable(table.profile, table.low_m_backend, table.default, table.shapes, source)
+    print(f"fitted from {args.results} ({len(fitted_ms)} M values" + (f"; held out {sorted(hold_out)}" if hold_out else "")
+          + ")" + (" (incomplete data, --partial)" if df.attrs["incomplete"] else ""))
+    print(report.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    if not args.dry_run:
+        atomic_write_text(out, json.dumps(table.to_json(), indent=2) + "\n")
+        print(f"wrote {out}")
+    return 0
+
+
+def _noise_cmd(args) -> int:
+    if len(args.runs) < 2:
+        raise HarnessError("noise needs two or more replicate runs")
+    profile = get_profile(args.gpu)
+    cells = [Cells.from_results(_load(r, args.partial, profile.name)[0]) for r in args.runs]
+    pairs = list(zip(cells, cells[1:]))
+    floor = fit_floor(pairs, source={"runs": list(args.runs), "command": "python -m calibrate noise " + " ".join(args.runs)})
+    for edge, hw in floor.bands:
+        print(f"reference GPU time <= {edge:g} µs: run-to-run log-ratio half-width {hw:.4f} (x{math.exp(hw):.4f})")
+    for i, (a, b) in enumerate(pairs):
+        # leave this pair out: the floor from the other pairs, judged on this one (in-sample when there is one pair)
+        others = [p for j, p in enumerate(pairs) if j != i]
+        held = fit_floor(others) if others else floor
+        print(coverage_line(coverage(a, b, held), floor.level,
+                            f"{args.runs[i + 1]} in {args.runs[i]}" + (", floor from the other pairs" if others else
+                                                                      ", in-sample: one pair")))
+    out = output_file(args.out, "--out") if args.out else noise_path(profile.name)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out, json.dumps(floor.to_json(), indent=2) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
 def _forward_report(args, cells, table, profile) -> tuple[pd.DataFrame, set[tuple[str, int]]]:
     """Prints measured per-forward ratios and the cell-sum model against them; returns the failing measured
     verdicts and the (model, M) that the measurement covers."""
@@ -222,6 +304,13 @@ def _forward_report(args, cells, table, profile) -> tuple[pd.DataFrame, set[tupl
     fv = forward_verdicts(fdf, profile.capture_size)
     if fv.empty:
         return fv, set()
+    print("\nmeasured forwards, dispatcher / best measured path and / all-aten, both regimes (paired per round; "
+          "[interval]; * = the regime vLLM runs that M in):")
+    for r in fv.itertuples():
+        lo = "" if r.ratio_lo != r.ratio_lo else f" [{r.ratio_lo:.3f}, {r.ratio_hi:.3f}]"
+        alo = "" if r.aten_lo != r.aten_lo else f" [{r.aten_lo:.3f}, {r.aten_hi:.3f}]"
+        print(f"  {r.model:22s} M={r.m:<6d} {r.regime:5s}{'*' if r.vllm_regime else ' '} / best ({r.best}) "
+              f"{r.dispatch_over_best:.3f}{lo}   / aten {r.dispatch_over_aten:.3f}{alo}   {'ok' if r.ok else 'OVER'}")
     return fv[~fv["ok"]], set(zip(fv["model"], fv["m"]))
 
 
@@ -241,9 +330,10 @@ def _l2_cmd(args) -> int:
                                                                                    profile.name)[0])
     keys = close_cells(pick, table, args.within)
     if not keys:
-        raise HarnessError(f"no cell where {table.low_m_path()} and aten are within {args.within:.0%}; nothing to judge")
+        raise HarnessError(f"no cell where {low_m_measured(pick, table)} and aten are within {args.within:.0%}; "
+                           f"nothing to judge")
     d = decisions(runs, table, keys)
-    print(f"{len(d)} cells where {table.low_m_path()} and aten are within {args.within:.0%}; low-M/aten GPU-time "
+    print(f"{len(d)} cells where {low_m_measured(pick, table)} and aten are within {args.within:.0%}; low-M/aten GPU-time "
           f"ratio per L2 state:")
     cols = ["n", "k", "m", "table_choice"] + [f"{m}_ratio" for m in MODES] + [f"{m}_faster" for m in MODES] + ["flips"]
     print(d[cols].to_string(index=False, float_format=lambda v: f"{v:.3f}"))

@@ -9,8 +9,9 @@ import pandas as pd
 
 from bench.forward_paths import SEED_FIX_M
 from bench.paths import TUNED_CUBLASLT
-from dispatch.backends import ATEN, DISPATCH, is_flashinfer
-from dispatch.table import ThresholdTable
+from dispatch.backends import ATEN, DISPATCH, is_flashinfer, is_lean, lean_path
+from dispatch.backends import flashinfer_path as public_path
+from dispatch.table import REGIMES, ThresholdTable, compress, describe_ranges
 from harness.errors import HarnessError
 
 VERDICTS = ("FASTER", "SAME", "SLOWER", "AMBIGUOUS")
@@ -102,6 +103,19 @@ class Cells:
         host = self.host(n, k, m, path)
         return max(gpu, host) if not np.isnan(host) else gpu
 
+    def cost_bound(self, n: int, k: int, m: int, path: str, which: str) -> float:
+        """The eager cost max(host, GPU) from the 20th or 80th percentiles of both (the medians where absent)."""
+        row = self.df.loc[(n, k, m, path)]
+
+        def pick(col: str) -> float:
+            v = row.get(f"{col}_{which}", np.nan)
+            return float(v) if pd.notna(v) else float(row[col]) if pd.notna(row[col]) else float("nan")
+        host, gpu = pick("host_us"), pick("gpu_us")
+        return max(gpu, host) if not np.isnan(host) else gpu
+
+    def paths(self) -> set[str]:
+        return {p for *_, p in self.samples}
+
     def shapes(self) -> list[tuple[int, int]]:
         return sorted({(n, k) for n, k, _, _ in self.samples})
 
@@ -109,50 +123,74 @@ class Cells:
         return sorted({m for nn, kk, m, _ in self.samples if (nn, kk) == (n, k)})
 
 
-def chosen_path(table: ThresholdTable, cells: Cells, n: int, k: int, m: int) -> str:
-    """The dispatcher's path for a cell; where the low-M kernel has no ok row (ineligible), F.linear."""
-    path = table.choose(n, k, m)
+def chosen_path(table: ThresholdTable, cells: Cells, n: int, k: int, m: int, regime: str = "graph") -> str:
+    """The dispatcher's path for a cell in a regime; where the chosen kernel has no ok row (ineligible), F.linear."""
+    path = table.choose(n, k, m, regime)
     return path if cells.has(n, k, m, path) else ATEN
 
 
 def flashinfer_path(table: ThresholdTable, cells: Cells, n: int, k: int, m: int) -> str:
-    """'FlashInfer alone', as vLLM's flag runs it: the low-M kernel at M <= 32, FlashInfer's cuBLASLt above."""
-    low = table.low_m_path()
+    """'FlashInfer alone', as vLLM's flag runs it: the low-M kernel at M <= 32, FlashInfer's cuBLASLt above (both
+    through FlashInfer's public call)."""
+    low = public_path(table.low_m_backend)
     if m <= SEED_FIX_M and cells.has(n, k, m, low):
         return low
     return TUNED_CUBLASLT if cells.has(n, k, m, TUNED_CUBLASLT) else ATEN
 
 
-def candidates(table: ThresholdTable, cells: Cells, n: int, k: int, m: int, oracle: str) -> list[str]:
+def dispatch_candidates(cells: Cells, table: ThresholdTable) -> list[str]:
+    """What the dispatcher can choose from in this run: F.linear and every lean FlashInfer call measured; a run
+    without lean calls (older runs) offers the table's own paths and the public low-M call."""
+    lean = sorted({p for p in cells.paths() if is_lean(p)})
+    return [ATEN, *(lean or sorted(table.paths() | {public_path(table.low_m_backend)} - {ATEN}))]
+
+
+def candidates(table: ThresholdTable, cells: Cells, n: int, k: int, m: int, oracle: str,
+               among: list[str] | None = None) -> list[str]:
+    """The paths the best achievable is taken over: the dispatcher's own candidates, or every measured path."""
     if oracle == "all":
-        return [p for p in (ATEN, *sorted({pp for *_, pp in cells.samples if is_flashinfer(pp)}))
-                if cells.has(n, k, m, p)]
-    return [p for p in (ATEN, table.low_m_path()) if cells.has(n, k, m, p)]
+        pool = [ATEN, *sorted(p for p in cells.paths() if is_flashinfer(p))]
+    else:
+        pool = among if among is not None else dispatch_candidates(cells, table)
+    return [p for p in pool if cells.has(n, k, m, p)]
 
 
-def cell_verdicts(cells: Cells, table: ThresholdTable, margin: float = 0.03, oracle: str = "candidates") -> pd.DataFrame:
+def cell_verdicts(cells: Cells, table: ThresholdTable, margin: float = 0.03, oracle: str = "all",
+                  noise: Any = None) -> pd.DataFrame:
+    """Per cell, in the graph regime (GPU time): the dispatcher's choice against the fastest path of the oracle, with
+    the ratio's interval (bootstrap, widened by the run-to-run floor `noise` where given). Beside it, the eager
+    regime's choice and its cost (max(host, GPU)) over the best eager cost, a point estimate."""
     rows = []
+    among = dispatch_candidates(cells, table)
+    low = low_m_measured(cells, table)
     for n, k in cells.shapes():
         for m in cells.ms(n, k):
-            cands = candidates(table, cells, n, k, m, oracle)
+            cands = candidates(table, cells, n, k, m, oracle, among)
             if not cands:
                 continue
             chosen = chosen_path(table, cells, n, k, m)
             best = min(cands, key=lambda p: cells.gpu(n, k, m, p))
             ratio, lo, hi = ratio_ci(cells.samples[(n, k, m, chosen)], cells.samples[(n, k, m, best)],
                                      seed=hash((n, k, m)) & 0xFFFF)
+            if noise is not None:
+                lo, hi = noise.widen(ratio, lo, hi, cells.gpu(n, k, m, best))
             v = "SAME" if chosen == best else verdict(lo, hi, margin)
-            low = table.low_m_path()
             low_vs_aten = ""
             if cells.has(n, k, m, low) and cells.has(n, k, m, ATEN):
-                _, llo, lhi = ratio_ci(cells.samples[(n, k, m, low)], cells.samples[(n, k, m, ATEN)],
-                                       seed=(hash((n, k, m)) + 1) & 0xFFFF)
+                lr, llo, lhi = ratio_ci(cells.samples[(n, k, m, low)], cells.samples[(n, k, m, ATEN)],
+                                        seed=(hash((n, k, m)) + 1) & 0xFFFF)
+                if noise is not None:
+                    llo, lhi = noise.widen(lr, llo, lhi, cells.gpu(n, k, m, ATEN))
                 low_vs_aten = verdict(llo, lhi, margin)
+            eager = chosen_path(table, cells, n, k, m, "eager")
+            eager_best = min(cands, key=lambda p: cells.cost(n, k, m, p, "eager"))
             rows.append({"n": n, "k": k, "m": m, "chosen": chosen, "oracle": best,
                          "chosen_us": cells.gpu(n, k, m, chosen), "oracle_us": cells.gpu(n, k, m, best),
                          "regret": ratio - 1, "ratio_lo": lo, "ratio_hi": hi, "verdict": v,
                          "low_m_vs_aten": low_vs_aten,
-                         "measured_dispatch_us": cells.gpu(n, k, m, DISPATCH) if cells.has(n, k, m, DISPATCH) else np.nan})
+                         "measured_dispatch_us": cells.gpu(n, k, m, DISPATCH) if cells.has(n, k, m, DISPATCH) else np.nan,
+                         "eager_chosen": eager, "eager_oracle": eager_best,
+                         "eager_regret": cells.cost(n, k, m, eager, "eager") / cells.cost(n, k, m, eager_best, "eager") - 1})
     return pd.DataFrame(rows)
 
 
@@ -184,10 +222,11 @@ def model_uses(df: pd.DataFrame) -> dict[str, list[tuple[int, int, int]]]:
 
 
 def forward_totals(cells: Cells, table: ThresholdTable, uses: dict[str, list[tuple[int, int, int]]],
-                   capture_size: int, oracle: str = "candidates") -> pd.DataFrame:
+                   capture_size: int, oracle: str = "all") -> pd.DataFrame:
     """Per model, M and regime: count-weighted per-forward µs of aten, FlashInfer, the dispatcher and the best
     choice. `actual` marks the regime vLLM runs that M in (CUDA graph up to the capture size, eager above)."""
     rows = []
+    among = dispatch_candidates(cells, table)
     all_ms = sorted({m for _, _, m, _ in cells.samples})
     for model, layers in uses.items():
         for m in all_ms:
@@ -198,9 +237,9 @@ def forward_totals(cells: Cells, table: ThresholdTable, uses: dict[str, list[tup
                 for n, k, count in layers:
                     tot[ATEN] += count * cells.cost(n, k, m, ATEN, regime)
                     tot["flashinfer"] += count * cells.cost(n, k, m, flashinfer_path(table, cells, n, k, m), regime)
-                    tot[DISPATCH] += count * cells.cost(n, k, m, chosen_path(table, cells, n, k, m), regime)
+                    tot[DISPATCH] += count * cells.cost(n, k, m, chosen_path(table, cells, n, k, m, regime), regime)
                     tot["best"] += count * min(cells.cost(n, k, m, p, regime)
-                                               for p in candidates(table, cells, n, k, m, oracle))
+                                               for p in candidates(table, cells, n, k, m, oracle, among))
                 # vLLM runs a step of M tokens in the graph regime only up to the capture size.
                 actual = (regime == "graph") == (m <= capture_size)
                 rows.append({"model": model, "m": m, "regime": regime, "actual": actual,
@@ -209,57 +248,64 @@ def forward_totals(cells: Cells, table: ThresholdTable, uses: dict[str, list[tup
     return pd.DataFrame(rows)
 
 
-def fit(cells: Cells, base: ThresholdTable, uses: dict[str, list[tuple[int, int, int]]], capture_size: int,
-        min_gain: float = 0.0, margin: float = 0.03) -> tuple[ThresholdTable, pd.DataFrame]:
-    """Thresholds minimising the count-weighted per-forward time, each M weighted alike: the objective is
-    sum over M of (per-forward time / best achievable per-forward time), which splits into one term per shape.
-    The global threshold minimises the whole sum; a shape gets an override where its own best threshold cuts
-    the sum by more than min_gain (a share of it)."""
-    weight: dict[tuple[int, int], int] = {}
-    for layers in uses.values():
-        for n, k, c in layers:
-            weight[(n, k)] = weight.get((n, k), 0) + c
-    shapes = [s for s in cells.shapes() if s in weight]
-    low = base.low_m_path()
-    if not any(sum(cells.has(n, k, m, low) and cells.has(n, k, m, ATEN) for m in cells.ms(n, k)) >= 2
-               for n, k in shapes):
-        raise HarnessError(f"nothing to fit: no catalog shape has aten and {low} measured ok at two or more M values; "
-                           f"measure both with python -m bench run")
-    ms = sorted({m for n, k in shapes for m in cells.ms(n, k)})
-    regime = {m: "graph" if m <= capture_size else "eager" for m in ms}
+FIT_MIN_GAIN = 0.02  # a cell leaves F.linear only for a gain above this share, besides the noise test
 
-    def best_cost(n: int, k: int, m: int) -> float:
-        return min(cells.cost(n, k, m, p, regime[m]) for p in candidates(base, cells, n, k, m, "candidates"))
 
-    per_m_best = {m: sum(weight[(n, k)] * best_cost(n, k, m) for n, k in shapes if cells.has(n, k, m, ATEN))
-                  for m in ms}
+def _beats(cells: Cells, n: int, k: int, m: int, path: str, ref: str, regime: str, min_gain: float, noise: Any) -> bool:
+    """Whether `path` is faster than `ref` at a cell beyond the noise, in a regime (the fit's hysteresis).
+    graph: the GPU-time ratio's interval (bootstrap, widened by the run-to-run floor where measured) lies wholly below
+    1 - min_gain. eager: the cost max(host, GPU) with the path's 80th percentiles stays below 1 - min_gain of ref's
+    with its 20th percentiles (host time has no replay samples, only its spread over rounds)."""
+    if regime == "graph":
+        ratio, lo, hi = ratio_ci(cells.samples[(n, k, m, path)], cells.samples[(n, k, m, ref)], seed=m)
+        if noise is not None:
+            lo, hi = noise.widen(ratio, lo, hi, cells.gpu(n, k, m, ref))
+        return hi < 1 - min_gain
+    return cells.cost_bound(n, k, m, path, "p80") < (1 - min_gain) * cells.cost_bound(n, k, m, ref, "p20")
 
-    def shape_term(n: int, k: int, threshold: int) -> float:
-        t = ThresholdTable(base.profile, base.low_m_backend, threshold)
-        return sum(weight[(n, k)] * cells.cost(n, k, m, chosen_path(t, cells, n, k, m), regime[m]) / per_m_best[m]
-                   for m in cells.ms(n, k) if cells.has(n, k, m, ATEN))
 
-    options = sorted({0} | {m for m in ms if m <= capture_size})
-    terms = {(n, k): {t: shape_term(n, k, t) for t in options} for n, k in shapes}
-    total = {t: sum(terms[s][t] for s in shapes) for t in options}
-    best_global = min(options, key=lambda t: (total[t], t))
-    overrides, report = {}, []
-    for n, k in shapes:
-        own = terms[(n, k)]
-        best_own = min(options, key=lambda t: (own[t], t))
-        gain = (own[best_global] - own[best_own]) / total[best_global]
-        if best_own != best_global and gain > min_gain:
-            overrides[(n, k)] = best_own
-        report.append({"n": n, "k": k, "weight": weight[(n, k)], "best_threshold": best_own,
-                       "gain_vs_global": gain, "override": (n, k) in overrides,
-                       "crossover_m": crossover(cells, base, n, k, margin)})
-    table = ThresholdTable(base.profile, base.low_m_backend, best_global, overrides)
+def fit(cells: Cells, base: ThresholdTable, capture_size: int, min_gain: float = FIT_MIN_GAIN, noise: Any = None,
+        hold_out: set[int] | frozenset[int] = frozenset()) -> tuple[ThresholdTable, pd.DataFrame]:
+    """Per shape and regime, M ranges -> path. At each measured M (held-out values left out) the cheapest candidate
+    (dispatch_candidates) in the regime's cost (graph: GPU time; eager: max(host, GPU) per call) replaces F.linear
+    only where it beats F.linear beyond the noise (_beats); ties go to F.linear. Shapes not measured run F.linear
+    (the default ranges are empty): a kernel is only chosen where it was measured."""
+    among = dispatch_candidates(cells, base)
+    if not any(cells.has(n, k, m, ATEN) and cells.has(n, k, m, p) for n, k in cells.shapes() for m in cells.ms(n, k)
+               for p in among[1:]):
+        raise HarnessError("nothing to fit: no cell has aten and a FlashInfer path the dispatcher can call ("
+                           + ", ".join(among[1:]) + ") both measured ok; measure them with python -m bench run")
+    shapes_out: dict[tuple[int, int], dict[str, tuple]] = {}
+    report = []
+    for n, k in cells.shapes():
+        ms = [m for m in cells.ms(n, k) if m not in hold_out and cells.has(n, k, m, ATEN)]
+        if not ms:
+            continue
+        own = {}
+        for regime in REGIMES:
+            choices = []
+            for m in ms:
+                cands = [p for p in among if p != ATEN and cells.has(n, k, m, p)]
+                best = min(cands, key=lambda p: cells.cost(n, k, m, p, regime), default=None)
+                win = best is not None and _beats(cells, n, k, m, best, ATEN, regime, min_gain, noise)
+                choices.append((m, best if win else ATEN))
+            own[regime] = compress(choices)
+        shapes_out[(n, k)] = own
+        report.append({"n": n, "k": k, "graph": describe_ranges(own["graph"]), "eager": describe_ranges(own["eager"]),
+                       "crossover_m": crossover(cells, base, n, k)})
+    table = ThresholdTable(base.profile, base.low_m_backend, {r: () for r in REGIMES}, shapes_out)
     return table, pd.DataFrame(report)
+
+
+def low_m_measured(cells: Cells, table: ThresholdTable) -> str:
+    """The low-M backend's path as this run measured it: its lean call where measured, else the public one."""
+    lean = lean_path(table.low_m_backend)
+    return lean if lean in cells.paths() else public_path(table.low_m_backend)
 
 
 def crossover(cells: Cells, table: ThresholdTable, n: int, k: int, margin: float = 0.03) -> float:
     """Smallest M where the low-M kernel stops being FASTER than aten (NaN if it never is, or never stops)."""
-    low = table.low_m_path()
+    low = low_m_measured(cells, table)
     was_faster = False
     for m in cells.ms(n, k):
         if not (cells.has(n, k, m, low) and cells.has(n, k, m, ATEN)):

@@ -67,7 +67,7 @@ def modelled_us(cells: Cells, seq, rule: str, m: int, regime: str, sm: int, prof
     """The cell-sum model of one forward; NaN where a cell it needs was not measured."""
     total = 0.0
     for lin in seq:
-        path = path_for(rule, lin, m, sm, profile, table)
+        path = path_for(rule, lin, m, sm, profile, table, regime)
         if not cells.has(lin.n, lin.k, m, path):
             return math.nan
         total += cells.cost(lin.n, lin.k, m, path, regime)
@@ -108,26 +108,36 @@ def forward_ratios(forward: pd.DataFrame) -> pd.DataFrame:
 
 
 def forward_verdicts(forward: pd.DataFrame, capture_size: int) -> pd.DataFrame:
-    """Per model and M, in the regime vLLM runs that M in (graph up to the capture size, eager above): the
-    dispatcher's measured forward over the best measured path. The forwards of all paths ran interleaved, so
-    sample i of each ran side by side: the ratio is the median of per-pair ratios with a bootstrap interval, and
-    the dispatcher FAILs only where the whole interval lies above 1 + FORWARD_MARGIN (host time on one machine drifts
-    by several percent between rounds; a point estimate would fail the dispatcher against the very path it runs)."""
+    """Per model, M and regime (both: a step runs captured up to vLLM's capture size and eagerly above it, and any M
+    runs eagerly under enforce_eager): the dispatcher's measured forward over the best measured path, and over
+    all-aten. The forwards of all paths ran interleaved, so sample i of each ran side by side: each ratio is the median
+    of per-pair ratios with a bootstrap interval, and the dispatcher FAILs only where the whole interval lies above
+    1 + FORWARD_MARGIN (host time on one machine drifts by several percent between rounds; a point estimate would fail
+    the dispatcher against the very path it runs). `vllm_regime` marks the regime vLLM runs that M in."""
     ok = forward[forward["status"] == "ok"]
     rows = []
-    for (model, m), g in ok.groupby(["model", "m"]):
-        regime = "graph" if m <= capture_size else "eager"
-        g = g[g["regime"] == regime].set_index("path")
+    for (model, m, regime), g in ok.groupby(["model", "m", "regime"]):
+        g = g.set_index("path")
         if DISPATCH not in g.index:
             continue
         best = g["us"].idxmin()
-        ratio, lo, hi = g.at[DISPATCH, "us"] / g.at[best, "us"], math.nan, math.nan
-        if best != DISPATCH and "samples_us" in g.columns:
-            a, b = parse_samples(g.at[DISPATCH, "samples_us"]), parse_samples(g.at[best, "samples_us"])
-            if len(a) == len(b) and len(a):
-                ratio, lo, hi = paired_ratio_ci(a, b)
+        ratio, lo, hi = _paired(g, DISPATCH, best)
+        a_ratio, a_lo, a_hi = _paired(g, DISPATCH, ATEN) if ATEN in g.index else (math.nan,) * 3
         fails = (lo if lo == lo else ratio) > 1 + FORWARD_MARGIN
-        rows.append({"model": model, "m": int(m), "regime": regime, "dispatch_us": g.at[DISPATCH, "us"],
+        rows.append({"model": model, "m": int(m), "regime": regime,
+                     "vllm_regime": (regime == "graph") == (m <= capture_size), "dispatch_us": g.at[DISPATCH, "us"],
                      "best": best, "best_us": g.at[best, "us"], "dispatch_over_best": ratio, "ratio_lo": lo,
-                     "ratio_hi": hi, "ok": not fails})
+                     "ratio_hi": hi, "dispatch_over_aten": a_ratio, "aten_lo": a_lo, "aten_hi": a_hi,
+                     "ok": not fails})
     return pd.DataFrame(rows)
+
+
+def _paired(g: pd.DataFrame, a: str, b: str) -> tuple[float, float, float]:
+    """us(a)/us(b) as the median of per-round ratios with its interval; the point ratio alone without samples."""
+    if a == b:
+        return 1.0, 1.0, 1.0
+    if "samples_us" in g.columns:
+        sa, sb = parse_samples(g.at[a, "samples_us"]), parse_samples(g.at[b, "samples_us"])
+        if len(sa) == len(sb) and len(sa):
+            return paired_ratio_ci(sa, sb)
+    return g.at[a, "us"] / g.at[b, "us"], math.nan, math.nan

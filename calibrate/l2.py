@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from calibrate.analysis import Cells, ratio_ci, verdict
+from calibrate.analysis import Cells, low_m_measured, ratio_ci, verdict
 from dispatch.backends import ATEN
 from dispatch.table import ThresholdTable
 
@@ -18,7 +18,7 @@ MODES = ("rotate", "flush", "warm")
 
 def close_cells(cells: Cells, table: ThresholdTable, within: float = 0.10) -> list[tuple[int, int, int]]:
     """(n, k, m) where the table's low-M backend and aten are within `within` of each other (GPU time medians)."""
-    low = table.low_m_path()
+    low = low_m_measured(cells, table)
     out = []
     for n, k in cells.shapes():
         for m in cells.ms(n, k):
@@ -31,8 +31,9 @@ def close_cells(cells: Cells, table: ThresholdTable, within: float = 0.10) -> li
 def decisions(runs: dict[str, Cells], table: ThresholdTable, keys: list[tuple[int, int, int]],
               margin: float = 0.03) -> pd.DataFrame:
     """Per cell and L2 mode: low-M/aten ratio with its interval, the verdict, the faster path, and whether the faster
-    path differs from the rotate mode's (a flip) and from the committed table's choice."""
-    low = table.low_m_path()
+    path differs from the rotate mode's (a flip) and from the committed table's choice (graph regime: these are
+    GPU-time decisions)."""
+    low = low_m_measured(next(iter(runs.values())), table)
     rows = []
     for n, k, m in keys:
         row: dict = {"n": n, "k": k, "m": m, "table_choice": table.choose(n, k, m)}

@@ -16,8 +16,22 @@ def flashinfer_path(backend: str) -> str:
     return f"flashinfer:{backend}"
 
 
+def lean_path(backend: str) -> str:
+    """The registry name of a backend's lean call (dispatch/lean.py): runner and tactic resolved once, raw kernel."""
+    return f"flashinfer-lean:{backend}"
+
+
 def is_flashinfer(path: str) -> bool:
-    return path.startswith(flashinfer_path(""))
+    return path.startswith((flashinfer_path(""), lean_path("")))
+
+
+def is_lean(path: str) -> bool:
+    return path.startswith(lean_path(""))
+
+
+def backend_of(path: str) -> str | None:
+    """The FlashInfer backend a path name runs ('flashinfer:tinygemm' and 'flashinfer-lean:tinygemm' alike)."""
+    return path.split(":", 1)[1] if is_flashinfer(path) else None
 
 
 @dataclass(frozen=True)
@@ -33,6 +47,9 @@ class Backend:
     # FlashInfer's cuBLASLt keys its tuned entries by the exact M, so only bucket values find them; the CuTe DSL
     # runners key by the bucket M rounds up to, so every M up to this value finds its bucket's entry.
     bucketed_up_to: int = 0
+    # Whether the kernel takes pdl=True. vLLM passes pdl=True on SM >= 90 (current_platform.is_arch_support_pdl());
+    # FlashInfer's cuBLASLt requirement raises on pdl=True, and cute-dsl's cuBLASLt fallback ignores it.
+    supports_pdl: bool = False
 
     @property
     def path(self) -> str:
@@ -54,28 +71,40 @@ class Backend:
         """Whether a call at this M can find the autotuner's tuned entry (m_is_bucket in the results)."""
         return m in buckets or m <= self.bucketed_up_to
 
+    def pdl(self, wanted: bool) -> bool:
+        """The pdl flag this backend is called with when the profile wants `wanted`."""
+        return wanted and self.supports_pdl
+
+    def accepts_weight(self, weight: Any, bias: Any, sm: int) -> bool:
+        """The half of the rule that depends on the weight alone: checked once when a layer is bound."""
+        n, k = weight.shape[0], weight.shape[-1]
+        return (bias is None and weight.dtype == torch.bfloat16 and weight.dim() == 2 and weight.is_cuda
+                and weight.is_contiguous() and (self.sms is None or sm in self.sms) and n % self.n_multiple == 0
+                and k % self.k_multiple == 0 and weight.data_ptr() % self.align_bytes == 0)
+
+    def accepts_input(self, x: Any, weight: Any) -> bool:
+        """The per-call half: the activation's dtype, device, layout and alignment."""
+        return (x.dtype == torch.bfloat16 and x.device == weight.device and x.is_contiguous()
+                and x.data_ptr() % self.align_bytes == 0)
+
     def accepts(self, x: Any, weight: Any, bias: Any, sm: int) -> bool:
         """Whether the kernel takes these tensors (bf16, contiguous, on one GPU, no bias, shape multiples, alignment);
         the dispatcher falls back to F.linear otherwise, instead of letting the kernel raise."""
-        n, k = weight.shape[0], weight.shape[-1]
-        return (bias is None and x.dtype == torch.bfloat16 and weight.dtype == torch.bfloat16 and weight.dim() == 2
-                and x.is_cuda and x.device == weight.device and x.is_contiguous() and weight.is_contiguous()
-                and (self.sms is None or sm in self.sms) and n % self.n_multiple == 0 and k % self.k_multiple == 0
-                and x.data_ptr() % self.align_bytes == 0 and weight.data_ptr() % self.align_bytes == 0)
+        return self.accepts_weight(weight, bias, sm) and self.accepts_input(x, weight)
 
 
 BACKENDS: dict[str, Backend] = {b.name: b for b in (
     Backend("tinygemm", (90, 100, 103, 110, 120, 121), n_multiple=16, k_multiple=8, max_m=2048,
-            note="TinyGEMM, tiles of 8 tokens"),
+            supports_pdl=True, note="TinyGEMM, tiles of 8 tokens"),
     Backend("cublaslt", None, note="FlashInfer's autotuned cuBLASLt"),
     # Tuning cuDNN builds and times every engine plan per bucket (~14 s for 3 buckets of one shape on an H200),
     # which alone would outlast the sweep; it runs its heuristic plan unless --tune-all.
     Backend("cudnn", None, tune_by_default=False, note="cuDNN graph GEMM (heuristic plan; --tune-all tunes it)"),
     # vLLM's _can_use_flashinfer_cutedsl_bf16: K % 128 and 32-byte aligned input and weight; any N.
-    Backend("cute-dsl", (100, 103, 107), k_multiple=128, align_bytes=32, bucketed_up_to=32,
+    Backend("cute-dsl", (100, 103, 107), k_multiple=128, align_bytes=32, bucketed_up_to=32, supports_pdl=True,
             note="CuTeDSL kernels for M <= 32, cuBLASLt fallback above"),
     # SM100 backends that FlashInfer gates to [100, 103, 107]; their shape requirements are FlashInfer's own
     # requirement functions, which the correctness gate meets as a failed row, not modelled here.
     Backend("cutlass", (100, 103, 107), note="CUTLASS bf16 GEMM (SM100; not run here)"),
-    Backend("tgv", (100, 103, 107), note="TGV GEMM (SM100; not run here)"),
+    Backend("tgv", (100, 103, 107), supports_pdl=True, note="TGV GEMM (SM100; not run here)"),
 )}

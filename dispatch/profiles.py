@@ -20,6 +20,9 @@ class GpuProfile:
     # figures scale them by the B200's peaks (about 2.3x the math, 1.7x the memory bandwidth of an H200).
     sizing_tflops: float = 600.0
     sizing_gbps: float = 4000.0
+    # Programmatic dependent launch as vLLM sets it: pdl=current_platform.is_arch_support_pdl(), True on SM >= 90.
+    # Every FlashInfer call of the harness passes it to the backends that take it (Backend.supports_pdl).
+    pdl: bool = True
 
 
 PROFILES: dict[str, GpuProfile] = {p.name: p for p in (

@@ -1,49 +1,148 @@
-"""Threshold tables, dispatch/thresholds/<profile>.json: FlashInfer's low-M backend at M <= threshold, else F.linear."""
+"""Dispatch tables, dispatch/thresholds/<profile>.json: per regime and weight shape, M ranges -> path.
+
+Two regimes, because what a call costs depends on how it runs:
+- graph: the call is being captured into a CUDA graph (vLLM's decode and small prefill steps): only GPU time counts;
+- eager: the call runs as issued (above vLLM's capture size, enforce_eager, any eager user): host and GPU time count.
+
+A regime's ranges are ((up_to, path), ...) with up_to increasing: M up to `up_to` (and above the previous range's)
+runs `path`; M above the last range runs F.linear. Paths are registry names: 'aten', 'flashinfer-lean:<backend>'
+(the lean call) or 'flashinfer:<backend>' (FlashInfer's public mm_bf16).
+
+Format 1 files (a single `default_threshold` with per-shape `overrides`, the low-M backend at M <= threshold) still
+load: both regimes get the same ranges, on FlashInfer's public call, which is what such a table meant when written.
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dispatch.backends import ATEN, BACKENDS, flashinfer_path
+from dispatch.backends import ATEN, BACKENDS, flashinfer_path, lean_path
 from harness.errors import HarnessError
 from harness.io import read_json
 from shapes.grid import M_MAX
 
 TABLE_DIR = Path(__file__).parent / "thresholds"
+REGIMES = ("graph", "eager")
+Range = tuple[int, str]
+Ranges = tuple[Range, ...]
+
+
+def dispatchable_paths() -> list[str]:
+    """Every path a table may name: F.linear, and each FlashInfer backend's public and lean call."""
+    return [ATEN, *(f(b) for b in BACKENDS for f in (lean_path, flashinfer_path))]
 
 
 @dataclass(frozen=True)
 class ThresholdTable:
     profile: str
     low_m_backend: str
-    default_threshold: int
-    overrides: dict[tuple[int, int], int] = field(default_factory=dict)
+    default: dict[str, Ranges]  # regime -> ranges, for shapes without their own
+    shapes: dict[tuple[int, int], dict[str, Ranges]] = field(default_factory=dict)
     source: dict[str, Any] = field(default_factory=dict)
 
-    def threshold(self, n: int, k: int) -> int:
-        return self.overrides.get((n, k), self.default_threshold)
+    @classmethod
+    def from_thresholds(cls, profile: str, backend: str, default_threshold: int,
+                        overrides: dict[tuple[int, int], int] | None = None, source: dict[str, Any] | None = None,
+                        path: str | None = None) -> "ThresholdTable":
+        """The low-M path at M <= threshold in both regimes (a format 1 table, the seed PR's rule)."""
+        path = path or lean_path(backend)
+
+        def both(t: int) -> dict[str, Ranges]:
+            return {r: ((t, path),) if t > 0 else () for r in REGIMES}
+        return cls(profile, backend, both(default_threshold),
+                   {s: both(t) for s, t in (overrides or {}).items()}, dict(source or {}))
+
+    def ranges(self, n: int, k: int, regime: str) -> Ranges:
+        own = self.shapes.get((n, k))
+        return own[regime] if own is not None else self.default[regime]
+
+    def choose(self, n: int, k: int, m: int, regime: str = "graph") -> str:
+        """The path name the dispatcher runs for this cell in this regime (eligibility aside)."""
+        for up_to, path in self.ranges(n, k, regime):
+            if m <= up_to:
+                return path
+        return ATEN
+
+    def threshold(self, n: int, k: int, regime: str | None = None) -> int:
+        """The largest M at which the shape runs anything but F.linear (in a regime, or in either)."""
+        regimes = REGIMES if regime is None else (regime,)
+        return max((up for r in regimes for up, p in self.ranges(n, k, r) if p != ATEN), default=0)
+
+    def paths(self) -> set[str]:
+        every = [*self.default.values(), *(rs for own in self.shapes.values() for rs in own.values())]
+        return {p for ranges in every for _, p in ranges}
 
     def low_m_path(self) -> str:
-        return flashinfer_path(self.low_m_backend)
+        """The low-M backend's path as this table names it (lean unless the table names only the public call)."""
+        public = flashinfer_path(self.low_m_backend)
+        return public if public in self.paths() and lean_path(self.low_m_backend) not in self.paths() \
+            else lean_path(self.low_m_backend)
 
-    def choose(self, n: int, k: int, m: int) -> str:
-        """The path name the dispatcher runs for this cell (eligibility aside)."""
-        return self.low_m_path() if m <= self.threshold(n, k) else ATEN
+    def describe(self, regime: str) -> str:
+        return describe_ranges(self.default[regime])
 
     def to_json(self) -> dict[str, Any]:
-        return {"profile": self.profile, "low_m_backend": self.low_m_backend,
-                "default_threshold": self.default_threshold,
-                "overrides": [{"n": n, "k": k, "threshold": t} for (n, k), t in sorted(self.overrides.items())],
+        def enc(ranges: Ranges) -> list[dict[str, Any]]:
+            return [{"up_to": up, "path": p} for up, p in ranges]
+        return {"format": 2, "profile": self.profile, "low_m_backend": self.low_m_backend,
+                "default": {r: enc(self.default[r]) for r in REGIMES},
+                "shapes": [{"n": n, "k": k, **{r: enc(own[r]) for r in REGIMES}}
+                           for (n, k), own in sorted(self.shapes.items())],
                 "source": self.source}
 
 
-def parse_table(data: Any, where: str) -> ThresholdTable:
-    if not isinstance(data, dict):
-        raise HarnessError(f"{where}: a threshold table is a JSON object")
-    missing = [f for f in ("profile", "low_m_backend", "default_threshold") if f not in data]
+def describe_ranges(ranges: Ranges) -> str:
+    """'flashinfer-lean:tinygemm at M <= 8, aten above' and the like."""
+    parts, lo = [], 1
+    for up, p in ranges:
+        parts.append(f"{p} at M {lo}..{up}" if lo > 1 else f"{p} at M <= {up}")
+        lo = up + 1
+    return ", ".join(parts + [f"{ATEN} above" if parts else f"{ATEN} everywhere"])
+
+
+def compress(choices: list[tuple[int, str]]) -> Ranges:
+    """Ranges from per-M choices [(m, path)] sorted by M: a range ends at the last M of a run of equal choices, so an
+    M between two measured values takes the larger one's choice (F.linear, where the run of FlashInfer ends)."""
+    out: list[Range] = []
+    for m, p in choices:
+        if out and out[-1][1] == p:
+            out[-1] = (m, p)
+        else:
+            out.append((m, p))
+    while out and out[-1][1] == ATEN:
+        out.pop()
+    return tuple(out)
+
+
+def _parse_ranges(value: Any, where: str) -> Ranges:
+    if not isinstance(value, list):
+        raise HarnessError(f"{where}: a regime's ranges are a list of {{up_to, path}}")
+    known = dispatchable_paths()
+    out: list[Range] = []
+    for item in value:
+        try:
+            up, path = int(item["up_to"]), str(item["path"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise HarnessError(f"{where}: malformed range ({exc}); each range is {{up_to, path}}") from None
+        if path not in known:
+            raise HarnessError(f"{where}: path {path!r} is not one the dispatcher can run (known: {', '.join(known)})")
+        if not 1 <= up <= M_MAX:
+            raise HarnessError(f"{where}: up_to {up} is outside 1..{M_MAX}, the M the harness measures")
+        if out and up <= out[-1][0]:
+            raise HarnessError(f"{where}: ranges must have increasing up_to ({out[-1][0]} then {up})")
+        out.append((up, path))
+    return tuple(out)
+
+
+def _parse_regimes(data: dict, where: str) -> dict[str, Ranges]:
+    missing = [r for r in REGIMES if r not in data]
     if missing:
-        raise HarnessError(f"{where}: threshold table lacks {', '.join(missing)}")
+        raise HarnessError(f"{where}: lacks the {', '.join(missing)} regime (a format 2 table names both)")
+    return {r: _parse_ranges(data[r], f"{where} {r}") for r in REGIMES}
+
+
+def _parse_format1(data: dict, where: str) -> tuple[dict[str, Ranges], dict[tuple[int, int], dict[str, Ranges]]]:
     try:
         overrides = {(int(o["n"]), int(o["k"])): int(o["threshold"]) for o in data.get("overrides", [])}
         default = int(data["default_threshold"])
@@ -53,15 +152,41 @@ def parse_table(data: Any, where: str) -> ThresholdTable:
         raise HarnessError(f"{where}: thresholds must be >= 0 (0 means never FlashInfer)")
     if any(t > M_MAX for t in (default, *overrides.values())):
         raise HarnessError(f"{where}: thresholds must be <= {M_MAX}, the largest M the harness measures")
+    t = ThresholdTable.from_thresholds("", data["low_m_backend"], default, overrides,
+                                       path=flashinfer_path(data["low_m_backend"]))
+    return t.default, t.shapes
+
+
+def parse_table(data: Any, where: str) -> ThresholdTable:
+    if not isinstance(data, dict):
+        raise HarnessError(f"{where}: a threshold table is a JSON object")
+    v2 = data.get("format") == 2
+    need = ("profile", "low_m_backend", "default") if v2 else ("profile", "low_m_backend", "default_threshold")
+    missing = [f for f in need if f not in data]
+    if missing:
+        raise HarnessError(f"{where}: threshold table lacks {', '.join(missing)}")
     backend = data["low_m_backend"]
     known = known_low_m_backends()
     if backend not in known:
         raise HarnessError(f"{where}: low_m_backend {backend!r} is not a FlashInfer backend of the path registry "
                            f"(known: {', '.join(known)}); fix the table or refit it with python -m calibrate fit")
+    if v2:
+        if not isinstance(data["default"], dict):
+            raise HarnessError(f"{where}: default is an object of regimes ({', '.join(REGIMES)})")
+        default = _parse_regimes(data["default"], f"{where} default")
+        shapes = {}
+        for i, own in enumerate(data.get("shapes", [])):
+            try:
+                key = (int(own["n"]), int(own["k"]))
+            except (KeyError, TypeError, ValueError) as exc:
+                raise HarnessError(f"{where}: shape entry {i} needs integer n and k ({exc})") from None
+            shapes[key] = _parse_regimes(own, f"{where} shape {key[0]}x{key[1]}")
+    else:
+        default, shapes = _parse_format1(data, where)
     source = data.get("source", {})
     if not isinstance(source, dict):
         raise HarnessError(f"{where}: source must be an object (where the table came from)")
-    return ThresholdTable(str(data["profile"]), backend, default, overrides, source)
+    return ThresholdTable(str(data["profile"]), backend, default, shapes, source)
 
 
 def known_low_m_backends() -> list[str]:

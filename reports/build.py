@@ -7,6 +7,7 @@ import pandas as pd
 
 from bench.forward_paths import DEFAULT_RULES
 from dispatch.backends import ATEN, is_flashinfer
+from dispatch.table import describe_ranges
 from harness.console import terminal
 from harness.io import atomic_write_text
 from reports import figures
@@ -32,7 +33,8 @@ def summary_section(run: Run, head) -> str:
     first, rest = head.sentences[0], head.sentences[1:]
     items = "".join(f"<li>{esc(s)}</li>" for s in rest)
     return (f'<div class="verdict {cls}">{esc(first)}</div><ul>{items}</ul>'
-            f"<p class='muted'>Verdicts: a 95% bootstrap interval of the GPU-time ratio wholly below 1 - 3% is FASTER, "
+            f"<p class='muted'>Verdicts: a 95% interval of the GPU-time ratio (bootstrap over replays, widened by the "
+            f"run-to-run floor measured from replicate runs where calibrate/noise has one) wholly below 1 - 3% is FASTER, "
             f"wholly above 1 + 3% SLOWER, inside ±3% SAME, otherwise AMBIGUOUS. GPU time is CUPTI kernel time inside "
             f"CUDA graphs (cold L2); host time is the eager call's wall time with the GPU kept busy.</p>"
             f"<h3>Environment</h3>{environment(run)}")
@@ -43,12 +45,12 @@ def shapes_section(run: Run, rows: pd.DataFrame) -> str:
     cap = run.profile.capture_size if run.profile else None
     out = []
     for (n, k), g in rows.groupby(["n", "k"], sort=True):
-        thr = run.table.threshold(n, k) if run.table else None
+        thr = run.table.threshold(n, k, "graph") if run.table else None
         first = g.iloc[0]
         meta = f"models: {first.get('models', '')} · layers: {first.get('layers', '')} · per-forward count: {first.get('count', '')}"
         xs = xo.get((n, k), float("nan"))
-        note = (f"dispatcher threshold M <= {thr}" if thr else "dispatcher: never FlashInfer (threshold 0)") if thr is not None \
-            else "no threshold table"
+        note = ("dispatcher, graph: " + describe_ranges(run.table.ranges(n, k, "graph")) + "; eager: "
+                + describe_ranges(run.table.ranges(n, k, "eager"))) if run.table else "no threshold table"
         note += "" if xs != xs else f"; {run.table.low_m_backend} stops being FASTER than aten at M* = {xs:.0f}"
         img = figures.shape_figure(g, f"{n}x{k}", thr, xs, cap)
         out.append(f"<h3>N={n}, K={k} <span class='muted'>({esc(first['shape'])})</span></h3>"
@@ -225,10 +227,19 @@ def forward_section(run: Run, path: str, partial: bool) -> str:
         fv = forward_verdicts(fdf, run.profile.capture_size)
         if not fv.empty:
             bad = fv[~fv["ok"]]
-            parts.append(f"<p><b>Measured verdict:</b> in the regime vLLM runs each M in, the dispatcher's forward is "
-                         f"within 1% of the best measured path at {int(fv['ok'].sum())} of {len(fv)} (model, M) points"
-                         + (": over it at " + ", ".join(f"{r.model} M={r.m} ({r.dispatch_over_best:.3f}x {r.best})"
-                                                        for r in bad.itertuples()) if len(bad) else "") + ".</p>")
+            parts.append(f"<p><b>Measured verdict, both regimes:</b> the dispatcher's forward is within 1% of the "
+                         f"best measured path (or its paired interval reaches there) at {int(fv['ok'].sum())} of "
+                         f"{len(fv)} (model, M, regime) points"
+                         + (": over it at " + ", ".join(f"{r.model} M={r.m} {r.regime} ({r.dispatch_over_best:.3f}x "
+                                                        f"{r.best})" for r in bad.itertuples()) if len(bad) else "")
+                         + ".</p>"
+                         + table(fv, [("model", "model"), ("m", "M"), ("regime", "regime"),
+                                      ("vllm_regime", "vLLM runs M here"), ("best", "best path"),
+                                      ("dispatch_over_best", "dispatch / best"), ("ratio_lo", "lo"),
+                                      ("ratio_hi", "hi"), ("dispatch_over_aten", "dispatch / aten"), ("ok", "ok")],
+                                 fmt={c: "{:.3f}" for c in ("dispatch_over_best", "ratio_lo", "ratio_hi",
+                                                            "dispatch_over_aten")},
+                                 left=("model", "regime", "best")))
         mv = model_vs_measured(run.cells, fdf, info, run.profile, run.table)
         if not mv.empty:
             miss = mv[mv["miss"]]

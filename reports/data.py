@@ -11,10 +11,12 @@ import pandas as pd
 from bench.forward_paths import SEED_FIX_M
 from bench.paths import TUNED_CUBLASLT
 from bench.results import load_results, load_run_info
-from calibrate.analysis import Cells, cell_verdicts, crossover, failures, forward_totals, model_uses, ratio_ci, verdict
+from calibrate.analysis import (Cells, cell_verdicts, crossover, failures, forward_totals, low_m_measured, model_uses,
+                                ratio_ci, verdict)
+from calibrate.noise import load_noise
 from dispatch.backends import ATEN, DISPATCH, is_flashinfer
 from dispatch.profiles import PROFILES, GpuProfile
-from dispatch.table import TABLE_DIR, ThresholdTable, load_table
+from dispatch.table import REGIMES, TABLE_DIR, ThresholdTable, load_table
 from harness.errors import HarnessError
 
 MARGIN = 0.03  # equivalence margin of every verdict in the report, as in `python -m calibrate validate`
@@ -70,7 +72,7 @@ def cell_rows(run: Run, dispatch_verdicts: pd.DataFrame | None = None) -> pd.Dat
             ratio.append(np.nan), lo.append(np.nan), hi.append(np.nan), verd.append(""), same.append(None)
     df["ratio"], df["ratio_lo"], df["ratio_hi"], df["verdict"], df["same_kernel"] = ratio, lo, hi, verd, same
     if dispatch_verdicts is None and run.table is not None:
-        dispatch_verdicts = cell_verdicts(c, run.table, MARGIN)
+        dispatch_verdicts = cell_verdicts(c, run.table, MARGIN, noise=load_noise(run.profile.name))
     if dispatch_verdicts is not None and not dispatch_verdicts.empty and DISPATCH in set(df["path"]):
         v = dispatch_verdicts.set_index(["n", "k", "m"])
         is_d = df["path"] == DISPATCH
@@ -109,17 +111,16 @@ def headline(run: Run) -> Headline:
         s.insert(0, "No threshold table exists for this GPU, so the dispatcher cannot be judged here; "
                     "fit one with `python -m calibrate fit`.")
         return Headline(None, s, pd.DataFrame(), pd.DataFrame())
-    verdicts = cell_verdicts(c, run.table, MARGIN)
+    verdicts = cell_verdicts(c, run.table, MARGIN, noise=load_noise(run.profile.name))
     totals = forward_totals(c, run.table, model_uses(df), run.profile.capture_size)
     slower, over = failures(verdicts, totals)
     holds = slower.empty and over.empty
     t = run.table
-    rule = (f"FlashInfer {t.low_m_backend} at M <= {t.default_threshold}" if t.default_threshold
-            else "never FlashInfer by default (threshold 0)") + (
-        f", with per-shape thresholds on {len(t.overrides)} shapes" if t.overrides else "")
+    rule = table_rule(t)
     if holds:
         s.insert(0, f"Yes, the dispatcher holds on this {run.gpu}: with its table ({rule}) it is never slower than the "
-                    f"best of aten and {t.low_m_backend} by more than {MARGIN:.0%} in any of {len(verdicts)} cells, and "
+                    f"best measured path by more than {MARGIN:.0%} in any of {len(verdicts)} cells (GPU time, graph "
+                    f"regime), and "
                     f"its per-forward totals stay within 1% of the best in the regime each M runs in.")
     else:
         where = ", ".join(f"{r.n}x{r.k} M={r.m}" for r in slower.head(8).itertuples())
@@ -131,11 +132,21 @@ def headline(run: Run) -> Headline:
         s[0] = (f"No verdict: this run is incomplete ({'; '.join(run.incomplete)}), judged with --partial. On the "
                 f"measured cells alone: " + s[0])
         holds = None
-    seed = ThresholdTable(t.profile, t.low_m_backend, SEED_FIX_M)
+    if t.source.get("note"):
+        s.insert(1, f"About this table: {t.source['note']}")
+    seed = ThresholdTable.from_thresholds(t.profile, t.low_m_backend, SEED_FIX_M, path=low_m_measured(c, t))
     seed_slow = int((cell_verdicts(c, seed, MARGIN)["verdict"] == "SLOWER").sum())
     s.insert(1, f"The seed PR's single rule (FlashInfer at M <= {SEED_FIX_M} on every shape) would be SLOWER beyond "
                 f"{MARGIN:.0%} in {seed_slow} cell(s) on this GPU.")
     return Headline(holds, s, verdicts, totals)
+
+
+def table_rule(t: ThresholdTable) -> str:
+    """The table in words: per regime, its default ranges and how many shapes have their own."""
+    own = {r: sum(1 for v in t.shapes.values() if any(p != ATEN for _, p in v[r])) for r in REGIMES}
+    return "; ".join(f"{r}: {t.describe(r)} by default" + (f", own ranges with FlashInfer on {own[r]} of "
+                                                            f"{len(t.shapes)} shapes" if t.shapes else "")
+                     for r in REGIMES)
 
 
 def shape_crossovers(run: Run) -> dict[tuple[int, int], float]:

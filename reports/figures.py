@@ -14,11 +14,12 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: 
 
 from bench.forward_paths import SEED_FIX, VLLM_FLASHINFER  # noqa: E402
 from bench.paths import TUNED_CUBLASLT  # noqa: E402
-from dispatch.backends import ATEN, DISPATCH, flashinfer_path, is_flashinfer  # noqa: E402
+from dispatch.backends import ATEN, DISPATCH, flashinfer_path, is_flashinfer, lean_path  # noqa: E402
 
 PLAIN = FuncFormatter(lambda v, _: f"{v:g}")  # 0.6, 2, 300 instead of 6x10^-1 on log axes
 
 COLORS = {ATEN: "#333333", flashinfer_path("tinygemm"): "#d95f02", TUNED_CUBLASLT: "#1b9e77",
+          lean_path("tinygemm"): "#fdae6b", lean_path("cublaslt"): "#66c2a4", lean_path("cute-dsl"): "#f1b6da",
           flashinfer_path("cudnn"): "#7570b3", flashinfer_path("cute-dsl"): "#e7298a", DISPATCH: "#66a61e"}
 
 

@@ -462,8 +462,9 @@ def test_dispatch_linear_fails_on_0d_input_exactly_as_f_linear():
 
 def test_a_partial_run_gets_no_plain_pass(capsys):
     from calibrate.__main__ import main
-    assert main(["validate", str(DATA / "h200-sweep-2"), "--partial"]) == 0
+    old = ["--thresholds", str(DATA / "h200-table-format1.json"), "--oracle", "candidates"]
+    assert main(["validate", str(DATA / "h200-sweep-2"), "--partial", *old]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith("PASS on the measured cells only") and "no verdict on the whole grid" in last
-    assert main(["validate", str(SWEEP)]) == 0
+    assert main(["validate", str(SWEEP), *old]) == 0
     assert capsys.readouterr().out.strip().splitlines()[-1] == "PASS"

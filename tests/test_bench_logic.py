@@ -93,7 +93,10 @@ def test_profiles_and_device_check():
 
 def test_path_registry_gates():
     assert [p.name for p in paths_for(get_profile("h200").flashinfer_backends)] == [
-        "aten", "flashinfer:tinygemm", "flashinfer:cublaslt", "flashinfer:cudnn", "dispatch"]
+        "aten", "flashinfer:tinygemm", "flashinfer-lean:tinygemm", "flashinfer:cublaslt", "flashinfer-lean:cublaslt",
+        "flashinfer:cudnn", "dispatch"]
+    # one rule per backend, whichever call (public or lean) runs it
+    assert PATHS["flashinfer-lean:tinygemm"].skip_reason(90, 1, 2048, 8) == PATHS["flashinfer:tinygemm"].skip_reason(90, 1, 2048, 8)
     assert "SM100" in PATHS["flashinfer:cute-dsl"].skip_reason(90, 2048, 4096, 8)
     assert "N % 16" in PATHS["flashinfer:tinygemm"].skip_reason(90, 1, 2048, 8)
     assert PATHS["flashinfer:cute-dsl"].skip_reason(100, 2048, 64, 8).startswith("flashinfer:cute-dsl needs K % 128")
@@ -230,8 +233,10 @@ def test_a_dry_run_prints_the_plan_of_every_profile_without_a_gpu(profile, tmp_p
     assert "estimated" in text and not out.exists()
 
 
-def test_every_flashinfer_path_sends_its_own_backend(monkeypatch):
-    """A fake flashinfer module records what each registry path and the dispatcher's low-M kernel send to mm_bf16."""
+def test_every_flashinfer_path_sends_its_own_backend_and_pdl(monkeypatch):
+    """A fake flashinfer module (of no version the lean calls know, so they take the public call and say so) records
+    what each registry path and the dispatcher's kernels send to mm_bf16: their own backend, and pdl exactly where
+    the backend takes it (vLLM's pdl=True on SM >= 90; cuBLASLt raises on it, cuDNN ignores it)."""
     import sys
     import types
 
@@ -241,20 +246,25 @@ def test_every_flashinfer_path_sends_its_own_backend(monkeypatch):
     def mm_bf16(a, b, **kwargs):
         sent.append(kwargs)
         return a @ b
-    monkeypatch.setitem(sys.modules, "flashinfer", types.SimpleNamespace(mm_bf16=mm_bf16))
+    monkeypatch.setitem(sys.modules, "flashinfer", types.SimpleNamespace(mm_bf16=mm_bf16, __version__="0.0.fake"))
     from bench.paths import PATHS
     x, w = torch.randn(4, 64), torch.randn(32, 64)
+    takes_pdl = {"tinygemm", "cute-dsl", "tgv"}
     for path in PATHS.values():
         if path.backend is None:
             continue
-        sent.clear()
-        assert torch.allclose(path.build()(x, w), x @ w.t())
-        assert [s["backend"] for s in sent] == [path.backend.name], path.name
+        for pdl in (False, True):
+            sent.clear()
+            assert torch.allclose(path.build(pdl)(x, w), x @ w.t())
+            assert [(s["backend"], s["pdl"]) for s in sent] == [(path.backend.name, pdl and path.backend.name in takes_pdl)], path.name
     import dispatch
-    kernel = dispatch._low_m_kernel("cute-dsl")
-    sent.clear()
-    kernel(x, w)
-    assert [s["backend"] for s in sent] == ["cute-dsl"]
+    for path, pdl in (("flashinfer:cute-dsl", True), ("flashinfer-lean:cute-dsl", True), ("flashinfer:cublaslt", True)):
+        kernel = dispatch._kernel(path, pdl)
+        sent.clear()
+        kernel(x, w, None)
+        assert [(s["backend"], s["pdl"]) for s in sent] == [(path.split(":")[1], "cublaslt" not in path)]
+    dispatch.reset()
+    dispatch._KERNELS.clear()
 
 
 def test_a_damaged_results_file_stops_a_resume_with_one_line(tmp_path):

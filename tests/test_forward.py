@@ -58,15 +58,19 @@ def test_forward_rules_on_the_h200():
     lin = ForwardLinear(0, "linear_attn.out_proj", 2560, 4096)
     gate = ForwardLinear(0, "mlp.shared_expert_gate", 1, 2048)
     head = ForwardLinear(-1, "lm_head", 248320, 2560)
-    table = load_table("h200")
+    table = load_table(path=DATA / "h200-table-format1.json")
     assert path_for("vllm-flashinfer", lin, 8, 90, H200, table) == "flashinfer:tinygemm"
     assert path_for("vllm-flashinfer", gate, 8, 90, H200, table) == "flashinfer:cublaslt"  # N = 1: no TinyGEMM
     assert path_for("vllm-flashinfer", lin, 64, 90, H200, table) == "flashinfer:cublaslt"
     assert path_for("vllm-flashinfer", head, 8, 90, H200, table) == "aten"  # vLLM's LM head is F.linear
     assert path_for("seed-fix", lin, 32, 90, H200, table) == "flashinfer:tinygemm"
     assert path_for("seed-fix", lin, 33, 90, H200, table) == "aten"
-    assert path_for("dispatch", lin, 8, 90, H200, ThresholdTable("h200", "tinygemm", 16)) == "flashinfer:tinygemm"
-    assert path_for("dispatch", gate, 8, 90, H200, ThresholdTable("h200", "tinygemm", 16)) == "aten"
+    t16 = ThresholdTable.from_thresholds("h200", "tinygemm", 16)
+    assert path_for("dispatch", lin, 8, 90, H200, t16) == "flashinfer-lean:tinygemm"
+    assert path_for("dispatch", gate, 8, 90, H200, t16) == "aten"
+    both = ThresholdTable("h200", "tinygemm", {"graph": ((16, "flashinfer-lean:tinygemm"),), "eager": ()})
+    assert path_for("dispatch", lin, 8, 90, H200, both, "graph") == "flashinfer-lean:tinygemm"
+    assert path_for("dispatch", lin, 8, 90, H200, both, "eager") == "aten"
     assert path_for("flashinfer:tinygemm", head, 8, 90, H200, table) == "flashinfer:tinygemm"  # a registry path: all
     b200 = get_profile("b200")
     assert path_for("vllm-flashinfer", lin, 4096, 100, b200, None) == "flashinfer:cute-dsl"  # its own fallback
@@ -109,11 +113,14 @@ def test_measured_forward_verdicts_and_the_model_beside_them(tmp_path):
     from bench.results import load_results
     d = _forward_dir(tmp_path, _rows(1.02))
     fdf, info = load_forward(d)
-    v = forward_verdicts(fdf, capture_size=512).set_index("m")
-    assert v.loc[8, "regime"] == "graph" and v.loc[4096, "regime"] == "eager"
-    assert not v["ok"].any() and v.loc[8, "best"] == "aten"
+    v = forward_verdicts(fdf, capture_size=512).set_index(["m", "regime"])
+    assert len(v) == 4  # both regimes at every M
+    assert v.loc[(8, "graph"), "vllm_regime"] and v.loc[(4096, "eager"), "vllm_regime"]
+    assert not v.loc[(8, "eager"), "vllm_regime"]
+    assert not v["ok"].any() and (v["best"] == "aten").all()
+    assert v["dispatch_over_aten"].tolist() == pytest.approx([1.02] * 4)
     cells = Cells.from_results(load_results(DATA / "h200-sweep"))
-    mv = model_vs_measured(cells, fdf, info, H200, load_table("h200"))
+    mv = model_vs_measured(cells, fdf, info, H200, load_table(path=DATA / "h200-table-format1.json"))
     assert len(mv) == 8 and mv["modelled_us"].notna().all() and "miss" in mv
 
 

@@ -1,0 +1,130 @@
+"""Run-to-run noise of GPU-time ratios, measured from replicate runs, and the verdict intervals calibrated with it.
+
+A bootstrap over the ~10 replays of one process sees only that process's noise: on the H200 a fresh-process
+replicate's ratio fell inside it for 42-83% of cells (committed replicate pairs), against a nominal 95%. Between
+processes the tactics, the clocks and the memory placement change; that noise is measured here, per band of the
+reference path's GPU time, as the `level` quantile of |log(ratio_b / ratio_a)| over cells of replicate pairs, and added
+to the bootstrap half-width (in log space, in quadrature). The interval is then a prediction interval: where a
+fresh-process replicate's ratio is expected to fall with probability `level`. `coverage` measures exactly that.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from calibrate.analysis import Cells, ratio_ci
+from dispatch.backends import ATEN, DISPATCH
+from harness.errors import HarnessError
+from harness.io import read_json
+
+NOISE_DIR = Path(__file__).parent / "noise"
+BANDS_US = (10.0, 30.0, 100.0, math.inf)  # upper edges of the reference GPU-time bands
+LEVEL = 0.95
+
+
+def noise_path(profile: str) -> Path:
+    return NOISE_DIR / f"{profile}.json"
+
+
+@dataclass(frozen=True)
+class NoiseFloor:
+    """Per band of the reference GPU time (upper edge in µs): the run-to-run log-ratio half-width at `level`."""
+    bands: tuple[tuple[float, float], ...]
+    level: float = LEVEL
+    source: dict[str, Any] = field(default_factory=dict)
+
+    def half_width(self, ref_us: float) -> float:
+        for edge, hw in self.bands:
+            if ref_us <= edge:
+                return hw
+        return self.bands[-1][1]
+
+    def widen(self, ratio: float, lo: float, hi: float, ref_us: float) -> tuple[float, float]:
+        """The bootstrap interval [lo, hi] around `ratio`, widened by the run-to-run floor in quadrature."""
+        floor = self.half_width(ref_us)
+        down = math.sqrt(math.log(ratio / lo) ** 2 + floor ** 2) if lo > 0 else math.inf
+        up = math.sqrt(math.log(hi / ratio) ** 2 + floor ** 2)
+        return ratio * math.exp(-down), ratio * math.exp(up)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"level": self.level, "bands": [{"ref_gpu_us_up_to": None if math.isinf(e) else e, "half_width": hw}
+                                               for e, hw in self.bands], "source": self.source}
+
+
+def load_noise(profile: str, path: Path | None = None) -> NoiseFloor | None:
+    """The profile's stored floor, or None when there is none (intervals are then the bootstrap alone)."""
+    p = path or noise_path(profile)
+    if path is None and not p.exists():
+        return None
+    data = read_json(p, "noise floor", f"measure one with python -m calibrate noise RUN_A RUN_B --gpu {profile}")
+    try:
+        bands = tuple((math.inf if b["ref_gpu_us_up_to"] is None else float(b["ref_gpu_us_up_to"]),
+                       float(b["half_width"])) for b in data["bands"])
+        level = float(data["level"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise HarnessError(f"{p}: malformed noise floor ({exc}); re-measure it with python -m calibrate noise") from None
+    if not bands or any(not (hw >= 0 and math.isfinite(hw)) for _, hw in bands) or not 0 < level < 1:
+        raise HarnessError(f"{p}: half-widths must be finite and >= 0 and the level in (0, 1); re-measure it")
+    return NoiseFloor(bands, level, data.get("source", {}))
+
+
+def replicate_diffs(a: Cells, b: Cells) -> pd.DataFrame:
+    """Per cell and FlashInfer path measured ok in both runs: log of (path/aten in b) over (path/aten in a)."""
+    rows = []
+    for (n, k, m, p) in a.samples:
+        if p in (ATEN, DISPATCH) or not (b.has(n, k, m, p) and a.has(n, k, m, ATEN) and b.has(n, k, m, ATEN)):
+            continue
+        ra = a.gpu(n, k, m, p) / a.gpu(n, k, m, ATEN)
+        rb = b.gpu(n, k, m, p) / b.gpu(n, k, m, ATEN)
+        rows.append({"n": n, "k": k, "m": m, "path": p, "ref_us": a.gpu(n, k, m, ATEN), "ratio_a": ra, "ratio_b": rb,
+                     "d": math.log(rb / ra)})
+    return pd.DataFrame(rows)
+
+
+def fit_floor(pairs: list[tuple[Cells, Cells]], level: float = LEVEL, source: dict | None = None) -> NoiseFloor:
+    """The `level` quantile of |d| per band, pooled over the replicate pairs."""
+    d = pd.concat([replicate_diffs(a, b) for a, b in pairs], ignore_index=True)
+    if d.empty:
+        raise HarnessError("the replicate runs share no cell where a FlashInfer path and aten were both measured ok")
+    bands, lo = [], 0.0
+    for edge in BANDS_US:
+        sel = d[(d["ref_us"] > lo) & (d["ref_us"] <= edge)]["d"].abs()
+        hw = float(np.quantile(sel, level)) if len(sel) >= 10 else (bands[-1][1] if bands else float(np.quantile(d["d"].abs(), level)))
+        bands.append((edge, hw))
+        lo = edge
+    return NoiseFloor(tuple(bands), level, dict(source or {}, cells=len(d)))
+
+
+def coverage(a: Cells, b: Cells, floor: NoiseFloor | None, level: float = LEVEL, n_boot: int = 400) -> pd.DataFrame:
+    """Per cell: whether run b's point ratio (path/aten) falls inside run a's interval, bootstrap alone and with the
+    floor. The mean of each column is the measured coverage; `level` is the nominal one."""
+    rows = []
+    for r in replicate_diffs(a, b).itertuples(index=False):
+        ratio, lo, hi = ratio_ci(a.samples[(r.n, r.k, r.m, r.path)], a.samples[(r.n, r.k, r.m, ATEN)], n_boot=n_boot,
+                                 level=level, seed=hash((r.n, r.k, r.m)) & 0xFFFF)
+        row = {"n": r.n, "k": r.k, "m": r.m, "path": r.path, "ref_us": r.ref_us, "ratio_a": ratio,
+               "ratio_b": r.ratio_b, "boot_inside": lo <= r.ratio_b <= hi}
+        if floor is not None:
+            wlo, whi = floor.widen(ratio, lo, hi, r.ref_us)
+            row["calibrated_inside"] = wlo <= r.ratio_b <= whi
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def coverage_line(cov: pd.DataFrame, level: float, what: str) -> str:
+    if cov.empty:
+        return f"interval coverage ({what}): no shared cell"
+    parts = [f"bootstrap alone {cov['boot_inside'].mean():.1%}"]
+    if "calibrated_inside" in cov:
+        parts.append(f"with the run-to-run floor {cov['calibrated_inside'].mean():.1%}")
+    return f"interval coverage ({what}, {len(cov)} ratios, nominal {level:.0%}): " + ", ".join(parts)
+
+
+def write_floor(path: Path, floor: NoiseFloor) -> str:
+    return json.dumps(floor.to_json(), indent=2) + "\n"
