@@ -254,13 +254,22 @@ def _fit_cmd(args, argv, profile, df, info, cells) -> int:
               "noise_floor": noise.source if noise else None}
     if df.attrs["incomplete"]:
         source["incomplete_data"] = "fitted with --partial from a run with missing cells or that did not finish"
+    kept = Path(args.results if Path(args.results).is_dir() else Path(args.results).parent) / "autotune-cache.json"
+    tactics_file = out.with_name(out.stem + ".autotune.json")
+    if kept.is_file():
+        source["tactics"] = {"file": tactics_file.name, "sha256": sha256(kept), "from": str(kept),
+                             "note": "FlashInfer's autotuner cache of the fitted run; the dispatcher loads it"}
     table = ThresholdTable(table.profile, table.low_m_backend, table.default, table.shapes, source)
     print(f"fitted from {args.results} ({len(fitted_ms)} M values" + (f"; held out {sorted(hold_out)}" if hold_out else "")
           + ")" + (" (incomplete data, --partial)" if df.attrs["incomplete"] else ""))
     print(report.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     if not args.dry_run:
+        if kept.is_file():
+            copy_atomic(kept, tactics_file)
         atomic_write_text(out, json.dumps(table.to_json(), indent=2) + "\n")
-        print(f"wrote {out}")
+        print(f"wrote {out}" + (f" and {tactics_file}" if kept.is_file() else
+                                " (the run kept no autotune-cache.json: the dispatcher's FlashInfer calls will tune "
+                                "or fall back in the user's process)"))
     return 0
 
 

@@ -27,6 +27,7 @@ _FORCED: ThresholdTable | None = None
 _DEVICES: dict[int, tuple[ThresholdTable | None, int, bool]] = {}  # device -> (table, SM, pdl)
 _SHAPES: dict[tuple[int, int, int], "_ShapeRule"] = {}  # (device, N, K) -> rule
 _KERNELS: dict[tuple[str, bool], Kernel | None] = {}  # (path, pdl) -> kernel
+_TACTICS_LOADED: set[str] = set()
 
 
 def is_capturing() -> bool:
@@ -74,7 +75,32 @@ def _device(index: int) -> tuple[ThresholdTable | None, int, bool]:
                 except Exception:
                     table = None  # no table for this GPU yet: always F.linear
         state = _DEVICES[index] = (table if index >= 0 else None, sm, pdl)
+        if state[0] is not None:
+            _load_tactics(state[0])
     return state
+
+
+def _load_tactics(table: ThresholdTable) -> None:
+    """FlashInfer's autotuner cache the table was fitted with, loaded once per process, so that the lean calls
+    resolve the tactics that were measured. FlashInfer refuses a file from another environment (version, CUDA,
+    cuBLAS, cuDNN, GPU): then its calls run the fallback tactic, and this says so once."""
+    path = table.tactics
+    if path is None or str(path) in _TACTICS_LOADED or not any(p != ATEN for p in table.paths()):
+        return
+    _TACTICS_LOADED.add(str(path))
+    try:
+        from flashinfer.autotuner import AutoTuner
+        loaded = AutoTuner.get().load_configs(str(path))
+    except ImportError:
+        return
+    except Exception as exc:
+        loaded, why = False, f"{type(exc).__name__}: {exc}"
+    else:
+        why = "written in another environment (FlashInfer, CUDA, cuBLAS, cuDNN or GPU differ)"
+    if not loaded:
+        from dispatch.lean import _warn_once
+        _warn_once(f"tactics:{path}", f"FlashInfer did not load {path} ({why}); the dispatcher's FlashInfer calls run "
+                                      f"FlashInfer's fallback tactics, not those its table was fitted with")
 
 
 class _ShapeRule:

@@ -13,7 +13,7 @@ load: both regimes get the same ranges, on FlashInfer's public call, which is wh
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,9 @@ class ThresholdTable:
     default: dict[str, Ranges]  # regime -> ranges, for shapes without their own
     shapes: dict[tuple[int, int], dict[str, Ranges]] = field(default_factory=dict)
     source: dict[str, Any] = field(default_factory=dict)
+    # FlashInfer's autotuner cache the table was fitted with (source["tactics"]["file"], beside the table file): the
+    # dispatcher loads it, so that its cuBLASLt calls run the tactics that were measured.
+    tactics: Path | None = None
 
     @classmethod
     def from_thresholds(cls, profile: str, backend: str, default_threshold: int,
@@ -199,4 +202,8 @@ def load_table(profile: str | None = None, path: str | Path | None = None) -> Th
             raise HarnessError("name a GPU profile or a threshold file")
         path = TABLE_DIR / f"{profile}.json"
     data = read_json(path, "threshold table", "run `python -m calibrate fit RESULTS --gpu PROFILE` to make one")
-    return parse_table(data, str(path))
+    table = parse_table(data, str(path))
+    tactics = table.source.get("tactics")
+    if isinstance(tactics, dict) and tactics.get("file"):
+        table = replace(table, tactics=Path(path).parent / str(tactics["file"]))
+    return table
