@@ -9,11 +9,11 @@ GPU ?=
 OUT ?= results/$(GPU)
 
 .PHONY: venv gpu-env bench forward baseline regress host-anatomy report test clean
-RESULTS ?= tests/data/h200-sweep
-COMPARE ?= tests/data/h200-sweep-1
+RESULTS ?= tests/data/h200-lean-validate
+COMPARE ?= tests/data/h200-lean-fit
 BASELINE ?= tests/baselines/h200.json
 ANATOMY ?= tests/data/h200-host-anatomy
-FORWARD ?= tests/data/h200-forward
+FORWARD ?= tests/data/h200-lean-forward
 REPORT ?= report.html
 
 # --system-site-packages: a GPU machine's own CUDA build of torch (and FlashInfer, CUPTI) stays visible.

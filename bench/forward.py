@@ -104,7 +104,7 @@ def _bind(rule: str, seq, weights, xs, m, sm, cfg: ForwardConfig, fns: dict[str,
         path = path_for(rule, lin, m, sm, cfg.profile, cfg.table)
         fn = fns[path]
         if rule == DISPATCH and lin.layer != "lm_head":
-            fn = fns[DISPATCH]  # the real dispatcher decides per call; `path` is what its table chooses
+            fn = _bound(w)  # the real dispatcher, bound per layer as a model does at load; `path` is its table's choice
             eager = path_for(rule, lin, m, sm, cfg.profile, cfg.table, "eager")
             path = path if eager == path else f"graph {path} / eager {eager}"
         bound.calls.append((fn, xs[lin.k], w))
@@ -112,11 +112,21 @@ def _bind(rule: str, seq, weights, xs, m, sm, cfg: ForwardConfig, fns: dict[str,
     return bound
 
 
+def _bound(w) -> Callable:
+    """dispatch.bind(w) in the forward's (x, w) calling form; one per linear, checked once per shape."""
+    layer = dispatch.bind(w)
+
+    def call(x, _w):
+        return layer(x)
+    call.check_key = DISPATCH
+    return call
+
+
 def _check(bound: Bound, rule: str) -> None:
     """Every distinct (callable, shape) of the forward against an fp32 reference, before any timing."""
     seen = set()
     for fn, x, w in bound.calls:
-        key = (id(fn), tuple(w.shape))
+        key = (getattr(fn, "check_key", id(fn)), tuple(w.shape))
         if key in seen:
             continue
         seen.add(key)
@@ -311,7 +321,6 @@ def run_forward(cfg: ForwardConfig) -> Path:
             raise HarnessError(f"path {name} needs a package that is missing ({exc}); pip install -e '.[gpu]'") from None
     if DISPATCH in cfg.rules:
         dispatch.configure(cfg.table)
-        fns[DISPATCH] = dispatch.linear
     phase = PhaseTimer()
     bar = _progress(sum(len(cfg.ms) for _ in seqs), "forward")
     t0 = time.perf_counter()

@@ -18,8 +18,8 @@ RULES = {
                        "eligible, FlashInfer's cuBLASLt above (SM100: cute-dsl with its own fallback); lm_head F.linear",
     SEED_FIX: f"the seed PR's fix: the low-M backend at M <= {SEED_FIX_M} where eligible, F.linear above; "
                 "lm_head F.linear",
-    DISPATCH: "dispatch.linear with the committed table (its graph ranges while capturing, eager ranges otherwise); "
-              "lm_head F.linear",
+    DISPATCH: "the dispatcher bound per layer (dispatch.bind) with the committed table: its graph ranges while "
+              "capturing, eager ranges otherwise; lm_head F.linear",
 }
 DEFAULT_RULES = (ATEN, VLLM_FLASHINFER, SEED_FIX, DISPATCH)
 

@@ -17,7 +17,7 @@ COLUMNS = (
     "samples", "calls_per_graph", "rotations", "l2_multiple",
     "m_is_bucket", "tune_s", "fi_runner", "fi_tactic",
     "models", "layers", "count", "in_cuda_graph", "tags",
-    "gpu_samples_us",
+    "gpu_samples_us", "pdl", "span_samples_us",
 )
 REQUIRED = ("n", "k", "m", "path", "status", "gpu_us", "gpu_us_p20", "gpu_us_p80", "event_us", "host_us",
             "kernels", "kernels_per_call", "timer", "rel_err")
@@ -99,7 +99,9 @@ def load_results(path: str | Path, partial: bool = False):
         raise HarnessError(f"cannot read results file {path} ({type(exc).__name__}: {first}); "
                            f"is it a bench results table?") from None
     validate_results(df, path)
-    df.attrs["incomplete"] = check_grid(df, load_run_info(path), path, partial)  # empty unless `partial` let it by
+    info = load_run_info(path)
+    df.attrs["incomplete"] = check_grid(df, info, path, partial)  # empty unless `partial` let it by
+    df.attrs["run_pdl"] = bool(info.get("pdl", False))  # runs before the pdl column: the run's setting
     return df
 
 

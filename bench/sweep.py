@@ -167,7 +167,8 @@ def plan_group(cfg: SweepConfig, clock, shape: Shape, m: int, paths: list[GemmPa
     l2_multiple = flush.multiple if flush is not None else rotations * bytes_per_copy / l2_bytes
     buckets = set(hybrid_buckets())
     rows = {p.name: {**base, "path": p.name,
-                     "m_is_bucket": p.backend.tuned_entry_reachable(m, buckets) if p.backend else m in buckets}
+                     "m_is_bucket": p.backend.tuned_entry_reachable(m, buckets) if p.backend else m in buckets,
+                     "pdl": p.backend.pdl(cfg.profile.pdl) if p.backend else None}
             for p in paths}
     return Group(shape, m, rows, rotations, calls, l2_multiple)
 
@@ -236,7 +237,8 @@ def time_gpu(cfg: SweepConfig, clock, group: Group, checked: dict[str, Any], ops
         group.rows[name].update(status="ok", reason="", gpu_us=gpu, gpu_us_p20=g20, gpu_us_p80=g80,
                                 span_us=summary(t.span_us)[0], event_us=summary(t.event_us)[0],
                                 samples=len(t.gpu_us), kernels=t.kernels, kernels_per_call=t.kernels_per_call,
-                                gpu_samples_us=[round(v, 4) for v in t.gpu_us])
+                                gpu_samples_us=[round(v, 4) for v in t.gpu_us],
+                                span_samples_us=[round(v, 4) for v in t.span_us])
 
 
 def measure_group(cfg: SweepConfig, clock, shape: Shape, m: int, paths: list[GemmPath], fns: dict[str, Any],

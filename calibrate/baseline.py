@@ -26,7 +26,7 @@ from harness.errors import HarnessError
 from harness.io import atomic_write_text, read_json_object
 
 REGRESSION_MS = (1, 8, 32, 64, 256, 1031, 4096, 16384)
-FINGERPRINT_KEYS = ("gpu_name", "sm", "driver_major", "torch", "cublas", "flashinfer")
+FINGERPRINT_KEYS = ("gpu_name", "sm", "driver_major", "torch", "cublas", "flashinfer", "pdl")
 BASELINE_DIR = Path(__file__).resolve().parent.parent / "tests" / "baselines"
 DEFAULT_TOLERANCE = 0.05  # GPU-time ratio band, relative to the stored ratio
 DEFAULT_HOST_TOLERANCE = 1.0  # host ratio within a factor 2: run-to-run host medians on one H200 host moved 0.4-1.75x (5-95%)
@@ -84,13 +84,19 @@ def shared_tactics(sources: list[str]) -> Path | None:
 
 
 def fingerprint_of(run_info: dict[str, Any]) -> dict[str, Any]:
+    """The environment keys a baseline holds; `pdl` (the run's setting; runs before it was recorded ran without)
+    changes TinyGEMM's and CuTe DSL's kernels and timing, so a baseline is tied to it too."""
     fp = run_info.get("fingerprint") or {}
-    return {k: fp.get(k) for k in FINGERPRINT_KEYS}
+    out = {k: fp.get(k) for k in FINGERPRINT_KEYS if k != "pdl"}
+    out["pdl"] = bool(run_info.get("pdl", fp.get("pdl", False)))
+    return out
 
 
 def fingerprint_mismatch(stored: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """'key: stored -> current' for every fingerprint key that differs."""
-    return [f"{k}: {stored.get(k)!r} -> {current.get(k)!r}" for k in FINGERPRINT_KEYS if stored.get(k) != current.get(k)]
+    def get(d: dict[str, Any], k: str) -> Any:
+        return bool(d.get(k)) if k == "pdl" else d.get(k)  # baselines before the key ran without pdl
+    return [f"{k}: {get(stored, k)!r} -> {get(current, k)!r}" for k in FINGERPRINT_KEYS if get(stored, k) != get(current, k)]
 
 
 def cells_from_results(df: pd.DataFrame, flashinfer_paths: list[str]) -> list[BaselineCell]:

@@ -30,9 +30,13 @@ _KERNELS: dict[tuple[str, bool], Kernel | None] = {}  # (path, pdl) -> kernel
 _TACTICS_LOADED: set[str] = set()
 
 
+# cudaStreamIsCapturing on the current stream, without the Python wrapper; a CPU-only torch has none (never capturing)
+_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None) or (lambda: False)
+
+
 def is_capturing() -> bool:
     """Whether the current CUDA stream is capturing a graph (the `graph` regime)."""
-    return torch.cuda.is_current_stream_capturing()
+    return _capturing()
 
 
 def configure(table: ThresholdTable | None) -> None:
@@ -127,7 +131,7 @@ class _ShapeRule:
         self.limit_numel = self.limit * k if self.limit else -1
 
     def pick(self, m: int) -> tuple[Kernel | None, Any]:
-        for up_to, kernel, backend in (self.graph if is_capturing() else self.eager):
+        for up_to, kernel, backend in (self.graph if _capturing() else self.eager):
             if m <= up_to:
                 return kernel, backend
         return None, None
@@ -168,28 +172,38 @@ def _below_limit(x: Any, weight: Any, bias: Any, rule: _ShapeRule, numel: int) -
     kernel, backend = rule.pick(m)
     if kernel is None or not backend.accepts(x, weight, bias, rule.sm):
         return _f_linear(x, weight, bias)
-    return kernel(x.reshape(m, k), weight, bias).view(*x.shape[:-1], weight.shape[0])
+    out = kernel(x.view(m, k), weight, bias)
+    return out if x.dim() == 2 else out.view(*x.shape[:-1], weight.shape[0])
 
 
 def bind(weight: Any, bias: Any = None) -> Callable[[Any], Any]:
-    """The dispatcher for one layer, a callable x -> y. Above every range of its shape a call costs one x.numel()
-    and one comparison more than F.linear (a closure, not an object: fewer lookups per call)."""
+    """The dispatcher for one layer, a callable x -> y. Everything that depends on the weight is resolved here: the
+    table's ranges, the kernels, and which of them take this weight (one that does not becomes F.linear). Per call:
+    above every range one x.numel() and one comparison more than F.linear; below, the capture check, the range walk
+    and the activation's own checks (dtype, device, contiguity, alignment)."""
     if weight.dim() != 2:
         raise ValueError(f"dispatch.bind needs a 2-D weight [N, K], got shape {tuple(weight.shape)}")
     rule = _rule(weight.get_device(), weight)
-    limit_numel, k, n = rule.limit_numel, weight.shape[1], weight.shape[0]
-    backends = {b for steps in (rule.graph, rule.eager) for _, _, b in steps if b is not None}
-    weight_ok = {b.name: b.accepts_weight(weight, bias, rule.sm) for b in backends}
-    f_linear = _f_linear
+    limit_numel, n, k, device = rule.limit_numel, weight.shape[0], weight.shape[1], weight.get_device()
+    bf16, f_linear, capturing = torch.bfloat16, _f_linear, _capturing
+
+    def steps(regime_steps) -> tuple:
+        return tuple((up_to, kernel if kernel is not None and backend.accepts_weight(weight, bias, rule.sm) else None,
+                      backend.align_bytes - 1 if backend is not None else 0) for up_to, kernel, backend in regime_steps)
+    graph, eager = steps(rule.graph), steps(rule.eager)
 
     def below_limit(x: Any, numel: int) -> Any:
-        if x.dim() == 0 or numel == 0 or x.shape[-1] != k:
+        if numel == 0 or x.dim() == 0 or x.shape[-1] != k:
             return f_linear(x, weight, bias)
         m = numel // k
-        kernel, backend = rule.pick(m)
-        if kernel is None or not weight_ok[backend.name] or not backend.accepts_input(x, weight):
-            return f_linear(x, weight, bias)
-        return kernel(x.reshape(m, k), weight, bias).view(*x.shape[:-1], n)
+        for up_to, kernel, align_mask in (graph if capturing() else eager):
+            if m <= up_to:
+                if kernel is None or x.dtype is not bf16 or not x.is_contiguous() or x.data_ptr() & align_mask \
+                        or x.get_device() != device:
+                    break
+                out = kernel(x.view(m, k), weight, bias)
+                return out if x.dim() == 2 else out.view(*x.shape[:-1], n)
+        return f_linear(x, weight, bias)
 
     def bound_linear(x: Any) -> Any:
         numel = x.numel()

@@ -83,8 +83,9 @@ class Backend:
                 and k % self.k_multiple == 0 and weight.data_ptr() % self.align_bytes == 0)
 
     def accepts_input(self, x: Any, weight: Any) -> bool:
-        """The per-call half: the activation's dtype, device, layout and alignment."""
-        return (x.dtype == torch.bfloat16 and x.device == weight.device and x.is_contiguous()
+        """The per-call half: the activation's dtype, device, layout and alignment (device indices compared as
+        ints: cheaper than building two torch.device objects on every call)."""
+        return (x.dtype is torch.bfloat16 and x.get_device() == weight.get_device() and x.is_contiguous()
                 and x.data_ptr() % self.align_bytes == 0)
 
     def accepts(self, x: Any, weight: Any, bias: Any, sm: int) -> bool:

@@ -32,6 +32,7 @@ class Run:
     cells: Cells
     table: ThresholdTable | None
     incomplete: list[str]  # what check_grid found missing (only with --partial; empty for a complete run)
+    table_problem: str = ""  # why the table cannot judge this run (it chooses paths the run did not measure)
 
     @property
     def gpu(self) -> str:
@@ -51,8 +52,14 @@ def load_run(path: str | Path, thresholds: str | None = None, partial: bool = Fa
     elif profile and (TABLE_DIR / f"{profile.name}.json").exists():
         table = load_table(profile.name)
     cells = Cells.from_results(df)
+    problem = ""
+    unmeasured = sorted(table.paths() - cells.paths()) if table is not None else []
+    if unmeasured:  # judging it would count F.linear where the table runs a kernel the run never timed
+        problem = (f"the table chooses {', '.join(unmeasured)}, which this run did not measure, so it cannot judge "
+                   f"the dispatcher here")
+        table = None
     label = f"{Path(path).name} ({info.get('started', '?')[:10]}, {(info.get('fingerprint') or {}).get('gpu_name', '?')})"
-    return Run(label, str(path), df, info, profile, cells, table, incomplete)
+    return Run(label, str(path), df, info, profile, cells, table, incomplete, problem)
 
 
 def cell_rows(run: Run, dispatch_verdicts: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -108,7 +115,8 @@ def headline(run: Run) -> Headline:
     if len(host):
         s.append("Median host time per eager call: " + ", ".join(f"{p} {v:.0f} µs" for p, v in host.items()) + ".")
     if run.profile is None or run.table is None:
-        s.insert(0, "No threshold table exists for this GPU, so the dispatcher cannot be judged here; "
+        s.insert(0, (run.table_problem[0].upper() + run.table_problem[1:] + "; " if run.table_problem else
+                     "No threshold table exists for this GPU, so the dispatcher cannot be judged here; ") +
                     "fit one with `python -m calibrate fit`.")
         return Headline(None, s, pd.DataFrame(), pd.DataFrame())
     verdicts = cell_verdicts(c, run.table, MARGIN, noise=load_noise(run.profile.name))

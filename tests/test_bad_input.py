@@ -24,6 +24,7 @@ from harness.errors import run_cli
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data"
 SWEEP = DATA / "h200-sweep"
+LEAN = DATA / "h200-lean-validate"  # a run that measured the lean paths the committed table chooses
 WATCHED = [ROOT / "dispatch" / "thresholds", ROOT / "tests" / "baselines", DATA, ROOT / "shapes" / "configs"]
 
 
@@ -87,8 +88,10 @@ def set_cell(col: str, value: str, where: int = 0):
     return edit
 
 
-def thresholds(tmp: Path, edit: dict | None = None, raw: bytes | None = None) -> str:
-    data = json.loads((ROOT / "dispatch" / "thresholds" / "h200.json").read_text())
+def thresholds(tmp: Path, edit: dict | None = None, raw: bytes | None = None, v2: bool = False) -> str:
+    """A table file: the format 1 fixture (what tests/data/h200-sweep measured), or the committed format 2 table."""
+    src = ROOT / "dispatch" / "thresholds" / "h200.json" if v2 else DATA / "h200-table-format1.json"
+    data = json.loads(src.read_text())
     data.update(edit or {})
     p = tmp / "t.json"
     p.write_bytes(raw if raw is not None else json.dumps(data).encode())
@@ -216,6 +219,13 @@ CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
     ("thresholds malformed override", lambda t: ["calibrate", "validate", str(SWEEP), "--thresholds",
                                                  thresholds(t, {"overrides": [{"n": 1}]})], "malformed"),
     ("thresholds missing", lambda t: ["calibrate", "validate", str(SWEEP), "--thresholds", str(t / "none.json")], "not found"),
+    ("thresholds v2 unknown path", lambda t: ["calibrate", "validate", str(SWEEP), "--thresholds", thresholds(
+        t, {"default": {"graph": [{"up_to": 8, "path": "flashinfer-lean:tinygem"}], "eager": []}}, v2=True)],
+     "not one the dispatcher can run"),
+    ("thresholds v2 without eager", lambda t: ["calibrate", "validate", str(SWEEP), "--thresholds", thresholds(
+        t, {"default": {"graph": []}}, v2=True)], "lacks the eager regime"),
+    ("thresholds v2 on a run without its paths", lambda t: ["calibrate", "validate", str(SWEEP), "--thresholds",
+                                                            thresholds(t, v2=True)], "did not measure"),
     # baselines
     ("baseline not UTF-8", lambda t: ["calibrate", "regress", "--gpu", "h200", "--from", str(SWEEP), "--baseline",
                                       baseline(t, raw=NOT_UTF8)], "not UTF-8"),
@@ -300,12 +310,12 @@ CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
     ("forward --out an existing file", lambda t: ["bench", "forward", "--gpu", "h200", "--out",
                                                   user_folder(t) + "/notes.txt"], "is a file"),
     ("forward, no GPU", lambda t: ["bench", "forward", "--gpu", "h200", "--out", str(t / "out")], "no CUDA GPU"),
-    ("validate --forward a sweep", lambda t: ["calibrate", "validate", str(SWEEP), "--forward", str(SWEEP)],
+    ("validate --forward a sweep", lambda t: ["calibrate", "validate", str(LEAN), "--forward", str(SWEEP)],
      "forward.csv not found"),
-    ("validate --forward of another kind", lambda t: ["calibrate", "validate", str(SWEEP), "--forward", run_folder(
+    ("validate --forward of another kind", lambda t: ["calibrate", "validate", str(LEAN), "--forward", run_folder(
         t, source=DATA / "h200-forward", edit_info=lambda i: {**i, "kind": "host-anatomy"})], "not a forward run"),
-    ("validate --forward missing", lambda t: ["calibrate", "validate", str(SWEEP), "--forward", str(t / "none")], "not found"),
-    ("validate --forward cut", lambda t: ["calibrate", "validate", str(SWEEP), "--forward",
+    ("validate --forward missing", lambda t: ["calibrate", "validate", str(LEAN), "--forward", str(t / "none")], "not found"),
+    ("validate --forward cut", lambda t: ["calibrate", "validate", str(LEAN), "--forward",
                                           run_folder(t, csv_text=lambda s: "\n".join(s.splitlines()[:9]) + "\n",
                                                      source=DATA / "h200-forward")], "rows missing"),
     ("l2 modes swapped", lambda t: ["calibrate", "l2", "--rotate", str(DATA / "h200-l2-flush"), "--flush",
@@ -358,7 +368,7 @@ def test_allow_mismatch_and_partial_let_the_user_judge_anyway(tmp_path, capsys):
     b = baseline(tmp_path, lambda d: d["fingerprint"].update(torch="2.0.0"))
     assert main(["regress", "--gpu", "h200", "--from", str(SWEEP), "--baseline", b, "--allow-mismatch"]) in (0, 1)
     assert "fingerprint differs" in capsys.readouterr().out
-    cut = run_folder(tmp_path, lambda df: df[df["m"].astype(int) <= 64])
+    cut = run_folder(tmp_path, lambda df: df[df["m"].astype(int) <= 64], source=LEAN)
     assert main(["validate", cut, "--partial"]) in (0, 1)
     assert "--partial" in capsys.readouterr().err
 

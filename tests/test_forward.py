@@ -171,6 +171,7 @@ def test_two_fresh_runs_agree_and_the_measured_verdict_names_its_failure(capsys)
     dev = (j["us_x"] / j["us_y"] - 1).abs().groupby(j["regime"]).median()
     assert dev["graph"] <= 0.02 and dev["eager"] <= 0.05, dev
     from calibrate.__main__ import main
-    assert main(["validate", str(DATA / "h200-sweep"), "--forward", str(DATA / "h200-forward")]) == 1
+    old_table = ["--thresholds", str(DATA / "h200-table-format1.json"), "--oracle", "candidates"]
+    assert main(["validate", str(DATA / "h200-sweep"), "--forward", str(DATA / "h200-forward"), *old_table]) == 1
     out = capsys.readouterr().out
     assert "measured / cell-sum model" in out and "FAIL: measured forward of the dispatcher" in out

@@ -66,10 +66,13 @@ def test_every_runnable_cell_is_timed_and_correct(small_sweep):
 
 def test_cupti_and_events_agree_for_longer_calls(small_sweep):
     """Both directions: the kernels' busy time fits inside their span, the span inside the events' window, and the
-    events exceed the span by under 5% in the median (a launch gap or a lost kernel record would show here)."""
+    events exceed the span by under 5% in the median (a launch gap or a lost kernel record would show here).
+    Kernels launched with pdl overlap their predecessor (each one's duration includes its wait), so their summed
+    durations may exceed the span: the first check holds for the others (the analysis times pdl rows by span)."""
     ok = small_sweep[(small_sweep["status"] == "ok") & (small_sweep["gpu_us"] >= 10)]
     assert len(ok) >= 5
-    assert (ok["gpu_us"] <= ok["span_us"] * 1.0001).all()
+    plain = ok[ok["pdl"].astype(str).str.lower() != "true"]
+    assert len(plain) >= 5 and (plain["gpu_us"] <= plain["span_us"] * 1.0001).all()
     assert (ok["span_us"] <= ok["event_us"] * 1.02).all(), ok[["span_us", "event_us"]]
     assert (ok["event_us"] / ok["span_us"] - 1).median() < 0.05
 
@@ -97,7 +100,7 @@ def test_dispatcher_captures_and_falls_back():
 
     import dispatch
     from dispatch.table import ThresholdTable
-    dispatch.configure(ThresholdTable("h200", "tinygemm", 32))
+    dispatch.configure(ThresholdTable.from_thresholds("h200", "tinygemm", 32))
     try:
         w = torch.randn(2048, 4096, device="cuda", dtype=torch.bfloat16)
         x = torch.randn(8, 4096, device="cuda", dtype=torch.bfloat16)

@@ -19,9 +19,9 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
 @pytest.fixture(scope="module")
 def report(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("report") / "report.html"
-    assert reports_main(["build", str(DATA / "h200-sweep"), str(DATA / "h200-sweep-1"),
+    assert reports_main(["build", str(DATA / "h200-lean-validate"), str(DATA / "h200-lean-fit"),
                          "--baseline", str(Path(__file__).parent / "baselines" / "h200.json"),
-                         "--anatomy", str(DATA / "h200-host-anatomy"), "--forward", str(DATA / "h200-forward"),
+                         "--anatomy", str(DATA / "h200-host-anatomy"), "--forward", str(DATA / "h200-lean-forward"),
                          "-o", str(out)]) == 0
     return out
 
@@ -33,7 +33,7 @@ def test_the_report_is_one_self_contained_file_with_every_section(report):
     assert "http://" not in html and "https://" not in html  # offline: nothing fetched
     assert len(re.findall(r"<img [^>]*src='data:image/png;base64,", html)) >= 16 + 3  # a figure per shape and more
     assert "NVIDIA H200" in html and "580.159.04" in html and "python -m bench run --gpu h200" in html
-    # h200-sweep tuned its own tactics; the committed baseline pins others, and the page says so
+    # the run served the fit run's tactics, not those the committed baseline pins, and the page says so
     assert "this run did not serve them" in html
 
 
@@ -41,7 +41,7 @@ def test_the_verdict_in_words_agrees_with_validate(report, tmp_path, capsys):
     """The page's yes/no is calibrate validate's PASS/FAIL on the same run; with the seed PR's table (which validate
     fails) the page says no."""
     from calibrate.__main__ import main as calibrate_main
-    passes = calibrate_main(["validate", str(DATA / "h200-sweep")]) == 0
+    passes = calibrate_main(["validate", str(DATA / "h200-lean-validate")]) == 0
     verdict = re.search(r'<div class="verdict (yes|no|unknown)">(.*?)</div>', report.read_text())
     assert verdict.group(1) == ("yes" if passes else "no")
     assert verdict.group(2).startswith("Yes, the dispatcher holds" if passes else "No, the dispatcher does not hold")
@@ -49,6 +49,10 @@ def test_the_verdict_in_words_agrees_with_validate(report, tmp_path, capsys):
     seed = tmp_path / "seed.json"
     seed.write_text('{"profile": "h200", "low_m_backend": "tinygemm", "default_threshold": 32}')
     assert calibrate_main(["validate", str(DATA / "h200-sweep"), "--thresholds", str(seed)]) == 1
+    # a run that did not measure the table's lean paths is not judged with it; the page says why
+    old = tmp_path / "old.html"
+    assert reports_main(["build", str(DATA / "h200-sweep"), "-o", str(old)]) == 0
+    assert "which this run did not measure" in old.read_text()
     out = tmp_path / "seed.html"
     assert reports_main(["build", str(DATA / "h200-sweep"), "--thresholds", str(seed), "-o", str(out)]) == 0
     seed_verdict = re.search(r'<div class="verdict (yes|no|unknown)">(.*?)</div>', out.read_text())
@@ -59,7 +63,7 @@ def test_the_verdict_in_words_agrees_with_validate(report, tmp_path, capsys):
 def test_the_cell_table_has_every_measured_cell(report):
     import pandas as pd
     html = report.read_text()
-    n_rows = len(pd.read_csv(DATA / "h200-sweep" / "results.csv"))
+    n_rows = len(pd.read_csv(DATA / "h200-lean-validate" / "results.csv"))
     assert html.count("<table class=\"cells\">") == 16
     body = "".join(re.findall(r'<table class="cells">.*?</table>', html, re.S))
     assert body.count("<tr>") == n_rows + 16  # a header row per table
