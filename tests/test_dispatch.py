@@ -206,3 +206,121 @@ def test_paired_ratio_cancels_a_clock_step_that_hits_both_paths():
     assert lo > 1.09
     with pytest.raises(ValueError, match="equal"):
         paired_ratio_ci(a[:9], b)
+
+
+# ---------------------------------------------------------------- the runtime: binding, regimes, the custom op
+def _fake_rule_table():
+    """Graph: a fake 'lean tinygemm' up to M = 32; eager: F.linear everywhere."""
+    return ThresholdTable("h200", "tinygemm", {"graph": (), "eager": ()},
+                          {(16, 64): {"graph": ((32, "flashinfer-lean:tinygemm"),), "eager": ()}})
+
+
+@pytest.fixture
+def fake_gpu_dispatch(monkeypatch):
+    """The dispatcher on CPU tensors as if they were on an SM90 GPU: a fake kernel that records its calls, a
+    capture flag the test sets, and a backend rule that accepts CPU tensors."""
+    import torch
+
+    import dispatch
+    from dispatch.backends import BACKENDS
+    calls = []
+    state = {"capturing": False}
+
+    def kernel(x, w, bias):
+        calls.append(tuple(x.shape))
+        return torch.full((x.shape[0], w.shape[0]), 7.0, dtype=x.dtype)
+    monkeypatch.setattr(dispatch, "_capturing", lambda: state["capturing"])
+    monkeypatch.setattr(dispatch, "_kernel", lambda path, pdl: kernel)
+    monkeypatch.setattr(dispatch, "_device", lambda index: (_fake_rule_table(), 90, True))
+    tiny = BACKENDS["tinygemm"]
+    monkeypatch.setattr(type(tiny), "accepts_weight", lambda self, w, b, sm: b is None and w.dtype == torch.bfloat16)
+    monkeypatch.setattr(type(tiny), "accepts_input", lambda self, x, w: x.dtype == torch.bfloat16 and x.is_contiguous())
+    dispatch._SHAPES.clear()
+    yield dispatch, calls, state
+    dispatch._SHAPES.clear()
+
+
+def test_bound_layer_switches_regime_with_the_capture_flag(fake_gpu_dispatch):
+    import torch
+    import torch.nn.functional as F
+    dispatch, calls, state = fake_gpu_dispatch
+    w = torch.randn(16, 64, dtype=torch.bfloat16)
+    x = torch.randn(2, 4, 64, dtype=torch.bfloat16)  # M = 8
+    layer = dispatch.bind(w)
+    assert torch.equal(layer(x), F.linear(x, w)) and calls == []  # eager: F.linear
+    state["capturing"] = True
+    y = layer(x)
+    assert calls == [(8, 64)] and y.shape == (2, 4, 16) and bool((y == 7).all())  # graph: the kernel, reshaped back
+    assert torch.equal(dispatch.linear(x, w), y) and calls[-1] == (8, 64)  # the unbound drop-in agrees
+    x64 = torch.randn(64, 64, dtype=torch.bfloat16)  # above the graph range: F.linear in both regimes
+    assert torch.equal(layer(x64), F.linear(x64, w)) and len(calls) == 2
+    xt = torch.randn(64, 8, dtype=torch.bfloat16).t()  # not contiguous: F.linear, not the kernel
+    assert torch.equal(layer(xt), F.linear(xt, w)) and len(calls) == 2
+    with_bias = dispatch.bind(w, torch.randn(16, dtype=torch.bfloat16))  # the kernel takes no bias: F.linear
+    with_bias(x)
+    assert len(calls) == 2
+    other = torch.randn(32, 64, dtype=torch.bfloat16)  # a shape the table has no ranges for: F.linear
+    dispatch.bind(other)(x)
+    assert len(calls) == 2
+    with pytest.raises(ValueError, match="2-D weight"):
+        dispatch.bind(torch.randn(4, dtype=torch.bfloat16))
+
+
+def test_the_custom_op_compiles_without_a_graph_break_and_runs_the_dispatcher(fake_gpu_dispatch):
+    import torch
+    dispatch, calls, state = fake_gpu_dispatch
+    op = dispatch.op()
+    w = torch.randn(16, 64, dtype=torch.bfloat16)
+    x = torch.randn(8, 64, dtype=torch.bfloat16)
+    fn = torch.compile(lambda a, b: op(a, b, None) + 1, backend="aot_eager", fullgraph=True)
+    state["capturing"] = True
+    assert bool((fn(x, w) == 8).all()) and calls  # the op ran the dispatcher at execution, in the graph regime
+    state["capturing"] = False
+    assert torch.allclose(fn(x, w).float(), (torch.nn.functional.linear(x, w) + 1).float())
+
+
+def test_pdl_rows_are_timed_by_their_span():
+    """A pdl kernel's summed CUPTI durations overlap its predecessor: the analysis takes its span (and span samples
+    where the run kept them); a row without pdl keeps the summed durations."""
+    rows = []
+    for path, pdl in (("aten", ""), ("flashinfer-lean:tinygemm", True)):
+        rows.append({"n": 64, "k": 2048, "m": 8, "path": path, "status": "ok", "gpu_us": 4.0, "span_us": 2.5,
+                     "host_us": 10.0, "gpu_samples_us": "4.0;4.1;3.9", "span_samples_us": "2.5;2.6;2.4",
+                     "pdl": pdl, "tp": 1, "in_cuda_graph": True})
+    cells = Cells.from_results(pd.DataFrame(rows))
+    assert cells.gpu(64, 2048, 8, "aten") == 4.0 and cells.gpu(64, 2048, 8, "flashinfer-lean:tinygemm") == 2.5
+    assert list(cells.samples[(64, 2048, 8, "flashinfer-lean:tinygemm")]) == [2.5, 2.6, 2.4]
+    old = pd.DataFrame(rows).drop(columns=["pdl", "span_samples_us"])  # a run from before the column: its setting
+    old.attrs["run_pdl"] = True
+    assert Cells.from_results(old).gpu(64, 2048, 8, "flashinfer-lean:tinygemm") == 2.5
+    old.attrs["run_pdl"] = False
+    assert Cells.from_results(old).gpu(64, 2048, 8, "flashinfer-lean:tinygemm") == 4.0
+
+
+def test_interval_coverage_counts_replicate_ratios_inside_the_first_runs_intervals():
+    """Two synthetic runs whose ratio moves by 4% between them: the bootstrap interval of tight samples misses it,
+    a run-to-run floor of 5% covers it, one of 1% does not."""
+    from calibrate.noise import NoiseFloor, coverage, fit_floor
+    def run(ratio):
+        return Cells.from_results(_synthetic({(64, 2048, 8, "aten"): (5.0, 20.0),
+                                              (64, 2048, 8, "flashinfer-lean:tinygemm"): (5.0 * ratio, 9.0)}))
+    a, b = run(0.80), run(0.80 * 1.04)
+    cov = coverage(a, b, NoiseFloor(((math.inf, 0.05),)))
+    assert len(cov) == 1 and not cov["boot_inside"].iloc[0] and cov["calibrated_inside"].iloc[0]
+    assert not coverage(a, b, NoiseFloor(((math.inf, 0.01),)))["calibrated_inside"].iloc[0]
+    floor = fit_floor([(a, b)])
+    assert floor.half_width(5.0) == pytest.approx(math.log(1.04), rel=1e-3)
+
+
+def test_the_pdl_figures_of_the_readme_come_from_the_committed_runs():
+    on = pd.read_csv(DATA / "h200-lean-fit" / "results.csv")
+    off = pd.read_csv(DATA / "h200-pdl-off" / "results.csv")
+    assert json.load(open(DATA / "h200-lean-fit" / "run.json"))["pdl"] is True
+    assert json.load(open(DATA / "h200-pdl-off" / "run.json"))["pdl"] is False
+    t = on[(on["status"] == "ok") & (on["path"] == "flashinfer:tinygemm")]
+    assert round((t["gpu_us"] > t["span_us"] * 1.0001).mean(), 2) == 0.94
+    assert round((t["gpu_us"] / t["span_us"]).median(), 2) == 1.04
+    j = on.merge(off, on=["n", "k", "m", "path"], suffixes=("_on", "_off"))
+    j = j[(j["path"] == "flashinfer:tinygemm") & (j["status_on"] == "ok") & (j["status_off"] == "ok")]
+    r = j["span_us_on"] / j["span_us_off"]
+    assert (round(r.min(), 2), round(r.median(), 2), round(r.max(), 2)) == (0.56, 0.94, 1.02)
