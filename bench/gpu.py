@@ -49,25 +49,27 @@ def check_output(fn: Callable, x, w, max_rows: int = 256) -> float:
 
 @contextmanager
 def flashinfer_choices():
-    """Records (runner class, tactic) of every FlashInfer autotuner decision made inside the block."""
+    """Records (runner class, tactic) of every FlashInfer GEMM that ran inside the block: the runner called, not only
+    the autotuner's answer, which FlashInfer may replace (bf16_gemm_sm100 falls back to runners[0] with tactic -1
+    when a cached CuTe DSL entry does not fit the real M). Where a call bypasses the runners (a lean TinyGEMM or
+    cuBLASLt call launches the kernel itself), nothing is recorded."""
     seen: list[tuple[str, Any]] = []
     try:
-        from flashinfer.autotuner import AutoTuner
+        from flashinfer.autotuner import TunableRunner
     except ImportError:
         yield seen
         return
-    original = AutoTuner.choose_one
+    original_call = TunableRunner.__call__
 
-    def recording(self, *args, **kwargs):
-        runner, tactic = original(self, *args, **kwargs)
-        seen.append((type(runner).__name__, tactic))
-        return runner, tactic
+    def recording(self, inputs, **kwargs):
+        seen.append((type(self).__name__, kwargs.get("tactic", -1)))
+        return original_call(self, inputs, **kwargs)
 
-    AutoTuner.choose_one = recording
+    TunableRunner.__call__ = recording
     try:
         yield seen
     finally:
-        AutoTuner.choose_one = original
+        TunableRunner.__call__ = original_call
 
 
 @functools.cache

@@ -274,3 +274,42 @@ def test_a_damaged_results_file_stops_a_resume_with_one_line(tmp_path):
     (tmp_path / "results.csv").write_text("a,b\n1,2\n")
     with pytest.raises(HarnessError, match="is not a results table"):
         done_keys(tmp_path)
+
+
+def test_flashinfer_choices_records_the_runner_that_ran_not_the_autotuners_answer(monkeypatch):
+    """bf16_gemm_sm100 replaces a cached CuTe DSL entry that does not fit the real M by runners[0] with tactic -1;
+    the recorded choice is what ran (a fake flashinfer.autotuner with FlashInfer's TunableRunner.__call__)."""
+    import sys
+    import types
+
+    from bench.gpu import flashinfer_choices
+
+    class TunableRunner:
+        def __call__(self, inputs, **kwargs):
+            return self.forward(inputs, **kwargs)
+
+    class Direct(TunableRunner):
+        def forward(self, inputs, tactic=-1):
+            return "direct"
+
+    class Fallback(TunableRunner):
+        def forward(self, inputs, tactic=-1):
+            return "fallback"
+
+    class AutoTuner:
+        def choose_one(self, *args):
+            return Direct(), 7
+
+    def gemm():  # the shape of bf16_gemm_sm100: the tuner's answer, a post-check, the call
+        runner, tactic = AutoTuner().choose_one()
+        runner, tactic = Fallback(), -1  # the post-check failed
+        return runner(inputs=[], tactic=tactic)
+
+    fake = types.ModuleType("flashinfer.autotuner")
+    fake.TunableRunner, fake.AutoTuner = TunableRunner, AutoTuner
+    monkeypatch.setitem(sys.modules, "flashinfer", types.ModuleType("flashinfer"))
+    monkeypatch.setitem(sys.modules, "flashinfer.autotuner", fake)
+    with flashinfer_choices() as seen:
+        assert gemm() == "fallback"
+    assert seen == [("Fallback", -1)]
+    assert TunableRunner.__call__.__name__ == "__call__"  # restored
