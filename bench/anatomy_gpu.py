@@ -155,6 +155,21 @@ def first_call_costs(fn: Callable[[Any, Any], Any], shape: Shape, m: int, fresh_
              "host_us_p20": p20, "host_us_p80": p80, "calls": fresh_ms, "rounds": 1, "status": "ok"}]
 
 
+def cute_dsl_compile_cost(fn: Callable[[Any, Any], Any], shape: Shape, m: int) -> dict[str, Any]:
+    """The first cute-dsl call of a shape in this process, timed once to its synchronize: the CuTe DSL kernel is
+    compiled there (FlashInfer caches it per device, dtype, N, K, tactic and pdl), then launched."""
+    import torch
+    x = torch.randn(m, shape.k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(shape.n, shape.k, device="cuda", dtype=torch.bfloat16)
+    torch.cuda.synchronize()
+    t0 = time.perf_counter_ns()
+    fn(x, w)
+    torch.cuda.synchronize()
+    return {"path": flashinfer_path("cute-dsl"), "m": m, "kind": "first_call", "status": "ok", "calls": 1,
+            "rounds": 1, "layer": "CuTe DSL: first call of this shape (compiles its kernel)",
+            "host_us": (time.perf_counter_ns() - t0) / 1e3}
+
+
 def module_load_costs(backends: list[str]) -> list[dict[str, Any]]:
     """The first load of each backend's JIT module in this process: a build on a cold cache, a load on a warm one."""
     import flashinfer.gemm.gemm_base as gb
@@ -199,6 +214,8 @@ def run_anatomy(profile: GpuProfile, shapes: list[Shape], ms: list[int], backend
                                  "status": "skipped", "reason": path.skip_reason(sm, shape.n, shape.k, m)})
             if not live:
                 continue
+            if backend == "cute-dsl":  # the first call of a shape compiles its CuTe DSL kernel (SM100; not run on SM90)
+                rows.append({**base, **cute_dsl_compile_cost(path.build(profile.pdl), shape, live[0])})
             # The untuned state first: an empty autotuner cache, choose_one falls back to runners[0], tactic -1.
             AutoTuner.get().clear_cache()
             for m in live:

@@ -32,8 +32,9 @@ def test_each_segment_recovers_its_layers_own_cost():
     """A call tree with a known self cost per layer (the time of a layer is its own cost plus its callees' times):
     every segment must come out as exactly its outer layer's own cost, which fails if a segment lists the wrong
     callees, leaves one out or counts one twice."""
-    own = {s.outer: 10.0 * (i + 1) for i, s in enumerate(FLASHINFER_SEGMENTS)}
-    callees = {s.outer: s.inner for s in FLASHINFER_SEGMENTS}
+    chain = [s for s in FLASHINFER_SEGMENTS if s.unless is None]
+    own = {s.outer: 10.0 * (i + 1) for i, s in enumerate(chain)}
+    callees = {s.outer: s.inner for s in chain}
 
     def total(layer: str) -> float:
         return own[layer] + sum(total(c) for c in callees[layer])
@@ -43,6 +44,24 @@ def test_each_segment_recovers_its_layers_own_cost():
     broken = [Segment("glue", "gemm_dispatch", ("choose_one",))]  # leaves runner_call_fresh out
     [(_, value, _, _)] = segment_costs(per_round, broken)
     assert value != pytest.approx(own["gemm_dispatch"])
+
+
+def test_segments_add_up_to_the_whole_call_with_and_without_a_raw_kernel_layer():
+    """TinyGEMM and cuBLASLt time a raw kernel call; CuTe DSL has none: either way the segments sum to the outermost
+    layer (the stacked bar's height is the measured whole call), and no cost is counted twice."""
+    chain = [s for s in FLASHINFER_SEGMENTS if s.unless is None]
+    own = {s.outer: 3.0 + i for i, s in enumerate(chain)}
+    callees = {s.outer: s.inner for s in chain}
+
+    def total(layer: str) -> float:
+        return own[layer] + sum(total(c) for c in callees[layer])
+    full = {layer: [total(layer)] * 3 for layer in own}
+    without_raw = {k: v for k, v in full.items() if k != "raw_kernel"}
+    for per_round in (full, without_raw):
+        values = [value for _, value, _, _ in segment_costs(per_round, FLASHINFER_SEGMENTS)]
+        assert sum(values) == pytest.approx(per_round["inductor_wrapper"][0])
+    names = [seg.name for seg, *_ in segment_costs(without_raw, FLASHINFER_SEGMENTS)]
+    assert "runner forward with the kernel launch (no separate raw entry point)" in names and "runner forward" not in names
 
 
 def test_time_blocks_orders_layers_by_their_cost_and_calls_the_guard():
