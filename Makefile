@@ -6,6 +6,7 @@ PY := $(VENV)/bin/python
 # Used only when the environment has no torch at all; an installed (CUDA) torch is never replaced.
 TORCH_SPEC ?= torch==2.13.0
 GPU ?=
+DEVICES ?=
 OUT ?= results/$(GPU)
 
 .PHONY: venv gpu-env bench forward baseline regress host-anatomy report test clean
@@ -39,7 +40,7 @@ gpu-env: $(VENV)/.installed
 	  { echo "make: the SM100 paths need nvidia-cutlass-dsl[cu13] and cuda-python (cutlass.cute, cuda.bindings); pip install -e '.[gpu-sm100]'" >&2; exit 2; }; fi
 
 bench: gpu-env
-	$(PY) -m bench run --gpu $(GPU) --out $(OUT)
+	$(PY) -m bench run --gpu $(GPU) --out $(OUT) $(if $(DEVICES),--devices $(DEVICES))
 
 baseline: gpu-env
 	$(PY) -m calibrate baseline --gpu $(GPU)

@@ -1,4 +1,4 @@
-"""python -m bench run | forward | host-anatomy | paths | profiles"""
+"""python -m bench run | merge | forward | host-anatomy | paths | profiles"""
 from __future__ import annotations
 
 import sys
@@ -11,6 +11,9 @@ from bench.forward import FORWARD_MS, ForwardConfig, models_for, run_forward, se
 from bench.forward_paths import DEFAULT_RULES, check_rules
 from bench.gpu import L2_MODES
 from bench.paths import PATHS, paths_for
+from bench.merge import merge_shards
+from bench.multi import run_on_devices
+from bench.shard import assign, full_catalog, full_grid_ms, parse_shard
 from bench.sweep import SweepConfig, dry_run, require_gpu, run_sweep
 from dispatch.backends import flashinfer_path
 from dispatch.profiles import PROFILES, get_profile
@@ -51,6 +54,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_run.add_argument("--max-rotations", type=int_in(1, 4096), default=512,
                        help="at most this many rotated input/weight copies per graph (default 512)")
     p_run.add_argument("--allow-mismatch", action="store_true", help="run although the GPU is not the profile's")
+    p_run.add_argument("--grid", choices=("default", "full"), default="default",
+                       help="full: both models' catalogs at TP 1, 2, 4 and 8 and every vLLM capture size besides the "
+                            "default M grid (excludes --shapes, --model, --tp and --m)")
+    p_run.add_argument("--shard", metavar="I/N", help="measure shard I of N (I from 1): the shapes split longest first "
+                                                      "over N machines; merge the shards with python -m bench merge")
+    p_run.add_argument("--devices", metavar="LIST",
+                       help="comma list of local GPU indices, or 'all': one worker process per GPU, shapes handed out "
+                            "longest first, the shards merged into --out")
     p_run.add_argument("--pdl", choices=("profile", "on", "off"), default="profile",
                        help="programmatic dependent launch for the backends that take it: the profile's (vLLM's: on "
                             "for SM >= 90; default), or forced on/off to measure what it changes; run.json records it")
@@ -83,11 +94,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_fw.add_argument("--no-tune", action="store_true", help="skip FlashInfer's autotuner")
     p_fw.add_argument("--out", default="results/forward", help="output folder (default results/forward)")
     p_fw.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
+    p_merge = sub.add_parser("merge", help="merge shards of one grid (bench run --shard, or several machines) into one run")
+    p_merge.add_argument("shards", nargs="+", help="the shards' results folders")
+    p_merge.add_argument("-o", "--out", required=True, help="the merged results folder (must not hold results)")
+    p_merge.add_argument("--partial", action="store_true", help="merge although shards are missing or unfinished")
     sub.add_parser("paths", help="list the path registry")
     p_prof = sub.add_parser("profiles", help="list the GPU profiles (or check that NAME is one)")
     p_prof.add_argument("name", nargs="?", help="a profile name: exit 2 with one line when it is unknown")
     args = parser.parse_args(argv)
 
+    if args.cmd == "merge":
+        out = merge_shards([Path(d) for d in args.shards], output_dir(args.out, "--out"), args.partial)
+        print(f"merged {len(args.shards)} shard(s) into {out}/results.csv and run.json\n"
+              f"  next: python -m calibrate validate {out}")
+        return 0
     if args.cmd == "paths":
         for p in PATHS.values():
             sms = "any" if p.sms is None else "/".join(map(str, p.sms))
@@ -129,16 +149,37 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_forward(cfg)
         return 0
 
-    shapes = select(catalog(args.model, args.tp), args.shapes)
+    if args.grid == "full":
+        given = [f"--{o}" for o in ("shapes", "model", "m") if getattr(args, o)] + (["--tp"] if args.tp != 1 else [])
+        if given:
+            raise HarnessError(f"--grid full names its own shapes and M values; leave out {', '.join(given)}")
+        shapes, ms = full_catalog(), full_grid_ms()
+    else:
+        shapes, ms = select(catalog(args.model, args.tp), args.shapes), parse_m(args.m)
     if args.pdl != "profile":
         profile = replace(profile, pdl=args.pdl == "on")
-    cfg = SweepConfig(profile=profile, shapes=shapes, ms=parse_m(args.m), paths=paths_for(profile.flashinfer_backends, args.paths),
+    paths = paths_for(profile.flashinfer_backends, args.paths)
+    shard = None
+    if args.shard:
+        if args.devices:
+            raise HarnessError("--shard splits over machines, --devices over this machine's GPUs; pass one of them")
+        i, n = parse_shard(args.shard)
+        grid_shapes = [s.name for s in shapes]
+        shapes = assign(shapes, n, ms, paths, profile)[i - 1]
+        shard = {"index": i, "of": n, "grid_shapes": grid_shapes}
+        if not shapes:
+            raise HarnessError(f"shard {i}/{n} has no shape (the grid has {len(grid_shapes)}); use fewer shards")
+    cfg = SweepConfig(profile=profile, shapes=shapes, ms=ms, paths=paths,
                       out=output_dir(args.out, "--out"), timer=args.timer, samples=args.samples, l2=args.l2,
                       resume=args.resume, allow_mismatch=args.allow_mismatch, tune=not args.no_tune, tune_all=args.tune_all,
                       autotune_cache=_served(args), save_autotune_cache=_saved(args),
-                      max_rotations=args.max_rotations, command=command, quiet=True)
+                      max_rotations=args.max_rotations, command=command, quiet=True, shard=shard)
     if args.dry_run:
-        print(dry_run(cfg))
+        print(dry_run(cfg) + (f"\n  shard {shard['index']}/{shard['of']}: {len(shapes)} of {len(shard['grid_shapes'])}"
+                             f" shapes" if shard else ""))
+        return 0
+    if args.devices:
+        run_on_devices(cfg, args.devices)
         return 0
     run_sweep(cfg)  # stops first, writing nothing, when there is no CUDA GPU; prints its summary
     return 0

@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from bench import autotune_cache
 from bench.clocks import make_clock
@@ -48,6 +49,11 @@ class SweepConfig:
     max_rotations: int = 512
     command: list[str] | None = None
     quiet: bool = False  # third-party output to <out>/log.txt, the terminal keeps the progress bar and the summary
+    shard: dict[str, Any] | None = None  # {index, of, grid_shapes} of a --shard run, recorded in run.json
+    next_shape: Callable[[], Shape | None] | None = None  # a worker of --devices: shapes from the shared queue
+    host_lock: Any = None  # held around host timing when several workers share the host (--devices)
+    on_shape_done: Callable[[Shape, float], None] | None = None  # a worker reports each finished shape
+    progress: bool = True
 
 
 def previous_legs(run_json: Path) -> list[dict[str, Any]]:
@@ -108,6 +114,29 @@ def _progress(total: int, desc: str):
             def close(self):
                 pass
         return Plain()
+
+
+def shape_stream(cfg: SweepConfig):
+    """The shapes to measure: the config's list, or, for a --devices worker, whatever the shared queue hands out."""
+    if cfg.next_shape is None:
+        yield from cfg.shapes
+        return
+    while (shape := cfg.next_shape()) is not None:
+        yield shape
+
+
+class _Silent:
+    """A progress bar that shows nothing (a --devices worker: the parent shows one bar for all)."""
+    n = 0
+
+    def update(self, k: int = 1) -> None:
+        pass
+
+    def set_postfix_str(self, s: str) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 def tune_shape(path: GemmPath, shape: Shape, ms: list[int], pdl: bool) -> tuple[float | None, str | None]:
@@ -207,7 +236,7 @@ def time_host(cfg: SweepConfig, group: Group, checked: dict[str, Any], ops, phas
     # Every host-timed call also runs on the GPU; where that GPU time dwarfs the host time (large M), fewer calls
     # keep the sweep short without changing what is measured.
     gpu_bound = estimate(cfg, group.shape, group.m) >= cfg.gpu_bound_us
-    with phase("host"):
+    with phase("host"), (cfg.host_lock if cfg.host_lock is not None else nullcontext()):
         host = host_times({n: (lambda f=f: f(x0, w0)) for n, f in checked.items()},
                           calls=5 if gpu_bound else cfg.host_calls, rounds=3 if gpu_bound else cfg.host_rounds)
     for name, (med, p20, p80, busy) in host.items():
@@ -355,7 +384,10 @@ def run_sweep(cfg: SweepConfig) -> Path:
     clock = make_clock(cfg.timer)  # before any FlashInfer JIT load or capture
 
     pinned = _load_pinned_tactics(cfg)  # before anything is written: a refused file stops the run here
-    info = run_info(cfg.command, profile=cfg.profile.name, timer=cfg.timer, l2=cfg.l2, warm_l2=cfg.l2 == "warm",
+    extra = {"shard": cfg.shard} if cfg.shard else {}
+    if cfg.host_lock is not None:
+        extra["host_timing"] = "serialized across the workers of --devices (one worker at a time)"
+    info = run_info(cfg.command, profile=cfg.profile.name, timer=cfg.timer, l2=cfg.l2, warm_l2=cfg.l2 == "warm", **extra,
                     samples=cfg.samples, ms=cfg.ms, shapes=[s.name for s in cfg.shapes],
                     paths=[p.name for p in cfg.paths], pdl=cfg.profile.pdl, clocks_start=nvml_clocks())
     cfg.out.mkdir(parents=True, exist_ok=True)
@@ -373,12 +405,13 @@ def run_sweep(cfg: SweepConfig) -> Path:
         info["l2_flush"] = {"bytes": flush.buf.numel() * 4, "kernels_excluded": sorted(flush_names),
                             "note": "span_us and event_us include the flush; gpu_us does not"}
     total = len(cfg.shapes) * len(cfg.ms)
-    bar = _progress(total, "bench")
+    bar = _progress(total, "bench") if cfg.progress else _Silent()
     t_start = last_write = time.perf_counter()
     phase = PhaseTimer()
     interrupted: KeyboardInterrupt | None = None
     try:
-        for shape in cfg.shapes:
+        for shape in shape_stream(cfg):
+            t_shape = time.perf_counter()
             todo = [m for m in cfg.ms if any((shape.n, shape.k, m, p.name) not in done for p in cfg.paths)]
             tune_info = tune_group_paths(cfg, shape, todo, sm, fns, bar, phase) if cfg.tune and not pinned else {}
             for m in cfg.ms:
@@ -395,6 +428,10 @@ def run_sweep(cfg: SweepConfig) -> Path:
                         write_results(cfg.out, rows)
                     last_write = time.perf_counter()
                 bar.update(1)
+            if cfg.on_shape_done is not None:
+                with phase("write"):
+                    write_results(cfg.out, rows)  # a finished shape is on disk before it is reported
+                cfg.on_shape_done(shape, time.perf_counter() - t_shape)
     except KeyboardInterrupt as exc:
         interrupted = exc
     finally:
@@ -406,7 +443,8 @@ def run_sweep(cfg: SweepConfig) -> Path:
         raise Interrupted(f"interrupted; {len(rows)} finished rows are in {cfg.out}/results.csv, continue with "
                           f"the same command and --resume", signal_of(interrupted))
     clock.close()
-    print_summary(cfg, rows, wall)
+    if cfg.progress:  # a --devices worker stays quiet: the parent prints one summary
+        print_summary(cfg, rows, wall)
     return cfg.out
 
 

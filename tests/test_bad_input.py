@@ -219,6 +219,13 @@ CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
     ("thresholds malformed override", lambda t: ["calibrate", "validate", str(SWEEP), "--thresholds",
                                                  thresholds(t, {"overrides": [{"n": 1}]})], "malformed"),
     ("thresholds missing", lambda t: ["calibrate", "validate", str(SWEEP), "--thresholds", str(t / "none.json")], "not found"),
+    ("merge a folder that is no shard", lambda t: ["bench", "merge", str(t), "-o", str(t / "m")], "has no results.csv"),
+    ("merge into a folder with results", lambda t: ["bench", "merge", str(SWEEP), "-o", str(SWEEP)], "exists"),
+    ("shard out of range", lambda t: ["bench", "run", "--gpu", "h200", "--shard", "5/4", "--dry-run"], "--shard"),
+    ("shard and devices together", lambda t: ["bench", "run", "--gpu", "h200", "--shard", "1/2", "--devices", "all",
+                                              "--dry-run"], "pass one of them"),
+    ("full grid with --m", lambda t: ["bench", "run", "--gpu", "h200", "--grid", "full", "--m", "1", "--dry-run"],
+     "leave out --m"),
     ("thresholds v2 unknown path", lambda t: ["calibrate", "validate", str(SWEEP), "--thresholds", thresholds(
         t, {"default": {"graph": [{"up_to": 8, "path": "flashinfer-lean:tinygem"}], "eager": []}}, v2=True)],
      "not one the dispatcher can run"),

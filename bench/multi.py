@@ -1,0 +1,205 @@
+"""(GPU) One sweep over several GPUs of this machine: `python -m bench run --devices 0,1 | all`.
+
+One worker process per GPU (spawned: its own CUDA context and CUPTI session, CUDA_VISIBLE_DEVICES set to its GPU
+before torch loads, pinned to the CPU cores local to its GPU where NVML reports them). Shapes are handed out from one
+queue, longest first. Each worker writes its own shard folder (<out>/shards/gpu<i>/, resumable); at the end the shards
+are merged into <out>/results.csv and run.json (bench.merge). Host timing is serialized across workers by one lock,
+so that no worker's host-time blocks run while another's do: whether concurrent workers disturb each other's host
+times has not been measured yet, and a lock makes the question moot at the price of some wall time.
+"""
+from __future__ import annotations
+
+import os
+import queue as queue_mod
+import sys
+import time
+from dataclasses import fields, replace
+from pathlib import Path
+from typing import Any
+
+from bench.merge import merge_shards
+from bench.results import done_keys
+from bench.shard import longest_first
+from harness.errors import HarnessError, Interrupted
+
+SHARD_DIR = "shards"
+
+
+def parse_devices(spec: str, count: int) -> list[int]:
+    """'all' or a comma list of distinct indices below `count`."""
+    if spec.strip() == "all":
+        devices = list(range(count))
+    else:
+        try:
+            devices = [int(t) for t in spec.split(",") if t.strip()]
+        except ValueError:
+            raise HarnessError(f"--devices {spec!r}: give GPU indices like 0,1 or 'all'") from None
+    if not devices:
+        raise HarnessError(f"--devices {spec!r} names no GPU; this machine has {count}")
+    bad = [d for d in devices if not 0 <= d < count]
+    if bad or len(set(devices)) != len(devices):
+        raise HarnessError(f"--devices {spec!r}: indices must be distinct and below {count} (GPUs on this machine)")
+    return devices
+
+
+def shard_dir(out: Path, device: int) -> Path:
+    return out / SHARD_DIR / f"gpu{device}"
+
+
+def split_resumed(shapes: list, ms: list[int], paths: list, devices: list[int], out: Path
+                  ) -> tuple[list, dict[int, list]]:
+    """On --resume: shapes finished in some shard are dropped, shapes begun in a shard go back to that shard's GPU
+    (its folder holds their rows), the rest go to the shared queue."""
+    queue, pinned = [], {d: [] for d in devices}
+    done_in = {d: (done_keys(shard_dir(out, d))[1] if (shard_dir(out, d) / "results.csv").is_file() else set())
+               for d in devices}
+    for shape in shapes:
+        want = {(shape.n, shape.k, m, p.name) for m in ms for p in paths}
+        holders = [d for d in devices if want & done_in[d]]
+        if not holders:
+            queue.append(shape)
+        elif not want <= done_in[holders[0]]:
+            pinned[holders[0]].append(shape)
+    return queue, pinned
+
+
+def cpu_affinity(device: int) -> list[int] | None:
+    """The CPU cores NVML reports as local to a GPU, or None where NVML cannot say."""
+    try:
+        import pynvml as nv
+        nv.nvmlInit()
+        try:
+            handle = nv.nvmlDeviceGetHandleByIndex(device)
+            words = nv.nvmlDeviceGetCpuAffinity(handle, (os.cpu_count() + 63) // 64)
+        finally:
+            nv.nvmlShutdown()
+    except Exception:
+        return None
+    cores = [64 * i + b for i, w in enumerate(words) for b in range(64) if w >> b & 1]
+    return [c for c in cores if c < (os.cpu_count() or 0)] or None
+
+
+def run_on_devices(cfg, spec: str) -> Path:
+    from bench.sweep import require_cuda
+    require_cuda()
+    import multiprocessing as mp
+
+    import torch
+
+    from dispatch.profiles import check_device, this_gpu
+    devices = parse_devices(spec, torch.cuda.device_count())
+    names = {}
+    for d in devices:  # every GPU must be the profile's (and so alike): checked before anything is written
+        name, sm = this_gpu(d)
+        check_device(cfg.profile, name, sm, cfg.allow_mismatch)
+        names[d] = name
+    if len(set(names.values())) > 1:
+        raise HarnessError(f"--devices mixes GPU models ({', '.join(f'{d}: {n}' for d, n in names.items())}); "
+                           f"one sweep measures one GPU type")
+    if (cfg.out / "results.csv").exists() and not cfg.resume:
+        raise HarnessError(f"{cfg.out}/results.csv exists; pass --resume to continue it or choose another --out")
+    order = longest_first(cfg.shapes, cfg.ms, cfg.paths, cfg.profile)
+    todo, pinned = split_resumed(order, cfg.ms, cfg.paths, devices, cfg.out) if cfg.resume else (order, {d: [] for d in devices})
+    ctx = mp.get_context("spawn")
+    work, events, lock = ctx.Queue(), ctx.Queue(), ctx.Lock()
+    for shape in todo:
+        work.put(shape.name)
+    payload = {f.name: getattr(cfg, f.name) for f in fields(cfg)
+               if f.name not in ("paths", "next_shape", "host_lock", "on_shape_done", "progress", "out", "resume")}
+    payload["path_names"] = [p.name for p in cfg.paths]
+    grid = [s.name for s in cfg.shapes]
+    procs = {d: ctx.Process(target=_worker, name=f"bench-gpu{d}",
+                            args=(d, payload, grid, [s.name for s in pinned[d]], work, events, lock,
+                                  str(shard_dir(cfg.out, d)), devices))
+             for d in devices}
+    total = len(todo) + sum(len(v) for v in pinned.values())
+    from bench.sweep import _progress
+    bar = _progress(total, f"bench x{len(devices)} GPUs")
+    t0 = time.perf_counter()
+    failures, interrupted = [], False
+    for p in procs.values():
+        p.start()
+    try:
+        while any(p.is_alive() for p in procs.values()) or not events.empty():
+            try:
+                kind, device, *rest = events.get(timeout=0.5)
+            except queue_mod.Empty:
+                continue
+            if kind == "done":
+                bar.update(1)
+                bar.set_postfix_str(f"gpu{device}: {rest[0]} in {rest[1]:.0f} s")
+            elif kind == "error":
+                failures.append(f"gpu{device}: {rest[0]}")
+            elif kind == "interrupted":
+                interrupted = True
+    except KeyboardInterrupt:  # the workers got the same SIGINT: they write their finished rows and stop
+        interrupted = True
+        for p in procs.values():
+            p.join(timeout=60)
+    finally:
+        bar.close()
+    for p in procs.values():
+        p.join()
+    wall = time.perf_counter() - t0
+    shards = [shard_dir(cfg.out, d) for d in devices if (shard_dir(cfg.out, d) / "results.csv").is_file()]
+    if not shards:
+        raise HarnessError("no worker measured anything" + (f": {'; '.join(failures)}" if failures else ""))
+    if (cfg.out / "results.csv").exists():  # an earlier leg's merge: the harness wrote it, the shards hold its rows
+        (cfg.out / "results.csv").unlink()
+    merge_shards(shards, cfg.out, partial=True)
+    if interrupted:
+        raise Interrupted(f"interrupted; finished shapes are in {cfg.out}/{SHARD_DIR}/ and merged into "
+                          f"{cfg.out}/results.csv; continue with the same command and --resume")
+    if failures:
+        raise HarnessError(f"{len(failures)} worker(s) failed ({'; '.join(failures)}); the others' shapes are merged "
+                           f"into {cfg.out}; fix it and continue with --resume")
+    print(f"bench: {len(shards)} GPUs, {total} shapes in {wall:.0f} s; merged into {cfg.out}/results.csv "
+          f"(shards in {cfg.out}/{SHARD_DIR}/)\n  next: python -m calibrate validate {cfg.out}", flush=True)
+    return cfg.out
+
+
+def _worker(device: int, payload: dict[str, Any], grid: list[str], pinned: list[str], work, events, lock,
+            out: str, devices: list[int]) -> None:
+    """One GPU's worker: its own process, CUDA context and CUPTI session; shapes from `pinned`, then the queue."""
+    os.environ["CUDA_VISIBLE_DEVICES"] = str(device)  # before torch is imported in this process
+    cores = cpu_affinity(device)
+    if cores and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, cores)
+    from bench.paths import PATHS
+    from bench.sweep import SweepConfig, run_sweep
+    from harness.errors import HarnessError as Error
+    from shapes.catalog import Shape  # noqa: F401  (the payload's shapes unpickle through it)
+    by_name = {s.name: s for s in payload["shapes"]}
+    own = list(pinned)
+
+    def next_shape():
+        if own:
+            return by_name[own.pop(0)]
+        try:
+            return by_name[work.get_nowait()]
+        except queue_mod.Empty:
+            return None
+
+    def done(shape, seconds: float) -> None:
+        events.put(("done", device, shape.name, seconds))
+
+    args = {k: v for k, v in payload.items() if k != "path_names"}
+    cfg = SweepConfig(**{**args, "shard": {"device": device, "devices": devices, "grid_shapes": grid,
+                                           "cpu_affinity": cores}},
+                      paths=[PATHS[n] for n in payload["path_names"]], out=Path(out), resume=True,
+                      next_shape=next_shape, host_lock=lock, on_shape_done=done, progress=False)
+    try:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        run_sweep(replace(cfg, quiet=True))
+    except Interrupted:
+        events.put(("interrupted", device))
+        sys.exit(130)
+    except KeyboardInterrupt:
+        events.put(("interrupted", device))
+        sys.exit(130)
+    except Error as exc:
+        events.put(("error", device, str(exc)))
+        sys.exit(2)
+    except Exception as exc:  # a worker's crash is reported by the parent, with the shapes it finished kept
+        events.put(("error", device, f"{type(exc).__name__}: {exc}"))
+        sys.exit(1)

@@ -1,0 +1,144 @@
+"""CPU tests of the work split over GPUs and machines: queue order, shard arithmetic, the full grid, merging shards
+(and refusing to), resuming a --devices run. Shards here are cut from a committed H200 run, rows unedited."""
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from bench.merge import merge_shards
+from bench.multi import parse_devices, shard_dir, split_resumed
+from bench.paths import paths_for
+from bench.results import load_results
+from bench.shard import assign, full_catalog, full_grid_ms, longest_first, parse_shard, shape_cost
+from dispatch.profiles import get_profile
+from harness.errors import HarnessError
+from shapes.catalog import catalog
+from shapes.grid import default_grid, vllm_capture_sizes
+
+DATA = Path(__file__).parent / "data"
+RUN = DATA / "h200-lean-fit"
+H200 = get_profile("h200")
+PATHS = paths_for(H200.flashinfer_backends)
+
+
+def test_the_queue_hands_out_the_longest_shapes_first():
+    ms = default_grid()
+    order = longest_first(catalog(), ms, PATHS, H200)
+    costs = [shape_cost(s, ms, PATHS, H200) for s in order]
+    assert costs == sorted(costs, reverse=True)
+    assert {order[0].n, order[1].n} == {248320}  # the lm_heads: the longest groups of the catalog
+    assert [s.name for s in longest_first(list(reversed(catalog())), ms, PATHS, H200)] == [s.name for s in order]
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 7, 16, 20])
+def test_shards_cover_every_shape_once_and_balance_the_work(n):
+    ms, shapes = default_grid(), catalog()
+    bins = assign(shapes, n, ms, PATHS, H200)
+    names = [s.name for b in bins for s in b]
+    assert sorted(names) == sorted(s.name for s in shapes) and len(bins) == n
+    loads = [sum(shape_cost(s, ms, PATHS, H200) for s in b) for b in bins]
+    biggest = max(shape_cost(s, ms, PATHS, H200) for s in shapes)
+    assert max(loads) - min(loads) <= biggest + 1e-9  # LPT: no shard exceeds another by more than one shape
+    assert assign(shapes, n, ms, PATHS, H200) == bins  # the same split on every machine
+
+
+def test_shard_specs():
+    assert parse_shard("1/1") == (1, 1) and parse_shard("3/4") == (3, 4)
+    for bad in ("0/4", "5/4", "a/b", "3", "1/0"):
+        with pytest.raises(HarnessError, match="--shard"):
+            parse_shard(bad)
+
+
+def test_the_full_grid_size():
+    shapes = full_catalog()
+    keys = {(s.n, s.k) for tp in (1, 2, 4, 8) for s in catalog(tp=tp)}
+    assert len(shapes) == len(keys) == 53 and len({(s.n, s.k) for s in shapes}) == len(shapes)
+    ms = full_grid_ms()
+    assert set(vllm_capture_sizes(512)) <= set(ms) and set(default_grid()) <= set(ms) and len(ms) == 58
+    assert min(s.tp for s in shapes if (s.n, s.k) == (248320, 2560)) == 1
+
+
+def test_devices():
+    assert parse_devices("all", 2) == [0, 1] and parse_devices("1", 2) == [1]
+    for bad in ("2", "0,0", "x", ""):
+        with pytest.raises(HarnessError, match="--devices"):
+            parse_devices(bad, 2)
+
+
+def _shards(tmp_path: Path, n: int = 2, edit=None) -> list[Path]:
+    """The committed run cut into n shards by shape (its own lines, unedited), each with a shard run.json."""
+    lines = (RUN / "results.csv").read_text().splitlines(keepends=True)
+    header, body = lines[0], lines[1:]
+    df = pd.read_csv(RUN / "results.csv")
+    info = json.loads((RUN / "run.json").read_text())
+    names = sorted(set(df["shape"]))
+    out = []
+    for i in range(n):
+        mine = set(names[i::n])
+        d = tmp_path / f"shard{i}"
+        d.mkdir(parents=True)
+        keep = [line for line, shape in zip(body, df["shape"]) if shape in mine]
+        (d / "results.csv").write_text(header + "".join(keep))
+        shard_info = {**info, "shard": {"index": i + 1, "of": n, "grid_shapes": info["shapes"]}}
+        if edit:
+            edit(i, shard_info)
+        (d / "run.json").write_text(json.dumps(shard_info))
+        out.append(d)
+    return out
+
+
+def test_merged_shards_are_the_run_itself(tmp_path):
+    merged = merge_shards(_shards(tmp_path, 3), tmp_path / "merged")
+    a, b = load_results(merged), load_results(RUN)
+    key = ["n", "k", "m", "path"]
+    assert a.sort_values(key).reset_index(drop=True).equals(b.sort_values(key).reset_index(drop=True))
+    assert sorted((merged / "results.csv").read_text().splitlines()) == sorted((RUN / "results.csv").read_text().splitlines())
+    info = json.loads((merged / "run.json").read_text())
+    assert info["status"] == "complete" and len(info["shards"]) == 3 and info["missing_shapes"] == []
+    with pytest.raises(HarnessError, match="exists"):
+        merge_shards(_shards(tmp_path / "again", 2), merged)
+
+
+@pytest.mark.parametrize("edit, needle", [
+    (lambda i, info: info["fingerprint"].update(driver="590.1") if i else None, "fingerprint driver"),
+    (lambda i, info: info["fingerprint"].update(gpu_name="NVIDIA H100 80GB HBM3") if i else None, "gpu_name"),
+    (lambda i, info: info["clocks_start"].update(power_limit_w=600.0) if i else None, "power_limit_w"),
+    (lambda i, info: info.update(samples=5) if i else None, "samples"),
+    (lambda i, info: info.update(pdl=False) if i else None, "pdl"),
+    (lambda i, info: info.update(status="interrupted") if i else None, "did not finish"),
+])
+def test_mismatched_shards_are_refused_naming_the_field(tmp_path, edit, needle):
+    with pytest.raises(HarnessError, match=needle):
+        merge_shards(_shards(tmp_path, 2, edit), tmp_path / "merged")
+    assert not (tmp_path / "merged" / "results.csv").exists()
+
+
+def test_overlapping_or_missing_shards_are_refused(tmp_path):
+    s = _shards(tmp_path, 2)
+    with pytest.raises(HarnessError, match="more than one shard"):
+        merge_shards([s[0], s[0]], tmp_path / "dup")
+    with pytest.raises(HarnessError, match="no shard measured"):
+        merge_shards([s[0]], tmp_path / "half")
+    merged = merge_shards([s[0]], tmp_path / "half", partial=True)
+    assert json.loads((merged / "run.json").read_text())["status"] == "incomplete"
+    with pytest.raises(HarnessError, match="incomplete|missing"):
+        load_results(merged)  # a merged run with missing shapes is no verdict unless --partial
+
+
+def test_resuming_devices_keeps_begun_shapes_on_their_gpu(tmp_path):
+    """A shape finished in a shard is not measured again; a shape begun there goes back to that GPU (its rows are in
+    that folder); the rest go to the shared queue."""
+    df = pd.read_csv(RUN / "results.csv")
+    shapes = catalog()
+    ms = sorted(set(df["m"]))
+    paths = [p for p in PATHS if p.name in set(df["path"])]
+    done_shape, begun_shape = shapes[0], shapes[1]
+    for device, rows in ((0, df[df["shape"] == done_shape.name]),
+                         (1, df[(df["shape"] == begun_shape.name) & (df["m"] <= 8)])):
+        d = shard_dir(tmp_path, device)
+        d.mkdir(parents=True)
+        rows.to_csv(d / "results.csv", index=False)
+    queue, pinned = split_resumed(shapes, ms, paths, [0, 1], tmp_path)
+    assert done_shape not in queue and begun_shape not in queue and pinned == {0: [], 1: [begun_shape]}
+    assert len(queue) == len(shapes) - 2
