@@ -298,11 +298,15 @@ def _beats(cells: Cells, n: int, k: int, m: int, path: str, ref: str, regime: st
 
 
 def fit(cells: Cells, base: ThresholdTable, capture_size: int, min_gain: float = FIT_MIN_GAIN, noise: Any = None,
-        hold_out: set[int] | frozenset[int] = frozenset()) -> tuple[ThresholdTable, pd.DataFrame]:
+        hold_out: set[int] | frozenset[int] = frozenset(),
+        eager_picks: dict[tuple[int, int, int], str] | None = None) -> tuple[ThresholdTable, pd.DataFrame]:
     """Per shape and regime, M ranges -> path. At each measured M (held-out values left out) the cheapest candidate
     (dispatch_candidates) in the regime's cost (graph: GPU time; eager: max(host, GPU) per call) replaces F.linear
     only where it beats F.linear beyond the noise (_beats); ties go to F.linear. Shapes not measured run F.linear
-    (the default ranges are empty): a kernel is only chosen where it was measured."""
+    (the default ranges are empty): a kernel is only chosen where it was measured. `eager_picks` (n, k, m) -> path
+    come from measured forwards (calibrate.forward_model.eager_forward_picks) and take precedence in the eager
+    regime at their cells, where the path ran ok."""
+    eager_picks = eager_picks or {}
     among = dispatch_candidates(cells, base)
     if not any(cells.has(n, k, m, ATEN) and cells.has(n, k, m, p) for n, k in cells.shapes() for m in cells.ms(n, k)
                for p in among[1:]):
@@ -318,6 +322,10 @@ def fit(cells: Cells, base: ThresholdTable, capture_size: int, min_gain: float =
         for regime in REGIMES:
             choices = []
             for m in ms:
+                picked = eager_picks.get((n, k, m)) if regime == "eager" else None
+                if picked is not None and cells.has(n, k, m, picked):
+                    choices.append((m, picked))
+                    continue
                 cands = [p for p in among if p != ATEN and cells.has(n, k, m, p)]
                 best = min(cands, key=lambda p: cells.cost(n, k, m, p, regime), default=None)
                 win = best is not None and _beats(cells, n, k, m, best, ATEN, regime, min_gain, noise)

@@ -63,6 +63,11 @@ def test_fit_finds_each_shapes_own_ranges_per_regime():
     assert report.set_index(["n", "k"]).loc[(64, 2048), "crossover_m"] == 32
     held, _ = fit(cells, ThresholdTable.from_thresholds("h200", "tinygemm", 0), 512, hold_out={16})
     assert held.ranges(64, 2048, "graph") == ((8, "flashinfer-lean:tinygemm"),)
+    # a measured forward's pick wins in the eager regime at its cell, and only there
+    picked, _ = fit(cells, ThresholdTable.from_thresholds("h200", "tinygemm", 0), 512,
+                    eager_picks={(2048, 4096, 1): "flashinfer-lean:tinygemm"})
+    assert picked.ranges(2048, 4096, "eager") == ((1, "flashinfer-lean:tinygemm"),)
+    assert picked.ranges(2048, 4096, "graph") == ()
 
 
 def test_fit_hysteresis_keeps_f_linear_on_a_gain_inside_the_noise():

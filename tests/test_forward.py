@@ -175,3 +175,21 @@ def test_two_fresh_runs_agree_and_the_measured_verdict_names_its_failure(capsys)
     assert main(["validate", str(DATA / "h200-sweep"), "--forward", str(DATA / "h200-forward"), *old_table]) == 1
     out = capsys.readouterr().out
     assert "measured / cell-sum model" in out and "FAIL: measured forward of the dispatcher" in out
+
+
+def test_eager_forward_picks_take_a_single_path_only_beyond_the_noise(tmp_path):
+    """A lean single path 20% faster than all-aten in every paired round is picked; one 0.5% faster is not (inside
+    the 1% gain); the graph regime is not looked at."""
+    from calibrate.forward_model import eager_forward_picks
+    rows = []
+    for m, lean_factor in ((1, 0.8), (8, 0.995)):
+        for regime in ("graph", "eager"):
+            for path, f in (("aten", 1.0), ("flashinfer-lean:tinygemm", lean_factor), ("dispatch", 1.0)):
+                samples = ";".join(f"{1000.0 * f * (1 + 0.001 * i):.2f}" for i in range(10))
+                rows.append({"model": "Qwen3.5-4B", "tp": 1, "m": m, "path": path, "regime": regime, "status": "ok",
+                             "us": 1000.0 * f, "linears": 153, "samples_us": samples})
+    d = _forward_dir(tmp_path, rows, ms=[1, 8], paths=["aten", "flashinfer-lean:tinygemm", "dispatch"])
+    fdf, _ = load_forward(d)
+    picks = eager_forward_picks(fdf, ["aten", "flashinfer-lean:tinygemm"], 0.01)
+    assert set(picks) == {("Qwen3.5-4B", 1)} and picks[("Qwen3.5-4B", 1)][0] == "flashinfer-lean:tinygemm"
+    assert picks[("Qwen3.5-4B", 1)][1] == pytest.approx(0.8)
