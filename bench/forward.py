@@ -298,6 +298,7 @@ def run_forward(cfg: ForwardConfig) -> Path:
 
     clock = make_clock("cupti")
     pinned = _load_pinned_tactics(cfg)
+    dispatch.tactics_from_table(False)  # the dispatch rule runs this run's tactics, as every other rule does
     info = run_info(cfg.command, kind="forward", profile=cfg.profile.name, models=list(cfg.models), tp=cfg.tp,
                     ms=cfg.ms, paths=cfg.rules, regimes=list(REGIMES), samples=cfg.samples, pdl=cfg.profile.pdl,
                     decoder_layers=cfg.decoder_layers, lm_head=cfg.lm_head,

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+import dispatch
 from bench import autotune_cache
 from bench.clocks import make_clock
 from bench.envinfo import nvml_clocks, run_info
@@ -384,6 +385,7 @@ def run_sweep(cfg: SweepConfig) -> Path:
     clock = make_clock(cfg.timer)  # before any FlashInfer JIT load or capture
 
     pinned = _load_pinned_tactics(cfg)  # before anything is written: a refused file stops the run here
+    dispatch.tactics_from_table(False)  # the dispatch path runs this run's tactics, as every other path does
     extra = {"shard": cfg.shard} if cfg.shard else {}
     if cfg.host_lock is not None:
         extra["host_timing"] = "serialized across the workers of --devices (one worker at a time)"

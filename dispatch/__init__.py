@@ -25,9 +25,10 @@ __all__ = ["bind", "linear", "op", "ThresholdTable", "load_table", "configure", 
 Kernel = Callable[[Any, Any, Any], Any]  # (x2d, weight, bias) -> y2d
 _FORCED: ThresholdTable | None = None
 _DEVICES: dict[int, tuple[ThresholdTable | None, int, bool]] = {}  # device -> (table, SM, pdl)
-_SHAPES: dict[tuple[int, int, int], "_ShapeRule"] = {}  # (device, N, K) -> rule
+_SHAPES: dict[tuple[int, Any], "_ShapeRule"] = {}  # (device, weight.shape) -> rule
 _KERNELS: dict[tuple[str, bool], Kernel | None] = {}  # (path, pdl) -> kernel
 _TACTICS_LOADED: set[str] = set()
+_TACTICS_FROM_TABLE = [True]
 
 
 # cudaStreamIsCapturing on the current stream, without the Python wrapper; a CPU-only torch has none (never capturing)
@@ -49,6 +50,12 @@ def configure(table: ThresholdTable | None) -> None:
 
 def reset() -> None:
     configure(None)
+
+
+def tactics_from_table(enabled: bool) -> None:
+    """Whether the dispatcher loads the FlashInfer tactics its table names (default: yes). The benchmark turns it off:
+    it tunes or serves tactics itself, and every path of a run, the dispatcher included, runs those."""
+    _TACTICS_FROM_TABLE[0] = enabled
 
 
 def _kernel(path: str, pdl: bool) -> Kernel | None:
@@ -89,7 +96,8 @@ def _load_tactics(table: ThresholdTable) -> None:
     resolve the tactics that were measured. FlashInfer refuses a file from another environment (version, CUDA,
     cuBLAS, cuDNN, GPU): then its calls run the fallback tactic, and this says so once."""
     path = table.tactics
-    if path is None or str(path) in _TACTICS_LOADED or not any(p != ATEN for p in table.paths()):
+    if (not _TACTICS_FROM_TABLE[0] or path is None or str(path) in _TACTICS_LOADED
+            or not any(p != ATEN for p in table.paths())):
         return
     _TACTICS_LOADED.add(str(path))
     try:
@@ -102,8 +110,8 @@ def _load_tactics(table: ThresholdTable) -> None:
     else:
         why = "written in another environment (FlashInfer, CUDA, cuBLAS, cuDNN or GPU differ)"
     if not loaded:
-        from dispatch.lean import _warn_once
-        _warn_once(f"tactics:{path}", f"FlashInfer did not load {path} ({why}); the dispatcher's FlashInfer calls run "
+        from dispatch.lean import warn_once
+        warn_once(f"tactics:{path}", f"FlashInfer did not load {path} ({why}); the dispatcher's FlashInfer calls run "
                                       f"FlashInfer's fallback tactics, not those its table was fitted with")
 
 

@@ -24,7 +24,7 @@ LeanFn = Callable[[Any, Any, Any], Any]  # (x [M, K], weight [N, K], bias or Non
 _WARNED: set[str] = set()
 
 
-def _warn_once(key: str, message: str) -> None:
+def warn_once(key: str, message: str) -> None:
     if key not in _WARNED:
         _WARNED.add(key)
         print(f"bf16-linear-bench: {message}", file=sys.stderr, flush=True)
@@ -44,17 +44,17 @@ def lean_call(backend: str, pdl: bool) -> LeanFn:
     import flashinfer
     version = getattr(flashinfer, "__version__", "unknown")
     if version not in KNOWN_VERSIONS:
-        _warn_once(f"version:{backend}", f"FlashInfer {version} is not a version the lean calls were checked against "
+        warn_once(f"version:{backend}", f"FlashInfer {version} is not a version the lean calls were checked against "
                                          f"({', '.join(KNOWN_VERSIONS)}); flashinfer-lean:{backend} runs the public mm_bf16")
         return public_call(backend, pdl)
     builders = {"tinygemm": _tinygemm, "cublaslt": _cublaslt, "cute-dsl": _cute_dsl}
     if backend not in builders:
-        _warn_once(f"backend:{backend}", f"no lean call for FlashInfer backend {backend!r}; it runs the public mm_bf16")
+        warn_once(f"backend:{backend}", f"no lean call for FlashInfer backend {backend!r}; it runs the public mm_bf16")
         return public_call(backend, pdl)
     try:
         return builders[backend](pdl)
     except (AttributeError, ImportError) as exc:
-        _warn_once(f"internal:{backend}", f"FlashInfer {version} lacks an internal the lean {backend} call needs "
+        warn_once(f"internal:{backend}", f"FlashInfer {version} lacks an internal the lean {backend} call needs "
                                           f"({exc}); it runs the public mm_bf16")
         return public_call(backend, pdl)
 
