@@ -79,18 +79,27 @@ def cpu_affinity(device: int) -> list[int] | None:
     return [c for c in cores if c < (os.cpu_count() or 0)] or None
 
 
-def run_on_devices(cfg, spec: str) -> Path:
+def local_gpus() -> dict[int, tuple[str, int]]:
+    """index -> (name, SM) of every CUDA device this process sees."""
     from bench.sweep import require_cuda
     require_cuda()
-    import multiprocessing as mp
-
     import torch
 
-    from dispatch.profiles import check_device, this_gpu
-    devices = parse_devices(spec, torch.cuda.device_count())
+    from dispatch.profiles import this_gpu
+    return {d: this_gpu(d) for d in range(torch.cuda.device_count())}
+
+
+def run_on_devices(cfg, spec: str, gpus: dict[int, tuple[str, int]] | None = None, worker: Any = None) -> Path:
+    """`gpus` and `worker` stand in for the machine's GPUs and the measuring worker in CPU tests of the orchestration
+    (a worker must be a module-level function: workers are spawned)."""
+    import multiprocessing as mp
+
+    from dispatch.profiles import check_device
+    gpus = local_gpus() if gpus is None else gpus
+    devices = parse_devices(spec, len(gpus))
     names = {}
     for d in devices:  # every GPU must be the profile's (and so alike): checked before anything is written
-        name, sm = this_gpu(d)
+        name, sm = gpus[d]
         check_device(cfg.profile, name, sm, cfg.allow_mismatch)
         names[d] = name
     if len(set(names.values())) > 1:
@@ -108,7 +117,7 @@ def run_on_devices(cfg, spec: str) -> Path:
                if f.name not in ("paths", "next_shape", "host_lock", "on_shape_done", "progress", "out", "resume")}
     payload["path_names"] = [p.name for p in cfg.paths]
     grid = [s.name for s in cfg.shapes]
-    procs = {d: ctx.Process(target=_worker, name=f"bench-gpu{d}",
+    procs = {d: ctx.Process(target=worker or _worker, name=f"bench-gpu{d}",
                             args=(d, payload, grid, [s.name for s in pinned[d]], work, events, lock,
                                   str(shard_dir(cfg.out, d)), devices))
              for d in devices}
@@ -140,6 +149,15 @@ def run_on_devices(cfg, spec: str) -> Path:
         bar.close()
     for p in procs.values():
         p.join()
+    while True:  # events put just before a worker exited may arrive after the loop saw it gone
+        try:
+            kind, device, *rest = events.get(timeout=0.2)
+        except queue_mod.Empty:
+            break
+        if kind == "error":
+            failures.append(f"gpu{device}: {rest[0]}")
+        elif kind == "interrupted":
+            interrupted = True
     wall = time.perf_counter() - t0
     shards = [shard_dir(cfg.out, d) for d in devices if (shard_dir(cfg.out, d) / "results.csv").is_file()]
     if not shards:

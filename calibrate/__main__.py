@@ -17,6 +17,7 @@ from bench.autotune_cache import sha256
 from bench.envinfo import fingerprint
 from bench.results import load_results, load_run_info
 from bench.sweep import require_gpu
+from calibrate.agree import agreement, summary_lines
 from calibrate.analysis import FIT_MIN_GAIN, Cells, dispatch_candidates, cell_verdicts, failures, fit, forward_totals, model_uses
 from calibrate.noise import LEVEL, coverage, coverage_line, fit_floor, load_noise, noise_path
 from calibrate.baseline import fingerprint_mismatch, fingerprint_of
@@ -102,6 +103,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_fit.add_argument("--out", help="table file to write (default dispatch/thresholds/<profile>.json)")
     p_fit.add_argument("--dry-run", action="store_true", help="print, write nothing")
     p_fit.add_argument("--partial", **partial)
+    p_agree = sub.add_parser("agree", help="how closely two runs of the same cells agree (GPU and host time)")
+    p_agree.add_argument("run_a")
+    p_agree.add_argument("run_b")
+    p_agree.add_argument("--partial", **partial)
     p_noise = sub.add_parser("noise", help="measure the run-to-run noise floor of GPU-time ratios from replicate runs")
     p_noise.add_argument("runs", nargs="+", help="two or more runs of one grid, each in a fresh process")
     p_noise.add_argument("--gpu", required=True, help=f"GPU profile: {', '.join(PROFILES)}")
@@ -157,6 +162,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if args.cmd == "noise":
         return _noise_cmd(args)
+
+    if args.cmd == "agree":
+        a, _ = _load(args.run_a, args.partial)
+        b, _ = _load(args.run_b, args.partial)
+        print("\n".join(summary_lines(agreement(Cells.from_results(a), Cells.from_results(b)))))
+        return 0
 
     csv_out = output_file(args.csv, "--csv") if args.cmd == "validate" and args.csv else None
     profile = get_profile(_profile_of(load_run_info(args.results), args.gpu))

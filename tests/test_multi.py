@@ -142,3 +142,46 @@ def test_resuming_devices_keeps_begun_shapes_on_their_gpu(tmp_path):
     queue, pinned = split_resumed(shapes, ms, paths, [0, 1], tmp_path)
     assert done_shape not in queue and begun_shape not in queue and pinned == {0: [], 1: [begun_shape]}
     assert len(queue) == len(shapes) - 2
+
+
+def test_devices_orchestration_hands_out_every_shape_once_and_merges(tmp_path):
+    """Two stand-in workers (spawned processes, as the GPU workers are) share the queue; every shape is measured once
+    (by whichever worker took it: timing decides the split),
+    the parent merges the shards into one run equal to the source, and a run on a GPU of another profile is refused
+    before anything is written."""
+    from dataclasses import replace
+
+    from bench.multi import run_on_devices
+    from bench.sweep import SweepConfig
+    from tests.fake_worker import copy_rows_worker
+    info = json.loads((RUN / "run.json").read_text())
+    shapes = [s for s in catalog() if s.name in info["shapes"]]
+    cfg = SweepConfig(profile=H200, shapes=shapes, ms=info["ms"], paths=[p for p in PATHS if p.name in info["paths"]],
+                      out=tmp_path / "out", command=["python", "-m", "bench", "run", str(RUN)])
+    two = {0: ("NVIDIA H200", 90), 1: ("NVIDIA H200", 90)}
+    with pytest.raises(HarnessError, match="expects an SM90 H200"):
+        run_on_devices(cfg, "all", {0: ("NVIDIA H200", 90), 1: ("NVIDIA H100 80GB HBM3", 90)}, copy_rows_worker)
+    assert not (tmp_path / "out").exists()
+    out = run_on_devices(cfg, "all", two, copy_rows_worker)
+    merged = json.loads((out / "run.json").read_text())
+    assert merged["status"] == "complete" and 1 <= len(merged["shards"]) <= 2  # a fast worker may take every shape
+    shard_shapes = [s for shard in merged["shards"] for s in shard["shapes"]]
+    assert sorted(shard_shapes) == sorted(set(shard_shapes)) == sorted(info["shapes"])  # each shape once
+    assert sorted((out / "results.csv").read_text().splitlines()) == sorted((RUN / "results.csv").read_text().splitlines())
+    with pytest.raises(HarnessError, match="exists"):
+        run_on_devices(cfg, "all", two, copy_rows_worker)
+    again = run_on_devices(replace(cfg, resume=True), "all", two, copy_rows_worker)  # nothing left: merged again
+    assert sorted((again / "results.csv").read_text().splitlines()) == sorted((RUN / "results.csv").read_text().splitlines())
+
+
+def test_the_replicate_agreement_quoted_in_the_readme():
+    """Two single-GPU runs in fresh processes on one H200 lease: the noise a run over several GPUs is set against."""
+    from calibrate.agree import agreement, summary_lines
+    from calibrate.analysis import Cells
+    a, b = (Cells.from_results(load_results(DATA / n)) for n in ("h200-lean-fit", "h200-lean-validate"))
+    df = agreement(a, b)
+    assert len(df) == 1696
+    d = df["gpu_diff"].abs()
+    assert (round(d.median(), 4), round(d.quantile(0.9), 4)) == (0.0086, 0.0286)
+    assert round(df["host_ratio"].median(), 2) == 1.29
+    assert "1696 cells" in summary_lines(df)[0]
