@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import queue as queue_mod
+import signal
 import sys
 import time
 from dataclasses import fields, replace
@@ -141,10 +142,13 @@ def run_on_devices(cfg, spec: str, gpus: dict[int, tuple[str, int]] | None = Non
                 failures.append(f"gpu{device}: {rest[0]}")
             elif kind == "interrupted":
                 interrupted = True
-    except KeyboardInterrupt:  # the workers got the same SIGINT: they write their finished rows and stop
+    except KeyboardInterrupt:  # Ctrl-C reached the workers too; SIGTERM (Terminated) reached only this process
         interrupted = True
         for p in procs.values():
-            p.join(timeout=60)
+            if p.is_alive() and p.pid is not None:
+                os.kill(p.pid, signal.SIGINT)  # each worker writes its finished rows and stops
+        for p in procs.values():
+            p.join(timeout=120)
     finally:
         bar.close()
     for p in procs.values():

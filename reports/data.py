@@ -140,6 +140,15 @@ def headline(run: Run) -> Headline:
         s[0] = (f"No verdict: this run is incomplete ({'; '.join(run.incomplete)}), judged with --partial. On the "
                 f"measured cells alone: " + s[0])
         holds = None
+    fitted = str(t.source.get("fitted_from", "")).rstrip("/")
+    if fitted:
+        same = fitted == str(run.path).rstrip("/")
+        held = t.source.get("held_out_m") or []
+        unseen = sorted(set(int(m) for m in run.df["m"]) - set(t.source.get("fitted_ms") or []))
+        s.insert(1, f"The table was fitted from {fitted}" + (f" (M {', '.join(map(str, held))} held out)" if held else "")
+                 + ("; this is the run it was fitted on (in-sample)." if same else
+                    f"; this run is another one (out of sample)" + (f", with M values the fit never saw: "
+                                                                    f"{', '.join(map(str, unseen))}." if unseen else ".")))
     if t.source.get("note"):
         s.insert(1, f"About this table: {t.source['note']}")
     seed = ThresholdTable.from_thresholds(t.profile, t.low_m_backend, SEED_FIX_M, path=low_m_measured(c, t))
