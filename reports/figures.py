@@ -56,7 +56,8 @@ def shape_figure(rows: pd.DataFrame, title: str, threshold: int | None, crossove
             title="FlashInfer / aten (below 1: FlashInfer faster)")
     if threshold is not None:
         ax2.axvline(max(threshold, 0.8), color="#66a61e", ls="--", lw=1.2,
-                    label=f"dispatcher threshold M <= {threshold}" if threshold else "threshold 0: never FlashInfer")
+                    label=f"dispatcher (graph): FlashInfer up to M = {threshold}" if threshold
+                    else "dispatcher (graph): never FlashInfer")
     if not math.isnan(crossover):
         ax2.axvline(crossover, color="#e6ab02", ls=":", lw=1.5, label=f"measured crossover M* = {crossover:.0f}")
     if ax2.has_data():
