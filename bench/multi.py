@@ -190,7 +190,6 @@ def _worker(device: int, payload: dict[str, Any], grid: list[str], pinned: list[
     from bench.paths import PATHS
     from bench.sweep import SweepConfig, run_sweep
     from harness.errors import HarnessError as Error
-    from shapes.catalog import Shape  # noqa: F401  (the payload's shapes unpickle through it)
     by_name = {s.name: s for s in payload["shapes"]}
     own = list(pinned)
 

@@ -1,4 +1,5 @@
-"""python -m calibrate validate RESULTS | fit RESULTS --gpu PROFILE | host-cost --gpu PROFILE
+"""python -m calibrate validate RESULTS | fit RESULTS --gpu PROFILE | noise RUNS --gpu PROFILE | agree A B
+                   | host-cost --gpu PROFILE
                    | baseline --gpu PROFILE [--runs N] [--retune] [--from RESULTS...]
                    | regress --gpu PROFILE [--from RESULTS]"""
 from __future__ import annotations
@@ -18,13 +19,14 @@ from bench.envinfo import fingerprint
 from bench.results import load_results, load_run_info
 from bench.sweep import require_gpu
 from calibrate.agree import agreement, summary_lines
-from calibrate.analysis import FIT_MIN_GAIN, Cells, dispatch_candidates, cell_verdicts, failures, fit, forward_totals, model_uses
-from calibrate.noise import LEVEL, coverage, coverage_line, fit_floor, load_noise, noise_path
+from calibrate.analysis import (FIT_MIN_GAIN, Cells, cell_verdicts, dispatch_candidates, failures, fit, forward_totals,
+                                low_m_measured, model_uses)
 from calibrate.baseline import fingerprint_mismatch, fingerprint_of
 from calibrate.forward_model import (MODEL_MISS, eager_forward_picks, forward_ratios, forward_verdicts, load_forward,
                                     model_vs_measured)
 from calibrate.hostcost import run_host_cost
 from calibrate.l2 import MODES, close_cells, decisions
+from calibrate.noise import LEVEL, coverage, coverage_line, fit_floor, load_noise, noise_path
 from calibrate.regress import measure_runs, regress, regression_paths
 from dispatch.profiles import PROFILES, get_profile, matches
 from dispatch.table import REGIMES, TABLE_DIR, ThresholdTable, load_table

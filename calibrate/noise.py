@@ -9,7 +9,6 @@ fresh-process replicate's ratio is expected to fall with probability `level`. `c
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -125,6 +124,3 @@ def coverage_line(cov: pd.DataFrame, level: float, what: str) -> str:
         parts.append(f"with the run-to-run floor {cov['calibrated_inside'].mean():.1%}")
     return f"interval coverage ({what}, {len(cov)} ratios, nominal {level:.0%}): " + ", ".join(parts)
 
-
-def write_floor(path: Path, floor: NoiseFloor) -> str:
-    return json.dumps(floor.to_json(), indent=2) + "\n"

@@ -147,7 +147,7 @@ def headline(run: Run) -> Headline:
         unseen = sorted(set(int(m) for m in run.df["m"]) - set(t.source.get("fitted_ms") or []))
         s.insert(1, f"The table was fitted from {fitted}" + (f" (M {', '.join(map(str, held))} held out)" if held else "")
                  + ("; this is the run it was fitted on (in-sample)." if same else
-                    f"; this run is another one (out of sample)" + (f", with M values the fit never saw: "
+                    "; this run is another one (out of sample)" + (f", with M values the fit never saw: "
                                                                     f"{', '.join(map(str, unseen))}." if unseen else ".")))
     if t.source.get("note"):
         s.insert(1, f"About this table: {t.source['note']}")

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from bench.results import load_results
-from calibrate.analysis import Cells, cell_verdicts, fit, model_uses, ratio_ci, verdict
+from calibrate.analysis import Cells, cell_verdicts, fit, ratio_ci, verdict
 from dispatch.table import ThresholdTable, load_table, parse_table
 from harness.errors import HarnessError
 

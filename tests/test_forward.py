@@ -193,3 +193,12 @@ def test_eager_forward_picks_take_a_single_path_only_beyond_the_noise(tmp_path):
     picks = eager_forward_picks(fdf, ["aten", "flashinfer-lean:tinygemm"], 0.01)
     assert set(picks) == {("Qwen3.5-4B", 1)} and picks[("Qwen3.5-4B", 1)][0] == "flashinfer-lean:tinygemm"
     assert picks[("Qwen3.5-4B", 1)][1] == pytest.approx(0.8)
+
+
+def test_the_l2_command_on_the_committed_runs(capsys):
+    """python -m calibrate l2 end to end on the committed H200 runs: the figures quoted in the README's L2 section."""
+    from calibrate.__main__ import main
+    assert main(["l2", "--rotate", str(DATA / "h200-l2-rotate"), "--flush", str(DATA / "h200-l2-flush"),
+                 "--warm", str(DATA / "h200-l2-warm"), "--forward", str(DATA / "h200-l2-forward")]) == 0
+    out = capsys.readouterr().out
+    assert "decisions that flip with the L2 state: 4 of 20" in out and "rotate:" in out
