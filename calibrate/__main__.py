@@ -439,8 +439,9 @@ def _baseline_cmd(args, argv) -> int:
                            f"pass that GPU's baseline (or --allow-mismatch)")
     if fresh:
         require_gpu(profile)
-        _check_fingerprint(baseline, {"fingerprint": fingerprint(), "pdl": profile.pdl}, "this machine",
-                           args.allow_mismatch)
+        # the regression runs under the baseline's pdl setting (calibrate.regress), so only the machine is compared
+        _check_fingerprint(baseline, {"fingerprint": fingerprint(), "pdl": baseline.fingerprint.get("pdl", False)},
+                           "this machine", args.allow_mismatch)
         work = claim_work_dir(Path(args.work), "--work")
         run = regress(profile, baseline, work, args.tolerance)
         checks, remeasured, problems = run.checks, run.remeasured, run.fingerprint_problems

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from bench.autotune_cache import FILE_NAME
@@ -57,6 +57,8 @@ def regress(profile: GpuProfile, baseline: Baseline, work: Path, tolerance: floa
     TinyGEMM time at M=256 depended on what the process had run before (13.6-13.8 ms in 8 processes that ran the
     catalog order or the shape alone, 15.2 ms in 3 that ran the shapes sorted by N; the cause is not known)."""
     t0 = time.perf_counter()
+    # the baseline's conditions: its runs' pdl setting (baselines before the setting was recorded ran without pdl)
+    profile = replace(profile, pdl=bool(baseline.fingerprint.get("pdl", False)))
     for own in ("fresh", "remeasure"):  # this function's own output folders: a rerun replaces them
         clear_work_dir(work / own)
     wanted = {c.shape for c in baseline.cells}
@@ -83,10 +85,10 @@ def regress(profile: GpuProfile, baseline: Baseline, work: Path, tolerance: floa
 
 
 def _measure_in_child(profile_name: str, out: str, shapes: list[str] | None, ms: tuple[int, ...], samples: int,
-                      autotune_cache: str | None) -> None:
+                      autotune_cache: str | None, pdl: bool) -> None:
     by_name = {s.name: s for s in catalog()}
-    measure(get_profile(profile_name), Path(out), [by_name[n] for n in shapes] if shapes else None, ms, samples,
-            Path(autotune_cache) if autotune_cache else None)
+    measure(replace(get_profile(profile_name), pdl=pdl), Path(out), [by_name[n] for n in shapes] if shapes else None,
+            ms, samples, Path(autotune_cache) if autotune_cache else None)
 
 
 def measure_in_fresh_process(profile: GpuProfile, out: Path, shapes: list[str] | None = None,
@@ -100,7 +102,7 @@ def measure_in_fresh_process(profile: GpuProfile, out: Path, shapes: list[str] |
     claim_work_dir(out, "the measurement folder")
     with multiprocessing.get_context("spawn").Pool(1) as pool:
         pool.apply(_measure_in_child, (profile.name, str(out), shapes, tuple(ms), samples,
-                                       str(autotune_cache) if autotune_cache else None))
+                                       str(autotune_cache) if autotune_cache else None, profile.pdl))
     return cells_from_results(load_results(out), regression_paths(profile)[1:]), load_run_info(out)
 
 
