@@ -37,12 +37,22 @@ def git_sha() -> str | None:
     return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
+def nvml_index(cuda_device: int = 0) -> int:
+    """NVML's index of a CUDA device: NVML ignores CUDA_VISIBLE_DEVICES (a --devices worker sees its GPU as CUDA
+    device 0, which NVML may call 1). torch maps it where it can (its private helper); else the same index."""
+    try:
+        import torch
+        return int(torch.cuda._get_nvml_device_index(cuda_device))
+    except Exception:
+        return cuda_device
+
+
 def nvml_clocks() -> dict[str, Any]:
     """SM/memory clocks now and their maxima, and the throttle reasons seen (NVML, when present)."""
     try:
         import pynvml as nv
         nv.nvmlInit()
-        h = nv.nvmlDeviceGetHandleByIndex(0)
+        h = nv.nvmlDeviceGetHandleByIndex(nvml_index(0))
         info = {
             "sm_clock_mhz": nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM),
             "mem_clock_mhz": nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM),

@@ -21,7 +21,7 @@ from harness.io import atomic_write_text
 # what was measured (run.json).
 FINGERPRINT_FIELDS = ("gpu_name", "sm", "sm_count", "memory_bytes", "driver", "cuda", "torch", "cublas", "cudnn",
                       "flashinfer", "cupti_python")
-CLOCK_FIELDS = ("sm_clock_max_mhz", "mem_clock_mhz", "power_limit_w")
+CLOCK_FIELDS = ("sm_clock_max_mhz", "power_limit_w")  # limits, not the clocks of the moment
 GRID_FIELDS = ("profile", "timer", "l2", "samples", "ms", "paths", "pdl")
 
 

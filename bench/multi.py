@@ -106,6 +106,9 @@ def run_on_devices(cfg, spec: str, gpus: dict[int, tuple[str, int]] | None = Non
     if len(set(names.values())) > 1:
         raise HarnessError(f"--devices mixes GPU models ({', '.join(f'{d}: {n}' for d, n in names.items())}); "
                            f"one sweep measures one GPU type")
+    if cfg.save_autotune_cache is not None:
+        raise HarnessError("with --devices each GPU tunes its own shapes, and the merged run keeps each shard's tactics "
+                           "(autotune-cache-shardN.json); --save-autotune-cache is for a run on one GPU")
     if (cfg.out / "results.csv").exists() and not cfg.resume:
         raise HarnessError(f"{cfg.out}/results.csv exists; pass --resume to continue it or choose another --out")
     order = longest_first(cfg.shapes, cfg.ms, cfg.paths, cfg.profile)
