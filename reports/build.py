@@ -40,6 +40,25 @@ def summary_section(run: Run, head) -> str:
             f"<h3>Environment</h3>{environment(run)}")
 
 
+def table_section(run: Run) -> str:
+    """The dispatch table a reviewer changes: per shape, each regime's M ranges, and where it came from."""
+    t = run.table
+    if t is None:
+        return f"<p>{esc(run.table_problem or 'No dispatch table for this GPU.')}</p>"
+    src = t.source
+    meta = {"fitted from": src.get("fitted_from"), "fit command": src.get("fit_command"), "date": src.get("date"),
+            "M held out": ", ".join(map(str, src.get("held_out_m") or [])) or None,
+            "tactics": (src.get("tactics") or {}).get("file"), "rule": src.get("rule"), "note": src.get("note")}
+    rows = [{"shape": f"{n}x{k}", "graph": describe_ranges(own["graph"]),
+             "eager": describe_ranges(own["eager"])} for (n, k), own in sorted(t.shapes.items())]
+    rows.append({"shape": "any other shape", "graph": t.describe("graph"), "eager": t.describe("eager")})
+    return ('<div class="wrapkv">' + kv_table({k: v for k, v in meta.items() if v}) + "</div>"
+            + "<p>graph: ranges used while a CUDA graph is being captured (GPU time counts); eager: otherwise (host "
+              "and GPU time count). M above a shape's last range runs F.linear.</p>"
+            + table(pd.DataFrame(rows), [("shape", "shape"), ("graph", "graph regime"), ("eager", "eager regime")],
+                    cls="wrap", left=("shape", "graph", "eager")))
+
+
 def shapes_section(run: Run, rows: pd.DataFrame) -> str:
     xo = shape_crossovers(run)
     cap = run.profile.capture_size if run.profile else None
@@ -271,6 +290,7 @@ def build(results: list[str], out: Path, baseline: str | None = None, anatomy: s
         bar.update()
     gpus = " vs ".join(dict.fromkeys(r.gpu for r in runs))
     todo = [("summary", "Verdict", lambda: summary_section(primary, head)),
+            ("table", "Dispatch table", lambda: table_section(primary)),
             ("shapes", "Per shape", lambda: shapes_section(primary, rows)),
             ("totals", "Per-forward totals (cell-sum model)", lambda: totals_section(head)),
             ("cells", "Every cell", lambda: cells_section(rows)),

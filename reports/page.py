@@ -22,7 +22,7 @@ td.k{max-width:260px;overflow:hidden;text-overflow:ellipsis;text-align:left;font
 .v-FASTER{background:#c9ebc5}.v-SAME{background:#eceff1}.v-SLOWER{background:#f6c4bf}.v-AMBIGUOUS{background:#fbe7b5}
 .st-failed{background:#f6c4bf}.st-skipped{color:#888}details{margin:6px 0;background:#fff;border:1px solid #ddd;
 border-radius:4px;padding:4px 10px}summary{cursor:pointer;font-weight:600}img{max-width:100%}
-.muted{color:#666;font-size:12.5px}table.cells td:last-child{white-space:normal;max-width:260px;text-align:left}table.wrap td{white-space:normal;max-width:600px}.kv td{text-align:left}#filter{font-size:14px;padding:4px 8px;width:420px}
+.muted{color:#666;font-size:12.5px}table.cells td:last-child{white-space:normal;max-width:260px;text-align:left}table.wrap td{white-space:normal;max-width:600px}.wrapkv td{white-space:normal;max-width:1100px}.kv td{text-align:left}#filter{font-size:14px;padding:4px 8px;width:420px}
 """
 
 FILTER_JS = """

@@ -10,7 +10,7 @@ from harness.errors import HarnessError
 from reports.__main__ import main as reports_main
 
 DATA = Path(__file__).parent / "data"
-SECTIONS = ("summary", "shapes", "totals", "cells", "problems", "comparison", "anatomy", "forward")
+SECTIONS = ("summary", "table", "shapes", "totals", "cells", "problems", "comparison", "anatomy", "forward")
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
                   "--hide-scrollbars"]
