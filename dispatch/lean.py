@@ -128,7 +128,7 @@ def _cublaslt(pdl: bool) -> LeanFn:
 def _cute_dsl(pdl: bool) -> LeanFn:
     """CuTe DSL (SM100): per exact M, the runner and tactic the autotuner holds, re-checked as bf16_gemm_sm100 does
     (supports_inputs, is_tactic_compatible; else runners[0] with its default tactic); later calls go straight to
-    that runner. Not run on SM90: built from FlashInfer's source, tested with a fake module on CPU."""
+    that runner. Never run (no SM100 here): written from FlashInfer 0.7.2.post1's bf16_gemm_sm100."""
     import flashinfer.gemm.gemm_base as gb
     resolved: dict[tuple[int, int, int, int, bool], tuple] = {}
 
