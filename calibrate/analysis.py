@@ -146,6 +146,16 @@ def _backend_takes_pdl(path: str) -> bool:
     return backend is not None and backend in BACKENDS and BACKENDS[backend].supports_pdl
 
 
+def calibrated_ratio(cells: Cells, n: int, k: int, m: int, a: str, b: str, noise: Any, seed: int
+                     ) -> tuple[float, float, float]:
+    """GPU time of path a over path b at a cell, with its bootstrap interval widened by the run-to-run floor `noise`
+    (None: the bootstrap alone), banded by F.linear's GPU time as the floor was measured (b's where aten is absent)."""
+    ratio, lo, hi = ratio_ci(cells.samples[(n, k, m, a)], cells.samples[(n, k, m, b)], seed=seed)
+    if noise is not None:
+        lo, hi = noise.widen(ratio, lo, hi, cells.gpu(n, k, m, ATEN if cells.has(n, k, m, ATEN) else b))
+    return ratio, lo, hi
+
+
 def chosen_path(table: ThresholdTable, cells: Cells, n: int, k: int, m: int, regime: str = "graph") -> str:
     """The dispatcher's path for a cell in a regime; where the chosen kernel has no ok row (ineligible), F.linear."""
     path = table.choose(n, k, m, regime)
@@ -193,17 +203,11 @@ def cell_verdicts(cells: Cells, table: ThresholdTable, margin: float = 0.03, ora
                 continue
             chosen = chosen_path(table, cells, n, k, m)
             best = min(cands, key=lambda p: cells.gpu(n, k, m, p))
-            ratio, lo, hi = ratio_ci(cells.samples[(n, k, m, chosen)], cells.samples[(n, k, m, best)],
-                                     seed=hash((n, k, m)) & 0xFFFF)
-            if noise is not None:  # banded by F.linear's GPU time, as the floor was measured and the fit applies it
-                lo, hi = noise.widen(ratio, lo, hi, cells.gpu(n, k, m, ATEN if cells.has(n, k, m, ATEN) else best))
+            ratio, lo, hi = calibrated_ratio(cells, n, k, m, chosen, best, noise, hash((n, k, m)) & 0xFFFF)
             v = "SAME" if chosen == best else verdict(lo, hi, margin)
             low_vs_aten = ""
             if cells.has(n, k, m, low) and cells.has(n, k, m, ATEN):
-                lr, llo, lhi = ratio_ci(cells.samples[(n, k, m, low)], cells.samples[(n, k, m, ATEN)],
-                                        seed=(hash((n, k, m)) + 1) & 0xFFFF)
-                if noise is not None:
-                    llo, lhi = noise.widen(lr, llo, lhi, cells.gpu(n, k, m, ATEN))
+                _, llo, lhi = calibrated_ratio(cells, n, k, m, low, ATEN, noise, (hash((n, k, m)) + 1) & 0xFFFF)
                 low_vs_aten = verdict(llo, lhi, margin)
             eager = chosen_path(table, cells, n, k, m, "eager")
             eager_best = min(cands, key=lambda p: cells.cost(n, k, m, p, "eager"))
@@ -289,10 +293,7 @@ def _beats(cells: Cells, n: int, k: int, m: int, path: str, ref: str, regime: st
     below 1 - min_gain of ref's with its 20th percentiles (host time has no replay samples, only its spread over
     rounds; the floor keeps a GPU-bound eager cell from switching on a gain the graph test calls noise)."""
     if regime == "graph":
-        ratio, lo, hi = ratio_ci(cells.samples[(n, k, m, path)], cells.samples[(n, k, m, ref)], seed=m)
-        if noise is not None:
-            lo, hi = noise.widen(ratio, lo, hi, cells.gpu(n, k, m, ref))
-        return hi < 1 - min_gain
+        return calibrated_ratio(cells, n, k, m, path, ref, noise, m)[2] < 1 - min_gain
     floor = math.exp(noise.half_width(cells.gpu(n, k, m, ref))) if noise is not None else 1.0
     return cells.cost_bound(n, k, m, path, "p80") * floor < (1 - min_gain) * cells.cost_bound(n, k, m, ref, "p20")
 

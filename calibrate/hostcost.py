@@ -13,7 +13,7 @@ import numpy as np
 import dispatch
 from bench.hosttime import host_times
 from bench.stats import estimate_call_us
-from bench.sweep import require_cuda
+from bench.sweep import SweepConfig, require_cuda
 from dispatch.backends import BACKENDS, flashinfer_path, lean_path
 from dispatch.profiles import get_profile
 from dispatch.table import load_table
@@ -48,7 +48,8 @@ def run_host_cost(profile_name: str, calls: int, out: Path | None) -> int:
             bound = dispatch.bind(w)
             # as the sweep does: a call whose GPU time dwarfs its host time gets few calls (every call also runs on
             # the GPU, and the blocks wait for it)
-            gpu_bound = estimate_call_us(m, shape.n, shape.k, profile.sizing_tflops, profile.sizing_gbps) >= 100
+            gpu_bound = (estimate_call_us(m, shape.n, shape.k, profile.sizing_tflops, profile.sizing_gbps)
+                         >= SweepConfig.gpu_bound_us)
             host = host_times({"F.linear": lambda: F.linear(x, w), "dispatch.linear": lambda: dispatch.linear(x, w),
                                "dispatch.bind": lambda: bound(x)}, calls=5 if gpu_bound else 50,
                               rounds=5 if gpu_bound else max(1, calls // 50))

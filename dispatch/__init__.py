@@ -118,11 +118,11 @@ def _load_tactics(table: ThresholdTable) -> None:
 class _ShapeRule:
     """What the dispatcher does for one weight shape on one device: per regime ((up_to, kernel, backend), ...), and
     the activation size (M x K elements) above which every regime runs F.linear."""
-    __slots__ = ("limit", "limit_numel", "graph", "eager", "sm")
+    __slots__ = ("limit_numel", "graph", "eager", "sm")
 
     def __init__(self, table: ThresholdTable | None, n: int, k: int, sm: int, pdl: bool):
         self.sm = sm
-        self.limit = 0
+        limit = 0
         per: dict[str, tuple] = {}
         for regime in REGIMES:
             steps = []
@@ -133,10 +133,10 @@ class _ShapeRule:
                     kernel, backend = None, None  # a table from another GPU: its kernels do not run here
                 steps.append((up_to, kernel, backend))
                 if kernel is not None:
-                    self.limit = max(self.limit, up_to)
+                    limit = max(limit, up_to)
             per[regime] = tuple(steps)
         self.graph, self.eager = per["graph"], per["eager"]
-        self.limit_numel = self.limit * k if self.limit else -1
+        self.limit_numel = limit * k if limit else -1
 
     def pick(self, m: int) -> tuple[Kernel | None, Any]:
         for up_to, kernel, backend in (self.graph if _capturing() else self.eager):
@@ -192,22 +192,22 @@ def bind(weight: Any, bias: Any = None) -> Callable[[Any], Any]:
     if weight.dim() != 2:
         raise ValueError(f"dispatch.bind needs a 2-D weight [N, K], got shape {tuple(weight.shape)}")
     rule = _rule(weight.get_device(), weight)
-    limit_numel, n, k, device = rule.limit_numel, weight.shape[0], weight.shape[1], weight.get_device()
-    bf16, f_linear, capturing = torch.bfloat16, _f_linear, _capturing
+    limit_numel, n, k = rule.limit_numel, weight.shape[0], weight.shape[1]
+    f_linear, capturing = _f_linear, _capturing
 
-    def steps(regime_steps) -> tuple:
-        return tuple((up_to, kernel if kernel is not None and backend.accepts_weight(weight, bias, rule.sm) else None,
-                      backend.align_bytes - 1 if backend is not None else 0) for up_to, kernel, backend in regime_steps)
+    def steps(regime_steps) -> tuple:  # a kernel that does not take this weight becomes F.linear (None)
+        return tuple((up_to, kernel, backend.accepts_input) if kernel is not None
+                     and backend.accepts_weight(weight, bias, rule.sm) else (up_to, None, None)
+                     for up_to, kernel, backend in regime_steps)
     graph, eager = steps(rule.graph), steps(rule.eager)
 
     def below_limit(x: Any, numel: int) -> Any:
         if numel == 0 or x.dim() == 0 or x.shape[-1] != k:
             return f_linear(x, weight, bias)
         m = numel // k
-        for up_to, kernel, align_mask in (graph if capturing() else eager):
+        for up_to, kernel, accepts_input in (graph if capturing() else eager):
             if m <= up_to:
-                if kernel is None or x.dtype is not bf16 or not x.is_contiguous() or x.data_ptr() & align_mask \
-                        or x.get_device() != device:
+                if kernel is None or not accepts_input(x, weight):
                     break
                 out = kernel(x.view(m, k), weight, bias)
                 return out if x.dim() == 2 else out.view(*x.shape[:-1], n)
