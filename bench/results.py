@@ -197,6 +197,8 @@ def check_grid(df, info: dict[str, Any], path: Path, partial: bool) -> list[str]
 
 def load_run_info(path: str | Path) -> dict[str, Any]:
     path = Path(path)
+    if not path.exists():
+        raise HarnessError(f"results {path} not found; run `python -m bench run` first or pass its folder")
     run_json = (path if path.is_dir() else path.parent) / "run.json"
     if not run_json.is_file():
         raise HarnessError(f"{run_json} not found; a results table needs the run.json written beside it")
