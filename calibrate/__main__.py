@@ -22,7 +22,7 @@ from calibrate.agree import agreement, summary_lines
 from calibrate.analysis import (FIT_MIN_GAIN, Cells, cell_verdicts, dispatch_candidates, failures, fit, forward_totals,
                                 low_m_measured, model_uses)
 from calibrate.baseline import fingerprint_mismatch, fingerprint_of
-from calibrate.forward_model import (MODEL_MISS, eager_forward_picks, forward_ratios, forward_verdicts, load_forward,
+from calibrate.forward_model import (MODEL_MISS, forward_picks, forward_ratios, forward_verdicts, load_forward,
                                     model_vs_measured)
 from calibrate.hostcost import run_host_cost
 from calibrate.l2 import MODES, close_cells, decisions
@@ -254,22 +254,22 @@ def _fit_cmd(args, argv, profile, df, info, cells) -> int:
     hold_out = _grid_ms(args.hold_out)
     base = ThresholdTable(profile.name, profile.low_m_backend, {r: () for r in REGIMES})
     noise = load_noise(profile.name)
-    eager_picks, forward_note = {}, None
+    cell_picks, forward_note = {}, None
     if args.forward:
         fdf, finfo = load_forward(args.forward, args.partial)
         _check_gpu(finfo, profile.name, args.forward)
-        picks = eager_forward_picks(fdf, dispatch_candidates(cells, base), args.min_gain)
+        picks = forward_picks(fdf, dispatch_candidates(cells, base), args.min_gain)
         uses = model_uses(df)
-        for (model, m), (path, ratio, hi) in sorted(picks.items()):
+        for (regime, model, m), (path, ratio, hi) in sorted(picks.items()):
             if m in hold_out:
                 continue
             for n, k, _ in uses.get(model, []):
-                eager_picks[(n, k, m)] = path
-            print(f"eager, {model} M={m}: {path} everywhere it runs measured {ratio:.3f}x all-aten "
-                  f"(interval up to {hi:.3f}); chosen for the model's shapes at that M")
-        forward_note = {"forward": str(args.forward), "eager_picks": {f"{mo} M={m}": p for (mo, m), (p, *_) in
-                                                                      sorted(picks.items())}}
-    table, report = fit(cells, base, profile.capture_size, args.min_gain, noise, hold_out, eager_picks)
+                cell_picks[(regime, n, k, m)] = path
+            print(f"{regime}, {model} M={m}: {path} everywhere it runs measured {ratio:.3f}x all-aten "
+                  f"(interval up to {hi:.3f}); fills the model's cells at that M where F.linear was left")
+        forward_note = {"forward": str(args.forward),
+                        "picks": {f"{r} {mo} M={m}": p for (r, mo, m), (p, *_) in sorted(picks.items())}}
+    table, report = fit(cells, base, profile.capture_size, args.min_gain, noise, hold_out, cell_picks)
     fp = info.get("fingerprint", {})
     fitted_ms = sorted(set(int(m) for m in df["m"]) - hold_out)
     source = {"fitted_from": str(args.results), "run_command": info.get("command"), "gpu": fp.get("gpu_name"),
@@ -281,10 +281,11 @@ def _fit_cmd(args, argv, profile, df, info, cells) -> int:
                       + " in the regime's cost (graph: GPU time; eager: max(host, GPU) per call) replaces F.linear "
                       f"where it beats F.linear beyond the noise by more than {args.min_gain:.0%} (graph: the "
                       "GPU-time ratio's interval widened by the run-to-run floor; eager: path's p80 cost below "
-                      "F.linear's p20 cost times the floor); with --forward, in the eager regime at each (model, M) "
+                      "F.linear's p20 cost times the floor); with --forward, in each regime at each (model, M) "
                       "measured, the lean single path whose whole forward beat all-aten beyond the noise (paired "
-                      "interval) for that model's shapes; a range ends at the last measured M of its run; shapes not "
-                      "measured and M above the last range run F.linear",
+                      "interval) where the cell test left F.linear and the path's cell costs no more; between two measured M whose choices differ, the boundary is "
+                      "where the two paths' costs, interpolated linearly in M, cross (a model of unmeasured M); "
+                      "shapes not measured and M above the last range run F.linear",
               "noise_floor": noise.source if noise else None, "measured_forwards": forward_note}
     if df.attrs["incomplete"]:
         source["incomplete_data"] = "fitted with --partial from a run with missing cells or that did not finish"

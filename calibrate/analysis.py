@@ -298,16 +298,62 @@ def _beats(cells: Cells, n: int, k: int, m: int, path: str, ref: str, regime: st
     return cells.cost_bound(n, k, m, path, "p80") * floor < (1 - min_gain) * cells.cost_bound(n, k, m, ref, "p20")
 
 
+def host_hidden(cells: Cells, n: int, k: int, m: int, path: str) -> bool:
+    """Whether a call's host time hides behind its GPU time when eager (host p80 below GPU p20): such a cell's eager
+    cost is its GPU time, and the graph regime's GPU-time evidence (and measured-forward pick) decides it."""
+    if not cells.has(n, k, m, path):
+        return False
+    row = cells.df.loc[(n, k, m, path)]
+    host = row.get("host_us_p80", row["host_us"])
+    gpu = row.get("gpu_us_p20", row["gpu_us"])
+    return bool(pd.notna(host) and pd.notna(gpu) and host < gpu)
+
+
+def boundary(cells: Cells, n: int, k: int, lo: tuple[int, str], hi: tuple[int, str], regime: str) -> int:
+    """The last M of [lo, hi) that keeps lo's path, where its path and hi's path change places between two measured
+    M: where their regime costs, interpolated linearly in M between the two measured values, cross (a model of the
+    unmeasured M, checked by validating on held-out M). lo's M where either cost is missing at either end, or where
+    lo's path was chosen although it was not the cheaper one there (a measured forward's pick, a gain in the noise)."""
+    (m0, p), (m1, q) = lo, hi
+    if not all(cells.has(n, k, m, x) for m in (m0, m1) for x in (p, q)):
+        return m0
+    d0 = cells.cost(n, k, m0, p, regime) - cells.cost(n, k, m0, q, regime)
+    d1 = cells.cost(n, k, m1, p, regime) - cells.cost(n, k, m1, q, regime)
+    if d0 > 0:
+        return m0
+    if d1 <= 0:
+        return m1 - 1
+    return m0 + int((m1 - m0) * -d0 / (d1 - d0))
+
+
+def with_boundaries(cells: Cells, n: int, k: int, choices: list[tuple[int, str]], regime: str
+                    ) -> list[tuple[int, str]]:
+    """Per-M choices with, where the choice changes between two measured M, the last M of the lower one's run moved
+    to the boundary (see boundary)."""
+    out: list[tuple[int, str]] = []
+    for here, after in zip(choices, choices[1:] + [None]):
+        out.append(here)
+        if after is not None and after[1] != here[1]:
+            end = boundary(cells, n, k, here, after, regime)
+            if end > here[0]:
+                out.append((end, here[1]))
+    return out
+
+
 def fit(cells: Cells, base: ThresholdTable, capture_size: int, min_gain: float = FIT_MIN_GAIN, noise: Any = None,
         hold_out: set[int] | frozenset[int] = frozenset(),
-        eager_picks: dict[tuple[int, int, int], str] | None = None) -> tuple[ThresholdTable, pd.DataFrame]:
+        forward_picks: dict[tuple[str, int, int, int], str] | None = None) -> tuple[ThresholdTable, pd.DataFrame]:
     """Per shape and regime, M ranges -> path. At each measured M (held-out values left out) the cheapest candidate
     (dispatch_candidates) in the regime's cost (graph: GPU time; eager: max(host, GPU) per call) replaces F.linear
     only where it beats F.linear beyond the noise (_beats); ties go to F.linear. Shapes not measured run F.linear
-    (the default ranges are empty): a kernel is only chosen where it was measured. `eager_picks` (n, k, m) -> path
-    come from measured forwards (calibrate.forward_model.eager_forward_picks) and take precedence in the eager
-    regime at their cells, where the path ran ok."""
-    eager_picks = eager_picks or {}
+    (the default ranges are empty): a kernel is only chosen where it was measured. `forward_picks`
+    (regime, n, k, m) -> path come from measured forwards (calibrate.forward_model.forward_picks): a path whose whole
+    forward beat all-aten beyond the noise. Eager, it takes precedence at its cells: a host-bound forward costs its
+    host time, which the per-cell max(host, GPU) misjudges. In the graph regime GPU time adds up cell by cell, so
+    it only fills cells where the cell test left F.linear and its own cell costs no more than F.linear's (gains too
+    small to show beyond the noise in one cell). An eager cell whose host time hides behind its GPU time
+    (host_hidden) takes the graph regime's choice before that."""
+    forward_picks = forward_picks or {}
     among = dispatch_candidates(cells, base)
     if not any(cells.has(n, k, m, ATEN) and cells.has(n, k, m, p) for n, k in cells.shapes() for m in cells.ms(n, k)
                for p in among[1:]):
@@ -319,19 +365,24 @@ def fit(cells: Cells, base: ThresholdTable, capture_size: int, min_gain: float =
         ms = [m for m in cells.ms(n, k) if m not in hold_out and cells.has(n, k, m, ATEN)]
         if not ms:
             continue
-        own = {}
-        for regime in REGIMES:
+        own, graph_choice = {}, {}
+        for regime in ("graph", "eager"):
             choices = []
             for m in ms:
-                picked = eager_picks.get((n, k, m)) if regime == "eager" else None
-                if picked is not None and cells.has(n, k, m, picked):
-                    choices.append((m, picked))
-                    continue
                 cands = [p for p in among if p != ATEN and cells.has(n, k, m, p)]
                 best = min(cands, key=lambda p: cells.cost(n, k, m, p, regime), default=None)
-                win = best is not None and _beats(cells, n, k, m, best, ATEN, regime, min_gain, noise)
-                choices.append((m, best if win else ATEN))
-            own[regime] = compress(choices)
+                choice = best if best is not None and _beats(cells, n, k, m, best, ATEN, regime, min_gain,
+                                                             noise) else ATEN
+                if regime == "eager" and all(host_hidden(cells, n, k, m, p) for p in {ATEN, graph_choice[m]}):
+                    choice = graph_choice[m]  # eagerly GPU-bound: GPU time decides, as in the graph regime
+                picked = forward_picks.get((regime, n, k, m))
+                if picked is not None and cells.has(n, k, m, picked) and (regime == "eager" or (
+                        choice == ATEN and cells.cost(n, k, m, picked, regime) <= cells.cost(n, k, m, ATEN, regime))):
+                    choice = picked
+                if regime == "graph":
+                    graph_choice[m] = choice
+                choices.append((m, choice))
+            own[regime] = compress(with_boundaries(cells, n, k, choices, regime))
         shapes_out[(n, k)] = own
         report.append({"n": n, "k": k, "graph": describe_ranges(own["graph"]), "eager": describe_ranges(own["eager"]),
                        "crossover_m": crossover(cells, base, n, k)})

@@ -143,15 +143,15 @@ def _paired(g: pd.DataFrame, a: str, b: str) -> tuple[float, float, float]:
     return g.at[a, "us"] / g.at[b, "us"], math.nan, math.nan
 
 
-def eager_forward_picks(forward: pd.DataFrame, candidates: list[str], min_gain: float
-                        ) -> dict[tuple[str, int], tuple[str, float, float]]:
-    """Per (model, M) measured eagerly: the lean single path (one path wherever it can run, F.linear elsewhere)
+def forward_picks(forward: pd.DataFrame, candidates: list[str], min_gain: float
+                  ) -> dict[tuple[str, str, int], tuple[str, float, float]]:
+    """Per (regime, model, M) measured: the lean single path (one path wherever it can run, F.linear elsewhere)
     whose whole forward beat all-aten beyond the noise (paired interval wholly below 1 - min_gain), the fastest such
-    one, with its ratio and the interval's upper end. What users pay in the eager regime is a forward, not a cell:
-    gains of a few percent per cell that no single cell shows beyond the noise add up over a forward."""
-    ok = forward[(forward["status"] == "ok") & (forward["regime"] == "eager")]
+    one, with its ratio and the interval's upper end. What users pay is a forward, not a cell: gains of a few
+    percent per cell that no single cell shows beyond the noise add up over a forward."""
+    ok = forward[forward["status"] == "ok"]
     picks = {}
-    for (model, m), g in ok.groupby(["model", "m"]):
+    for (regime, model, m), g in ok.groupby(["regime", "model", "m"]):
         g = g.set_index("path")
         if ATEN not in g.index:
             continue
@@ -163,5 +163,5 @@ def eager_forward_picks(forward: pd.DataFrame, candidates: list[str], min_gain: 
             if hi == hi and hi < 1 - min_gain and (best is None or ratio < best[1]):
                 best = (path, ratio, hi)
         if best is not None:
-            picks[(str(model), int(m))] = best
+            picks[(str(regime), str(model), int(m))] = best
     return picks

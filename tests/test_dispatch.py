@@ -54,20 +54,26 @@ def test_fit_finds_each_shapes_own_ranges_per_regime():
     df = _synthetic(times)
     cells = Cells.from_results(df)
     table, report = fit(cells, ThresholdTable.from_thresholds("h200", "tinygemm", 0), capture_size=512)
-    assert table.ranges(64, 2048, "graph") == ((16, "flashinfer-lean:tinygemm"),)
+    # measured wins up to 16 and losses from 32; in between, the linear costs cross at 16 + 16 * 2 / 5 = 22.4
+    assert table.ranges(64, 2048, "graph") == ((22, "flashinfer-lean:tinygemm"),)
     assert table.ranges(2048, 4096, "graph") == () and table.ranges(2048, 4096, "eager") == ()
     # eager cost max(host, GPU): lean 9 vs F.linear 20 at every M -> lean where its max stays below
     assert table.ranges(64, 2048, "eager") == ((1024, "flashinfer-lean:tinygemm"),)
-    assert table.choose(64, 2048, 24, "graph") == "aten"  # an unmeasured M between 16 and 32 goes to F.linear
+    assert table.choose(64, 2048, 24, "graph") == "aten"  # an unmeasured M past the crossing goes to F.linear
     assert table.choose(999, 999, 1) == "aten"  # a shape the fit never saw runs F.linear
     assert report.set_index(["n", "k"]).loc[(64, 2048), "crossover_m"] == 32
     held, _ = fit(cells, ThresholdTable.from_thresholds("h200", "tinygemm", 0), 512, hold_out={16})
-    assert held.ranges(64, 2048, "graph") == ((8, "flashinfer-lean:tinygemm"),)
-    # a measured forward's pick wins in the eager regime at its cell, and only there
+    assert held.ranges(64, 2048, "graph") == ((17, "flashinfer-lean:tinygemm"),)  # 8 + 24 * 2 / 5 = 17.6
+    # a measured forward's pick: eagerly it wins at its cell; in the graph regime it only fills a cell where the cell
+    # test left F.linear and its own cell is no dearer
     picked, _ = fit(cells, ThresholdTable.from_thresholds("h200", "tinygemm", 0), 512,
-                    eager_picks={(2048, 4096, 1): "flashinfer-lean:tinygemm"})
+                    forward_picks={("eager", 2048, 4096, 1): "flashinfer-lean:tinygemm",
+                                   ("graph", 2048, 4096, 1): "flashinfer-lean:tinygemm"})
     assert picked.ranges(2048, 4096, "eager") == ((1, "flashinfer-lean:tinygemm"),)
-    assert picked.ranges(2048, 4096, "graph") == ()
+    assert picked.ranges(2048, 4096, "graph") == ()  # GPU 9 vs 8 µs: its cell is dearer, F.linear stays
+    kept, _ = fit(cells, ThresholdTable.from_thresholds("h200", "tinygemm", 0), 512,
+                  forward_picks={("graph", 64, 2048, 1): "flashinfer:tinygemm"})
+    assert kept.choose(64, 2048, 1, "graph") == "flashinfer-lean:tinygemm"  # the cell test's own win stands
 
 
 def test_fit_hysteresis_keeps_f_linear_on_a_gain_inside_the_noise():
