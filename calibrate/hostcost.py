@@ -26,6 +26,9 @@ WORST_BOUND = 1.15  # dispatch.linear above every range may cost at most this mu
 LEAN_M = 8
 
 
+BIND_AT_LEAN_M = "dispatch.bind (the table's eager choice)"
+
+
 def run_host_cost(profile_name: str, calls: int, out: Path | None) -> int:
     require_cuda()
     import torch
@@ -64,7 +67,8 @@ def run_host_cost(profile_name: str, calls: int, out: Path | None) -> int:
         for shape in catalog():
             x = torch.randn(LEAN_M, shape.k, device="cuda", dtype=torch.bfloat16)
             w = torch.randn(shape.n, shape.k, device="cuda", dtype=torch.bfloat16)
-            fns = {"F.linear": lambda: F.linear(x, w)}
+            bound = dispatch.bind(w)
+            fns = {"F.linear": lambda: F.linear(x, w), BIND_AT_LEAN_M: lambda: bound(x)}
             for b in dict.fromkeys((profile.low_m_backend, "cublaslt")):
                 backend = BACKENDS[b]
                 if backend.skip_reason(profile.sm, shape.n, shape.k, LEAN_M) or not backend.accepts(x, w, None, profile.sm):
@@ -74,7 +78,8 @@ def run_host_cost(profile_name: str, calls: int, out: Path | None) -> int:
                 fns[flashinfer_path(b)] = lambda public=public: public(x, w)
             host = host_times(fns, calls=50, rounds=max(1, calls // 200))
             a = host["F.linear"][0]
-            line = f"{shape.name:16s} M={LEAN_M:5d}  F.linear {a:7.2f} µs"
+            line = (f"{shape.name:16s} M={LEAN_M:5d}  eager choice {table.choose(shape.n, shape.k, LEAN_M, 'eager')}"
+                    f"  F.linear {a:7.2f} µs")
             for name, (v, *_) in host.items():
                 if name == "F.linear":
                     continue
