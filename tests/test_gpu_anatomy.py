@@ -22,7 +22,8 @@ def test_host_anatomy_times_every_layer_and_the_segments_add_up(tmp_path, gpu_pr
             cell = df[(df["m"] == m) & (df["path"] == path)]
             layers = dict(zip(cell[cell.kind == "layer"]["layer"], cell[cell.kind == "layer"]["host_us"]))
             segs = cell[cell.kind == "segment"]
-            assert len(segs) == len(FLASHINFER_SEGMENTS)
+            # a segment with `unless` is an alternative split, left out where its alternative layer was timed
+            assert len(segs) == len([s for s in FLASHINFER_SEGMENTS if s.unless is None or s.unless not in layers])
             assert segs["host_us"].sum() == pytest.approx(layers[FLASHINFER_TOTAL], rel=1e-3)  # telescoping
             aten = df[(df["m"] == m) & (df["path"] == "aten") & (df["layer"] == "F.linear")]["host_us"].iloc[0]
             assert layers[FLASHINFER_TOTAL] > aten  # an opaque op over FlashInfer never costs less host time

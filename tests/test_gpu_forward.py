@@ -24,7 +24,12 @@ def test_every_path_and_regime_is_measured(short_forward):
     assert len(df) == 2 * len(cfg.rules) * 2
     assert (df["decoder_layers"].astype(str) == "2").all()
     g = df[df["regime"] == "graph"]
-    assert (g["gpu_busy_us"] <= g["span_us"] * 1.0001).all()
+    if cfg.profile.pdl:
+        # with PDL a kernel starts before its predecessor ends and waits inside it, so the summed kernel durations
+        # overlap: they may exceed the replay's span, by a few percent on the H200 (the sweep times such calls by span)
+        assert (g["gpu_busy_us"] <= g["span_us"] * 1.10).all()
+    else:
+        assert (g["gpu_busy_us"] <= g["span_us"] * 1.0001).all()
     e = df[df["regime"] == "eager"]
     assert (e["submit_us"] <= e["us"]).all() and (e["gpu_busy_us"] > 0).all()
 
