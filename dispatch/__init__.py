@@ -191,33 +191,34 @@ def bind(weight: Any, bias: Any = None) -> Callable[[Any], Any]:
     and the activation's own checks (dtype, device, contiguity, alignment)."""
     if weight.dim() != 2:
         raise ValueError(f"dispatch.bind needs a 2-D weight [N, K], got shape {tuple(weight.shape)}")
-    rule = _rule(weight.get_device(), weight)
+    device = weight.get_device()
+    rule = _rule(device, weight)
     limit_numel, n, k = rule.limit_numel, weight.shape[0], weight.shape[1]
     f_linear, capturing = _f_linear, _capturing
 
     def steps(regime_steps) -> tuple:  # a kernel that does not take this weight becomes F.linear (None)
-        return tuple((up_to, kernel, backend.accepts_input) if kernel is not None
+        return tuple((up_to, kernel, backend.input_check(device)) if kernel is not None
                      and backend.accepts_weight(weight, bias, rule.sm) else (up_to, None, None)
                      for up_to, kernel, backend in regime_steps)
     graph, eager = steps(rule.graph), steps(rule.eager)
 
-    def below_limit(x: Any, numel: int) -> Any:
-        if numel == 0 or x.dim() == 0 or x.shape[-1] != k:
+    # One function, no helper call and no view for a 2-D activation: every step here is host time per call.
+    def bound_linear(x: Any) -> Any:
+        numel = x.numel()
+        if numel > limit_numel or numel == 0:
+            return f_linear(x, weight, bias)
+        dim = x.dim()
+        if dim == 0 or x.shape[-1] != k:
             return f_linear(x, weight, bias)
         m = numel // k
         for up_to, kernel, accepts_input in (graph if capturing() else eager):
             if m <= up_to:
-                if kernel is None or not accepts_input(x, weight):
+                if kernel is None or not accepts_input(x):
                     break
-                out = kernel(x.view(m, k), weight, bias)
-                return out if x.dim() == 2 else out.view(*x.shape[:-1], n)
+                if dim == 2:
+                    return kernel(x, weight, bias)
+                return kernel(x.view(m, k), weight, bias).view(*x.shape[:-1], n)
         return f_linear(x, weight, bias)
-
-    def bound_linear(x: Any) -> Any:
-        numel = x.numel()
-        if numel > limit_numel:
-            return f_linear(x, weight, bias)
-        return below_limit(x, numel)
     return bound_linear
 
 

@@ -3,7 +3,7 @@ it to tensors on every call; the bench registry and the analyses apply it to (SM
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -82,11 +82,18 @@ class Backend:
                 and weight.is_contiguous() and (self.sms is None or sm in self.sms) and n % self.n_multiple == 0
                 and k % self.k_multiple == 0 and weight.data_ptr() % self.align_bytes == 0)
 
+    def input_check(self, device: int) -> Callable[[Any], bool]:
+        """The per-call half, for a weight on GPU `device`: the activation's dtype, device, layout and alignment.
+        A closure, so that a bound layer pays for the four tests only (device indices compared as ints: cheaper than
+        building torch.device objects on every call)."""
+        bf16, align = torch.bfloat16, self.align_bytes
+
+        def check(x: Any) -> bool:
+            return x.dtype is bf16 and x.is_contiguous() and x.data_ptr() % align == 0 and x.get_device() == device
+        return check
+
     def accepts_input(self, x: Any, weight: Any) -> bool:
-        """The per-call half: the activation's dtype, device, layout and alignment (device indices compared as
-        ints: cheaper than building two torch.device objects on every call)."""
-        return (x.dtype is torch.bfloat16 and x.get_device() == weight.get_device() and x.is_contiguous()
-                and x.data_ptr() % self.align_bytes == 0)
+        return self.input_check(weight.get_device())(x)
 
     def accepts(self, x: Any, weight: Any, bias: Any, sm: int) -> bool:
         """Whether the kernel takes these tensors (bf16, contiguous, on one GPU, no bias, shape multiples, alignment);
