@@ -187,20 +187,27 @@ def _below_limit(x: Any, weight: Any, bias: Any, rule: _ShapeRule, numel: int) -
 def bind(weight: Any, bias: Any = None) -> Callable[[Any], Any]:
     """The dispatcher for one layer, a callable x -> y. Everything that depends on the weight is resolved here: the
     table's ranges, the kernels, and which of them take this weight (one that does not becomes F.linear). Per call:
-    above every range one x.numel() and one comparison more than F.linear; below, the capture check, the range walk
-    and the activation's own checks (dtype, device, contiguity, alignment)."""
+    above every range one x.numel() and one comparison more than F.linear; below, the range walk, the capture check
+    where the two regimes differ, and the activation's own checks (dtype, device, contiguity, alignment)."""
     if weight.dim() != 2:
         raise ValueError(f"dispatch.bind needs a 2-D weight [N, K], got shape {tuple(weight.shape)}")
     device = weight.get_device()
     rule = _rule(device, weight)
     limit_numel, n, k = rule.limit_numel, weight.shape[0], weight.shape[1]
     f_linear, capturing = _f_linear, _capturing
+    resolved: dict[int, tuple | None] = {}
 
-    def steps(regime_steps) -> tuple:  # a kernel that does not take this weight becomes F.linear (None)
-        return tuple((up_to, kernel, backend.input_check(device)) if kernel is not None
-                     and backend.accepts_weight(weight, bias, rule.sm) else (up_to, None, None)
-                     for up_to, kernel, backend in regime_steps)
-    graph, eager = steps(rule.graph), steps(rule.eager)
+    def entry(kernel: Any, backend: Any) -> tuple | None:  # (kernel, its input check), one object per kernel
+        if kernel is None or not backend.accepts_weight(weight, bias, rule.sm):
+            return None  # a kernel that does not take this weight becomes F.linear
+        return resolved.setdefault(id(kernel), (kernel, backend.input_check(device)))
+
+    def at(regime_steps: tuple, m: int) -> tuple | None:
+        return next((entry(kernel, backend) for up_to, kernel, backend in regime_steps if m <= up_to), None)
+    # Both regimes' ranges on one set of boundaries: per segment (up_to, graph choice, eager choice). Where the two
+    # are the same object the capture query (a CUDA call) is skipped.
+    bounds = sorted({up for up, _, _ in rule.graph} | {up for up, _, _ in rule.eager})
+    segments = tuple((up, at(rule.graph, up), at(rule.eager, up)) for up in bounds)
 
     # One function, no helper call and no view for a 2-D activation: every step here is host time per call.
     def bound_linear(x: Any) -> Any:
@@ -211,13 +218,14 @@ def bind(weight: Any, bias: Any = None) -> Callable[[Any], Any]:
         if dim == 0 or x.shape[-1] != k:
             return f_linear(x, weight, bias)
         m = numel // k
-        for up_to, kernel, accepts_input in (graph if capturing() else eager):
+        for up_to, graph, eager in segments:
             if m <= up_to:
-                if kernel is None or not accepts_input(x):
+                use = graph if graph is eager else graph if capturing() else eager
+                if use is None or not use[1](x):
                     break
                 if dim == 2:
-                    return kernel(x, weight, bias)
-                return kernel(x.view(m, k), weight, bias).view(*x.shape[:-1], n)
+                    return use[0](x, weight, bias)
+                return use[0](x.view(m, k), weight, bias).view(*x.shape[:-1], n)
         return f_linear(x, weight, bias)
     return bound_linear
 
