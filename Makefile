@@ -10,11 +10,11 @@ DEVICES ?=
 OUT ?= results/$(GPU)
 
 .PHONY: venv gpu-env bench forward baseline regress host-anatomy report test clean
-RESULTS ?= tests/data/h200-lean-validate
+RESULTS ?= tests/data/h200-fit2-validate
 COMPARE ?= tests/data/h200-lean-fit
 BASELINE ?= tests/baselines/h200.json
 ANATOMY ?= tests/data/h200-host-anatomy
-FORWARD ?= tests/data/h200-lean-forward
+FORWARD ?= tests/data/h200-bound-forward-3
 REPORT ?= report.html
 
 # --system-site-packages: a GPU machine's own CUDA build of torch (and FlashInfer, CUPTI) stays visible.

@@ -105,6 +105,7 @@ def merge_shards(shards: Sequence[Path], out: Path, partial: bool = False) -> Pa
     write_run_json(out, {**ref, "kind": "merged sweep", "shapes": grid, "status": "complete" if complete else "incomplete",
                          "missing_shapes": missing, "merged": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                          "wall_s": max(float(i.get("wall_s") or 0) for _, i in infos),
+                         "started": min((str(i["started"]) for _, i in infos if i.get("started")), default=None),
                          "shards": [{"source": str(d), "command": i.get("command"), "started": i.get("started"),
                                      "wall_s": i.get("wall_s"), "status": i.get("status"), "shard": i.get("shard"),
                                      "device": i.get("device"), "fingerprint": i.get("fingerprint"),

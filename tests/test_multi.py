@@ -1,6 +1,7 @@
 """CPU tests of the work split over GPUs and machines: queue order, shard arithmetic, the full grid, merging shards
 (and refusing to), resuming a --devices run. Shards here are cut from a committed H200 run, rows unedited."""
 import json
+import math
 from pathlib import Path
 
 import pandas as pd
@@ -185,3 +186,34 @@ def test_the_replicate_agreement_quoted_in_the_readme():
     assert (round(d.median(), 4), round(d.quantile(0.9), 4)) == (0.0086, 0.0286)
     assert round(df["host_ratio"].median(), 2) == 1.29
     assert "1696 cells" in summary_lines(df)[0]
+
+
+X1, X2 = DATA / "h200x1-sweep", DATA / "h200x2-sweep"
+
+
+def test_the_two_gpu_run_agrees_with_the_one_gpu_run():
+    """The committed default sweeps of one 2-GPU H200 lease, `--devices all` and then GPU 0 alone, same pinned
+    tactics: per-cell GPU time within the issue's bounds (median |diff| <= 1%, p90 <= 3%), and the host-time shift
+    between them no larger than between the two single-GPU replicates of another lease (h200-lean-fit/-validate)."""
+    from calibrate.agree import agreement
+    from calibrate.analysis import Cells
+    df = agreement(Cells.from_results(load_results(X1)), Cells.from_results(load_results(X2)))
+    assert len(df) == 2630
+    d = df["gpu_diff"].abs()
+    assert (round(d.median(), 4), round(d.quantile(0.9), 4)) == (0.0031, 0.0279)
+    assert d.median() <= 0.01 and d.quantile(0.9) <= 0.03
+    host_shift = abs(math.log(df["host_ratio"].median()))
+    rep = agreement(*(Cells.from_results(load_results(DATA / n)) for n in ("h200-lean-fit", "h200-lean-validate")))
+    assert round(df["host_ratio"].median(), 2) == 0.80
+    assert host_shift <= abs(math.log(rep["host_ratio"].median()))
+
+
+def test_the_two_gpu_sweep_ran_faster_and_merges_again_byte_for_byte(tmp_path):
+    """Its shards merge again into exactly the committed results.csv; its wall time (the slower shard's) against
+    the one-GPU run's: the >= 1.8x target."""
+    out = merge_shards([X2 / "shards" / "gpu0", X2 / "shards" / "gpu1"], tmp_path / "merged")
+    assert (out / "results.csv").read_bytes() == (X2 / "results.csv").read_bytes()
+    one, two = (json.loads((d / "run.json").read_text()) for d in (X1, X2))
+    assert two["host_timing"].startswith("serialized") and len(two["shards"]) == 2
+    assert {s["shard"]["device"] for s in two["shards"]} == {0, 1}
+    assert round(one["wall_s"] / two["wall_s"], 2) == 1.94 and one["wall_s"] / two["wall_s"] >= 1.8
