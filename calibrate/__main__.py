@@ -281,11 +281,13 @@ def _fit_cmd(args, argv, profile, df, info, cells) -> int:
                       + " in the regime's cost (graph: GPU time; eager: max(host, GPU) per call) replaces F.linear "
                       f"where it beats F.linear beyond the noise by more than {args.min_gain:.0%} (graph: the "
                       "GPU-time ratio's interval widened by the run-to-run floor; eager: path's p80 cost below "
-                      "F.linear's p20 cost times the floor); with --forward, in each regime at each (model, M) "
-                      "measured, the lean single path whose whole forward beat all-aten beyond the noise (paired "
-                      "interval) where the cell test left F.linear and the path's cell costs no more; between two measured M whose choices differ, the boundary is "
-                      "where the two paths' costs, interpolated linearly in M, cross (a model of unmeasured M); "
-                      "shapes not measured and M above the last range run F.linear",
+                      "F.linear's p20 cost times the floor); an eager cell whose host p80 stays below its GPU p20 "
+                      "takes the graph regime's choice; with --forward, at each (model, M) measured, the lean single "
+                      "path whose whole forward beat all-aten beyond the noise (paired interval) for that model's "
+                      "shapes (eager: at every such cell; graph: where the cell test left F.linear and the path's "
+                      "cell costs no more); between two measured M whose choices differ, the boundary is where the "
+                      "two paths' costs, interpolated linearly in M, cross (a model of unmeasured M); shapes not "
+                      "measured and M above the last range run F.linear",
               "noise_floor": noise.source if noise else None, "measured_forwards": forward_note}
     if df.attrs["incomplete"]:
         source["incomplete_data"] = "fitted with --partial from a run with missing cells or that did not finish"
