@@ -68,7 +68,11 @@ def run_host_cost(profile_name: str, calls: int, out: Path | None) -> int:
             x = torch.randn(LEAN_M, shape.k, device="cuda", dtype=torch.bfloat16)
             w = torch.randn(shape.n, shape.k, device="cuda", dtype=torch.bfloat16)
             bound = dispatch.bind(w)
-            fns = {"F.linear": lambda: F.linear(x, w), BIND_AT_LEAN_M: lambda: bound(x)}
+            check = BACKENDS[profile.low_m_backend].input_check(w.get_device())
+            # the bound layer's own per-call pieces, to set against its excess over the lean call it runs
+            fns = {"F.linear": lambda: F.linear(x, w), BIND_AT_LEAN_M: lambda: bound(x),
+                   "part: capture query": torch.cuda.is_current_stream_capturing,
+                   "part: activation check": lambda: check(x)}
             for b in dict.fromkeys((profile.low_m_backend, "cublaslt")):
                 backend = BACKENDS[b]
                 if backend.skip_reason(profile.sm, shape.n, shape.k, LEAN_M) or not backend.accepts(x, w, None, profile.sm):
