@@ -18,7 +18,7 @@ from bench.paths import GemmPath
 from bench.results import done_keys, write_parquet, write_results, write_run_json
 from bench.stats import PhaseTimer, calls_per_graph, estimate_call_us, rotation_count, summary
 from dispatch.profiles import GpuProfile, check_device, this_gpu
-from harness.console import divert_noise, log_path, terminal
+from harness.console import divert_noise, log_path, terminal, third_party_stdout
 from harness.errors import HarnessError, Interrupted, signal_of, signals_deferred
 from shapes.catalog import Shape
 from shapes.grid import hybrid_buckets
@@ -216,7 +216,7 @@ def check_paths(group: Group, paths: list[GemmPath], fns: dict[str, Any], ops, t
             group.fail(p.name, "failed", tune_err)
             continue
         try:
-            with flashinfer_choices() as choices, phase("check"):
+            with flashinfer_choices() as choices, phase("check"), third_party_stdout():
                 err = check_output(fns[p.name], ops.xs[0], ops.ws[0])
         except Exception as exc:
             group.error(p.name, exc)
@@ -351,7 +351,7 @@ def tune_group_paths(cfg: SweepConfig, shape: Shape, todo: list[int], sm: int, f
         if p.flashinfer_backend and (p.tune_by_default or cfg.tune_all) and runnable and p.name in fns:
             if p.flashinfer_backend not in by_backend:
                 bar.set_postfix_str(f"{shape.name} autotune {p.flashinfer_backend}")
-                with phase("tune"):
+                with phase("tune"), third_party_stdout():
                     by_backend[p.flashinfer_backend] = tune_shape(p, shape, runnable, cfg.profile.pdl)
             tune_info[p.name] = by_backend[p.flashinfer_backend]
     return tune_info

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import os
 import sys
+from contextlib import contextmanager, redirect_stdout
 from pathlib import Path
-from typing import TextIO
+from typing import Iterator, TextIO
 
 _TERMINAL: TextIO | None = None
 _LOG: Path | None = None
@@ -43,3 +44,14 @@ def divert_noise(log: Path) -> Path:
     _TERMINAL = os.fdopen(err_fd, "w", buffering=1, encoding=sys.stderr.encoding or "utf-8")
     _LOG = log
     return log
+
+
+@contextmanager
+def third_party_stdout() -> Iterator[None]:
+    """Python-level prints of third-party code into the log while the noise is diverted (FlashInfer's first cuDNN
+    call prints 'cudnn_handle created ...' to sys.stdout, which is the terminal's); a no-op otherwise."""
+    if _LOG is None:
+        yield
+        return
+    with open(_LOG, "a", buffering=1, encoding="utf-8") as log, redirect_stdout(log):
+        yield

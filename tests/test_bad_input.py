@@ -448,12 +448,15 @@ def test_third_party_output_goes_to_the_log_and_ours_to_the_terminal(tmp_path):
     code = ("import os, sys, warnings\nfrom pathlib import Path\nfrom harness.console import divert_noise, terminal\n"
             f"divert_noise(Path({str(tmp_path / 'log.txt')!r}))\n"
             "os.write(2, b'C++ leak report\\n'); os.write(1, b'JIT chatter\\n'); warnings.warn('autotuner noise')\n"
-            "print('bench: summary', file=terminal()); print('results: here')\n")
+            "print('bench: summary', file=terminal()); print('results: here')\n"
+            "from harness.console import third_party_stdout\n"
+            "with third_party_stdout():\n    print('cudnn_handle created for device_id = 0')\n")
     r = _run([sys.executable, "-c", code])
     assert r.returncode == 0
     assert r.stderr == "bench: summary\n" and r.stdout == "results: here\n"
     log = (tmp_path / "log.txt").read_text()
     assert "C++ leak report" in log and "JIT chatter" in log and "autotuner noise" in log
+    assert "cudnn_handle created" in log  # a third-party Python print during the sweep's tune and check phases
 
 
 def test_make_bench_names_an_unknown_profile(tmp_path):
