@@ -108,7 +108,9 @@ def merge_shards(shards: Sequence[Path], out: Path, partial: bool = False) -> Pa
                          "started": min((str(i["started"]) for _, i in infos if i.get("started")), default=None),
                          "shards": [{"source": str(d), "command": i.get("command"), "started": i.get("started"),
                                      "wall_s": i.get("wall_s"), "status": i.get("status"), "shard": i.get("shard"),
-                                     "device": i.get("device"), "fingerprint": i.get("fingerprint"),
+                                     "device": (i.get("shard") or {}).get("device"),
+                                     "fingerprint": i.get("fingerprint"), "clocks_start": i.get("clocks_start"),
+                                     "clocks_end": i.get("clocks_end"),
                                      "shapes": sorted(set(t["shape"]))}
                                     for (d, i), t in zip(infos, tables)],
                          "autotune_caches": kept})

@@ -213,6 +213,9 @@ def test_the_two_gpu_sweep_ran_faster_and_merges_again_byte_for_byte(tmp_path):
     the one-GPU run's: the >= 1.8x target."""
     out = merge_shards([X2 / "shards" / "gpu0", X2 / "shards" / "gpu1"], tmp_path / "merged")
     assert (out / "results.csv").read_bytes() == (X2 / "results.csv").read_bytes()
+    again = json.loads((out / "run.json").read_text())
+    assert [s["device"] for s in again["shards"]] == [0, 1] and all(s["clocks_start"] for s in again["shards"])
+    assert again["started"] == min(s["started"] for s in again["shards"])
     one, two = (json.loads((d / "run.json").read_text()) for d in (X1, X2))
     assert two["host_timing"].startswith("serialized") and len(two["shards"]) == 2
     assert {s["shard"]["device"] for s in two["shards"]} == {0, 1}
