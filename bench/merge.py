@@ -23,6 +23,7 @@ FINGERPRINT_FIELDS = ("gpu_name", "sm", "sm_count", "memory_bytes", "driver", "c
                       "flashinfer", "cupti_python")
 CLOCK_FIELDS = ("sm_clock_max_mhz", "power_limit_w")  # limits, not the clocks of the moment
 GRID_FIELDS = ("profile", "timer", "l2", "samples", "ms", "paths", "pdl")
+MERGED = "merged sweep"  # run.json kind of a merged run
 
 
 def _grid_shapes(info: dict[str, Any]) -> list[str]:
@@ -102,7 +103,7 @@ def merge_shards(shards: Sequence[Path], out: Path, partial: bool = False) -> Pa
             copy_file(d / TACTICS_FILE, out / f"autotune-cache-shard{n}.json")
             kept.append(f"autotune-cache-shard{n}.json")
     atomic_write_text(out / "results.csv", header + "".join(bodies))  # the shards' rows byte for byte
-    write_run_json(out, {**ref, "kind": "merged sweep", "shapes": grid, "status": "complete" if complete else "incomplete",
+    write_run_json(out, {**ref, "kind": MERGED, "shapes": grid, "status": "complete" if complete else "incomplete",
                          "missing_shapes": missing, "merged": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                          "wall_s": max(float(i.get("wall_s") or 0) for _, i in infos),
                          "started": min((str(i["started"]) for _, i in infos if i.get("started")), default=None),

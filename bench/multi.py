@@ -18,8 +18,8 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
-from bench.merge import merge_shards
-from bench.results import done_keys
+from bench.merge import MERGED, merge_shards
+from bench.results import done_keys, load_run_info
 from bench.shard import longest_first
 from harness.errors import HarnessError, Interrupted
 
@@ -109,8 +109,12 @@ def run_on_devices(cfg, spec: str, gpus: dict[int, tuple[str, int]] | None = Non
     if cfg.save_autotune_cache is not None:
         raise HarnessError("with --devices each GPU tunes its own shapes, and the merged run keeps each shard's tactics "
                            "(autotune-cache-shardN.json); --save-autotune-cache is for a run on one GPU")
-    if (cfg.out / "results.csv").exists() and not cfg.resume:
-        raise HarnessError(f"{cfg.out}/results.csv exists; pass --resume to continue it or choose another --out")
+    if (cfg.out / "results.csv").exists():
+        if not cfg.resume:
+            raise HarnessError(f"{cfg.out}/results.csv exists; pass --resume to continue it or choose another --out")
+        if load_run_info(cfg.out / "results.csv").get("kind") != MERGED:  # only a merge is redone from its shards
+            raise HarnessError(f"{cfg.out}/results.csv is not a merge of --devices shards (a run on one GPU?); "
+                               f"resume it without --devices, or choose another --out")
     order = longest_first(cfg.shapes, cfg.ms, cfg.paths, cfg.profile)
     todo, pinned = split_resumed(order, cfg.ms, cfg.paths, devices, cfg.out) if cfg.resume else (order, {d: [] for d in devices})
     ctx = mp.get_context("spawn")
@@ -132,19 +136,23 @@ def run_on_devices(cfg, spec: str, gpus: dict[int, tuple[str, int]] | None = Non
     failures, interrupted = [], False
     for p in procs.values():
         p.start()
+
+    def handle(event: tuple) -> None:
+        nonlocal interrupted
+        kind, device, *rest = event
+        if kind == "done":
+            bar.update(1)
+            bar.set_postfix_str(f"gpu{device}: {rest[0]} in {rest[1]:.0f} s")
+        elif kind == "error":
+            failures.append(f"gpu{device}: {rest[0]}")
+        elif kind == "interrupted":
+            interrupted = True
     try:
         while any(p.is_alive() for p in procs.values()) or not events.empty():
             try:
-                kind, device, *rest = events.get(timeout=0.5)
+                handle(events.get(timeout=0.5))
             except queue_mod.Empty:
                 continue
-            if kind == "done":
-                bar.update(1)
-                bar.set_postfix_str(f"gpu{device}: {rest[0]} in {rest[1]:.0f} s")
-            elif kind == "error":
-                failures.append(f"gpu{device}: {rest[0]}")
-            elif kind == "interrupted":
-                interrupted = True
     except KeyboardInterrupt:  # Ctrl-C reached the workers too; SIGTERM (Terminated) reached only this process
         interrupted = True
         for p in procs.values():
@@ -158,13 +166,9 @@ def run_on_devices(cfg, spec: str, gpus: dict[int, tuple[str, int]] | None = Non
         p.join()
     while True:  # events put just before a worker exited may arrive after the loop saw it gone
         try:
-            kind, device, *rest = events.get(timeout=0.2)
+            handle(events.get(timeout=0.2))
         except queue_mod.Empty:
             break
-        if kind == "error":
-            failures.append(f"gpu{device}: {rest[0]}")
-        elif kind == "interrupted":
-            interrupted = True
     wall = time.perf_counter() - t0
     shards = [shard_dir(cfg.out, d) for d in devices if (shard_dir(cfg.out, d) / "results.csv").is_file()]
     if not shards:

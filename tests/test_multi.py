@@ -220,3 +220,22 @@ def test_the_two_gpu_sweep_ran_faster_and_merges_again_byte_for_byte(tmp_path):
     assert two["host_timing"].startswith("serialized") and len(two["shards"]) == 2
     assert {s["shard"]["device"] for s in two["shards"]} == {0, 1}
     assert round(one["wall_s"] / two["wall_s"], 2) == 1.94 and one["wall_s"] / two["wall_s"] >= 1.8
+
+
+def test_devices_resume_refuses_a_single_gpu_run_and_deletes_nothing(tmp_path):
+    """--resume with --devices redoes only a merge of shards: a folder holding a run on one GPU is refused, untouched."""
+    import shutil
+
+    from bench.multi import run_on_devices
+    from bench.sweep import SweepConfig
+    from tests.fake_worker import copy_rows_worker
+    out = tmp_path / "out"
+    shutil.copytree(RUN, out)
+    before = (out / "results.csv").read_bytes()
+    info = json.loads((RUN / "run.json").read_text())
+    cfg = SweepConfig(profile=H200, shapes=[s for s in catalog() if s.name in info["shapes"]], ms=info["ms"],
+                      paths=[p for p in PATHS if p.name in info["paths"]], out=out, resume=True,
+                      command=["python", "-m", "bench", "run", str(RUN)])
+    with pytest.raises(HarnessError, match="not a merge of --devices shards"):
+        run_on_devices(cfg, "all", {0: ("NVIDIA H200", 90), 1: ("NVIDIA H200", 90)}, copy_rows_worker)
+    assert (out / "results.csv").read_bytes() == before and not (out / "shards").exists()
