@@ -14,7 +14,7 @@ import dispatch
 from bench.hosttime import host_times
 from bench.stats import estimate_call_us
 from bench.sweep import SweepConfig, require_cuda
-from dispatch.backends import BACKENDS, flashinfer_path, lean_path
+from dispatch.backends import BACKENDS, flashinfer_path, input_ok, lean_path
 from dispatch.profiles import get_profile
 from dispatch.table import load_table
 from harness.errors import HarnessError
@@ -24,8 +24,6 @@ from shapes.grid import M_MAX
 
 WORST_BOUND = 1.15  # dispatch.linear above every range may cost at most this much F.linear's host time
 LEAN_M = 8
-
-
 BIND_AT_LEAN_M = "dispatch.bind (the table's eager choice)"
 
 
@@ -68,11 +66,11 @@ def run_host_cost(profile_name: str, calls: int, out: Path | None) -> int:
             x = torch.randn(LEAN_M, shape.k, device="cuda", dtype=torch.bfloat16)
             w = torch.randn(shape.n, shape.k, device="cuda", dtype=torch.bfloat16)
             bound = dispatch.bind(w)
-            check = BACKENDS[profile.low_m_backend].input_check(w.get_device())
+            device, align = w.get_device(), BACKENDS[profile.low_m_backend].align_bytes
             # the bound layer's own per-call pieces, to set against its excess over the lean call it runs
             fns = {"F.linear": lambda: F.linear(x, w), BIND_AT_LEAN_M: lambda: bound(x),
                    "part: capture query": torch.cuda.is_current_stream_capturing,
-                   "part: activation check": lambda: check(x)}
+                   "part: activation check": lambda: input_ok(x, device, align)}
             for b in dict.fromkeys((profile.low_m_backend, "cublaslt")):
                 backend = BACKENDS[b]
                 if backend.skip_reason(profile.sm, shape.n, shape.k, LEAN_M) or not backend.accepts(x, w, None, profile.sm):

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from dispatch.backends import ATEN, BACKENDS, backend_of, is_lean
+from dispatch.backends import ATEN, BACKENDS, backend_of, input_ok, is_lean
 from dispatch.profiles import detect_profile, this_gpu
 from dispatch.table import REGIMES, ThresholdTable, load_table
 
@@ -180,8 +180,9 @@ def _below_limit(x: Any, weight: Any, bias: Any, rule: _ShapeRule, numel: int) -
     kernel, backend = rule.pick(m)
     if kernel is None or not backend.accepts(x, weight, bias, rule.sm):
         return _f_linear(x, weight, bias)
-    out = kernel(x.view(m, k), weight, bias)
-    return out if x.dim() == 2 else out.view(*x.shape[:-1], weight.shape[0])
+    if x.dim() == 2:
+        return kernel(x, weight, bias)
+    return kernel(x.view(m, k), weight, bias).view(*x.shape[:-1], weight.shape[0])
 
 
 def bind(weight: Any, bias: Any = None) -> Callable[[Any], Any]:
@@ -194,13 +195,13 @@ def bind(weight: Any, bias: Any = None) -> Callable[[Any], Any]:
     device = weight.get_device()
     rule = _rule(device, weight)
     limit_numel, n, k = rule.limit_numel, weight.shape[0], weight.shape[1]
-    f_linear, capturing = _f_linear, _capturing
+    f_linear, capturing, ok = _f_linear, _capturing, input_ok
     resolved: dict[int, tuple | None] = {}
 
-    def entry(kernel: Any, backend: Any) -> tuple | None:  # (kernel, its input check), one object per kernel
+    def entry(kernel: Any, backend: Any) -> tuple | None:  # (kernel, its alignment), one object per kernel
         if kernel is None or not backend.accepts_weight(weight, bias, rule.sm):
             return None  # a kernel that does not take this weight becomes F.linear
-        return resolved.setdefault(id(kernel), (kernel, backend.input_check(device)))
+        return resolved.setdefault(id(kernel), (kernel, backend.align_bytes))
 
     def at(regime_steps: tuple, m: int) -> tuple | None:
         return next((entry(kernel, backend) for up_to, kernel, backend in regime_steps if m <= up_to), None)
@@ -221,7 +222,7 @@ def bind(weight: Any, bias: Any = None) -> Callable[[Any], Any]:
         for up_to, graph, eager in segments:
             if m <= up_to:
                 use = graph if graph is eager else graph if capturing() else eager
-                if use is None or not use[1](x):
+                if use is None or not ok(x, device, use[1]):
                     break
                 if dim == 2:
                     return use[0](x, weight, bias)

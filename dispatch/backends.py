@@ -3,7 +3,7 @@ it to tensors on every call; the bench registry and the analyses apply it to (SM
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -32,6 +32,14 @@ def is_lean(path: str) -> bool:
 def backend_of(path: str) -> str | None:
     """The FlashInfer backend a path name runs ('flashinfer:tinygemm' and 'flashinfer-lean:tinygemm' alike)."""
     return path.split(":", 1)[1] if is_flashinfer(path) else None
+
+
+def input_ok(x: Any, device: int, align_bytes: int) -> bool:
+    """The per-call half of a backend's rule, for a weight on GPU `device`: the activation's dtype, device, layout
+    and alignment (device indices compared as ints: cheaper than building torch.device objects on every call). A
+    plain function of plain arguments: a bound layer calls it with values resolved at bind time."""
+    return (x.dtype is torch.bfloat16 and x.is_contiguous() and x.data_ptr() % align_bytes == 0
+            and x.get_device() == device)
 
 
 @dataclass(frozen=True)
@@ -82,18 +90,8 @@ class Backend:
                 and weight.is_contiguous() and (self.sms is None or sm in self.sms) and n % self.n_multiple == 0
                 and k % self.k_multiple == 0 and weight.data_ptr() % self.align_bytes == 0)
 
-    def input_check(self, device: int) -> Callable[[Any], bool]:
-        """The per-call half, for a weight on GPU `device`: the activation's dtype, device, layout and alignment.
-        A closure, so that a bound layer pays for the four tests only (device indices compared as ints: cheaper than
-        building torch.device objects on every call)."""
-        bf16, align = torch.bfloat16, self.align_bytes
-
-        def check(x: Any) -> bool:
-            return x.dtype is bf16 and x.is_contiguous() and x.data_ptr() % align == 0 and x.get_device() == device
-        return check
-
     def accepts_input(self, x: Any, weight: Any) -> bool:
-        return self.input_check(weight.get_device())(x)
+        return input_ok(x, weight.get_device(), self.align_bytes)
 
     def accepts(self, x: Any, weight: Any, bias: Any, sm: int) -> bool:
         """Whether the kernel takes these tensors (bf16, contiguous, on one GPU, no bias, shape multiples, alignment);

@@ -245,8 +245,7 @@ def fake_gpu_dispatch(monkeypatch):
     monkeypatch.setattr(dispatch, "_device", lambda index: (_fake_rule_table(), 90, True))
     tiny = BACKENDS["tinygemm"]
     monkeypatch.setattr(type(tiny), "accepts_weight", lambda self, w, b, sm: b is None and w.dtype == torch.bfloat16)
-    monkeypatch.setattr(type(tiny), "input_check",
-                        lambda self, device: lambda x: x.dtype == torch.bfloat16 and x.is_contiguous())
+    monkeypatch.setattr(dispatch, "input_ok", lambda x, device, align: x.dtype == torch.bfloat16 and x.is_contiguous())
     dispatch._SHAPES.clear()
     yield dispatch, calls, state
     dispatch._SHAPES.clear()
