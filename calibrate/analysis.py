@@ -117,14 +117,15 @@ class Cells:
         host = self.host(n, k, m, path)
         return max(gpu, host) if not np.isnan(host) else gpu
 
+    def percentile(self, n: int, k: int, m: int, path: str, col: str, which: str) -> float:
+        """A column's 20th or 80th percentile (`which` 'p20' or 'p80'; its median where absent; NaN where neither)."""
+        row = self.df.loc[(n, k, m, path)]
+        v = row.get(f"{col}_{which}", np.nan)
+        return float(v) if pd.notna(v) else float(row[col]) if pd.notna(row[col]) else float("nan")
+
     def cost_bound(self, n: int, k: int, m: int, path: str, which: str) -> float:
         """The eager cost max(host, GPU) from the 20th or 80th percentiles of both (the medians where absent)."""
-        row = self.df.loc[(n, k, m, path)]
-
-        def pick(col: str) -> float:
-            v = row.get(f"{col}_{which}", np.nan)
-            return float(v) if pd.notna(v) else float(row[col]) if pd.notna(row[col]) else float("nan")
-        host, gpu = pick("host_us"), pick("gpu_us")
+        host, gpu = (self.percentile(n, k, m, path, c, which) for c in ("host_us", "gpu_us"))
         return max(gpu, host) if not np.isnan(host) else gpu
 
     def paths(self) -> set[str]:
@@ -178,14 +179,17 @@ def dispatch_candidates(cells: Cells, table: ThresholdTable) -> list[str]:
     return [ATEN, *(lean or sorted(table.paths() | {public_path(table.low_m_backend)} - {ATEN}))]
 
 
+def oracle_pool(cells: Cells, table: ThresholdTable, oracle: str, among: list[str] | None = None) -> list[str]:
+    """The paths the best achievable is taken over: every measured path ('all'), or the dispatcher's own."""
+    if oracle == "all":
+        return [ATEN, *sorted(p for p in cells.paths() if is_flashinfer(p))]
+    return among if among is not None else dispatch_candidates(cells, table)
+
+
 def candidates(table: ThresholdTable, cells: Cells, n: int, k: int, m: int, oracle: str,
                among: list[str] | None = None) -> list[str]:
-    """The paths the best achievable is taken over: the dispatcher's own candidates, or every measured path."""
-    if oracle == "all":
-        pool = [ATEN, *sorted(p for p in cells.paths() if is_flashinfer(p))]
-    else:
-        pool = among if among is not None else dispatch_candidates(cells, table)
-    return [p for p in pool if cells.has(n, k, m, p)]
+    """The oracle's paths measured ok at this cell."""
+    return [p for p in oracle_pool(cells, table, oracle, among) if cells.has(n, k, m, p)]
 
 
 def cell_verdicts(cells: Cells, table: ThresholdTable, margin: float = 0.03, oracle: str = "all",
@@ -256,7 +260,7 @@ def forward_totals(cells: Cells, table: ThresholdTable, uses: dict[str, list[tup
     estimates). `actual` marks the regime vLLM runs that M in (CUDA graph up to the capture size, eager above)."""
     rows = []
     among = dispatch_candidates(cells, table)
-    pool = [ATEN, *sorted(p for p in cells.paths() if is_flashinfer(p))] if oracle == "all" else among
+    pool = oracle_pool(cells, table, oracle, among)
     all_ms = sorted({m for _, _, m, _ in cells.samples})
     for model, layers in uses.items():
         for m in all_ms:
@@ -303,10 +307,7 @@ def host_hidden(cells: Cells, n: int, k: int, m: int, path: str) -> bool:
     cost is its GPU time, and the graph regime's GPU-time evidence (and measured-forward pick) decides it."""
     if not cells.has(n, k, m, path):
         return False
-    row = cells.df.loc[(n, k, m, path)]
-    host = row.get("host_us_p80", row["host_us"])
-    gpu = row.get("gpu_us_p20", row["gpu_us"])
-    return bool(pd.notna(host) and pd.notna(gpu) and host < gpu)
+    return cells.percentile(n, k, m, path, "host_us", "p80") < cells.percentile(n, k, m, path, "gpu_us", "p20")
 
 
 def boundary(cells: Cells, n: int, k: int, lo: tuple[int, str], hi: tuple[int, str], regime: str) -> int:
