@@ -14,15 +14,18 @@ from shapes.catalog import Shape, catalog
 from shapes.grid import NAMED_GRIDS
 
 FULL_TPS = (1, 2, 4, 8)
-# The committed H200 default sweep's rates (bench.sweep.SECONDS_PER_CELL): a fixed cost per cell (operands, check,
-# capture, host blocks), plus the GPU time of what a cell runs: host blocks and replays, ~40 calls' worth.
-CELL_OVERHEAD_S = (255.5 - 29.0) / 1915
+# The committed H200 default sweep (tests/data/h200-sweep): 255.5 s wall, 29.0 s of it tuning 32 (shape, FlashInfer
+# path) pairs, 1915 cells measured. The dry run's estimate and the queue order scale these rates; they are guesses.
+SECONDS_PER_CELL = (255.5 - 29.0) / 1915
+SECONDS_PER_TUNING = 29.0 / 32
+# A shape's cost for ordering work: the fixed cost per cell (operands, check, capture, host blocks) plus the GPU
+# time of what a cell runs: host blocks and replays, ~40 calls' worth.
 CALLS_PER_CELL = 40
 
 
 def shape_cost(shape: Shape, ms: Sequence[int], paths: Sequence[Any], profile: GpuProfile) -> float:
     """Estimated seconds to sweep one shape over `ms` and `paths` (a guess for ordering work, never reported)."""
-    per_m = sum(CELL_OVERHEAD_S + CALLS_PER_CELL * estimate_call_us(m, shape.n, shape.k, profile.sizing_tflops,
+    per_m = sum(SECONDS_PER_CELL + CALLS_PER_CELL * estimate_call_us(m, shape.n, shape.k, profile.sizing_tflops,
                                                                       profile.sizing_gbps) * 1e-6 for m in ms)
     return per_m * len(paths)
 

@@ -16,6 +16,7 @@ from bench.gpu import (REL_ERR_BOUND, L2Flush, capture, check_output, flashinfer
 from bench.hosttime import host_times
 from bench.paths import GemmPath
 from bench.results import done_keys, write_parquet, write_results, write_run_json
+from bench.shard import SECONDS_PER_CELL, SECONDS_PER_TUNING
 from bench.stats import PhaseTimer, calls_per_graph, estimate_call_us, rotation_count, summary
 from dispatch.profiles import GpuProfile, check_device, this_gpu
 from harness.console import divert_noise, log_path, terminal, third_party_stdout
@@ -478,10 +479,6 @@ def print_summary(cfg: SweepConfig, rows: list[dict[str, Any]], wall_s: float) -
     print("\n".join(lines), file=terminal(), flush=True)
 
 
-# The committed H200 default sweep (tests/data/h200-sweep): 255.5 s wall, 29.0 s of it tuning 32 (shape, FlashInfer
-# path) pairs, 1915 cells measured. A dry run's estimate scales these rates; it is a guess, and says so.
-SECONDS_PER_CELL = (255.5 - 29.0) / 1915
-SECONDS_PER_TUNING = 29.0 / 32
 
 
 def dry_run(cfg: SweepConfig) -> str:
