@@ -20,10 +20,10 @@ from typing import Any, Callable
 
 import dispatch
 from dispatch.backends import ATEN, BACKENDS, DISPATCH, Backend, flashinfer_path, lean_path
+from dispatch.lean import LEAN_BACKENDS
 from harness.errors import HarnessError
 
 LinearFn = Callable[[Any, Any], Any]
-LEAN_BACKENDS = ("tinygemm", "cublaslt", "cute-dsl")  # the backends with a lean call
 
 
 ROLES = ("baseline", "low-m", "candidate", "dispatcher")

@@ -47,12 +47,11 @@ def lean_call(backend: str, pdl: bool) -> LeanFn:
         warn_once(f"version:{backend}", f"FlashInfer {version} is not a version the lean calls were checked against "
                                          f"({', '.join(KNOWN_VERSIONS)}); flashinfer-lean:{backend} runs the public mm_bf16")
         return public_call(backend, pdl)
-    builders = {"tinygemm": _tinygemm, "cublaslt": _cublaslt, "cute-dsl": _cute_dsl}
-    if backend not in builders:
+    if backend not in _BUILDERS:
         warn_once(f"backend:{backend}", f"no lean call for FlashInfer backend {backend!r}; it runs the public mm_bf16")
         return public_call(backend, pdl)
     try:
-        return builders[backend](pdl)
+        return _BUILDERS[backend](pdl)
     except (AttributeError, ImportError) as exc:
         warn_once(f"internal:{backend}", f"FlashInfer {version} lacks an internal the lean {backend} call needs "
                                           f"({exc}); it runs the public mm_bf16")
@@ -149,3 +148,7 @@ def _cute_dsl(pdl: bool) -> LeanFn:
         runner(inputs=inputs, tactic=tactic)
         return out
     return call
+
+
+_BUILDERS: dict[str, Callable[[bool], LeanFn]] = {"tinygemm": _tinygemm, "cublaslt": _cublaslt, "cute-dsl": _cute_dsl}
+LEAN_BACKENDS = tuple(_BUILDERS)  # the backends with a lean call
