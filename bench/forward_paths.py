@@ -1,8 +1,8 @@
 """Which registry path each linear of a forward runs under a forward-wide rule (CPU only, shared by the measured
-forward in bench/forward.py and the cell-sum model of it in dispatch/forward_model.py)."""
+forward in bench/forward.py and the cell-sum model of it in calibrate/forward_model.py)."""
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Callable, Protocol
 
 from bench.paths import ATEN, DISPATCH, PATHS, TUNED_CUBLASLT, low_m_path
 from dispatch.profiles import GpuProfile
@@ -45,6 +45,16 @@ def runnable(path: str, sm: int, linear: ForwardLinear, m: int) -> bool:
     return PATHS[path].skip_reason(sm, linear.n, linear.k, m) is None
 
 
+def vllm_flag_choice(low: str, low_m_backend: str, m: int, can_run: Callable[[str], bool]) -> str:
+    """What vLLM's FlashInfer-BF16 flag runs for one linear at M: `low` is the low-M backend's path; CuTe DSL (SM100)
+    is one runner set with its own cuBLASLt fallback above M = 32; otherwise FlashInfer's tuned cuBLASLt above."""
+    if low_m_backend == "cute-dsl":
+        return low if can_run(low) else ATEN
+    if m <= SEED_FIX_M and can_run(low):
+        return low
+    return TUNED_CUBLASLT if can_run(TUNED_CUBLASLT) else ATEN
+
+
 def path_for(rule: str, linear: ForwardLinear, m: int, sm: int, profile: GpuProfile, table: Table | None,
              regime: str = "graph") -> str:
     """The registry path name one linear runs in a regime; 'aten' wherever the rule's kernel cannot take the linear.
@@ -57,11 +67,7 @@ def path_for(rule: str, linear: ForwardLinear, m: int, sm: int, profile: GpuProf
     if rule == ATEN or linear.layer == "lm_head":  # vLLM's LM head always dispatches F.linear
         return ATEN
     if rule == VLLM_FLASHINFER:
-        if profile.low_m_backend == "cute-dsl":  # one runner set: CuTe DSL at M <= 32, its cuBLASLt above
-            return low if runnable(low, sm, linear, m) else ATEN
-        if m <= SEED_FIX_M and runnable(low, sm, linear, m):
-            return low
-        return TUNED_CUBLASLT if runnable(TUNED_CUBLASLT, sm, linear, m) else ATEN
+        return vllm_flag_choice(low, profile.low_m_backend, m, lambda p: runnable(p, sm, linear, m))
     if rule == SEED_FIX:
         return low if m <= SEED_FIX_M and runnable(low, sm, linear, m) else ATEN
     if rule == DISPATCH:

@@ -8,8 +8,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from bench.forward_paths import SEED_FIX_M
-from bench.paths import TUNED_CUBLASLT
+from bench.forward_paths import vllm_flag_choice
 from dispatch.backends import ATEN, BACKENDS, DISPATCH, backend_of, is_flashinfer, is_lean, lean_path
 from dispatch.backends import flashinfer_path as public_path
 from dispatch.table import REGIMES, ThresholdTable, compress, describe_ranges
@@ -164,12 +163,9 @@ def chosen_path(table: ThresholdTable, cells: Cells, n: int, k: int, m: int, reg
 
 
 def flashinfer_path(table: ThresholdTable, cells: Cells, n: int, k: int, m: int) -> str:
-    """'FlashInfer alone', as vLLM's flag runs it: the low-M kernel at M <= 32, FlashInfer's cuBLASLt above (both
-    through FlashInfer's public call)."""
-    low = public_path(table.low_m_backend)
-    if m <= SEED_FIX_M and cells.has(n, k, m, low):
-        return low
-    return TUNED_CUBLASLT if cells.has(n, k, m, TUNED_CUBLASLT) else ATEN
+    """'FlashInfer alone', as vLLM's flag runs it (bench.forward_paths.vllm_flag_choice), on the measured cells."""
+    return vllm_flag_choice(public_path(table.low_m_backend), table.low_m_backend, m,
+                            lambda p: cells.has(n, k, m, p))
 
 
 def dispatch_candidates(cells: Cells, table: ThresholdTable) -> list[str]:

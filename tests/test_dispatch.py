@@ -335,3 +335,18 @@ def test_the_pdl_figures_of_the_readme_come_from_the_committed_runs():
     j = j[(j["path"] == "flashinfer:tinygemm") & (j["status_on"] == "ok") & (j["status_off"] == "ok")]
     r = j["span_us_on"] / j["span_us_off"]
     assert (round(r.min(), 2), round(r.median(), 2), round(r.max(), 2)) == (0.56, 0.94, 1.02)
+
+
+def test_flashinfer_alone_follows_vllms_flag_on_each_sm():
+    """'FlashInfer alone' in the cell-sum model is the forward's vllm-flashinfer rule: on SM90 the low-M kernel up to
+    M = 32 and FlashInfer's cuBLASLt above; on SM100 CuTe DSL at every M (its runner set falls back to its own
+    cuBLASLt above 32)."""
+    from calibrate.analysis import flashinfer_path
+    times = {(2048, 4096, m, p): (5.0, 20.0) for m in (8, 64)
+             for p in ("aten", "flashinfer:tinygemm", "flashinfer:cute-dsl", "flashinfer:cublaslt")}
+    cells = Cells.from_results(_synthetic(times))
+    sm90 = ThresholdTable.from_thresholds("h200", "tinygemm", 0)
+    sm100 = ThresholdTable.from_thresholds("gb200", "cute-dsl", 0)
+    assert [flashinfer_path(sm90, cells, 2048, 4096, m) for m in (8, 64)] == ["flashinfer:tinygemm",
+                                                                              "flashinfer:cublaslt"]
+    assert [flashinfer_path(sm100, cells, 2048, 4096, m) for m in (8, 64)] == ["flashinfer:cute-dsl"] * 2
