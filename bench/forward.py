@@ -262,16 +262,17 @@ def eager_rows(cfg: ForwardConfig, clock, model: str, n_linears: int, bound: dic
 
 
 def _tune(cfg: ForwardConfig, seqs, sm: int, fns, bar, phase: PhaseTimer) -> dict[str, Any]:
-    """FlashInfer's autotuner for every (FlashInfer path, shape) some rule runs, over the M it runs it at."""
+    """FlashInfer's autotuner for every (FlashInfer backend, shape) some rule runs, over the M it runs it at (once
+    per backend: a lean call reads the entries its public call tuned)."""
     wanted: dict[tuple[str, int, int], set[int]] = {}
     for model, seq in seqs.items():
         for lin in seq:
             for m in cfg.ms:
                 for rule in cfg.rules:
                     for regime in REGIMES:
-                        path = path_for(rule, lin, m, sm, cfg.profile, cfg.table, regime)
-                        if PATHS[path].flashinfer_backend and PATHS[path].tune_by_default:
-                            wanted.setdefault((path, lin.n, lin.k), set()).add(m)
+                        backend = PATHS[path_for(rule, lin, m, sm, cfg.profile, cfg.table, regime)].backend
+                        if backend is not None and backend.tune_by_default:  # public and lean calls share it
+                            wanted.setdefault((backend.path, lin.n, lin.k), set()).add(m)
     tuned = {}
     for (path, n, k), ms in sorted(wanted.items()):
         bar.set_postfix_str(f"autotune {path} {n}x{k}")
