@@ -99,9 +99,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                        help=f"a cell leaves F.linear only for a gain above this share, beyond the noise "
                             f"(default {FIT_MIN_GAIN})")
     p_fit.add_argument("--hold-out", default="", help="comma list of M values the fit must not see (validated later)")
-    p_fit.add_argument("--forward", help="a measured-forward folder: in the eager regime, at each (model, M) it measured, "
-                                         "a lean single path whose whole forward beat all-aten beyond the noise is "
-                                         "chosen for that model's shapes")
+    p_fit.add_argument("--forward", help="a measured-forward folder: at each (model, M, regime) it measured, a lean "
+                                         "single path whose whole forward beat all-aten beyond the noise is picked for "
+                                         "that model's shapes (eager: every cell; graph: cells left to F.linear)")
     p_fit.add_argument("--out", help="table file to write (default dispatch/thresholds/<profile>.json)")
     p_fit.add_argument("--dry-run", action="store_true", help="print, write nothing")
     p_fit.add_argument("--partial", **partial)
@@ -265,8 +265,10 @@ def _fit_cmd(args, argv, profile, df, info, cells) -> int:
                 continue
             for n, k, _ in uses.get(model, []):
                 cell_picks[(regime, n, k, m)] = path
+            where = "the model's cells at that M" if regime == "eager" else \
+                "the model's cells at that M that the cell test left to F.linear"
             print(f"{regime}, {model} M={m}: {path} everywhere it runs measured {ratio:.3f}x all-aten "
-                  f"(interval up to {hi:.3f}); fills the model's cells at that M where F.linear was left")
+                  f"(interval up to {hi:.3f}); picked for {where}")
         forward_note = {"forward": str(args.forward),
                         "picks": {f"{r} {mo} M={m}": p for (r, mo, m), (p, *_) in sorted(picks.items())}}
     table, report = fit(cells, base, profile.capture_size, args.min_gain, noise, hold_out, cell_picks)
