@@ -20,7 +20,7 @@ from bench.results import load_results, load_run_info
 from bench.sweep import require_gpu
 from calibrate.agree import agreement, summary_lines
 from calibrate.analysis import (FIT_MIN_GAIN, Cells, cell_verdicts, dispatch_candidates, failures, fit, forward_totals,
-                                low_m_measured, model_uses)
+                                low_m_measured, model_uses, provenance)
 from calibrate.baseline import fingerprint_mismatch, fingerprint_of
 from calibrate.forward_model import (MODEL_MISS, forward_picks, forward_ratios, forward_verdicts, load_forward,
                                     model_vs_measured)
@@ -236,17 +236,13 @@ def _grid_ms(value: str) -> set[int]:
 
 
 def _print_provenance(table: ThresholdTable, results: str, info: dict) -> None:
-    src = table.source
-    fitted = src.get("fitted_from", "unknown")
-    held = src.get("held_out_m") or []
-    same = str(fitted).rstrip("/") == str(results).rstrip("/")
-    print(f"table fitted from {fitted}" + (f" (M {', '.join(map(str, held))} held out)" if held else "")
-          + f"; validated on {results}" + (" -- the data it was fitted on (in-sample)" if same else
+    p = provenance(table, results, info.get("ms") or [])
+    print(f"table fitted from {p.fitted_from or 'unknown'}"
+          + (f" (M {', '.join(map(str, p.held_out))} held out)" if p.held_out else "")
+          + f"; validated on {results}" + (" -- the data it was fitted on (in-sample)" if p.in_sample else
                                            f" (out of sample: another run, started {info.get('started', '?')})"))
-    ms = set(info.get("ms") or [])
-    unseen = sorted(ms - set(src.get("fitted_ms") or ms))
-    if unseen and not same:
-        print(f"M values the fit never saw: {', '.join(map(str, unseen))}")
+    if p.unseen and not p.in_sample:
+        print(f"M values the fit never saw: {', '.join(map(str, p.unseen))}")
 
 
 def _fit_cmd(args, argv, profile, df, info, cells) -> int:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -154,6 +155,23 @@ def calibrated_ratio(cells: Cells, n: int, k: int, m: int, a: str, b: str, noise
     if noise is not None:
         lo, hi = noise.widen(ratio, lo, hi, cells.gpu(n, k, m, ATEN if cells.has(n, k, m, ATEN) else b))
     return ratio, lo, hi
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Which run a table was fitted on, against the run it is judged on."""
+    fitted_from: str  # "" where the table does not say
+    in_sample: bool  # judged on the very run it was fitted on
+    held_out: list[int]
+    unseen: list[int]  # M values of the judged run that the fit never saw (none claimed where it did not record them)
+
+
+def provenance(table: ThresholdTable, results: str | Path, ms) -> Provenance:
+    src = table.source
+    fitted = str(src.get("fitted_from") or "").rstrip("/")
+    ms = {int(m) for m in ms}
+    return Provenance(fitted, bool(fitted) and fitted == str(results).rstrip("/"), list(src.get("held_out_m") or []),
+                      sorted(ms - set(src.get("fitted_ms") or ms)))
 
 
 def chosen_path(table: ThresholdTable, cells: Cells, n: int, k: int, m: int, regime: str = "graph") -> str:

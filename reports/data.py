@@ -12,7 +12,7 @@ from bench.forward_paths import SEED_FIX_M
 from bench.paths import TUNED_CUBLASLT
 from bench.results import load_results, load_run_info
 from calibrate.analysis import (Cells, cell_verdicts, crossover, failures, forward_totals, low_m_measured, model_uses,
-                                ratio_ci, verdict)
+                                provenance, ratio_ci, verdict)
 from calibrate.noise import load_noise
 from dispatch.backends import ATEN, DISPATCH, is_flashinfer
 from dispatch.profiles import PROFILES, GpuProfile
@@ -140,15 +140,14 @@ def headline(run: Run) -> Headline:
         s[0] = (f"No verdict: this run is incomplete ({'; '.join(run.incomplete)}), judged with --partial. On the "
                 f"measured cells alone: " + s[0])
         holds = None
-    fitted = str(t.source.get("fitted_from", "")).rstrip("/")
-    if fitted:
-        same = fitted == str(run.path).rstrip("/")
-        held = t.source.get("held_out_m") or []
-        unseen = sorted(set(int(m) for m in run.df["m"]) - set(t.source.get("fitted_ms") or []))
-        s.insert(1, f"The table was fitted from {fitted}" + (f" (M {', '.join(map(str, held))} held out)" if held else "")
-                 + ("; this is the run it was fitted on (in-sample)." if same else
+    p = provenance(t, run.path, run.df["m"])
+    if p.fitted_from:
+        s.insert(1, f"The table was fitted from {p.fitted_from}"
+                 + (f" (M {', '.join(map(str, p.held_out))} held out)" if p.held_out else "")
+                 + ("; this is the run it was fitted on (in-sample)." if p.in_sample else
                     "; this run is another one (out of sample)" + (f", with M values the fit never saw: "
-                                                                    f"{', '.join(map(str, unseen))}." if unseen else ".")))
+                                                                    f"{', '.join(map(str, p.unseen))}." if p.unseen
+                                                                   else ".")))
     if t.source.get("note"):
         s.insert(1, f"About this table: {t.source['note']}")
     seed = ThresholdTable.from_thresholds(t.profile, t.low_m_backend, SEED_FIX_M, path=low_m_measured(c, t))
