@@ -64,13 +64,13 @@ def split_resumed(shapes: list, ms: list[int], paths: list, devices: list[int], 
     return queue, pinned
 
 
-def cpu_affinity(device: int) -> list[int] | None:
-    """The CPU cores NVML reports as local to a GPU, or None where NVML cannot say."""
+def cpu_affinity(index: int) -> list[int] | None:
+    """The CPU cores NVML reports as local to the GPU of NVML index `index`, or None where NVML cannot say."""
     try:
         import pynvml as nv
         nv.nvmlInit()
         try:
-            handle = nv.nvmlDeviceGetHandleByIndex(device)
+            handle = nv.nvmlDeviceGetHandleByIndex(index)
             words = nv.nvmlDeviceGetCpuAffinity(handle, (os.cpu_count() + 63) // 64)
         finally:
             nv.nvmlShutdown()
@@ -78,6 +78,17 @@ def cpu_affinity(device: int) -> list[int] | None:
         return None
     cores = [64 * i + b for i, w in enumerate(words) for b in range(64) if w >> b & 1]
     return [c for c in cores if c < (os.cpu_count() or 0)] or None
+
+
+def visible_entry(device: int, visible: str | None) -> str:
+    """What a worker puts in CUDA_VISIBLE_DEVICES for this process's CUDA device `device`: its entry in the parent's
+    own CUDA_VISIBLE_DEVICES (an index or a UUID), so that `CUDA_VISIBLE_DEVICES=2,3 ... --devices 0` measures GPU 2."""
+    entries = [e.strip() for e in visible.split(",")] if visible and visible.strip() else []
+    if not entries:
+        return str(device)
+    if device >= len(entries):
+        raise HarnessError(f"GPU {device} is not among CUDA_VISIBLE_DEVICES={visible}")
+    return entries[device]
 
 
 def local_gpus() -> dict[int, tuple[str, int]]:
@@ -124,6 +135,11 @@ def run_on_devices(cfg, spec: str, gpus: dict[int, tuple[str, int]] | None = Non
     payload = {f.name: getattr(cfg, f.name) for f in fields(cfg)
                if f.name not in ("paths", "next_shape", "host_lock", "on_shape_done", "progress", "out", "resume")}
     payload["path_names"] = [p.name for p in cfg.paths]
+    # per GPU, found here where torch maps CUDA indices to NVML's (they differ under CUDA_VISIBLE_DEVICES or another
+    # device order): what the worker makes visible, and the CPU cores local to that GPU
+    from bench.envinfo import nvml_index
+    payload["visible"] = {d: visible_entry(d, os.environ.get("CUDA_VISIBLE_DEVICES")) for d in devices}
+    payload["cores"] = {d: cpu_affinity(nvml_index(d)) for d in devices}
     grid = [s.name for s in cfg.shapes]
     procs = {d: ctx.Process(target=worker or _worker, name=f"bench-gpu{d}",
                             args=(d, payload, grid, [s.name for s in pinned[d]], work, events, lock,
@@ -190,8 +206,8 @@ def run_on_devices(cfg, spec: str, gpus: dict[int, tuple[str, int]] | None = Non
 def _worker(device: int, payload: dict[str, Any], grid: list[str], pinned: list[str], work, events, lock,
             out: str, devices: list[int]) -> None:
     """One GPU's worker: its own process, CUDA context and CUPTI session; shapes from `pinned`, then the queue."""
-    os.environ["CUDA_VISIBLE_DEVICES"] = str(device)  # before torch is imported in this process
-    cores = cpu_affinity(device)
+    os.environ["CUDA_VISIBLE_DEVICES"] = payload["visible"][device]  # before torch is imported in this process
+    cores = payload["cores"][device]
     if cores and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, cores)
     from bench.paths import PATHS
@@ -211,7 +227,7 @@ def _worker(device: int, payload: dict[str, Any], grid: list[str], pinned: list[
     def done(shape, seconds: float) -> None:
         events.put(("done", device, shape.name, seconds))
 
-    args = {k: v for k, v in payload.items() if k != "path_names"}
+    args = {k: v for k, v in payload.items() if k not in ("path_names", "visible", "cores")}
     cfg = SweepConfig(**{**args, "shard": {"device": device, "devices": devices, "grid_shapes": grid,
                                            "cpu_affinity": cores}},
                       paths=[PATHS[n] for n in payload["path_names"]], out=Path(out), resume=True,

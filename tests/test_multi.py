@@ -239,3 +239,13 @@ def test_devices_resume_refuses_a_single_gpu_run_and_deletes_nothing(tmp_path):
     with pytest.raises(HarnessError, match="not a merge of --devices shards"):
         run_on_devices(cfg, "all", {0: ("NVIDIA H200", 90), 1: ("NVIDIA H200", 90)}, copy_rows_worker)
     assert (out / "results.csv").read_bytes() == before and not (out / "shards").exists()
+
+
+def test_a_worker_makes_visible_the_gpu_the_parent_calls_by_that_index():
+    """--devices indices are this process's CUDA indices: under CUDA_VISIBLE_DEVICES=2,3 device 0 is GPU 2."""
+    from bench.multi import visible_entry
+    assert [visible_entry(d, None) for d in (0, 1)] == ["0", "1"]
+    assert [visible_entry(d, "2,3") for d in (0, 1)] == ["2", "3"]
+    assert visible_entry(1, "GPU-aaaa, GPU-bbbb") == "GPU-bbbb"
+    with pytest.raises(HarnessError, match="not among CUDA_VISIBLE_DEVICES"):
+        visible_entry(2, "2,3")
