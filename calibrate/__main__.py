@@ -186,6 +186,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unmeasured:
         raise HarnessError(f"the table chooses {', '.join(unmeasured)}, which {args.results} did not measure; judge it "
                            f"on a run that did (python -m bench run --paths ...)")
+    forward = None
+    if args.forward:  # checked before anything is printed: a bad file stops the command with its one line
+        forward = load_forward(args.forward, args.partial)
+        _check_gpu(forward[1], profile.name, args.forward, args.allow_mismatch)
     noise = load_noise(profile.name)
     _print_provenance(table, args.results, info)
     verdicts = cell_verdicts(cells, table, args.margin, args.oracle, noise)
@@ -210,8 +214,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(show.to_string(float_format=lambda v: f"{v:.4f}"))
     slower, over = failures(verdicts, totals)
     measured_over = pd.DataFrame()
-    if args.forward:
-        measured_over, measured = _forward_report(args, cells, table, profile)
+    if forward is not None:
+        measured_over, measured = _forward_report(args.forward, *forward, cells, table, profile)
         over = over[[(m, mm) not in measured for m, mm in zip(over["model"], over["m"])]]
     if not slower.empty:
         print(f"\nFAIL: the dispatcher is SLOWER than the best path beyond {args.margin:.0%} on {len(slower)} cell(s):")
@@ -331,13 +335,12 @@ def _noise_cmd(args) -> int:
     return 0
 
 
-def _forward_report(args, cells, table, profile) -> tuple[pd.DataFrame, set[tuple[str, int]]]:
+def _forward_report(where: str, fdf: pd.DataFrame, finfo: dict, cells, table, profile
+                    ) -> tuple[pd.DataFrame, set[tuple[str, int]]]:
     """Prints measured per-forward ratios and the cell-sum model against them; returns the failing measured
     verdicts and the (model, M) that the measurement covers."""
-    fdf, finfo = load_forward(args.forward, args.partial)
-    _check_gpu(finfo, profile.name, args.forward, args.allow_mismatch)
     ratios = forward_ratios(fdf)
-    print(f"\nmeasured forwards ({args.forward}): per-forward µs over aten's")
+    print(f"\nmeasured forwards ({where}): per-forward µs over aten's")
     print(ratios.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     mv = model_vs_measured(cells, fdf, finfo, profile, table)
     if not mv.empty:

@@ -321,6 +321,9 @@ CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
      "forward.csv not found"),
     ("validate --forward of another kind", lambda t: ["calibrate", "validate", str(LEAN), "--forward", run_folder(
         t, source=DATA / "h200-forward", edit_info=lambda i: {**i, "kind": "host-anatomy"})], "not a forward run"),
+    ("validate --forward NaN time", lambda t: ["calibrate", "validate", str(LEAN), "--forward", run_folder(
+        t, source=DATA / "h200-forward", edit_rows=lambda df: df.assign(us=df["us"].where(df.index != 0, "nan")))],
+     "NaN"),
     ("validate --forward missing", lambda t: ["calibrate", "validate", str(LEAN), "--forward", str(t / "none")], "not found"),
     ("validate --forward cut", lambda t: ["calibrate", "validate", str(LEAN), "--forward",
                                           run_folder(t, csv_text=lambda s: "\n".join(s.splitlines()[:9]) + "\n",
@@ -488,3 +491,13 @@ def test_a_partial_run_gets_no_plain_pass(capsys):
     assert last.startswith("PASS on the measured cells only") and "no verdict on the whole grid" in last
     assert main(["validate", str(SWEEP), *old]) == 0
     assert capsys.readouterr().out.strip().splitlines()[-1] == "PASS"
+
+
+def test_validate_checks_its_forward_file_before_printing_anything(tmp_path, capsys):
+    """A bad --forward stops validate before any cell verdict or table is printed, not after them."""
+    from calibrate.__main__ import main
+    bad = run_folder(tmp_path, source=DATA / "h200-forward", edit_rows=lambda df: df.assign(
+        us=df["us"].where(df.index != 0, "nan")))
+    assert run_cli(main, "calibrate", ["validate", str(LEAN), "--forward", bad]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "NaN" in captured.err
