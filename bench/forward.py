@@ -15,7 +15,7 @@ from typing import Any, Callable
 import dispatch
 from bench.clocks import make_clock
 from bench.envinfo import nvml_clocks, run_info
-from bench.forward_paths import RULES, path_for
+from bench.forward_paths import RULES, TABLE_DIRECT, path_for
 from bench.gpu import REL_ERR_BOUND, capture_graph, check_output, replay_interleaved
 from bench.paths import ATEN, DISPATCH, PATHS
 from bench.results import finished_rows, rows_to_csv, write_run_json
@@ -98,10 +98,11 @@ def _weights(seq: list[ForwardLinear], seed: int):
     return [(torch.randn(lin.n, lin.k, device="cuda", generator=gen) * lin.k ** -0.5).to(torch.bfloat16) for lin in seq]
 
 
-def _bind(rule: str, seq, weights, xs, m, sm, cfg: ForwardConfig, fns: dict[str, Callable]) -> Bound:
+def _bind(rule: str, seq, weights, xs, m, sm, cfg: ForwardConfig, fns: dict[str, Callable],
+          regime: str = "graph") -> Bound:
     bound = Bound()
     for lin, w in zip(seq, weights):
-        path = path_for(rule, lin, m, sm, cfg.profile, cfg.table)
+        path = path_for(rule, lin, m, sm, cfg.profile, cfg.table, regime)
         fn = fns[path]
         if rule == DISPATCH and lin.layer != "lm_head":
             fn = _bound(w)  # the real dispatcher, bound per layer as a model does at load; `path` is its table's choice
@@ -204,15 +205,19 @@ def graph_m(cfg: ForwardConfig, clock, model: str, seq, weights, m: int, sm: int
     rows: list[dict[str, Any]] = []
     xs = {k: torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for k in sorted({lin.k for lin in seq})}
     bound: dict[str, Bound] = {}
+    eager_bound: dict[str, Bound] = {}
     for rule in cfg.rules:
         b = _bind(rule, seq, weights, xs, m, sm, cfg, fns)
+        # a rule that picks per regime at bind time gets a second forward for the eager phase
+        e = _bind(rule, seq, weights, xs, m, sm, cfg, fns, "eager") if rule == TABLE_DIRECT else b
         try:
             with phase("check"):
-                _check(b, rule)
-                for _ in range(cfg.warmup):
-                    b()
+                for f in dict.fromkeys((b, e)):
+                    _check(f, rule)
+                    for _ in range(cfg.warmup):
+                        f()
                 torch.cuda.synchronize()
-            bound[rule] = b
+            bound[rule], eager_bound[rule] = b, e
         except Exception as exc:  # a failing path is recorded, the others go on
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             rows += [_row(cfg, model, m, rule, r, len(seq), status="failed", reason=reason) for r in REGIMES]
@@ -239,7 +244,7 @@ def graph_m(cfg: ForwardConfig, clock, model: str, seq, weights, m: int, sm: int
                              paths_used=bound[rule].describe(), samples_us=[round(v, 2) for v in t.span_us]))
     del graphs
     torch.cuda.empty_cache()
-    return rows, bound
+    return rows, eager_bound
 
 
 def eager_rows(cfg: ForwardConfig, clock, model: str, n_linears: int, bound: dict[tuple[int, str], Bound],
@@ -290,7 +295,7 @@ def run_forward(cfg: ForwardConfig) -> Path:
     out_csv = cfg.out / FORWARD_FILE
     if out_csv.exists() and not cfg.resume:
         raise HarnessError(f"{out_csv} exists; pass --resume to continue it or choose another --out")
-    if cfg.table is None and DISPATCH in cfg.rules:
+    if cfg.table is None and (DISPATCH in cfg.rules or TABLE_DIRECT in cfg.rules):
         cfg.table = load_table(cfg.profile.name)
     seqs = sequences(cfg)
     if cfg.quiet:

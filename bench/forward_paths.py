@@ -12,6 +12,9 @@ from shapes.derive import ForwardLinear
 SEED_FIX_M = 32  # the seed PR's dispatcher, and vLLM's flag on SM90: FlashInfer's low-M backend at M <= 32
 VLLM_FLASHINFER = "vllm-flashinfer"
 SEED_FIX = "seed-fix"
+# The table's choices called straight through the registry's path functions, bound per regime: the dispatcher with
+# no per-call work of its own. dispatch over this, in the same forward, is what the bound layer itself costs.
+TABLE_DIRECT = "table-direct"
 RULES = {
     ATEN: "F.linear for every linear",
     VLLM_FLASHINFER: "FlashInfer as vLLM's FlashInfer-BF16 flag runs it: the low-M backend at M <= 32 where "
@@ -20,6 +23,8 @@ RULES = {
                 "lm_head F.linear",
     DISPATCH: "the dispatcher bound per layer (dispatch.bind) with the committed table: its graph ranges while "
               "capturing, eager ranges otherwise; lm_head F.linear",
+    TABLE_DIRECT: "the committed table's choices per regime called directly, without the bound layer: the "
+                  "dispatcher's choices at no per-call cost (dispatch over it is the bound layer's own cost)",
 }
 DEFAULT_RULES = (ATEN, VLLM_FLASHINFER, SEED_FIX, DISPATCH)
 
@@ -70,9 +75,9 @@ def path_for(rule: str, linear: ForwardLinear, m: int, sm: int, profile: GpuProf
         return vllm_flag_choice(low, profile.low_m_backend, m, lambda p: runnable(p, sm, linear, m))
     if rule == SEED_FIX:
         return low if m <= SEED_FIX_M and runnable(low, sm, linear, m) else ATEN
-    if rule == DISPATCH:
+    if rule in (DISPATCH, TABLE_DIRECT):
         if table is None:
-            raise HarnessError("the dispatch path needs a threshold table for this GPU; fit one with python -m calibrate fit")
+            raise HarnessError(f"the {rule} path needs a threshold table for this GPU; fit one with python -m calibrate fit")
         chosen = table.choose(linear.n, linear.k, m, regime)
         return chosen if chosen == ATEN or runnable(chosen, sm, linear, m) else ATEN
     raise AssertionError(rule)

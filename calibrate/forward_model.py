@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from bench.forward_paths import path_for
+from bench.forward_paths import TABLE_DIRECT, path_for
 from bench.results import load_run_info
 from calibrate.analysis import Cells, paired_ratio_ci, parse_samples
 from dispatch.backends import ATEN, DISPATCH
@@ -120,7 +120,7 @@ def forward_verdicts(forward: pd.DataFrame, capture_size: int) -> pd.DataFrame:
         g = g.set_index("path")
         if DISPATCH not in g.index:
             continue
-        best = g["us"].idxmin()
+        best = g["us"].drop(TABLE_DIRECT, errors="ignore").idxmin()  # the dispatcher's twin is no single path
         ratio, lo, hi = _paired(g, DISPATCH, best)
         a_ratio, a_lo, a_hi = _paired(g, DISPATCH, ATEN) if ATEN in g.index else (math.nan,) * 3
         fails = (lo if lo == lo else ratio) > 1 + FORWARD_MARGIN

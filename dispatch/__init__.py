@@ -46,6 +46,7 @@ def configure(table: ThresholdTable | None) -> None:
     _FORCED = table
     _DEVICES.clear()
     _SHAPES.clear()
+    _LAYER_RULES.clear()
 
 
 def reset() -> None:
@@ -185,49 +186,78 @@ def _below_limit(x: Any, weight: Any, bias: Any, rule: _ShapeRule, numel: int) -
     return kernel(x.view(m, k), weight, bias).view(*x.shape[:-1], weight.shape[0])
 
 
+_F_LINEAR = ("F.linear",)  # a remembered choice: F.linear in both regimes
+CHOICES_KEPT = 4096  # activation shapes remembered per layer rule; at the cap the memory starts over (bounded)
+_LAYER_RULES: dict[tuple, tuple[dict, Callable]] = {}  # (device, weight shape, eligible kernels) -> (choices, choose)
+
+
+def _layer_rule(device: int, weight: Any, bias: Any) -> tuple[dict, Callable]:
+    """What every bound layer of one weight shape (and one kernel eligibility) shares: a memory of activation shape
+    -> choice, and the function that fills it. The choice depends on the shape alone (M, and whether the last dim
+    is K): per regime the kernel entry (kernel, its alignment) or None for F.linear, the 2-D view of an N-D input,
+    and the output shape."""
+    rule = _rule(device, weight)
+    n, k = weight.shape[0], weight.shape[1]
+    backends = {id(b): b for steps in (rule.graph, rule.eager) for _, kern, b in steps if kern is not None}
+    accepted = frozenset(key for key, b in backends.items() if b.accepts_weight(weight, bias, rule.sm))
+    key = (device, weight.shape, bias is None, accepted)
+    if key in _LAYER_RULES:
+        return _LAYER_RULES[key]
+    entries: dict[int, tuple] = {}
+
+    def entry(kernel: Any, backend: Any) -> tuple | None:  # one (kernel, alignment) object per kernel
+        if kernel is None or id(backend) not in accepted:
+            return None  # a kernel that does not take this weight becomes F.linear
+        return entries.setdefault(id(kernel), (kernel, backend.align_bytes))
+
+    def at(steps: tuple, m: int) -> tuple | None:
+        return next((entry(kernel, backend) for up_to, kernel, backend in steps if m <= up_to), None)
+    choices: dict = {}
+
+    def choose(shape: Any) -> tuple:
+        numel = 1
+        for d in shape:
+            numel *= d
+        c = _F_LINEAR
+        if len(shape) and numel and shape[-1] == k:
+            m = numel // k
+            graph, eager = at(rule.graph, m), at(rule.eager, m)
+            if graph is not None or eager is not None:
+                # where both regimes choose the same kernel entry (one object) the capture query is skipped
+                c = (graph, eager, None if len(shape) == 2 else (m, k), (*shape[:-1], n))
+        if len(choices) >= CHOICES_KEPT:
+            choices.clear()
+        choices[shape] = c
+        return c
+    _LAYER_RULES[key] = (choices, choose)
+    return choices, choose
+
+
 def bind(weight: Any, bias: Any = None) -> Callable[[Any], Any]:
     """The dispatcher for one layer, a callable x -> y. Everything that depends on the weight is resolved here: the
     table's ranges, the kernels, and which of them take this weight (one that does not becomes F.linear). Per call:
-    above every range one x.numel() and one comparison more than F.linear; below, the range walk, the capture check
-    where the two regimes differ, and the activation's own checks (dtype, device, contiguity, alignment)."""
+    the activation's shape looks up the remembered choice (layers of one weight shape share the memory); where it is
+    F.linear, that is all; where it is a kernel, the capture query where the two regimes differ and the activation's
+    own checks (dtype, device, contiguity, alignment)."""
     if weight.dim() != 2:
         raise ValueError(f"dispatch.bind needs a 2-D weight [N, K], got shape {tuple(weight.shape)}")
     device = weight.get_device()
-    rule = _rule(device, weight)
-    limit_numel, n, k = rule.limit_numel, weight.shape[0], weight.shape[1]
-    f_linear, capturing, ok = _f_linear, _capturing, input_ok
-    resolved: dict[int, tuple | None] = {}
+    choices, choose = _layer_rule(device, weight, bias)
+    remembered, f_linear, capturing, ok, once = choices.get, _f_linear, _capturing, input_ok, _F_LINEAR
 
-    def entry(kernel: Any, backend: Any) -> tuple | None:  # (kernel, its alignment), one object per kernel
-        if kernel is None or not backend.accepts_weight(weight, bias, rule.sm):
-            return None  # a kernel that does not take this weight becomes F.linear
-        return resolved.setdefault(id(kernel), (kernel, backend.align_bytes))
-
-    def at(regime_steps: tuple, m: int) -> tuple | None:
-        return next((entry(kernel, backend) for up_to, kernel, backend in regime_steps if m <= up_to), None)
-    # Both regimes' ranges on one set of boundaries: per segment (up_to, graph choice, eager choice). Where the two
-    # are the same object the capture query (a CUDA call) is skipped.
-    bounds = sorted({up for up, _, _ in rule.graph} | {up for up, _, _ in rule.eager})
-    segments = tuple((up, at(rule.graph, up), at(rule.eager, up)) for up in bounds)
-
-    # One function, no helper call and no view for a 2-D activation: every step here is host time per call.
+    # One function, no helper call on the way to the kernel: every step here is host time per call.
     def bound_linear(x: Any) -> Any:
-        numel = x.numel()
-        if numel > limit_numel or numel == 0:
+        shape = x.shape
+        c = remembered(shape) or choose(shape)
+        if c is once:
             return f_linear(x, weight, bias)
-        dim = x.dim()
-        if dim == 0 or x.shape[-1] != k:
+        graph, eager, flat, out_shape = c
+        use = graph if graph is eager else graph if capturing() else eager
+        if use is None or not ok(x, device, use[1]):
             return f_linear(x, weight, bias)
-        m = numel // k
-        for up_to, graph, eager in segments:
-            if m <= up_to:
-                use = graph if graph is eager else graph if capturing() else eager
-                if use is None or not ok(x, device, use[1]):
-                    break
-                if dim == 2:
-                    return use[0](x, weight, bias)
-                return use[0](x.view(m, k), weight, bias).view(*x.shape[:-1], n)
-        return f_linear(x, weight, bias)
+        if flat is None:
+            return use[0](x, weight, bias)
+        return use[0](x.view(flat), weight, bias).view(out_shape)
     return bound_linear
 
 

@@ -246,9 +246,9 @@ def fake_gpu_dispatch(monkeypatch):
     tiny = BACKENDS["tinygemm"]
     monkeypatch.setattr(type(tiny), "accepts_weight", lambda self, w, b, sm: b is None and w.dtype == torch.bfloat16)
     monkeypatch.setattr(dispatch, "input_ok", lambda x, device, align: x.dtype == torch.bfloat16 and x.is_contiguous())
-    dispatch._SHAPES.clear()
+    dispatch.reset()
     yield dispatch, calls, state
-    dispatch._SHAPES.clear()
+    dispatch.reset()
 
 
 def test_bound_layer_switches_regime_with_the_capture_flag(fake_gpu_dispatch):
@@ -275,6 +275,35 @@ def test_bound_layer_switches_regime_with_the_capture_flag(fake_gpu_dispatch):
     assert len(calls) == 2
     with pytest.raises(ValueError, match="2-D weight"):
         dispatch.bind(torch.randn(4, dtype=torch.bfloat16))
+
+
+def test_bound_layers_of_one_shape_share_a_bounded_memory_of_choices(fake_gpu_dispatch, monkeypatch):
+    """The choice is remembered per activation shape and shared by the layers of one weight shape; a shape whose
+    last dim is not K goes to F.linear (and its error); at the cap the memory starts over and still answers right."""
+    import torch
+    import torch.nn.functional as F
+    dispatch, calls, state = fake_gpu_dispatch
+    state["capturing"] = True
+    w1, w2 = torch.randn(16, 64, dtype=torch.bfloat16), torch.randn(16, 64, dtype=torch.bfloat16)
+    a, b = dispatch.bind(w1), dispatch.bind(w2)
+    x = torch.randn(8, 64, dtype=torch.bfloat16)
+    a(x)
+    b(x)
+    assert calls == [(8, 64), (8, 64)]
+    rules = list(dispatch._LAYER_RULES.values())
+    assert len(rules) == 1 and set(rules[0][0]) == {(8, 64)}  # one memory, one entry, for both layers
+    with pytest.raises(RuntimeError):
+        a(torch.randn(8, 32, dtype=torch.bfloat16))  # K mismatch: F.linear's own error, not the kernel
+    assert len(calls) == 2
+    monkeypatch.setattr(dispatch, "CHOICES_KEPT", 3)
+    dispatch.reset()
+    c = dispatch.bind(w1)
+    for m in (1, 2, 3, 4, 64, 5):
+        xm = torch.randn(m, 64, dtype=torch.bfloat16)
+        y = c(xm)
+        assert (bool((y == 7).all()) if m <= 32 else torch.equal(y, F.linear(xm, w1)))
+        assert len(next(iter(dispatch._LAYER_RULES.values()))[0]) <= 3
+    assert calls[-1] == (5, 64) and len(calls) == 7
 
 
 def test_the_custom_op_compiles_without_a_graph_break_and_runs_the_dispatcher(fake_gpu_dispatch):

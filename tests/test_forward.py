@@ -71,6 +71,9 @@ def test_forward_rules_on_the_h200():
     both = ThresholdTable("h200", "tinygemm", {"graph": ((16, "flashinfer-lean:tinygemm"),), "eager": ()})
     assert path_for("dispatch", lin, 8, 90, H200, both, "graph") == "flashinfer-lean:tinygemm"
     assert path_for("dispatch", lin, 8, 90, H200, both, "eager") == "aten"
+    assert path_for("table-direct", lin, 8, 90, H200, both, "graph") == "flashinfer-lean:tinygemm"  # per regime
+    assert path_for("table-direct", lin, 8, 90, H200, both, "eager") == "aten"
+    assert path_for("table-direct", head, 8, 90, H200, both, "graph") == "aten"
     assert path_for("flashinfer:tinygemm", head, 8, 90, H200, table) == "flashinfer:tinygemm"  # a registry path: all
     b200 = get_profile("b200")
     assert path_for("vllm-flashinfer", lin, 4096, 100, b200, None) == "flashinfer:cute-dsl"  # its own fallback
@@ -119,6 +122,10 @@ def test_measured_forward_verdicts_and_the_model_beside_them(tmp_path):
     assert not v.loc[(8, "eager"), "vllm_regime"]
     assert not v["ok"].any() and (v["best"] == "aten").all()
     assert v["dispatch_over_aten"].tolist() == pytest.approx([1.02] * 4)
+    # the dispatcher's choices called without the bound layer are no single path: never the verdict's best
+    direct = [{**r, "path": "table-direct", "us": 900.0} for r in _rows() if r["path"] == "aten"]
+    v2 = forward_verdicts(pd.concat([fdf, pd.DataFrame(direct)]), capture_size=512)
+    assert (v2["best"] == "aten").all()
     cells = Cells.from_results(load_results(DATA / "h200-sweep"))
     mv = model_vs_measured(cells, fdf, info, H200, load_table(path=DATA / "h200-table-format1.json"))
     assert len(mv) == 8 and mv["modelled_us"].notna().all() and "miss" in mv
