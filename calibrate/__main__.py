@@ -22,8 +22,8 @@ from calibrate.agree import agreement, summary_lines
 from calibrate.analysis import (FIT_MIN_GAIN, Cells, cell_verdicts, dispatch_candidates, failures, fit, forward_totals,
                                 low_m_measured, model_uses, provenance)
 from calibrate.baseline import fingerprint_mismatch, fingerprint_of
-from calibrate.forward_model import (MODEL_MISS, forward_picks, forward_ratios, forward_verdicts, load_forward,
-                                    model_vs_measured)
+from calibrate.forward_model import (GPU_BOUND_MARGIN, MODEL_MISS, forward_picks, forward_ratios, forward_verdicts,
+                                    gpu_bound_from, load_forward, model_vs_measured)
 from calibrate.hostcost import run_host_cost
 from calibrate.l2 import MODES, close_cells, decisions
 from calibrate.noise import LEVEL, coverage, coverage_line, fit_floor, load_noise, noise_path
@@ -254,7 +254,7 @@ def _fit_cmd(args, argv, profile, df, info, cells) -> int:
     hold_out = _grid_ms(args.hold_out)
     base = ThresholdTable(profile.name, profile.low_m_backend, {r: () for r in REGIMES})
     noise = load_noise(profile.name)
-    cell_picks, forward_note = {}, None
+    cell_picks, forward_note, shape_bound = {}, None, {}
     if args.forward:
         fdf, finfo = load_forward(args.forward, args.partial)
         _check_gpu(finfo, profile.name, args.forward)
@@ -269,9 +269,16 @@ def _fit_cmd(args, argv, profile, df, info, cells) -> int:
                 "the model's cells at that M that the cell test left to F.linear"
             print(f"{regime}, {model} M={m}: {path} everywhere it runs measured {ratio:.3f}x all-aten "
                   f"(interval up to {hi:.3f}); picked for {where}")
+        bound_m = gpu_bound_from(fdf, hold_out=hold_out)
+        for model, start in sorted(bound_m.items()):
+            for n, k, _ in uses.get(model, []):
+                shape_bound[(n, k)] = max(shape_bound.get((n, k), 0.0), start)
+            print(f"eager, {model}: all-aten forwards GPU-bound (busy >= {GPU_BOUND_MARGIN}x host submission) "
+                  + (f"from M = {start:g} on" if start < math.inf else "at no measured M"))
         forward_note = {"forward": str(args.forward),
-                        "picks": {f"{r} {mo} M={m}": p for (r, mo, m), (p, *_) in sorted(picks.items())}}
-    table, report = fit(cells, base, profile.capture_size, args.min_gain, noise, hold_out, cell_picks)
+                        "picks": {f"{r} {mo} M={m}": p for (r, mo, m), (p, *_) in sorted(picks.items())},
+                        "gpu_bound_from": {mo: (None if v == math.inf else int(v)) for mo, v in sorted(bound_m.items())}}
+    table, report = fit(cells, base, profile.capture_size, args.min_gain, noise, hold_out, cell_picks, shape_bound)
     fp = info.get("fingerprint", {})
     fitted_ms = sorted(set(int(m) for m in df["m"]) - hold_out)
     source = {"fitted_from": str(args.results), "run_command": info.get("command"), "gpu": fp.get("gpu_name"),
@@ -283,8 +290,11 @@ def _fit_cmd(args, argv, profile, df, info, cells) -> int:
                       + " in the regime's cost (graph: GPU time; eager: max(host, GPU) per call) replaces F.linear "
                       f"where it beats F.linear beyond the noise by more than {args.min_gain:.0%} (graph: the "
                       "GPU-time ratio's interval widened by the run-to-run floor; eager: path's p80 cost below "
-                      "F.linear's p20 cost times the floor); an eager cell whose host p80 stays below its GPU p20 "
-                      "takes the graph regime's choice; with --forward, at each (model, M) measured, the lean single "
+                      "F.linear's p20 cost times the floor); eager, with --forward, from the M where every measured "
+                      f"all-aten eager forward of the shape's models kept the GPU busy >= {GPU_BOUND_MARGIN}x its host "
+                      "submission time, the graph regime's choice, and below it only paths whose median host time is "
+                      "below F.linear's; without measured forwards, an eager cell whose host p80 stays below its GPU "
+                      "p20 takes the graph regime's choice; with --forward, at each (model, M) measured, the lean single "
                       "path whose whole forward beat all-aten beyond the noise (paired interval) for that model's "
                       "shapes (eager: at every such cell; graph: where the cell test left F.linear and the path's "
                       "cell costs no more); between two measured M whose choices differ, the boundary is where the "

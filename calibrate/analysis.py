@@ -355,9 +355,23 @@ def with_boundaries(cells: Cells, n: int, k: int, choices: list[tuple[int, str]]
     return out
 
 
+def host_ratios(cells: Cells, paths: list[str]) -> dict[str, float]:
+    """Per path, the median over the run's cells of its host time over F.linear's at the same cell (single cells'
+    host times drift by tens of percent; a path's host cost relative to F.linear is a property of its call)."""
+    out = {}
+    for p in paths:
+        r = [cells.host(n, k, m, p) / cells.host(n, k, m, ATEN) for n, k in cells.shapes() for m in cells.ms(n, k)
+             if cells.has(n, k, m, p) and cells.has(n, k, m, ATEN)]
+        r = [v for v in r if v == v]
+        if r:
+            out[p] = float(np.median(r))
+    return out
+
+
 def fit(cells: Cells, base: ThresholdTable, capture_size: int, min_gain: float = FIT_MIN_GAIN, noise: Any = None,
         hold_out: set[int] | frozenset[int] = frozenset(),
-        forward_picks: dict[tuple[str, int, int, int], str] | None = None) -> tuple[ThresholdTable, pd.DataFrame]:
+        forward_picks: dict[tuple[str, int, int, int], str] | None = None,
+        gpu_bound_from: dict[tuple[int, int], float] | None = None) -> tuple[ThresholdTable, pd.DataFrame]:
     """Per shape and regime, M ranges -> path. At each measured M (held-out values left out) the cheapest candidate
     (dispatch_candidates) in the regime's cost (graph: GPU time; eager: max(host, GPU) per call) replaces F.linear
     only where it beats F.linear beyond the noise (_beats); ties go to F.linear. Shapes not measured run F.linear
@@ -366,10 +380,19 @@ def fit(cells: Cells, base: ThresholdTable, capture_size: int, min_gain: float =
     forward beat all-aten beyond the noise. Eager, it takes precedence at its cells: a host-bound forward costs its
     host time, which the per-cell max(host, GPU) misjudges. In the graph regime GPU time adds up cell by cell, so
     it only fills cells where the cell test left F.linear and its own cell costs no more than F.linear's (gains too
-    small to show beyond the noise in one cell). An eager cell whose host time hides behind its GPU time
-    (host_hidden) takes the graph regime's choice before that."""
+    small to show beyond the noise in one cell).
+
+    Eager, below the picks, what decides a cell is whether the forward it runs in is host- or GPU-bound, which one
+    cell cannot show. `gpu_bound_from` (n, k) -> M, from measured forwards (forward_model.gpu_bound_from): from that
+    M on, every measured eager forward of the models with this shape kept its GPU busy longer than the host took to
+    submit it, by a margin, so a call's host time hides in the backlog and the graph regime's choice (GPU time)
+    decides. Below it the forward is host-bound: every µs of host time adds to it, so only a path whose host time is
+    below F.linear's (host_ratios < 1) may replace F.linear there, by the cost test above. A shape without measured
+    forwards keeps the per-cell test: a cell whose host time hides behind its own GPU time (host_hidden) takes the
+    graph regime's choice."""
     forward_picks = forward_picks or {}
     among = dispatch_candidates(cells, base)
+    host_cheaper = {p for p, r in host_ratios(cells, among[1:]).items() if r < 1}
     if not any(cells.has(n, k, m, ATEN) and cells.has(n, k, m, p) for n, k in cells.shapes() for m in cells.ms(n, k)
                for p in among[1:]):
         raise HarnessError("nothing to fit: no cell has aten and a FlashInfer path the dispatcher can call ("
@@ -381,14 +404,18 @@ def fit(cells: Cells, base: ThresholdTable, capture_size: int, min_gain: float =
         if not ms:
             continue
         own, graph_choice = {}, {}
+        bound_from = (gpu_bound_from or {}).get((n, k))
         for regime in ("graph", "eager"):
             choices = []
             for m in ms:
-                cands = [p for p in among if p != ATEN and cells.has(n, k, m, p)]
+                host_bound = regime == "eager" and bound_from is not None and m < bound_from
+                cands = [p for p in among if p != ATEN and cells.has(n, k, m, p)
+                         and (not host_bound or p in host_cheaper)]
                 best = min(cands, key=lambda p: cells.cost(n, k, m, p, regime), default=None)
                 choice = best if best is not None and _beats(cells, n, k, m, best, ATEN, regime, min_gain,
                                                              noise) else ATEN
-                if regime == "eager" and all(host_hidden(cells, n, k, m, p) for p in {ATEN, graph_choice[m]}):
+                if regime == "eager" and not host_bound and (bound_from is not None or all(
+                        host_hidden(cells, n, k, m, p) for p in {ATEN, graph_choice[m]})):
                     choice = graph_choice[m]  # eagerly GPU-bound: GPU time decides, as in the graph regime
                 picked = forward_picks.get((regime, n, k, m))
                 if picked is not None and cells.has(n, k, m, picked) and (regime == "eager" or (

@@ -143,6 +143,35 @@ def _paired(g: pd.DataFrame, a: str, b: str) -> tuple[float, float, float]:
     return g.at[a, "us"] / g.at[b, "us"], math.nan, math.nan
 
 
+GPU_BOUND_MARGIN = 1.25  # GPU-bound: busy >= 1.25x the submission time (room for a path's extra host time)
+
+
+def gpu_bound_from(forward: pd.DataFrame, margin: float = GPU_BOUND_MARGIN,
+                   hold_out: set[int] | frozenset[int] = frozenset()) -> dict[str, float]:
+    """Per model with measured eager all-aten forwards: the smallest measured M from which on every measured
+    forward kept the GPU busy at least `margin` times as long as the host took to submit it (CUPTI busy time over
+    host submission time); inf where the largest measured M was not. Host time grows little with M and GPU time a
+    lot, so between a host-bound M and the next GPU-bound one the forward counts as host-bound (the cautious side)."""
+    ok = forward[(forward["status"] == "ok") & (forward["regime"] == "eager") & (forward["path"] == ATEN)]
+    out = {}
+    for model, g in ok.groupby("model"):
+        g = g[~g["m"].astype(int).isin(hold_out)]
+        busy, submit = (pd.to_numeric(g[c], errors="coerce") for c in ("gpu_busy_us", "submit_us"))
+        bound = (busy >= margin * submit).to_numpy()
+        ms = g["m"].astype(int).to_numpy()
+        if not len(ms) or (busy.isna() | submit.isna()).all():
+            continue
+        order = np.argsort(ms)
+        ms, bound = ms[order], bound[order]
+        start = math.inf
+        for i in range(len(ms) - 1, -1, -1):
+            if not bound[i]:
+                break
+            start = float(ms[i])
+        out[str(model)] = start
+    return out
+
+
 def forward_picks(forward: pd.DataFrame, candidates: list[str], min_gain: float
                   ) -> dict[tuple[str, str, int], tuple[str, float, float]]:
     """Per (regime, model, M) measured: the lean single path (one path wherever it can run, F.linear elsewhere)

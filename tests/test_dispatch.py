@@ -92,6 +92,36 @@ def test_fit_hysteresis_keeps_f_linear_on_a_gain_inside_the_noise():
     assert table.choose(64, 2048, 8, "eager") == "aten"  # host 30 vs 20: F.linear eagerly
 
 
+def test_eager_fit_follows_whether_the_measured_forward_is_host_or_gpu_bound():
+    """cuBLASLt 5% faster on the GPU, its host time 10% above F.linear's, both hidden behind the cell's own GPU time.
+    Without measured forwards the cell test hands the eager cell to the graph choice; with them, below the M where
+    the forward turned GPU-bound only a path with less host time than F.linear's may run (TinyGEMM), from it on the
+    graph choice."""
+    from calibrate.forward_model import gpu_bound_from
+    lt, tg = "flashinfer-lean:cublaslt", "flashinfer-lean:tinygemm"
+    times = {}
+    for m in (8, 128, 4096):
+        times[(4096, 2048, m, "aten")] = (40.0, 20.0)
+        times[(4096, 2048, m, lt)] = (38.0, 22.0)
+        times[(64, 2048, m, "aten")] = (5.0, 20.0)
+        times[(64, 2048, m, tg)] = (3.0 if m <= 128 else 50.0, 9.0)
+    cells = Cells.from_results(_synthetic(times))
+    base = ThresholdTable.from_thresholds("h200", "tinygemm", 0)
+    plain, _ = fit(cells, base, 512)
+    assert all(plain.choose(4096, 2048, m, "eager") == lt for m in (8, 128, 4096))
+    fw = pd.DataFrame([{"model": "X", "m": m, "path": "aten", "regime": "eager", "status": "ok",
+                        "gpu_busy_us": busy, "submit_us": 1000.0} for m, busy in ((8, 500.0), (128, 1300.0),
+                                                                                   (1024, 1200.0), (4096, 3000.0))])
+    assert gpu_bound_from(fw) == {"X": 4096.0}  # 128 was GPU-bound, but 1024 (1.2x) was not: from 4096 on
+    assert gpu_bound_from(fw, hold_out={1024}) == {"X": 128.0}
+    assert gpu_bound_from(fw.assign(gpu_busy_us=100.0)) == {"X": math.inf}
+    bound = {(4096, 2048): 4096.0, (64, 2048): 4096.0}
+    aware, _ = fit(cells, base, 512, gpu_bound_from=bound)
+    assert aware.choose(4096, 2048, 8, "eager") == aware.choose(4096, 2048, 128, "eager") == "aten"
+    assert aware.choose(4096, 2048, 4096, "eager") == lt and aware.choose(4096, 2048, 128, "graph") == lt
+    assert aware.choose(64, 2048, 128, "eager") == tg  # less host time than F.linear: allowed host-bound
+
+
 LOW = "flashinfer:tinygemm"
 
 
