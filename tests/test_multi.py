@@ -249,3 +249,17 @@ def test_a_worker_makes_visible_the_gpu_the_parent_calls_by_that_index():
     assert visible_entry(1, "GPU-aaaa, GPU-bbbb") == "GPU-bbbb"
     with pytest.raises(HarnessError, match="not among CUDA_VISIBLE_DEVICES"):
         visible_entry(2, "2,3")
+
+
+def test_the_committed_full_grid_ran_complete_on_two_gpus():
+    """tests/data/h200x2-full: `--grid full --devices all` on a 2-GPU H200 in three legs (two SIGINTs, two
+    --resume): every cell of the full grid present and validated by load_results against its run.json, none failed,
+    two shards on two devices, host timing serialized."""
+    df = load_results(DATA / "h200x2-full")
+    info = json.loads((DATA / "h200x2-full" / "run.json").read_text())
+    assert info["status"] == "complete" and info["missing_shapes"] == [] and "serialized" in info["host_timing"]
+    assert sorted(int(m) for m in info["ms"]) == sorted(full_grid_ms()) and len(info["ms"]) == 58
+    assert df["shape"].nunique() == len(full_catalog()) == 53
+    assert len(df) == 53 * 58 * 7 == 21518
+    assert df["status"].value_counts().to_dict() == {"ok": 20770, "skipped": 748}
+    assert sorted(s["device"] for s in info["shards"]) == [0, 1]
