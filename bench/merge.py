@@ -53,6 +53,12 @@ def check_alike(infos: Sequence[tuple[Path, dict[str, Any]]]) -> None:
             raise HarnessError(f"{path} belongs to another grid than {first} (its shape list differs)")
 
 
+def _all_legs_s(info: dict[str, Any]) -> float:
+    """Seconds of a run's last leg and of every earlier leg it was resumed from."""
+    legs = [leg.get("wall_s") for leg in info.get("previous_legs", [])] + [info.get("wall_s")]
+    return round(sum(float(w or 0) for w in legs), 1)
+
+
 def merge_shards(shards: Sequence[Path], out: Path, partial: bool = False) -> Path:
     """One results.csv and run.json from the shards (rows unedited), each shard's run.json kept in run.json."""
     if (out / "results.csv").exists():
@@ -106,9 +112,12 @@ def merge_shards(shards: Sequence[Path], out: Path, partial: bool = False) -> Pa
     write_run_json(out, {**ref, "kind": MERGED, "shapes": grid, "status": "complete" if complete else "incomplete",
                          "missing_shapes": missing, "merged": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
                          "wall_s": max(float(i.get("wall_s") or 0) for _, i in infos),
+                         # a shard resumed after an interruption: its legs added up (the slowest shard's)
+                         "wall_s_all_legs": max(_all_legs_s(i) for _, i in infos),
                          "started": min((str(i["started"]) for _, i in infos if i.get("started")), default=None),
                          "shards": [{"source": str(d), "command": i.get("command"), "started": i.get("started"),
-                                     "wall_s": i.get("wall_s"), "status": i.get("status"), "shard": i.get("shard"),
+                                     "wall_s": i.get("wall_s"), "previous_legs": i.get("previous_legs", []),
+                                     "status": i.get("status"), "shard": i.get("shard"),
                                      "device": (i.get("shard") or {}).get("device"),
                                      "fingerprint": i.get("fingerprint"), "clocks_start": i.get("clocks_start"),
                                      "clocks_end": i.get("clocks_end"),

@@ -90,13 +90,19 @@ def _shards(tmp_path: Path, n: int = 2, edit=None) -> list[Path]:
 
 
 def test_merged_shards_are_the_run_itself(tmp_path):
-    merged = merge_shards(_shards(tmp_path, 3), tmp_path / "merged")
+    def resumed(i, info):  # shard 2 was interrupted once and resumed
+        if i == 1:
+            info["previous_legs"] = [{"command": "c", "started": "s", "wall_s": 500.0, "status": "interrupted"}]
+    merged = merge_shards(_shards(tmp_path, 3, resumed), tmp_path / "merged")
     a, b = load_results(merged), load_results(RUN)
     key = ["n", "k", "m", "path"]
     assert a.sort_values(key).reset_index(drop=True).equals(b.sort_values(key).reset_index(drop=True))
     assert sorted((merged / "results.csv").read_text().splitlines()) == sorted((RUN / "results.csv").read_text().splitlines())
     info = json.loads((merged / "run.json").read_text())
     assert info["status"] == "complete" and len(info["shards"]) == 3 and info["missing_shapes"] == []
+    one_leg = json.loads((RUN / "run.json").read_text())["wall_s"]
+    assert info["wall_s"] == one_leg and info["wall_s_all_legs"] == round(one_leg + 500.0, 1)
+    assert [len(sh["previous_legs"]) for sh in info["shards"]] == [0, 1, 0]
     with pytest.raises(HarnessError, match="exists"):
         merge_shards(_shards(tmp_path / "again", 2), merged)
 
@@ -263,3 +269,7 @@ def test_the_committed_full_grid_ran_complete_on_two_gpus():
     assert len(df) == 53 * 58 * 7 == 21518
     assert df["status"].value_counts().to_dict() == {"ok": 20770, "skipped": 748}
     assert sorted(s["device"] for s in info["shards"]) == [0, 1]
+    # its workers' legs (the merged run.json predates wall_s_all_legs): 520 + 529 + 171 s and 519 + 529 + 179 s
+    legs = [[leg["wall_s"] for leg in json.loads((DATA / "h200x2-full" / "shards" / g / "run.json").read_text())
+             ["previous_legs"]] for g in ("gpu0", "gpu1")]
+    assert [round(sum(x)) for x in legs] == [1049, 1048]
