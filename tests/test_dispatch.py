@@ -409,3 +409,16 @@ def test_flashinfer_alone_follows_vllms_flag_on_each_sm():
     assert [flashinfer_path(sm90, cells, 2048, 4096, m) for m in (8, 64)] == ["flashinfer:tinygemm",
                                                                               "flashinfer:cublaslt"]
     assert [flashinfer_path(sm100, cells, 2048, 4096, m) for m in (8, 64)] == ["flashinfer:cute-dsl"] * 2
+
+
+def test_the_committed_h200_table_is_what_the_fit_makes_of_the_committed_runs(tmp_path, capsys):
+    """dispatch/thresholds/h200.json names the command that made it; run on the committed data with today's fit it
+    gives the same ranges (a fit change that would change the table shows here, before anyone measures it)."""
+    import shlex
+
+    from calibrate.__main__ import main
+    committed = json.loads((Path(__file__).parent.parent / "dispatch" / "thresholds" / "h200.json").read_text())
+    argv = shlex.split(committed["source"]["fit_command"])[3:]  # after "python -m calibrate"
+    assert main([*argv, "--out", str(tmp_path / "h200.json")]) == 0
+    again = json.loads((tmp_path / "h200.json").read_text())
+    assert again["shapes"] == committed["shapes"] and again["default"] == committed["default"]
