@@ -236,7 +236,10 @@ def forward_section(run: Run, path: str, partial: bool) -> str:
              "<b>eager</b> = the forward launched op by op from an idle GPU to one synchronize (host and GPU overlap "
              "as in a real eager step). 'vllm-flashinfer' is FlashInfer as vLLM's flag runs it (low-M backend at "
              "M <= 32, FlashInfer cuBLASLt above), 'seed-fix' the seed PR's rule (low-M backend at M <= 32, F.linear "
-             "above); lm_head is F.linear in both, as in vLLM.</p>",
+             "above); lm_head is F.linear in both, as in vLLM." + (
+                 " 'table-direct' (dotted) runs the dispatcher's table choices called directly, without the bound "
+                 "layer: the distance from it to 'dispatch' is what the dispatcher's per-call work costs."
+                 if "table-direct" in ratios.columns else "") + "</p>",
              f"<img alt='measured forwards' src='{figures.forward_figure(fdf)}'>"]
     cols = [("model", "model"), ("m", "M"), ("regime", "regime")] + [(p, f"{p} / aten") for p in paths]
     parts.append("<h3>Per-forward time over aten's (measured)</h3>"

@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 
-from bench.forward_paths import SEED_FIX, VLLM_FLASHINFER  # noqa: E402
+from bench.forward_paths import SEED_FIX, TABLE_DIRECT, VLLM_FLASHINFER  # noqa: E402
 from bench.paths import TUNED_CUBLASLT  # noqa: E402
 from dispatch.backends import ATEN, DISPATCH, flashinfer_path, is_flashinfer, lean_path  # noqa: E402
 
@@ -143,7 +143,10 @@ def compare_figure(comp: pd.DataFrame, label_a: str, label_b: str) -> str:
     return to_uri(fig)
 
 
-FORWARD_COLORS = {ATEN: "#333333", VLLM_FLASHINFER: "#1b9e77", SEED_FIX: "#d95f02", DISPATCH: "#66a61e"}
+FORWARD_COLORS = {ATEN: "#333333", VLLM_FLASHINFER: "#1b9e77", SEED_FIX: "#d95f02", DISPATCH: "#66a61e",
+                  TABLE_DIRECT: "#66a61e"}
+FORWARD_STYLES = {SEED_FIX: "--", TABLE_DIRECT: ":"}
+FORWARD_YMAX = 1.6  # the dispatcher's range of interest; slower paths sit at the top edge with their ratio  # table-direct: the dispatcher's choices without the dispatcher
 
 
 def forward_figure(forward: pd.DataFrame) -> str:
@@ -156,24 +159,29 @@ def forward_figure(forward: pd.DataFrame) -> str:
         for ax, regime in zip(row, ("graph", "eager")):
             g = ok[(ok["model"] == model) & (ok["regime"] == regime)]
             aten = g[g["path"] == ATEN].set_index("m")["us"]
+            low = 1.0
             for path, p in g.groupby("path"):
                 p = p.sort_values("m").set_index("m")
                 base = aten.reindex(p.index)
                 color = FORWARD_COLORS.get(path, _color(path))
-                style = "--" if path == SEED_FIX else "-"
-                ax.plot(p.index, p["us"] / base, style, marker="o", ms=3, color=color, label=path)
+                style = FORWARD_STYLES.get(path, "-")
+                ratio = p["us"] / base
+                low = min(low, float(ratio.min()))
+                ax.plot(p.index, ratio.clip(upper=FORWARD_YMAX), style, marker="o", ms=3, color=color, label=path)
+                for m, r in ratio[ratio > FORWARD_YMAX].items():  # off the scale: its value at the top edge
+                    ax.annotate(f"{r:.3g}x", (m, FORWARD_YMAX), textcoords="offset points", xytext=(0, 3),
+                                ha="center", fontsize=6, color=color)
                 if "us_p20" in p and path != ATEN:
-                    ax.fill_between(p.index, p["us_p20"] / base, p["us_p80"] / base, color=color, alpha=0.12)
+                    ax.fill_between(p.index, (p["us_p20"] / base).clip(upper=FORWARD_YMAX),
+                                    (p["us_p80"] / base).clip(upper=FORWARD_YMAX), color=color, alpha=0.12)
             ax.set_xscale("log", base=2)
-            if regime == "eager":
-                ax.set_yscale("log")
-                ax.yaxis.set_major_formatter(PLAIN)
+            ax.set_ylim(min(0.9, low - 0.05), FORWARD_YMAX + 0.08)
             ax.xaxis.set_major_formatter(PLAIN)
             for m, us in aten.items():
                 ax.annotate(f"{us / 1e3:.3g}", (m, 1), textcoords="offset points", xytext=(0, -11), ha="center",
                             fontsize=6.5, color="#555555")
             ax.set_title(f"{model}, {regime} ({'GPU span' if regime == 'graph' else 'wall time'} / aten's; "
-                         f"aten's ms under its line)", fontsize=9.5)
+                         f"aten's ms under its line; above {FORWARD_YMAX}x at the top edge)", fontsize=9)
             ax.set_xlabel("M (tokens)")
             ax.set_ylabel("per-forward time / aten")
             ax.grid(alpha=0.3, which="both")
