@@ -83,9 +83,9 @@ RUN_FIX = "it must be the run.json that `python -m bench run` wrote beside resul
 
 
 def load_results(path: str | Path, partial: bool = False):
-    """Read a results table (a run folder, results.csv, results.csv.xz or results.parquet) and validate it against its run.json:
-    columns, types, finite non-negative times of ok rows, parseable samples, no duplicate cell, and every cell of
-    the run's grid present (unless `partial`: then missing cells are allowed, and the caller says so)."""
+    """Read a results table (a run folder, results.csv, results.csv.xz or results.parquet) and validate it against
+    its run.json: columns, types, finite non-negative times of ok rows, parseable samples, no duplicate cell, and
+    every cell of the run's grid present (unless `partial`: then missing cells are allowed, and the caller says so)."""
     import pandas as pd
     path = Path(path)
     if path.is_dir():  # results.csv, or an archived folder's xz-compressed copy of it (read-only use)

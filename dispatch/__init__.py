@@ -1,8 +1,8 @@
 """The BF16 linear dispatcher: per weight shape, regime and M, F.linear or a FlashInfer kernel, by the GPU's table.
 
 - `dispatch.bind(weight, bias=None)` -> a callable x -> y: what a model does once per layer at weight loading. The
-  table rows, the kernels and the weight's eligibility are resolved then; a call above every range costs one
-  comparison more than F.linear.
+  table rows, the kernels and the weight's eligibility are resolved then; a call looks its activation's shape up in
+  a memory of choices, and where that is F.linear it costs one lookup more than F.linear.
 - `dispatch.linear(x, weight, bias=None)`: a drop-in for torch.nn.functional.linear, for ad-hoc use.
 - `dispatch.op()`: the same as a torch custom op with a fake implementation, for code under torch.compile.
 
