@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from bench.forward_paths import DEFAULT_RULES
+from bench.forward_paths import DEFAULT_RULES, TABLE_DIRECT
 from dispatch.backends import ATEN, is_flashinfer
 from dispatch.table import describe_ranges
 from harness.console import terminal
@@ -239,7 +239,7 @@ def forward_section(run: Run, path: str, partial: bool) -> str:
              "above); lm_head is F.linear in both, as in vLLM." + (
                  " 'table-direct' (dotted) runs the dispatcher's table choices called directly, without the bound "
                  "layer: the distance from it to 'dispatch' is what the dispatcher's per-call work costs."
-                 if "table-direct" in ratios.columns else "") + "</p>",
+                 if TABLE_DIRECT in ratios.columns else "") + "</p>",
              f"<img alt='measured forwards' src='{figures.forward_figure(fdf)}'>"]
     cols = [("model", "model"), ("m", "M"), ("regime", "regime")] + [(p, f"{p} / aten") for p in paths]
     parts.append("<h3>Per-forward time over aten's (measured)</h3>"
