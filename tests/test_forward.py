@@ -248,3 +248,30 @@ def test_the_committed_table_on_its_out_of_sample_run_and_its_measured_forward(c
                                                 ("3B", 512, "graph"), ("4B", 32, "eager")]
     assert failing["h200-bound-forward-5"] == [("3B", 1, "eager"), ("3B", 8, "eager"), ("3B", 512, "eager"),
                                                 ("3B", 512, "graph"), ("3B", 1031, "eager")]
+
+
+def test_a_bound_forward_calls_each_layer_as_a_model_would(tmp_path):
+    """The dispatch rule's linears are bound layers called with x alone (no adapter of the harness in their time),
+    the LM head and every other rule's linears path functions called with (x, w); each distinct one is checked
+    against the fp32 reference once per shape before timing (CPU tensors: the dispatcher runs F.linear)."""
+    import torch
+
+    import dispatch
+    from bench.forward import ForwardConfig, _bind, _check
+    seq = [ForwardLinear(0, "mlp.down_proj", 64, 128), ForwardLinear(1, "mlp.down_proj", 64, 128),
+           ForwardLinear(-1, "lm_head", 32, 128)]
+    weights = [torch.randn(lin.n, lin.k, dtype=torch.bfloat16) / 8 for lin in seq]
+    xs = {128: torch.randn(4, 128, dtype=torch.bfloat16)}
+    table = ThresholdTable("h200", "tinygemm", {"graph": (), "eager": ()})
+    cfg = ForwardConfig(profile=H200, models={}, ms=[4], rules=["dispatch"], out=tmp_path, table=table)
+    fns = {"aten": torch.nn.functional.linear}
+    dispatch.reset()
+    b = _bind("dispatch", seq, weights, xs, 4, 90, cfg, fns)
+    assert [len(args) for _, args, _ in b.calls] == [1, 1, 2]
+    _check(b, "dispatch")
+    b()
+    direct = _bind("aten", seq, weights, xs, 4, 90, cfg, fns)
+    assert [len(args) for _, args, _ in direct.calls] == [2, 2, 2] and direct.used == {"aten": 3}
+    bad = _bind("aten", seq, weights, xs, 4, 90, cfg, {"aten": lambda x, w: torch.zeros(x.shape[0], w.shape[0])})
+    with pytest.raises(HarnessError, match="differs from the fp32 reference"):
+        _check(bad, "aten")
