@@ -26,7 +26,7 @@ RULES = {
     TABLE_DIRECT: "the committed table's choices per regime called directly, without the bound layer: the "
                   "dispatcher's choices at no per-call cost (dispatch over it is the bound layer's own cost)",
 }
-DEFAULT_RULES = (ATEN, VLLM_FLASHINFER, SEED_FIX, DISPATCH)
+DEFAULT_RULES = (ATEN, VLLM_FLASHINFER, SEED_FIX, DISPATCH, TABLE_DIRECT)
 
 
 class Table(Protocol):

@@ -227,7 +227,8 @@ def forward_section(run: Run, path: str, partial: bool) -> str:
     from calibrate.forward_model import MODEL_MISS, forward_ratios, forward_verdicts, load_forward, model_vs_measured
     fdf, info = load_forward(path, partial)
     ratios = forward_ratios(fdf)
-    paths = [c for c in DEFAULT_RULES if c != ATEN and c in ratios.columns]
+    measured = [c for c in ratios.columns if c not in ("model", "m", "regime", ATEN)]
+    paths = [c for c in DEFAULT_RULES if c in measured] + [c for c in measured if c not in DEFAULT_RULES]
     parts = [f"<p class='muted'>{esc(info.get('command', ''))} · {esc(info.get('started', ''))} · "
              f"{esc((info.get('fingerprint') or {}).get('gpu_name', ''))} · decoder layers: "
              f"{esc(info.get('decoder_layers') or 'all')} · lm_head: {esc(info.get('lm_head'))}</p>",
