@@ -362,12 +362,17 @@ def _forward_report(where: str, fdf: pd.DataFrame, finfo: dict, cells, table, pr
     if fv.empty:
         return fv, set()
     print("\nmeasured forwards, dispatcher / best measured path and / all-aten, both regimes (paired per round; "
-          "[interval]; * = the regime vLLM runs that M in):")
+          "[interval]; * = the regime vLLM runs that M in" + ("; with table-direct measured, dispatcher / best = the "
+          "table's choices called directly / best x the binding's own cost, dispatcher / table-direct"
+          if fv["binding_cost"].notna().any() else "") + "):")
     for r in fv.itertuples():
         lo = "" if r.ratio_lo != r.ratio_lo else f" [{r.ratio_lo:.3f}, {r.ratio_hi:.3f}]"
         alo = "" if r.aten_lo != r.aten_lo else f" [{r.aten_lo:.3f}, {r.aten_hi:.3f}]"
+        split = "" if r.binding_cost != r.binding_cost else (
+            f"   choices {r.choices_over_best:.3f} x binding {r.binding_cost:.3f} [{r.binding_lo:.3f}, {r.binding_hi:.3f}]")
         print(f"  {r.model:22s} M={r.m:<6d} {r.regime:5s}{'*' if r.vllm_regime else ' '} / best ({r.best}) "
-              f"{r.dispatch_over_best:.3f}{lo}   / aten {r.dispatch_over_aten:.3f}{alo}   {'ok' if r.ok else 'OVER'}")
+              f"{r.dispatch_over_best:.3f}{lo}   / aten {r.dispatch_over_aten:.3f}{alo}   {'ok' if r.ok else 'OVER'}"
+              + split)
     return fv[~fv["ok"]], set(zip(fv["model"], fv["m"]))
 
 

@@ -113,7 +113,9 @@ def forward_verdicts(forward: pd.DataFrame, capture_size: int) -> pd.DataFrame:
     all-aten. The forwards of all paths ran interleaved, so sample i of each ran side by side: each ratio is the median
     of per-pair ratios with a bootstrap interval, and the dispatcher FAILs only where the whole interval lies above
     1 + FORWARD_MARGIN (host time on one machine drifts by several percent between rounds; a point estimate would fail
-    the dispatcher against the very path it runs). `vllm_regime` marks the regime vLLM runs that M in."""
+    the dispatcher against the very path it runs). `vllm_regime` marks the regime vLLM runs that M in. Where the run
+    measured table-direct, `choices_over_best` (the table's choices called directly, over the best path) and
+    `binding_cost` (dispatch over table-direct, with its interval) split the ratio in two."""
     ok = forward[forward["status"] == "ok"]
     rows = []
     for (model, m, regime), g in ok.groupby(["model", "m", "regime"]):
@@ -124,11 +126,16 @@ def forward_verdicts(forward: pd.DataFrame, capture_size: int) -> pd.DataFrame:
         ratio, lo, hi = _paired(g, DISPATCH, best)
         a_ratio, a_lo, a_hi = _paired(g, DISPATCH, ATEN) if ATEN in g.index else (math.nan,) * 3
         fails = (lo if lo == lo else ratio) > 1 + FORWARD_MARGIN
+        # with table-direct measured beside it: how much of the distance to the best path is the table's choices
+        # (table-direct / best) and how much the dispatcher's own per-call work (dispatch / table-direct)
+        direct = (_paired(g, TABLE_DIRECT, best)[0], *_paired(g, DISPATCH, TABLE_DIRECT)) if TABLE_DIRECT in g.index \
+            else (math.nan,) * 4
         rows.append({"model": model, "m": int(m), "regime": regime,
                      "vllm_regime": (regime == "graph") == (m <= capture_size), "dispatch_us": g.at[DISPATCH, "us"],
                      "best": best, "best_us": g.at[best, "us"], "dispatch_over_best": ratio, "ratio_lo": lo,
                      "ratio_hi": hi, "dispatch_over_aten": a_ratio, "aten_lo": a_lo, "aten_hi": a_hi,
-                     "ok": not fails})
+                     "choices_over_best": direct[0], "binding_cost": direct[1], "binding_lo": direct[2],
+                     "binding_hi": direct[3], "ok": not fails})
     return pd.DataFrame(rows)
 
 

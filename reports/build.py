@@ -259,9 +259,13 @@ def forward_section(run: Run, path: str, partial: bool) -> str:
                          + table(fv, [("model", "model"), ("m", "M"), ("regime", "regime"),
                                       ("vllm_regime", "vLLM runs M here"), ("best", "best path"),
                                       ("dispatch_over_best", "dispatch / best"), ("ratio_lo", "lo"),
-                                      ("ratio_hi", "hi"), ("dispatch_over_aten", "dispatch / aten"), ("ok", "ok")],
+                                      ("ratio_hi", "hi"), ("dispatch_over_aten", "dispatch / aten"), ("ok", "ok")]
+                                 + ([("choices_over_best", "table's choices / best"),
+                                     ("binding_cost", "dispatch / table-direct"), ("binding_lo", "lo"),
+                                     ("binding_hi", "hi")] if fv["binding_cost"].notna().any() else []),
                                  fmt={c: "{:.3f}" for c in ("dispatch_over_best", "ratio_lo", "ratio_hi",
-                                                            "dispatch_over_aten")},
+                                                            "dispatch_over_aten", "choices_over_best", "binding_cost",
+                                                            "binding_lo", "binding_hi")},
                                  left=("model", "regime", "best")))
         mv = model_vs_measured(run.cells, fdf, info, run.profile, run.table)
         if not mv.empty:
