@@ -40,7 +40,7 @@ gpu-env: $(VENV)/.installed
 	  { echo "make: the SM100 paths need nvidia-cutlass-dsl[cu13] and cuda-python (cutlass.cute, cuda.bindings); pip install -e '.[gpu-sm100]'" >&2; exit 2; }; fi
 
 bench: gpu-env
-	$(PY) -m bench run --gpu $(GPU) --out $(OUT) $(if $(DEVICES),--devices $(DEVICES))
+	$(PY) -m bench run --gpu $(GPU) --out $(OUT) $(if $(DEVICES),--devices $(DEVICES)) $(if $(GRID),--grid $(GRID))
 
 baseline: gpu-env
 	$(PY) -m calibrate baseline --gpu $(GPU)
