@@ -62,6 +62,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_run.add_argument("--devices", metavar="LIST",
                        help="comma list of local GPU indices, or 'all': one worker process per GPU, shapes handed out "
                             "longest first, the shards merged into --out")
+    p_run.add_argument("--host-timing", choices=("serialized", "concurrent"), default="serialized",
+                       help="with --devices: host-time blocks one worker at a time (default), or concurrent, to "
+                            "measure whether the workers disturb each other's host times")
     p_run.add_argument("--pdl", choices=("profile", "on", "off"), default="profile",
                        help="programmatic dependent launch for the backends that take it: the profile's (vLLM's: on "
                             "for SM >= 90; default), or forced on/off to measure what it changes; run.json records it")
@@ -169,6 +172,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         shard = {"index": i, "of": n, "grid_shapes": grid_shapes}
         if not shapes:
             raise HarnessError(f"shard {i}/{n} has no shape (the grid has {len(grid_shapes)}); use fewer shards")
+    if args.host_timing != "serialized" and not args.devices:
+        raise HarnessError("--host-timing concurrent is about the workers of --devices; pass --devices too")
     cfg = SweepConfig(profile=profile, shapes=shapes, ms=ms, paths=paths,
                       out=output_dir(args.out, "--out"), timer=args.timer, samples=args.samples, l2=args.l2,
                       resume=args.resume, allow_mismatch=args.allow_mismatch, tune=not args.no_tune, tune_all=args.tune_all,
@@ -179,7 +184,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                              f" shapes" if shard else ""))
         return 0
     if args.devices:
-        run_on_devices(cfg, args.devices)
+        run_on_devices(cfg, args.devices, host_timing=args.host_timing)
         return 0
     run_sweep(cfg)  # stops first, writing nothing, when there is no CUDA GPU; prints its summary
     return 0

@@ -3,9 +3,9 @@
 One worker process per GPU (spawned: its own CUDA context and CUPTI session, CUDA_VISIBLE_DEVICES set to its GPU
 before torch loads, pinned to the CPU cores local to its GPU where NVML reports them). Shapes are handed out from one
 queue, longest first. Each worker writes its own shard folder (<out>/shards/gpu<i>/, resumable); at the end the shards
-are merged into <out>/results.csv and run.json (bench.merge). Host timing is serialized across workers by one lock,
-so that no worker's host-time blocks run while another's do: whether concurrent workers disturb each other's host
-times has not been measured yet, and a lock makes the question moot at the price of some wall time.
+are merged into <out>/results.csv and run.json (bench.merge). Host timing is serialized across workers by one lock
+by default, so that no worker's host-time blocks run while another's do; `--host-timing concurrent` drops the lock,
+to measure whether concurrent workers disturb each other's host times (against a one-GPU run, calibrate agree).
 """
 from __future__ import annotations
 
@@ -101,7 +101,12 @@ def local_gpus() -> dict[int, tuple[str, int]]:
     return {d: this_gpu(d) for d in range(torch.cuda.device_count())}
 
 
-def run_on_devices(cfg, spec: str, gpus: dict[int, tuple[str, int]] | None = None, worker: Any = None) -> Path:
+HOST_TIMING = {"serialized": "serialized across the workers of --devices (one worker at a time)",
+               "concurrent": "concurrent: the workers of --devices timed host calls at the same time (no lock)"}
+
+
+def run_on_devices(cfg, spec: str, gpus: dict[int, tuple[str, int]] | None = None, worker: Any = None,
+                   host_timing: str = "serialized") -> Path:
     """`gpus` and `worker` stand in for the machine's GPUs and the measuring worker in CPU tests of the orchestration
     (a worker must be a module-level function: workers are spawned)."""
     import multiprocessing as mp
@@ -126,6 +131,7 @@ def run_on_devices(cfg, spec: str, gpus: dict[int, tuple[str, int]] | None = Non
         if load_run_info(cfg.out / "results.csv").get("kind") != MERGED:  # only a merge is redone from its shards
             raise HarnessError(f"{cfg.out}/results.csv is not a merge of --devices shards (a run on one GPU?); "
                                f"resume it without --devices, or choose another --out")
+    cfg = replace(cfg, host_timing=HOST_TIMING[host_timing])
     order = longest_first(cfg.shapes, cfg.ms, cfg.paths, cfg.profile)
     todo, pinned = split_resumed(order, cfg.ms, cfg.paths, devices, cfg.out) if cfg.resume else (order, {d: [] for d in devices})
     ctx = mp.get_context("spawn")
@@ -142,7 +148,8 @@ def run_on_devices(cfg, spec: str, gpus: dict[int, tuple[str, int]] | None = Non
     payload["cores"] = {d: cpu_affinity(nvml_index(d)) for d in devices}
     grid = [s.name for s in cfg.shapes]
     procs = {d: ctx.Process(target=worker or _worker, name=f"bench-gpu{d}",
-                            args=(d, payload, grid, [s.name for s in pinned[d]], work, events, lock,
+                            args=(d, payload, grid, [s.name for s in pinned[d]], work, events,
+                                  lock if host_timing == "serialized" else None,
                                   str(shard_dir(cfg.out, d)), devices))
              for d in devices}
     total = len(todo) + sum(len(v) for v in pinned.values())

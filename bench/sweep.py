@@ -54,6 +54,7 @@ class SweepConfig:
     shard: dict[str, Any] | None = None  # {index, of, grid_shapes} of a --shard run, recorded in run.json
     next_shape: Callable[[], Shape | None] | None = None  # a worker of --devices: shapes from the shared queue
     host_lock: Any = None  # held around host timing when several workers share the host (--devices)
+    host_timing: str | None = None  # how host timing ran beside other workers (--devices), said in run.json
     on_shape_done: Callable[[Shape, float], None] | None = None  # a worker reports each finished shape
     progress: bool = True
 
@@ -388,8 +389,8 @@ def run_sweep(cfg: SweepConfig) -> Path:
     pinned = _load_pinned_tactics(cfg)  # before anything is written: a refused file stops the run here
     dispatch.tactics_from_table(False)  # the dispatch path runs this run's tactics, as every other path does
     extra = {"shard": cfg.shard} if cfg.shard else {}
-    if cfg.host_lock is not None:
-        extra["host_timing"] = "serialized across the workers of --devices (one worker at a time)"
+    if cfg.host_timing:
+        extra["host_timing"] = cfg.host_timing
     info = run_info(cfg.command, profile=cfg.profile.name, timer=cfg.timer, l2=cfg.l2, warm_l2=cfg.l2 == "warm", **extra,
                     samples=cfg.samples, ms=cfg.ms, shapes=[s.name for s in cfg.shapes],
                     paths=[p.name for p in cfg.paths], pdl=cfg.profile.pdl, clocks_start=nvml_clocks())

@@ -2,6 +2,7 @@
 shape's rows from a committed H200 run into its shard folder (rows unedited), with the shard's run.json."""
 import json
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 DATA = Path(__file__).parent / "data"
@@ -26,7 +27,7 @@ def copy_rows_worker(device, payload, grid, pinned, work, events, lock, out, dev
                 name = work.get_nowait()
             except queue.Empty:
                 break
-        with lock:  # the host-time lock is held around a piece of each shape, as run_sweep does around host timing
+        with lock or nullcontext():  # the host-time lock (none when concurrent) around a piece of each shape
             time.sleep(0.01)
         taken.append(name)
         rows = [line for line, s in zip(body, shape_of) if s in taken]
@@ -34,4 +35,6 @@ def copy_rows_worker(device, payload, grid, pinned, work, events, lock, out, dev
         events.put(("done", device, name, 0.01))
     info = json.loads((src / "run.json").read_text())
     info["shard"] = {"device": device, "devices": devices, "grid_shapes": grid}
+    info["host_timing"] = payload["host_timing"]  # as run_sweep writes it
+    info["worker_had_lock"] = lock is not None  # for the test only
     (out / "run.json").write_text(json.dumps(info))

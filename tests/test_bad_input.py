@@ -226,6 +226,8 @@ CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
                                               "--dry-run"], "pass one of them"),
     ("full grid with --m", lambda t: ["bench", "run", "--gpu", "h200", "--grid", "full", "--m", "1", "--dry-run"],
      "leave out --m"),
+    ("concurrent host timing on one GPU", lambda t: ["bench", "run", "--gpu", "h200", "--host-timing", "concurrent",
+                                                     "--dry-run"], "pass --devices too"),
     ("thresholds v2 unknown path", lambda t: ["calibrate", "validate", str(SWEEP), "--thresholds", thresholds(
         t, {"default": {"graph": [{"up_to": 8, "path": "flashinfer-lean:tinygem"}], "eager": []}}, v2=True)],
      "not one the dispatcher can run"),

@@ -179,6 +179,10 @@ def test_devices_orchestration_hands_out_every_shape_once_and_merges(tmp_path):
         run_on_devices(cfg, "all", two, copy_rows_worker)
     again = run_on_devices(replace(cfg, resume=True), "all", two, copy_rows_worker)  # nothing left: merged again
     assert sorted((again / "results.csv").read_text().splitlines()) == sorted((RUN / "results.csv").read_text().splitlines())
+    assert merged["host_timing"].startswith("serialized") and merged["worker_had_lock"]
+    loose = run_on_devices(replace(cfg, out=tmp_path / "loose"), "all", two, copy_rows_worker, host_timing="concurrent")
+    info_loose = json.loads((loose / "run.json").read_text())
+    assert info_loose["host_timing"].startswith("concurrent") and not info_loose["worker_had_lock"]
 
 
 def test_the_replicate_agreement_quoted_in_the_readme():
