@@ -7,6 +7,7 @@ shape of the grid that no shard measured (unless --partial), stops the merge.
 """
 from __future__ import annotations
 
+import io
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -63,7 +64,7 @@ def merge_shards(shards: Sequence[Path], out: Path, partial: bool = False) -> Pa
     """One results.csv and run.json from the shards (rows unedited), each shard's run.json kept in run.json."""
     if (out / "results.csv").exists():
         raise HarnessError(f"{out}/results.csv exists; merge into a new folder")
-    infos, tables = [], []
+    infos, tables, texts = [], [], []
     for d in shards:
         d = Path(d)
         csv = d / "results.csv"
@@ -74,9 +75,9 @@ def merge_shards(shards: Sequence[Path], out: Path, partial: bool = False) -> Pa
             raise HarnessError(f"shard {d} did not finish (status {info.get('status')!r}); finish it with --resume, "
                                f"or pass --partial")
         infos.append((d, info))
-        tables.append(read_csv_table(csv))
+        texts.append(csv.read_text())  # read once: parsed here, its lines copied byte for byte below
+        tables.append(read_csv_table(io.StringIO(texts[-1])))
     check_alike(infos)
-    texts = [(Path(d) / "results.csv").read_text() for d, _ in infos]
     header = texts[0].splitlines(keepends=True)[0]
     for (d, _), text in zip(infos, texts):
         if text.splitlines(keepends=True)[0] != header:

@@ -69,7 +69,8 @@ def write_parquet(out_dir: Path) -> str | None:
     return None
 
 
-def read_csv_table(path: Path):
+def read_csv_table(path: Path | Any):
+    """A results.csv as the harness wrote it (a path, or a text buffer of its contents)."""
     import pandas as pd
     return pd.read_csv(path, keep_default_na=False, na_values={c: [""] for c in
                        ("gpu_us", "gpu_us_p20", "gpu_us_p80", "span_us", "event_us", "host_us", "host_us_p20",

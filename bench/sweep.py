@@ -480,8 +480,6 @@ def print_summary(cfg: SweepConfig, rows: list[dict[str, Any]], wall_s: float) -
     print("\n".join(lines), file=terminal(), flush=True)
 
 
-
-
 def dry_run(cfg: SweepConfig) -> str:
     """What `bench run` would do on the profile's GPU, without touching one: paths, skips with reasons, tuning
     buckets, expected cells and an estimated time."""

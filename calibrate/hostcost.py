@@ -67,9 +67,10 @@ def run_host_cost(profile_name: str, calls: int, out: Path | None) -> int:
             w = torch.randn(shape.n, shape.k, device="cuda", dtype=torch.bfloat16)
             bound = dispatch.bind(w)
             device, align = w.get_device(), BACKENDS[profile.low_m_backend].align_bytes
-            # the bound layer's own per-call pieces, to set against its excess over the lean call it runs
+            # the bound layer's own per-call pieces, to set against its excess over the lean call it runs (the very
+            # capture query it calls, not torch's Python wrapper of it)
             fns = {"F.linear": lambda: F.linear(x, w), BIND_AT_LEAN_M: lambda: bound(x),
-                   "part: capture query": torch.cuda.is_current_stream_capturing,
+                   "part: capture query": dispatch._capturing,
                    "part: activation check": lambda: input_ok(x, device, align)}
             for b in dict.fromkeys((profile.low_m_backend, "cublaslt")):
                 backend = BACKENDS[b]
