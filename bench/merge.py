@@ -14,7 +14,7 @@ from typing import Any, Sequence
 
 from bench.autotune_cache import FILE_NAME as TACTICS_FILE
 from bench.autotune_cache import copy as copy_file
-from bench.results import KEY, load_run_info, read_csv_table, write_run_json
+from bench.results import KEY, load_run_info, read_csv_table, validate_results, write_run_json
 from harness.errors import HarnessError
 from harness.io import atomic_write_text
 
@@ -76,7 +76,14 @@ def merge_shards(shards: Sequence[Path], out: Path, partial: bool = False) -> Pa
                                f"or pass --partial")
         infos.append((d, info))
         texts.append(csv.read_text())  # read once: parsed here, its lines copied byte for byte below
-        tables.append(read_csv_table(io.StringIO(texts[-1])))
+        try:
+            table = read_csv_table(io.StringIO(texts[-1]))
+        except Exception as exc:
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            raise HarnessError(f"shard {d}: cannot read its results.csv ({type(exc).__name__}: {first}); re-run or "
+                               f"restore that shard") from None
+        validate_results(table, csv)  # columns, types, finite times: a damaged shard stops the merge
+        tables.append(table)
     check_alike(infos)
     header = texts[0].splitlines(keepends=True)[0]
     for (d, _), text in zip(infos, texts):

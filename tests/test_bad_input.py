@@ -24,6 +24,7 @@ from harness.errors import run_cli
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data"
 SWEEP = DATA / "h200-sweep"
+SHARD = DATA / "h200x2-sweep" / "shards" / "gpu0"  # a shard of a --devices run, as bench merge takes it
 LEAN = DATA / "h200-lean-validate"  # a run that measured the lean paths the committed table chooses
 WATCHED = [ROOT / "dispatch" / "thresholds", ROOT / "tests" / "baselines", DATA, ROOT / "shapes" / "configs"]
 
@@ -221,6 +222,11 @@ CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
     ("thresholds missing", lambda t: ["calibrate", "validate", str(SWEEP), "--thresholds", str(t / "none.json")], "not found"),
     ("merge a folder that is no shard", lambda t: ["bench", "merge", str(t), "-o", str(t / "m")], "has no results.csv"),
     ("merge into a folder with results", lambda t: ["bench", "merge", str(SWEEP), "-o", str(SWEEP)], "exists"),
+    ("merge a shard with a NaN time", lambda t: ["bench", "merge", run_folder(t, set_cell("gpu_us", "nan"), source=SHARD),
+                                                 "-o", str(t / "m")], "gpu_us"),
+    ("merge a shard whose table is cut", lambda t: ["bench", "merge", run_folder(t, csv_text=lambda s: s + '"cut',
+                                                                                    source=SHARD), "-o", str(t / "m")],
+     "cannot read its results.csv"),
     ("shard out of range", lambda t: ["bench", "run", "--gpu", "h200", "--shard", "5/4", "--dry-run"], "--shard"),
     ("shard and devices together", lambda t: ["bench", "run", "--gpu", "h200", "--shard", "1/2", "--devices", "all",
                                               "--dry-run"], "pass one of them"),
