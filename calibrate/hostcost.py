@@ -14,6 +14,7 @@ import dispatch
 from bench.hosttime import host_times
 from bench.stats import estimate_call_us
 from bench.sweep import SweepConfig, require_cuda
+from dispatch import capture
 from dispatch.backends import BACKENDS, flashinfer_path, input_ok, lean_path
 from dispatch.profiles import get_profile
 from dispatch.table import load_table
@@ -67,10 +68,12 @@ def run_host_cost(profile_name: str, calls: int, out: Path | None) -> int:
             w = torch.randn(shape.n, shape.k, device="cuda", dtype=torch.bfloat16)
             bound = dispatch.bind(w)
             device, align = w.get_device(), BACKENDS[profile.low_m_backend].align_bytes
-            # the bound layer's own per-call pieces, to set against its excess over the lean call it runs (the very
-            # capture query it calls, not torch's Python wrapper of it)
+            # the bound layer's own per-call pieces, to set against its excess over the lean call it runs: the
+            # capture test it calls (the hooked counter) and the CUDA query it replaced, and the activation checks
+            # (here as a function call; the bound layer inlines them)
             fns = {"F.linear": lambda: F.linear(x, w), BIND_AT_LEAN_M: lambda: bound(x),
-                   "part: capture query": dispatch._capturing,
+                   "part: capture test (hooks)": capture.hooked_flag,
+                   "part: capture query (CUDA)": capture.cuda_query,
                    "part: activation check": lambda: input_ok(x, device, align)}
             for b in dict.fromkeys((profile.low_m_backend, "cublaslt")):
                 backend = BACKENDS[b]

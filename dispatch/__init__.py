@@ -6,8 +6,9 @@
 - `dispatch.linear(x, weight, bias=None)`: a drop-in for torch.nn.functional.linear, for ad-hoc use.
 - `dispatch.op()`: the same as a torch custom op with a fake implementation, for code under torch.compile.
 
-The regime is read per call: while the current stream is capturing a CUDA graph only GPU time counts (the `graph`
-ranges), otherwise host time counts too (the `eager` ranges).
+The regime is read per call: while this thread is capturing a CUDA graph only GPU time counts (the `graph` ranges),
+otherwise host time counts too (the `eager` ranges). By default the test is a counter that torch's CUDA graph class
+keeps (dispatch/capture.py, hooked in at import); `capture_signal("query")` asks CUDA on every call instead.
 """
 from __future__ import annotations
 
@@ -16,11 +17,13 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from dispatch.backends import ATEN, BACKENDS, backend_of, input_ok, is_lean
+from dispatch import capture
+from dispatch.backends import ATEN, BACKENDS, backend_of, is_lean
 from dispatch.profiles import detect_profile, this_gpu
 from dispatch.table import REGIMES, ThresholdTable, load_table
 
-__all__ = ["bind", "linear", "op", "ThresholdTable", "load_table", "configure", "reset", "is_capturing"]
+__all__ = ["bind", "linear", "op", "ThresholdTable", "load_table", "configure", "reset", "is_capturing",
+           "capture_signal"]
 
 Kernel = Callable[[Any, Any, Any], Any]  # (x2d, weight, bias) -> y2d
 _FORCED: ThresholdTable | None = None
@@ -31,13 +34,25 @@ _TACTICS_LOADED: set[str] = set()
 _TACTICS_FROM_TABLE = [True]
 
 
-# cudaStreamIsCapturing on the current stream, without the Python wrapper; a CPU-only torch has none (never capturing)
-_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None) or (lambda: False)
+# The per-call capture test: the counter kept by hooks on torch.cuda.CUDAGraph, or CUDA's own query where the hooks
+# cannot be installed (a torch whose CUDAGraph has no capture_begin/capture_end)
+_SIGNAL = ["hooks" if capture.install() else "query"]
+_capturing = capture.signal(_SIGNAL[0])
 
 
 def is_capturing() -> bool:
-    """Whether the current CUDA stream is capturing a graph (the `graph` regime)."""
-    return _capturing()
+    """Whether this thread is capturing a CUDA graph (the `graph` regime), by the current capture signal."""
+    return bool(_capturing())
+
+
+def capture_signal(name: str | None = None) -> str:
+    """The capture test ('hooks': the counter torch's CUDAGraph keeps; 'query': cudaStreamIsCapturing per call);
+    with a name, switch to it. dispatch.linear follows at once; a bound layer keeps the signal it was bound with."""
+    global _capturing
+    if name is not None:
+        _capturing = capture.signal(name)
+        _SIGNAL[0] = name
+    return _SIGNAL[0]
 
 
 def configure(table: ThresholdTable | None) -> None:
@@ -194,8 +209,8 @@ _LAYER_RULES: dict[tuple, tuple[dict, Callable]] = {}  # (device, weight shape, 
 def _layer_rule(device: int, weight: Any, bias: Any) -> tuple[dict, Callable]:
     """What every bound layer of one weight shape (and one kernel eligibility) shares: a memory of activation shape
     -> choice, and the function that fills it. The choice depends on the shape alone (M, and whether the last dim
-    is K): per regime the kernel entry (kernel, its alignment) or None for F.linear, the 2-D view of an N-D input,
-    and the output shape."""
+    is K): per regime the kernel entry (its `into` call, its alignment) or None for F.linear, the 2-D views of an
+    N-D input and output, and the output shape."""
     rule = _rule(device, weight)
     n, k = weight.shape[0], weight.shape[1]
     backends = {id(b): b for steps in (rule.graph, rule.eager) for _, kern, b in steps if kern is not None}
@@ -205,10 +220,10 @@ def _layer_rule(device: int, weight: Any, bias: Any) -> tuple[dict, Callable]:
         return _LAYER_RULES[key]
     entries: dict[int, tuple] = {}
 
-    def entry(kernel: Any, backend: Any) -> tuple | None:  # one (kernel, alignment) object per kernel
+    def entry(kernel: Any, backend: Any) -> tuple | None:  # one (into, alignment) object per kernel
         if kernel is None or id(backend) not in accepted:
             return None  # a kernel that does not take this weight becomes F.linear
-        return entries.setdefault(id(kernel), (kernel, backend.align_bytes))
+        return entries.setdefault(id(kernel), (kernel.into, backend.align_bytes))
 
     def at(steps: tuple, m: int) -> tuple | None:
         return next((entry(kernel, backend) for up_to, kernel, backend in steps if m <= up_to), None)
@@ -223,8 +238,9 @@ def _layer_rule(device: int, weight: Any, bias: Any) -> tuple[dict, Callable]:
             m = numel // k
             graph, eager = at(rule.graph, m), at(rule.eager, m)
             if graph is not None or eager is not None:
-                # where both regimes choose the same kernel entry (one object) the capture query is skipped
-                c = (graph, eager, None if len(shape) == 2 else (m, k), (*shape[:-1], n))
+                # where both regimes choose the same kernel entry (one object) the capture test is skipped
+                flat = None if len(shape) == 2 else ((m, k), (m, n))
+                c = (graph, eager, flat, (*shape[:-1], n))
         if len(choices) >= CHOICES_KEPT:
             choices.clear()
         choices[shape] = c
@@ -237,13 +253,14 @@ def bind(weight: Any, bias: Any = None) -> Callable[[Any], Any]:
     """The dispatcher for one layer, a callable x -> y. Everything that depends on the weight is resolved here: the
     table's ranges, the kernels, and which of them take this weight (one that does not becomes F.linear). Per call:
     the activation's shape looks up the remembered choice (layers of one weight shape share the memory); where it is
-    F.linear, that is all; where it is a kernel, the capture query where the two regimes differ and the activation's
-    own checks (dtype, device, contiguity, alignment)."""
+    F.linear, that is all; where it is a kernel, the capture test where the two regimes differ, the activation's own
+    checks (dtype, contiguity, alignment, device: backends.input_ok, inlined) and the kernel writing into an output
+    of the remembered shape."""
     if weight.dim() != 2:
         raise ValueError(f"dispatch.bind needs a 2-D weight [N, K], got shape {tuple(weight.shape)}")
     device = weight.get_device()
     choices, choose = _layer_rule(device, weight, bias)
-    remembered, f_linear, capturing, ok, once = choices.get, _f_linear, _capturing, input_ok, _F_LINEAR
+    remembered, f_linear, capturing, once, bf16 = choices.get, _f_linear, _capturing, _F_LINEAR, torch.bfloat16
 
     # One function, no helper call on the way to the kernel: every step here is host time per call.
     def bound_linear(x: Any) -> Any:
@@ -253,11 +270,15 @@ def bind(weight: Any, bias: Any = None) -> Callable[[Any], Any]:
             return f_linear(x, weight, bias)
         graph, eager, flat, out_shape = c
         use = graph if graph is eager else graph if capturing() else eager
-        if use is None or not ok(x, device, use[1]):
+        if (use is None or x.dtype is not bf16 or not x.is_contiguous() or x.data_ptr() % use[1]
+                or x.get_device() != device):
             return f_linear(x, weight, bias)
+        out = x.new_empty(out_shape)
         if flat is None:
-            return use[0](x, weight, bias)
-        return use[0](x.view(flat), weight, bias).view(out_shape)
+            use[0](x, weight, out)
+        else:
+            use[0](x.view(flat[0]), weight, out.view(flat[1]))
+        return out
     return bound_linear
 
 

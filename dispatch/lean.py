@@ -5,7 +5,9 @@ autotuner lookup and, for cuBLASLt on SM90, a per-call heuristic query (tests/da
 host time against a 6-18 µs raw kernel launch). A lean call resolves runner and tactic once per (N, K, M) from
 FlashInfer's autotuner cache (the pinned file, when one is loaded) and then calls the kernel: TinyGEMM's and
 cuBLASLt's TVM-FFI functions directly, CuTe DSL's cached runner. The caller allocates nothing: the output is allocated
-here, as mm_bf16 does.
+here, as mm_bf16 does. Each call also offers `into(x, w, out)`: the same kernel writing into an output the caller
+allocated, without bias; a bound layer (dispatch.bind) uses it with the output shape it remembers per activation
+shape, one Python frame and a shape lookup less per call.
 
 These read FlashInfer internals. They are checked against the source of the versions in KNOWN_VERSIONS; any other
 version, or a missing internal, falls back to the public mm_bf16 (same kernels, full host cost) and says so once.
@@ -19,7 +21,7 @@ import torch
 
 KNOWN_VERSIONS = ("0.7.2.post1",)
 TUNING_OP = "bf16_gemm"  # the custom_op name bf16_gemm_sm100 passes to choose_one
-LeanFn = Callable[[Any, Any, Any], Any]  # (x [M, K], weight [N, K], bias or None) -> y [M, N]
+LeanFn = Callable[[Any, Any, Any], Any]  # (x [M, K], weight [N, K], bias or None) -> y [M, N]; .into(x, w, out)
 
 _WARNED: set[str] = set()
 
@@ -36,6 +38,10 @@ def public_call(backend: str, pdl: bool) -> LeanFn:
 
     def call(x, w, bias=None):
         return flashinfer.mm_bf16(x, w.t(), bias=bias, pdl=pdl, backend=backend)
+
+    def into(x, w, out):
+        flashinfer.mm_bf16(x, w.t(), pdl=pdl, out=out, backend=backend)
+    call.into = into
     return call
 
 
@@ -74,9 +80,10 @@ def _search(runners: list, inputs: list) -> tuple[int, Any]:
 
 
 def _tinygemm(pdl: bool) -> LeanFn:
-    """TinyGEMM has one tactic: nothing to resolve but the module."""
-    import flashinfer.gemm.gemm_base as gb
-    module = gb.get_tinygemm2_module()
+    """TinyGEMM has one tactic: nothing to resolve. The kernels are the TVM-FFI functions of FlashInfer's JIT module,
+    called without the Python wrapper FlashInfer puts around them (get_tinygemm2_module)."""
+    from flashinfer.jit import gen_tinygemm2_module
+    module = gen_tinygemm2_module().build_and_load()
     nobias, withbias = module.tinygemm2_nobias_op, module.tinygemm2_op
 
     def call(x, w, bias=None):
@@ -86,6 +93,10 @@ def _tinygemm(pdl: bool) -> LeanFn:
         else:
             withbias(x, w, bias, out, pdl)
         return out
+
+    def into(x, w, out):
+        nobias(x, w, out, pdl)
+    call.into = into
     return call
 
 
@@ -121,6 +132,15 @@ def _cublaslt(pdl: bool) -> LeanFn:
         ws, handle, algos, tactic = entry
         run(x, w, bias, out, ws, handle, algos, tactic)
         return out
+
+    def into(x, w, out):
+        key = (x.shape[0], w.shape[0], x.shape[1], x.get_device(), False)
+        entry = resolved.get(key)
+        if entry is None:
+            entry = resolved[key] = resolve(x, w, None, out)
+        ws, handle, algos, tactic = entry
+        run(x, w, None, out, ws, handle, algos, tactic)
+    call.into = into
     return call
 
 
@@ -131,8 +151,7 @@ def _cute_dsl(pdl: bool) -> LeanFn:
     import flashinfer.gemm.gemm_base as gb
     resolved: dict[tuple[int, int, int, int, bool], tuple] = {}
 
-    def call(x, w, bias=None):
-        out = x.new_empty((x.shape[0], w.shape[0]))
+    def run(x, w, bias, out):
         key = (x.shape[0], w.shape[0], x.shape[1], x.get_device(), bias is not None)
         inputs = [x, w.t(), bias, pdl, out, None]
         entry = resolved.get(key)
@@ -146,7 +165,15 @@ def _cute_dsl(pdl: bool) -> LeanFn:
             entry = resolved[key] = (runner, tactic, inputs[5])
         runner, tactic, inputs[5] = entry
         runner(inputs=inputs, tactic=tactic)
+
+    def call(x, w, bias=None):
+        out = x.new_empty((x.shape[0], w.shape[0]))
+        run(x, w, bias, out)
         return out
+
+    def into(x, w, out):
+        run(x, w, None, out)
+    call.into = into
     return call
 
 

@@ -259,7 +259,8 @@ def _fake_rule_table():
 @pytest.fixture
 def fake_gpu_dispatch(monkeypatch):
     """The dispatcher on CPU tensors as if they were on an SM90 GPU: a fake kernel that records its calls, a
-    capture flag the test sets, and a backend rule that accepts CPU tensors."""
+    capture flag the test sets, and a backend rule that accepts CPU weights (a CPU activation is on the weight's
+    'device' -1, so the bound layer's own activation checks apply unchanged)."""
     import torch
 
     import dispatch
@@ -270,12 +271,17 @@ def fake_gpu_dispatch(monkeypatch):
     def kernel(x, w, bias):
         calls.append(tuple(x.shape))
         return torch.full((x.shape[0], w.shape[0]), 7.0, dtype=x.dtype)
+
+    def into(x, w, out):  # what a bound layer calls: the kernel writing into the output it allocated
+        assert out.shape == (x.shape[0], w.shape[0]) and out.dtype == x.dtype
+        calls.append(tuple(x.shape))
+        out.fill_(7.0)
+    kernel.into = into
     monkeypatch.setattr(dispatch, "_capturing", lambda: state["capturing"])
     monkeypatch.setattr(dispatch, "_kernel", lambda path, pdl: kernel)
     monkeypatch.setattr(dispatch, "_device", lambda index: (_fake_rule_table(), 90, True))
     tiny = BACKENDS["tinygemm"]
     monkeypatch.setattr(type(tiny), "accepts_weight", lambda self, w, b, sm: b is None and w.dtype == torch.bfloat16)
-    monkeypatch.setattr(dispatch, "input_ok", lambda x, device, align: x.dtype == torch.bfloat16 and x.is_contiguous())
     dispatch.reset()
     yield dispatch, calls, state
     dispatch.reset()
@@ -305,6 +311,88 @@ def test_bound_layer_switches_regime_with_the_capture_flag(fake_gpu_dispatch):
     assert len(calls) == 2
     with pytest.raises(ValueError, match="2-D weight"):
         dispatch.bind(torch.randn(4, dtype=torch.bfloat16))
+
+
+def test_bound_layer_checks_each_activation_before_the_kernel(fake_gpu_dispatch):
+    """The checks the kernel needs, per call (the choice memory is per shape, these are per tensor): another dtype,
+    a misaligned start, a non-contiguous layout each go to F.linear; an aligned contiguous bf16 input to the kernel."""
+    import torch
+    import torch.nn.functional as F
+    dispatch, calls, state = fake_gpu_dispatch
+    state["capturing"] = True
+    w = torch.randn(16, 64, dtype=torch.bfloat16)
+    layer = dispatch.bind(w)
+    misaligned = torch.randn(8 * 64 + 1, dtype=torch.bfloat16)[1:].view(8, 64)  # 2 bytes off the 16 TinyGEMM needs
+    strided = torch.randn(8, 128, dtype=torch.bfloat16)[:, :64]
+    for x in (misaligned, strided):
+        assert torch.equal(layer(x), F.linear(x, w)) and calls == []
+    with pytest.raises(RuntimeError):
+        layer(torch.randn(8, 64))  # float32 against a bf16 weight: F.linear's own error, never the kernel
+    assert calls == []
+    assert bool((layer(misaligned.clone()) == 7).all()) and calls == [(8, 64)]  # a fresh, aligned copy
+
+
+def test_capture_hooks_count_captures_per_thread_and_close_on_failure():
+    """dispatch/capture.py's counter on a stand-in for torch.cuda.CUDAGraph: up while a capture is open, nested
+    captures counted, back to 0 after a capture_end that raised, untouched by a capture_begin that raised, unseen
+    by another thread; installing twice wraps once."""
+    import threading
+
+    from dispatch import capture
+
+    class Graph:
+        def capture_begin(self, fail=False):
+            if fail:
+                raise RuntimeError("begin failed")
+
+        def capture_end(self, fail=False):
+            if fail:
+                raise RuntimeError("end failed")
+    assert capture.install(Graph) and capture.install(Graph)
+    begin = Graph.capture_begin
+    assert capture.install(Graph) and Graph.capture_begin is begin  # not wrapped twice
+    flag = capture.signal("hooks")
+    g = Graph()
+    assert not flag()
+    g.capture_begin()
+    seen = []
+    t = threading.Thread(target=lambda: seen.append(flag()))
+    t.start()
+    t.join()
+    assert flag() and seen == [0]
+    g.capture_begin()
+    g.capture_end()
+    assert flag()
+    with pytest.raises(RuntimeError, match="end failed"):
+        g.capture_end(fail=True)
+    assert not flag()
+    with pytest.raises(RuntimeError, match="begin failed"):
+        g.capture_begin(fail=True)
+    assert not flag()
+    assert capture.install(object) is False  # nothing to wrap: the caller uses the CUDA query
+    with pytest.raises(ValueError, match="unknown capture signal"):
+        capture.signal("guess")
+
+
+def test_the_dispatcher_uses_the_hooked_capture_counter_and_can_switch_to_the_cuda_query(monkeypatch):
+    """At import the dispatcher hooked torch.cuda.CUDAGraph; its regime test is the counter, and capture_signal
+    switches dispatch.linear's test at once (a bound layer keeps its own)."""
+    import torch
+
+    import dispatch
+    from dispatch import capture
+    assert getattr(torch.cuda.CUDAGraph.capture_begin, capture._MARK, False)
+    assert dispatch.capture_signal() == "hooks" and dispatch._capturing is capture.hooked_flag
+    monkeypatch.setattr(capture._CAPTURES, "depth", 1)
+    assert dispatch.is_capturing()
+    try:
+        assert dispatch.capture_signal("query") == "query" and dispatch._capturing is capture.cuda_query
+        assert not dispatch.is_capturing()  # CUDA's answer: no stream of this CPU process is capturing
+    finally:
+        dispatch.capture_signal("hooks")
+    with pytest.raises(ValueError):
+        dispatch.capture_signal("sometimes")
+    assert dispatch.capture_signal() == "hooks"
 
 
 def test_bound_layers_of_one_shape_share_a_bounded_memory_of_choices(fake_gpu_dispatch, monkeypatch):

@@ -183,3 +183,49 @@ def test_the_custom_op_under_torch_compile_and_graph_capture(gpu_profile):
         assert torch.equal(y, low(x, w) * 2)
     finally:
         dispatch.reset()
+
+
+def test_the_hooked_capture_counter_agrees_with_cuda_in_every_capture(gpu_profile, monkeypatch):
+    """The dispatcher's capture test (the counter that hooks on torch.cuda.CUDAGraph keep) against CUDA's own answer
+    on every call the dispatcher makes: eager, inside torch.cuda.graph, after a capture left by an exception, and inside the
+    captures torch.compile(mode='reduce-overhead') makes itself, whose replay must run the graph regime's kernel."""
+    import torch
+    import torch.nn.functional as F
+
+    import dispatch
+    from dispatch import capture
+    from dispatch.backends import BACKENDS
+    from dispatch.lean import lean_call
+    n, k = 2048, 4096
+    seen = []
+
+    def both():
+        pair = (bool(capture.hooked_flag()), bool(capture.cuda_query()))
+        seen.append(pair)
+        return pair[0]
+    monkeypatch.setattr(dispatch, "_capturing", both)
+    dispatch.configure(_two_regime_table(gpu_profile, n, k))
+    try:
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+        x = torch.randn(8, k, device="cuda", dtype=torch.bfloat16)
+        low = lean_call(gpu_profile.low_m_backend, BACKENDS[gpu_profile.low_m_backend].pdl(gpu_profile.pdl))
+        dispatch.linear(x, w)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            dispatch.linear(x, w)
+        with pytest.raises(KeyError):
+            with torch.cuda.graph(torch.cuda.CUDAGraph()):
+                dispatch.linear(x, w)
+                raise KeyError("a model that raised while being captured")
+        assert not capture.hooked_flag() and not capture.cuda_query()
+        dispatch.linear(x, w)
+        assert (False, False) in seen and (True, True) in seen
+        op = dispatch.op()
+        fn = torch.compile(lambda a, b: op(a, b, None) * 2, mode="reduce-overhead", fullgraph=True)
+        for _ in range(4):  # warm-up runs, then cudagraph trees record, then replays
+            y = fn(x, w)
+        torch.cuda.synchronize()
+        assert torch.equal(y, low(x, w) * 2), "torch.compile's CUDA graph did not run the graph regime's kernel"
+        assert all(h == c for h, c in seen), f"the hooked counter and CUDA disagreed: {seen}"
+    finally:
+        dispatch.reset()
