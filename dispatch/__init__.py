@@ -206,15 +206,17 @@ CHOICES_KEPT = 4096  # activation shapes remembered per layer rule; at the cap t
 _LAYER_RULES: dict[tuple, tuple[dict, Callable]] = {}  # (device, weight shape, eligible kernels) -> (choices, choose)
 
 
-def _layer_rule(device: int, weight: Any, bias: Any) -> tuple[dict, Callable]:
+def _layer_rule(device: int, weight: Any, bias: Any) -> tuple[dict, Callable] | None:
     """What every bound layer of one weight shape (and one kernel eligibility) shares: a memory of activation shape
     -> choice, and the function that fills it. The choice depends on the shape alone (M, and whether the last dim
     is K): per regime the kernel entry (its `into` call, its alignment) or None for F.linear, the 2-D views of an
-    N-D input and output, and the output shape."""
+    N-D input and output, and the output shape. None where no kernel of the table takes this weight."""
     rule = _rule(device, weight)
     n, k = weight.shape[0], weight.shape[1]
     backends = {id(b): b for steps in (rule.graph, rule.eager) for _, kern, b in steps if kern is not None}
     accepted = frozenset(key for key, b in backends.items() if b.accepts_weight(weight, bias, rule.sm))
+    if not accepted:
+        return None
     key = (device, weight.shape, bias is None, accepted)
     if key in _LAYER_RULES:
         return _LAYER_RULES[key]
@@ -259,7 +261,12 @@ def bind(weight: Any, bias: Any = None) -> Callable[[Any], Any]:
     if weight.dim() != 2:
         raise ValueError(f"dispatch.bind needs a 2-D weight [N, K], got shape {tuple(weight.shape)}")
     device = weight.get_device()
-    choices, choose = _layer_rule(device, weight, bias)
+    shared = _layer_rule(device, weight, bias)
+    if shared is None:  # F.linear at every M in both regimes (no range, or no kernel takes this weight or bias)
+        def f_linear_only(x: Any) -> Any:
+            return _f_linear(x, weight, bias)
+        return f_linear_only
+    choices, choose = shared
     remembered, f_linear, capturing, once, bf16 = choices.get, _f_linear, _capturing, _F_LINEAR, torch.bfloat16
 
     # One function, no helper call on the way to the kernel: every step here is host time per call.

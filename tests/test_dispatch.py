@@ -303,12 +303,13 @@ def test_bound_layer_switches_regime_with_the_capture_flag(fake_gpu_dispatch):
     assert torch.equal(layer(x64), F.linear(x64, w)) and len(calls) == 2
     xt = torch.randn(64, 8, dtype=torch.bfloat16).t()  # not contiguous: F.linear, not the kernel
     assert torch.equal(layer(xt), F.linear(xt, w)) and len(calls) == 2
-    with_bias = dispatch.bind(w, torch.randn(16, dtype=torch.bfloat16))  # the kernel takes no bias: F.linear
-    with_bias(x)
-    assert len(calls) == 2
+    bias = torch.randn(16, dtype=torch.bfloat16)
+    with_bias = dispatch.bind(w, bias)  # the kernel takes no bias: F.linear, bound without a choice memory
+    assert torch.equal(with_bias(x), F.linear(x, w, bias)) and len(calls) == 2
     other = torch.randn(32, 64, dtype=torch.bfloat16)  # a shape the table has no ranges for: F.linear
     dispatch.bind(other)(x)
     assert len(calls) == 2
+    assert with_bias.__name__ == dispatch.bind(other).__name__ == "f_linear_only" != layer.__name__
     with pytest.raises(ValueError, match="2-D weight"):
         dispatch.bind(torch.randn(4, dtype=torch.bfloat16))
 
