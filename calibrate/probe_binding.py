@@ -40,6 +40,31 @@ def submit_rounds(forwards: dict, rounds: int, seed: int = 0) -> dict[str, list[
     return out
 
 
+def pieces(layer, x, w) -> dict:
+    """One layer's per-call host time, and the steps of its bound layer on the way to F.linear taken one by one
+    (the bound layer's code, cut after each step)."""
+    import torch.nn.functional as F
+
+    import dispatch
+    choices, once, capturing = dispatch._layer_rule(w.get_device(), w, None)[0], dispatch._F_LINEAR, dispatch._capturing
+    remembered = choices.get
+    layer(x)
+
+    def lookup():
+        c = remembered(x.shape)
+        return c is once
+
+    def lookup_and_test():
+        c = remembered(x.shape)
+        graph, eager, flat, out_shape = c
+        return graph if graph is eager else graph if capturing() else eager
+
+    def closure():
+        return F.linear(x, w, None)
+    return {"F.linear": lambda: F.linear(x, w), "bound layer": lambda: layer(x), "closure around F.linear": closure,
+            "lookup": lookup, "lookup + capture test": lookup_and_test, "capture test": capturing}
+
+
 def report(label: str, times: dict[str, list[float]], base: str) -> None:
     print(f"-- {label}: eager submission µs per forward, median over rounds; paired ratio to {base} [p10, p90]")
     for n, v in times.items():
@@ -95,9 +120,8 @@ def main(model: str = "Qwen3.5-35B-A3B", m: int = 512, rounds: int = 30) -> None
             torch.cuda.synchronize()
             del graph
             torch.cuda.empty_cache()
-        host = host_times({"F.linear": lambda: F.linear(x, w), "bound layer": lambda: layer(x)}, calls=50, rounds=20)
-        print(f"  {label}: per call µs F.linear {host['F.linear'][0]:.2f}, bound layer {host['bound layer'][0]:.2f}",
-              flush=True)
+        host = host_times(pieces(layer, x, w), calls=50, rounds=20)
+        print(f"  {label}: per call µs " + ", ".join(f"{n} {v[0]:.2f}" for n, v in host.items()), flush=True)
     report("after a capture of the dispatcher's forward", submit_rounds(forwards, rounds, seed=1), "table-direct eager")
     dispatch.reset()
 
