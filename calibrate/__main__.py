@@ -1,5 +1,5 @@
 """python -m calibrate validate RESULTS | fit RESULTS --gpu PROFILE | noise RUNS --gpu PROFILE | agree A B
-                   | host-cost --gpu PROFILE
+                   | host-shift --arm NAME RUN RUN... --arm NAME RUN RUN... | host-cost --gpu PROFILE
                    | baseline --gpu PROFILE [--runs N] [--retune] [--from RESULTS...]
                    | regress --gpu PROFILE [--from RESULTS]"""
 from __future__ import annotations
@@ -18,7 +18,7 @@ from bench.autotune_cache import sha256
 from bench.envinfo import fingerprint
 from bench.results import load_results, load_run_info
 from bench.sweep import require_gpu
-from calibrate.agree import agreement, summary_lines
+from calibrate.agree import agreement, host_shift, host_shift_lines, summary_lines
 from calibrate.analysis import (FIT_MIN_GAIN, Cells, cell_verdicts, dispatch_candidates, failures, fit, forward_totals,
                                 low_m_measured, model_uses, provenance)
 from calibrate.baseline import fingerprint_mismatch, fingerprint_of
@@ -109,6 +109,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_agree.add_argument("run_a")
     p_agree.add_argument("run_b")
     p_agree.add_argument("--partial", **partial)
+    p_shift = sub.add_parser("host-shift", help="whether arms of runs of the same cells (e.g. 1 GPU, 2 GPUs with and "
+                                                 "without the host-timing lock) differ in host time beyond the "
+                                                 "run-to-run noise")
+    p_shift.add_argument("--arm", nargs="+", action="append", required=True, metavar=("NAME", "RUN"),
+                         help="an arm: its name, then two or more runs (repeat --arm for each arm, two or more)")
+    p_shift.add_argument("--partial", **partial)
     p_noise = sub.add_parser("noise", help="measure the run-to-run noise floor of GPU-time ratios from replicate runs")
     p_noise.add_argument("runs", nargs="+", help="two or more runs of one grid, each in a fresh process")
     p_noise.add_argument("--gpu", required=True, help=f"GPU profile: {', '.join(PROFILES)}")
@@ -164,6 +170,18 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if args.cmd == "noise":
         return _noise_cmd(args)
+
+    if args.cmd == "host-shift":
+        arms: dict[str, dict[str, Cells]] = {}
+        for name, *runs in args.arm:
+            if len(runs) < 2 or name in arms:
+                raise HarnessError(f"--arm {name}: an arm needs its own name and two or more runs "
+                                   f"(got {len(runs)} run(s){', and the name twice' if name in arms else ''})")
+            arms[name] = {Path(r).name: Cells.from_results(_load(r, args.partial)[0]) for r in runs}
+        if len(arms) < 2:
+            raise HarnessError("host-shift needs two or more --arm NAME RUN RUN...")
+        print("\n".join(host_shift_lines(host_shift(arms))))
+        return 0
 
     if args.cmd == "agree":
         a, _ = _load(args.run_a, args.partial)

@@ -154,6 +154,13 @@ CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
     ("shapes list TP out of range", lambda t: ["shapes", "list", "--tp", "0"], "outside 1..64"),
     ("shapes grid M above 16384", lambda t: ["shapes", "grid", "--m", "20000"], "1..16384"),
     # results tables
+    ("host-shift arm of one run", lambda t: ["calibrate", "host-shift", "--arm", "a", str(LEAN), "--arm", "b", str(LEAN),
+                                             str(LEAN)], "--arm a: an arm needs its own name and two or more runs"),
+    ("host-shift one arm", lambda t: ["calibrate", "host-shift", "--arm", "a", str(LEAN), str(LEAN)], "two or more --arm"),
+    ("host-shift arm named twice", lambda t: ["calibrate", "host-shift", "--arm", "a", str(LEAN), str(LEAN), "--arm", "a",
+                                              str(LEAN), str(LEAN)], "the name twice"),
+    ("host-shift missing run", lambda t: ["calibrate", "host-shift", "--arm", "a", str(LEAN), str(t / "gone"), "--arm",
+                                          "b", str(LEAN), str(LEAN)], "gone"),
     ("results gpu_us text", lambda t: ["calibrate", "validate", run_folder(t, set_cell("gpu_us", "fast"))], "non-numeric text in gpu_us"),
     ("results gpu_us NaN", lambda t: ["calibrate", "validate", run_folder(t, set_cell("gpu_us", "nan"))], "NaN or negative time"),
     ("results gpu_us inf", lambda t: ["calibrate", "validate", run_folder(t, set_cell("gpu_us", "inf"))], "infinite"),

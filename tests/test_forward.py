@@ -280,3 +280,35 @@ def test_a_bound_forward_calls_each_layer_as_a_model_would(tmp_path):
     bad = _bind("aten", seq, weights, xs, 4, 90, cfg, {"aten": lambda x, w: torch.zeros(x.shape[0], w.shape[0])})
     with pytest.raises(HarnessError, match="differs from the fp32 reference"):
         _check(bad, "aten")
+
+
+def test_the_bound_layer_after_the_hooked_capture_test_and_into_calls():
+    """h200-bound-forward-6 and -7 (one 2-GPU lease, harness 6013d29: capture test by hooks, inlined activation checks,
+    kernels writing into the remembered output shape) against -4 and -5 (the bound layer before): the binding's own
+    eager cost (dispatch / table-direct, paired per round) fell at 35B-A3B M <= 128, where most layers run a lean
+    kernel, and did not at M = 512 or 4B M = 32, where most layers run F.linear eagerly and a lean kernel in graphs
+    (the bound layer's shape lookup and capture test cost ~0.8 µs per call on that host: h200-probe-binding).
+    The graph regime is unchanged: 35B-A3B M = 512 still 1.2% over lean cuBLASLt everywhere."""
+    def verdicts(run):
+        df, _ = load_forward(DATA / run)
+        return forward_verdicts(df, 512).set_index(["model", "m", "regime"])
+    before = [verdicts(f"h200-bound-forward-{i}") for i in (4, 5)]
+    after = [verdicts(f"h200-bound-forward-{i}") for i in (6, 7)]
+    big = "Qwen3.5-35B-A3B"
+
+    def binding(v, model, m):
+        return round(v.loc[(model, m, "eager"), "binding_cost"], 3)
+    assert [binding(v, big, 1) for v in before + after] == [1.163, 1.115, 1.001, 1.093]
+    assert [binding(v, big, 8) for v in before + after] == [1.109, 1.122, 1.020, 1.034]
+    for m in (1, 8, 32, 128):
+        assert max(binding(v, big, m) for v in after) < min(binding(v, big, m) for v in before)
+    assert [binding(v, big, 512) for v in before + after] == [1.098, 1.081, 1.105, 1.071]
+    assert [binding(v, "Qwen3.5-4B", 32) for v in before + after] == [1.113, 1.110, 1.113, 1.093]
+    for v in after:
+        assert round(v.loc[(big, 512, "graph"), "dispatch_over_best"], 3) == 1.012 and not v.loc[(big, 512, "graph"), "ok"]
+        assert round(v.loc[(big, 1, "graph"), "dispatch_over_aten"], 2) == 0.64
+    fails = [sorted((mo[-2:], m, r) for (mo, m, r), ok in v["ok"].items() if not ok) for v in after]
+    assert fails == [[("3B", 1, "eager"), ("3B", 128, "eager"), ("3B", 512, "eager"), ("3B", 512, "graph"),
+                      ("4B", 32, "eager"), ("4B", 4096, "graph")],
+                     [("3B", 1, "eager"), ("3B", 512, "eager"), ("3B", 512, "graph"), ("3B", 1031, "eager"),
+                      ("4B", 32, "eager"), ("4B", 4096, "graph")]]

@@ -277,3 +277,96 @@ def test_the_committed_full_grid_ran_complete_on_two_gpus():
     legs = [[leg["wall_s"] for leg in json.loads((DATA / "h200x2-full" / "shards" / g / "run.json").read_text())
              ["previous_legs"]] for g in ("gpu0", "gpu1")]
     assert [round(sum(x)) for x in legs] == [1049, 1048]
+
+
+HOST_TIMING = DATA / "h200x2-host-timing"
+
+
+def _arms() -> dict:
+    from calibrate.analysis import Cells
+    return {arm: {n: Cells.from_results(load_results(HOST_TIMING / n)) for n in
+                  (f"{prefix}-{s}" for s in ("a", "b", "c", "c2", "d", "d2"))}
+            for arm, prefix in (("1-gpu", "x1"), ("serialized", "ser"), ("concurrent", "conc"))}
+
+
+def test_concurrent_host_timing_shifts_host_time_no_more_than_the_run_to_run_noise():
+    """tests/data/h200x2-host-timing: one 2-GPU H200 lease, 188 cells, six runs each on GPU 0 alone, on both GPUs
+    with the host-timing lock, and on both without it, in the orders A B C C B A, then (A B C A C B) twice. The
+    figures of the closing note: per run the host-time factors scatter by 9% (one sd); concurrent over 1-GPU is
+    1.012 per cell and 1.026 per run, within that noise; so is serialized over 1-GPU (0.961, 0.942)."""
+    from calibrate.agree import host_shift, host_shift_lines
+    s = host_shift(_arms())
+    assert s.cells == 188 and round(s.noise, 3) == 1.090
+    by = {p["pair"]: p for p in s.pairs}
+    conc, ser = by["concurrent / 1-gpu"], by["serialized / 1-gpu"]
+    assert (round(conc["cells"], 3), round(conc["runs"], 3)) == (1.012, 1.026)
+    assert (round(ser["cells"], 3), round(ser["runs"], 3)) == (0.961, 0.942)
+    assert round(by["concurrent / serialized"]["cells"], 3) == 1.047
+    assert not any(p["beyond_noise"] for p in s.pairs)
+    assert conc["runs_lo"] < 1 < conc["runs_hi"]
+    assert any("no shift beyond the run-to-run noise" in line for line in host_shift_lines(s))
+    for arm in ("serialized", "concurrent"):  # the arms ran as labelled
+        for name in _arms()[arm]:
+            info = json.loads((HOST_TIMING / name / "run.json").read_text())
+            assert info["host_timing"].startswith(arm) and len(info["shards"]) == 2
+
+
+def test_host_shift_finds_a_shift_beyond_the_noise_and_none_without_one():
+    """Synthetic arms: runs whose host times scatter by ~1% per run; an arm 20% slower is a shift, an arm equal to
+    the base is not; fewer than two runs per arm is refused."""
+    import numpy as np
+
+    from calibrate.agree import host_shift
+    from calibrate.analysis import Cells
+    rng = np.random.default_rng(3)
+    keys = [(64, 2048, m, "aten") for m in (1, 2, 4, 8, 16, 32)]
+
+    def run(scale):
+        factor = scale * float(np.exp(rng.normal(0, 0.01)))
+        return Cells.from_results(pd.DataFrame([{"n": n, "k": k, "m": m, "path": p, "status": "ok", "gpu_us": 5.0,
+                                                 "host_us": 10.0 * (1 + m / 100) * factor, "tp": 1}
+                                                for n, k, m, p in keys]))
+    base = {f"b{i}": run(1.0) for i in range(4)}
+    slow = {f"s{i}": run(1.2) for i in range(4)}
+    same = {f"e{i}": run(1.0) for i in range(4)}
+    pairs = {p["pair"]: p for p in host_shift({"base": base, "slow": slow, "same": same}).pairs}
+    assert pairs["slow / base"]["beyond_noise"] and round(pairs["slow / base"]["cells"], 1) == 1.2
+    assert not pairs["same / base"]["beyond_noise"]
+    with pytest.raises(ValueError, match="two or more runs"):
+        host_shift({"base": base, "one": {"x": run(1.0)}})
+
+
+def test_two_shards_measured_as_two_machines_merge_into_one_run(tmp_path):
+    """tests/data/h200-shards: `bench run --shard 1/2` on GPU 0 and `--shard 2/2` on GPU 1 of one lease at the same
+    time (as two Slurm jobs would), then `bench merge`: the merge again gives the committed merged table byte for
+    byte; each shard measured its half of the shapes; the merged run agrees with a 1-GPU run of the same cells from
+    the same lease (GPU time within the issue's bounds)."""
+    from calibrate.agree import agreement
+    from calibrate.analysis import Cells
+    root = DATA / "h200-shards"
+    out = merge_shards([root / "shard-1", root / "shard-2"], tmp_path / "merged")
+    assert (out / "results.csv").read_bytes() == (root / "merged" / "results.csv").read_bytes()
+    specs = [json.loads((root / s / "run.json").read_text())["shard"] for s in ("shard-1", "shard-2")]
+    assert [(s["index"], s["of"]) for s in specs] == [(1, 2), (2, 2)]
+    shapes = [set(pd.read_csv(root / s / "results.csv")["shape"]) for s in ("shard-1", "shard-2")]
+    assert not shapes[0] & shapes[1] and len(shapes[0] | shapes[1]) == 16
+    df = agreement(Cells.from_results(load_results(HOST_TIMING / "x1-b")), Cells.from_results(load_results(root / "merged")))
+    d = df["gpu_diff"].abs()
+    assert len(df) == 188 and d.median() <= 0.01 and d.quantile(0.9) <= 0.03
+
+
+def test_the_largest_two_gpu_difference_is_an_order_effect_seen_on_one_gpu():
+    """The one cell where 2-GPU runs differ from 1-GPU runs by 20% (lean TinyGEMM at M = 1 on the 248320x2560
+    lm_head): 508-509 µs in every 2-GPU run, where that shape was its worker's first, 420-426 µs in every 1-GPU run;
+    on one GPU alone it is 509-511 µs as a process's first shape (either GPU) and 419 µs after one small shape.
+    M = 8 of the same shape is unaffected. Recorded, not explained."""
+    def cell(folder, m):
+        df = load_results(folder)
+        row = df[(df["shape"] == "n248320_k2560") & (df["m"] == m) & (df["path"] == "flashinfer-lean:tinygemm")]
+        return float(row["gpu_us"].iloc[0])
+    two = [cell(HOST_TIMING / f"{a}-{s}", 1) for a in ("ser", "conc") for s in ("a", "b", "c", "c2", "d", "d2")]
+    one = [cell(HOST_TIMING / f"x1-{s}", 1) for s in ("a", "b", "c", "c2", "d", "d2")]
+    assert 508 <= min(two) and max(two) <= 510 and 420 <= min(one) and max(one) <= 426
+    probe = DATA / "h200-probe-binding"
+    assert [round(cell(probe / f, 1)) for f in ("first-gpu0", "first-gpu1", "second-gpu0")] == [509, 511, 419]
+    assert max(abs(cell(HOST_TIMING / f"{a}-a", 8) / cell(HOST_TIMING / "x1-a", 8) - 1) for a in ("ser", "conc")) < 0.02
