@@ -102,7 +102,7 @@ def main(model: str = "Qwen3.5-35B-A3B", m: int = 512, rounds: int = 30) -> None
         def one(x, w=w):
             return F.linear(x, w, None)
         closure.calls.append((one, (xs[lin.k],), w))
-    forwards = {"aten": _bind(ATEN, seq, weights, xs, m, sm, cfg, fns),
+    forwards = {ATEN: _bind(ATEN, seq, weights, xs, m, sm, cfg, fns),
                 "table-direct eager": _bind(TABLE_DIRECT, seq, weights, xs, m, sm, cfg, fns, "eager"),
                 "dispatch (bound)": disp, "closure around F.linear": closure}
     print(f"{model} M={m}: dispatch runs {disp.describe()}", flush=True)
