@@ -1,14 +1,14 @@
 """Whether this thread is capturing a CUDA graph (the `graph` regime), as a flag that torch's CUDA graph class keeps.
 
-Asking CUDA (cudaStreamIsCapturing on the current stream) costs 0.4-0.8 µs of host time per call on the H200 host
-(tests/data/h200-host-cost, host-cost-7), a few per cent of a lean TinyGEMM call. Reading a thread-local counter
-costs ~0.05 µs. The counter is kept by wrapping `torch.cuda.CUDAGraph.capture_begin` and `capture_end`, which every
+Asking CUDA (cudaStreamIsCapturing on the current stream) costs 0.37 µs of host time per call on the H200 host,
+reading a thread-local counter 0.11 µs (medians, tests/data/h200-host-cost/host-cost-8; a lean TinyGEMM call is
+7-8 µs there). The counter is kept by wrapping `torch.cuda.CUDAGraph.capture_begin` and `capture_end`, which every
 capture made through torch goes through: `torch.cuda.graph`, `make_graphed_callables`, torch.compile's CUDA graphs
 and vLLM's CUDA-graph wrapper.
 
 A capture begun around torch (cudaStreamBeginCapture called from C++) leaves the counter at 0: the dispatcher then
 runs its eager choices inside that graph. Those are correct, only not the graph regime's picks. Code that captures
-that way can bind with `signal="query"` (dispatch.capture_signal), which asks CUDA on every call.
+that way calls `dispatch.capture_signal("query")` before binding its layers: CUDA is then asked on every call.
 """
 from __future__ import annotations
 

@@ -55,6 +55,25 @@ def test_lean_calls_match_public_mm_bf16_and_f_linear(gpu_profile, n, k):
             assert torch.equal(y, yp), f"{b} M={m}: the lean call ran another kernel or tactic than mm_bf16"
 
 
+def test_into_writes_what_the_call_returns(gpu_profile):
+    """`into(x, w, out)`, what a bound layer calls with the output it allocated, gives the bits of the call itself,
+    for every lean backend and for the public mm_bf16 (the fallback on another FlashInfer version)."""
+    import torch
+
+    from dispatch.backends import BACKENDS
+    from dispatch.lean import lean_call, public_call
+    n, k, m = 2048, 4096, 8
+    x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
+    for b in _lean_backends(gpu_profile):
+        pdl = BACKENDS[b].pdl(gpu_profile.pdl)
+        for make in (lean_call, public_call):
+            fn = make(b, pdl)
+            out = torch.full((m, n), float("nan"), device="cuda", dtype=torch.bfloat16)
+            fn.into(x, w, out)
+            assert torch.equal(out, fn(x, w)), f"{make.__name__} {b}: into differs from the call"
+
+
 def test_lean_calls_resolve_inside_graph_capture(gpu_profile):
     """The first call at a new M may come while a graph is being captured (vLLM captures at warm-up): the lean
     call resolves there and the replayed graph computes the right result on new inputs."""
