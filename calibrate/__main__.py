@@ -22,8 +22,8 @@ from calibrate.agree import agreement, host_shift, host_shift_lines, summary_lin
 from calibrate.analysis import (FIT_MIN_GAIN, Cells, cell_verdicts, dispatch_candidates, failures, fit, forward_totals,
                                 low_m_measured, model_uses, provenance)
 from calibrate.baseline import fingerprint_mismatch, fingerprint_of
-from calibrate.forward_model import (GPU_BOUND_MARGIN, MODEL_MISS, forward_picks, forward_ratios, forward_verdicts,
-                                    gpu_bound_from, load_forward, model_vs_measured)
+from calibrate.forward_model import (GPU_BOUND_MARGIN, MODEL_MISS, forward_ratios, forward_verdicts,
+                                    gpu_bound_in_every_run, load_forward, model_vs_measured, picks_in_every_run)
 from calibrate.hostcost import run_host_cost
 from calibrate.l2 import MODES, close_cells, decisions
 from calibrate.noise import LEVEL, coverage, coverage_line, fit_floor, load_noise, noise_path
@@ -99,9 +99,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                        help=f"a cell leaves F.linear only for a gain above this share, beyond the noise "
                             f"(default {FIT_MIN_GAIN})")
     p_fit.add_argument("--hold-out", default="", help="comma list of M values the fit must not see (validated later)")
-    p_fit.add_argument("--forward", help="a measured-forward folder: at each (model, M, regime) it measured, a lean "
-                                         "single path whose whole forward beat all-aten beyond the noise is picked for "
-                                         "that model's shapes (eager: every cell; graph: cells left to F.linear)")
+    p_fit.add_argument("--forward", nargs="+", metavar="DIR",
+                       help="measured-forward folders: at each (model, M, regime) they all measured, a lean single "
+                            "path whose whole forward beat all-aten beyond the noise in every one of them is picked "
+                            "for that model's shapes (eager: every cell; graph: cells left to F.linear); the eager "
+                            "boundness starts where it starts in the latest of them")
     p_fit.add_argument("--out", help="table file to write (default dispatch/thresholds/<profile>.json)")
     p_fit.add_argument("--dry-run", action="store_true", help="print, write nothing")
     p_fit.add_argument("--partial", **partial)
@@ -274,9 +276,12 @@ def _fit_cmd(args, argv, profile, df, info, cells) -> int:
     noise = load_noise(profile.name)
     cell_picks, forward_note, shape_bound = {}, None, {}
     if args.forward:
-        fdf, finfo = load_forward(args.forward, args.partial)
-        _check_gpu(finfo, profile.name, args.forward)
-        picks = forward_picks(fdf, dispatch_candidates(cells, base), args.min_gain)
+        runs = []
+        for folder in args.forward:
+            fdf, finfo = load_forward(folder, args.partial)
+            _check_gpu(finfo, profile.name, folder)
+            runs.append(fdf)
+        picks = picks_in_every_run(runs, dispatch_candidates(cells, base), args.min_gain)
         uses = model_uses(df)
         for (regime, model, m), (path, ratio, hi) in sorted(picks.items()):
             if m in hold_out:
@@ -286,14 +291,14 @@ def _fit_cmd(args, argv, profile, df, info, cells) -> int:
             where = "the model's cells at that M" if regime == "eager" else \
                 "the model's cells at that M that the cell test left to F.linear"
             print(f"{regime}, {model} M={m}: {path} everywhere it runs measured {ratio:.3f}x all-aten "
-                  f"(interval up to {hi:.3f}); picked for {where}")
-        bound_m = gpu_bound_from(fdf, hold_out=hold_out)
+                  f"(interval up to {hi:.3f}{'; the worst of the runs' if len(runs) > 1 else ''}); picked for {where}")
+        bound_m = gpu_bound_in_every_run(runs, hold_out=hold_out)
         for model, start in sorted(bound_m.items()):
             for n, k, _ in uses.get(model, []):
                 shape_bound[(n, k)] = max(shape_bound.get((n, k), 0.0), start)
             print(f"eager, {model}: all-aten forwards GPU-bound (busy >= {GPU_BOUND_MARGIN}x host submission) "
                   + (f"from M = {start:g} on" if start < math.inf else "at no measured M"))
-        forward_note = {"forward": str(args.forward),
+        forward_note = {"forward": args.forward[0] if len(args.forward) == 1 else list(args.forward),
                         "picks": {f"{r} {mo} M={m}": p for (r, mo, m), (p, *_) in sorted(picks.items())},
                         "gpu_bound_from": {mo: (None if v == math.inf else int(v)) for mo, v in sorted(bound_m.items())}}
     table, report = fit(cells, base, profile.capture_size, args.min_gain, noise, hold_out, cell_picks, shape_bound)
@@ -319,6 +324,9 @@ def _fit_cmd(args, argv, profile, df, info, cells) -> int:
                       "two paths' costs, interpolated linearly in M, cross (a model of unmeasured M); shapes not "
                       "measured and M above the last range run F.linear",
               "noise_floor": noise.source if noise else None, "measured_forwards": forward_note}
+    if args.forward and len(args.forward) > 1:
+        source["rule"] += ("; with several --forward runs, a pick must beat all-aten beyond the noise in every one of "
+                           "them, and the eager boundness starts where it starts in the latest of them")
     if df.attrs["incomplete"]:
         source["incomplete_data"] = "fitted with --partial from a run with missing cells or that did not finish"
     kept = Path(args.results if Path(args.results).is_dir() else Path(args.results).parent) / "autotune-cache.json"

@@ -201,3 +201,47 @@ def forward_picks(forward: pd.DataFrame, candidates: list[str], min_gain: float
         if best is not None:
             picks[(str(regime), str(model), int(m))] = best
     return picks
+
+
+def picks_in_every_run(runs: list[pd.DataFrame], candidates: list[str], min_gain: float
+                       ) -> dict[tuple[str, str, int], tuple[str, float, float]]:
+    """forward_picks over several measured-forward runs (fresh processes, other leases): per (regime, model, M)
+    that every run measured, a path qualifies only if it beat all-aten beyond the noise in every run, and the one
+    whose worst run is fastest is picked, with its largest ratio and interval end over the runs. One run's picks vary from run to
+    run by the GPU and the host of the lease (on the H200: graph 35B-A3B M = 512 picked in two runs of one lease,
+    not in the fit's run of another)."""
+    per_run = [forward_picks(run, candidates, min_gain) for run in runs]
+    if len(runs) == 1:
+        return per_run[0]
+    picks = {}
+    for key in set.intersection(*(set(p) for p in per_run)) if per_run else ():
+        best = None
+        for path in candidates:
+            worst = None
+            for run in runs:
+                g = run[(run["status"] == "ok") & (run["regime"] == key[0]) & (run["model"] == key[1])
+                        & (run["m"].astype(int) == key[2])].set_index("path")
+                if path == ATEN or path not in g.index or ATEN not in g.index:
+                    worst = None
+                    break
+                ratio, _lo, hi = _paired(g, path, ATEN)
+                if not (hi == hi and hi < 1 - min_gain):
+                    worst = None
+                    break
+                worst = (ratio, hi) if worst is None else (max(worst[0], ratio), max(worst[1], hi))
+            if worst is not None and (best is None or worst[0] < best[1]):
+                best = (path, *worst)
+        if best is not None:
+            picks[key] = best
+    return picks
+
+
+def gpu_bound_in_every_run(runs: list[pd.DataFrame], margin: float = GPU_BOUND_MARGIN,
+                           hold_out: set[int] | frozenset[int] = frozenset()) -> dict[str, float]:
+    """gpu_bound_from over several runs: per model, the latest start of any run (the cautious side); a model that
+    some run did not measure keeps the others' start."""
+    out: dict[str, float] = {}
+    for run in runs:
+        for model, start in gpu_bound_from(run, margin, hold_out).items():
+            out[model] = max(out.get(model, start), start)
+    return out

@@ -312,3 +312,31 @@ def test_the_bound_layer_after_the_hooked_capture_test_and_into_calls():
                       ("4B", 32, "eager"), ("4B", 4096, "graph")],
                      [("3B", 1, "eager"), ("3B", 512, "eager"), ("3B", 512, "graph"), ("3B", 1031, "eager"),
                       ("4B", 32, "eager"), ("4B", 4096, "graph")]]
+
+
+def test_picks_and_boundness_must_hold_in_every_forward_run():
+    """calibrate fit --forward DIR DIR...: over the fit's own forward run and the two of a later lease, only the
+    picks every run makes survive (graph 35B-A3B M = 512 is picked by runs 4 and 5 alone, 4B M = 32 and 128 by the
+    fit's run alone: both dropped), with the worst run's ratio; the eager boundness starts at the latest start
+    (35B-A3B: 1031 in run 5, 4096 in the others: 4096). One run gives forward_picks itself."""
+    from calibrate.forward_model import (_paired, forward_picks, gpu_bound_from, gpu_bound_in_every_run,
+                                         picks_in_every_run)
+    runs = [load_forward(DATA / n)[0] for n in ("h200-lean-forward", "h200-bound-forward-4", "h200-bound-forward-5")]
+    candidates = ["aten", "flashinfer-lean:cublaslt", "flashinfer-lean:tinygemm"]
+    picks = picks_in_every_run(runs, candidates, 0.01)
+    assert sorted((r, mo[-2:], m, p.split(":")[1]) for (r, mo, m), (p, *_) in picks.items()) == [
+        ("eager", "3B", 1, "tinygemm"), ("eager", "3B", 8, "tinygemm"),
+        ("graph", "3B", 1, "tinygemm"), ("graph", "3B", 8, "tinygemm"), ("graph", "3B", 16384, "cublaslt"),
+        ("graph", "4B", 1, "cublaslt"), ("graph", "4B", 8, "cublaslt"), ("graph", "4B", 512, "cublaslt"),
+        ("graph", "4B", 1031, "cublaslt"), ("graph", "4B", 16384, "cublaslt")]
+    alone = [forward_picks(r, candidates, 0.01) for r in runs]
+
+    def paired(run, key, path):
+        g = run[(run["status"] == "ok") & (run["regime"] == key[0]) & (run["model"] == key[1]) & (run["m"] == key[2])]
+        return _paired(g.set_index("path"), path, "aten")
+    for key, (path, ratio, hi) in picks.items():  # the worst run's figures
+        assert ratio == max(paired(r, key, path)[0] for r in runs) and hi == max(paired(r, key, path)[2] for r in runs)
+    assert ("graph", "Qwen3.5-35B-A3B", 512) in alone[1] and ("graph", "Qwen3.5-35B-A3B", 512) not in picks
+    assert picks_in_every_run(runs[:1], candidates, 0.01) == alone[0]
+    assert gpu_bound_from(runs[2])["Qwen3.5-35B-A3B"] == 1031
+    assert gpu_bound_in_every_run(runs) == {"Qwen3.5-35B-A3B": 4096, "Qwen3.5-4B": 512}
