@@ -179,60 +179,49 @@ def gpu_bound_from(forward: pd.DataFrame, margin: float = GPU_BOUND_MARGIN,
     return out
 
 
+def _beaten(forward: pd.DataFrame, candidates: list[str], min_gain: float
+            ) -> dict[tuple[str, str, int], dict[str, tuple[float, float]]]:
+    """Per (regime, model, M) measured with all-aten: each candidate path whose whole forward beat all-aten beyond
+    the noise (paired interval wholly below 1 - min_gain), with its ratio and the interval's upper end."""
+    ok = forward[forward["status"] == "ok"]
+    out = {}
+    for (regime, model, m), g in ok.groupby(["regime", "model", "m"]):
+        g = g.set_index("path")
+        if ATEN not in g.index:
+            continue
+        beaten = {}
+        for path in candidates:
+            if path != ATEN and path in g.index:
+                ratio, _lo, hi = _paired(g, path, ATEN)
+                if hi == hi and hi < 1 - min_gain:
+                    beaten[path] = (ratio, hi)
+        out[(str(regime), str(model), int(m))] = beaten
+    return out
+
+
 def forward_picks(forward: pd.DataFrame, candidates: list[str], min_gain: float
                   ) -> dict[tuple[str, str, int], tuple[str, float, float]]:
     """Per (regime, model, M) measured: the lean single path (one path wherever it can run, F.linear elsewhere)
     whose whole forward beat all-aten beyond the noise (paired interval wholly below 1 - min_gain), the fastest such
     one, with its ratio and the interval's upper end. What users pay is a forward, not a cell: gains of a few
     percent per cell that no single cell shows beyond the noise add up over a forward."""
-    ok = forward[forward["status"] == "ok"]
-    picks = {}
-    for (regime, model, m), g in ok.groupby(["regime", "model", "m"]):
-        g = g.set_index("path")
-        if ATEN not in g.index:
-            continue
-        best = None
-        for path in candidates:
-            if path == ATEN or path not in g.index:
-                continue
-            ratio, _lo, hi = _paired(g, path, ATEN)
-            if hi == hi and hi < 1 - min_gain and (best is None or ratio < best[1]):
-                best = (path, ratio, hi)
-        if best is not None:
-            picks[(str(regime), str(model), int(m))] = best
-    return picks
+    return picks_in_every_run([forward], candidates, min_gain)
 
 
 def picks_in_every_run(runs: list[pd.DataFrame], candidates: list[str], min_gain: float
                        ) -> dict[tuple[str, str, int], tuple[str, float, float]]:
-    """forward_picks over several measured-forward runs (fresh processes, other leases): per (regime, model, M)
-    that every run measured, a path qualifies only if it beat all-aten beyond the noise in every run, and the one
-    whose worst run is fastest is picked, with its largest ratio and interval end over the runs. One run's picks vary from run to
-    run by the GPU and the host of the lease (on the H200: graph 35B-A3B M = 512 picked in two runs of one lease,
-    not in the fit's run of another)."""
-    per_run = [forward_picks(run, candidates, min_gain) for run in runs]
-    if len(runs) == 1:
-        return per_run[0]
+    """forward_picks over several measured-forward runs (fresh processes, other leases): per (regime, model, M),
+    a path qualifies only if it beat all-aten beyond the noise in every run; the one whose worst run is fastest is
+    picked, with its largest ratio and interval end over the runs. One run's picks vary with the GPU and host of its
+    lease (on the H200: graph 35B-A3B M = 512 picked in two runs of one lease, not in the fit's run of another)."""
+    per_run = [_beaten(run, candidates, min_gain) for run in runs]
     picks = {}
-    for key in set.intersection(*(set(p) for p in per_run)) if per_run else ():
-        best = None
-        for path in candidates:
-            worst = None
-            for run in runs:
-                g = run[(run["status"] == "ok") & (run["regime"] == key[0]) & (run["model"] == key[1])
-                        & (run["m"].astype(int) == key[2])].set_index("path")
-                if path == ATEN or path not in g.index or ATEN not in g.index:
-                    worst = None
-                    break
-                ratio, _lo, hi = _paired(g, path, ATEN)
-                if not (hi == hi and hi < 1 - min_gain):
-                    worst = None
-                    break
-                worst = (ratio, hi) if worst is None else (max(worst[0], ratio), max(worst[1], hi))
-            if worst is not None and (best is None or worst[0] < best[1]):
-                best = (path, *worst)
-        if best is not None:
-            picks[key] = best
+    for key in set.intersection(*(set(b) for b in per_run)):
+        common = [p for p in candidates if all(p in b[key] for b in per_run)]
+        worst = {p: (max(b[key][p][0] for b in per_run), max(b[key][p][1] for b in per_run)) for p in common}
+        if worst:
+            path = min(worst, key=lambda p: worst[p][0])
+            picks[key] = (path, *worst[path])
     return picks
 
 
