@@ -4,8 +4,9 @@ One worker process per GPU (spawned: its own CUDA context and CUPTI session, CUD
 before torch loads, pinned to the CPU cores local to its GPU where NVML reports them). Shapes are handed out from one
 queue, longest first. Each worker writes its own shard folder (<out>/shards/gpu<i>/, resumable); at the end the shards
 are merged into <out>/results.csv and run.json (bench.merge). Host timing is serialized across workers by one lock
-by default, so that no worker's host-time blocks run while another's do; `--host-timing concurrent` drops the lock,
-to measure whether concurrent workers disturb each other's host times (against a one-GPU run, calibrate agree).
+by default, so that no worker's host-time blocks run while another's do; `--host-timing concurrent` drops the lock.
+On a 2-GPU H200 the unlocked workers' host times showed no shift beyond the run-to-run noise against one-GPU runs
+(`calibrate host-shift`, tests/data/h200x2-host-timing); more GPUs were not measured, so the lock stays the default.
 """
 from __future__ import annotations
 

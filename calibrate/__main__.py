@@ -175,13 +175,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if args.cmd == "host-shift":
         arms: dict[str, dict[str, Cells]] = {}
+        given = [r for _, *runs in args.arm for r in runs]
+        names = [Path(r).name for r in given]  # a run's label: its folder name, or the path where names repeat
         for name, *runs in args.arm:
             if len(runs) < 2 or name in arms:
                 raise HarnessError(f"--arm {name}: an arm needs its own name and two or more runs "
                                    f"(got {len(runs)} run(s){', and the name twice' if name in arms else ''})")
-            arms[name] = {Path(r).name: Cells.from_results(_load(r, args.partial)[0]) for r in runs}
+            arms[name] = {(Path(r).name if names.count(Path(r).name) == 1 else r):
+                          Cells.from_results(_load(r, args.partial)[0]) for r in runs}
         if len(arms) < 2:
             raise HarnessError("host-shift needs two or more --arm NAME RUN RUN...")
+        twice = next((r for r in given if sum(Path(g).resolve() == Path(r).resolve() for g in given) > 1), None)
+        if twice is not None:
+            raise HarnessError(f"host-shift: {twice} is given twice; each run belongs to one arm, once")
         print("\n".join(host_shift_lines(host_shift(arms))))
         return 0
 

@@ -146,7 +146,7 @@ def compare_figure(comp: pd.DataFrame, label_a: str, label_b: str) -> str:
 FORWARD_COLORS = {ATEN: "#333333", VLLM_FLASHINFER: "#1b9e77", SEED_FIX: "#d95f02", DISPATCH: "#66a61e",
                   TABLE_DIRECT: "#66a61e"}
 FORWARD_STYLES = {SEED_FIX: "--", TABLE_DIRECT: ":"}
-FORWARD_YMAX = 1.6  # the dispatcher's range of interest; slower paths sit at the top edge with their ratio  # table-direct: the dispatcher's choices without the dispatcher
+FORWARD_YMAX = 1.6  # the dispatcher's range of interest; slower paths sit at the top edge with their ratio
 
 
 def forward_figure(forward: pd.DataFrame) -> str:

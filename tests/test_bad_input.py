@@ -159,6 +159,8 @@ CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
     ("host-shift one arm", lambda t: ["calibrate", "host-shift", "--arm", "a", str(LEAN), str(LEAN)], "two or more --arm"),
     ("host-shift arm named twice", lambda t: ["calibrate", "host-shift", "--arm", "a", str(LEAN), str(LEAN), "--arm", "a",
                                               str(LEAN), str(LEAN)], "the name twice"),
+    ("host-shift run given twice", lambda t: ["calibrate", "host-shift", "--arm", "a", str(LEAN), str(SWEEP), "--arm",
+                                              "b", str(LEAN) + "/", str(DATA / "h200-lean-fit")], "given twice"),
     ("host-shift missing run", lambda t: ["calibrate", "host-shift", "--arm", "a", str(LEAN), str(t / "gone"), "--arm",
                                           "b", str(LEAN), str(LEAN)], "gone"),
     ("results gpu_us text", lambda t: ["calibrate", "validate", run_folder(t, set_cell("gpu_us", "fast"))], "non-numeric text in gpu_us"),

@@ -370,3 +370,16 @@ def test_the_largest_two_gpu_difference_is_an_order_effect_seen_on_one_gpu():
     probe = DATA / "h200-probe-binding"
     assert [round(cell(probe / f, 1)) for f in ("first-gpu0", "first-gpu1", "second-gpu0")] == [509, 511, 419]
     assert max(abs(cell(HOST_TIMING / f"{a}-a", 8) / cell(HOST_TIMING / "x1-a", 8) - 1) for a in ("ser", "conc")) < 0.02
+
+
+def test_host_shift_labels_runs_by_folder_name_or_by_path_where_names_repeat(tmp_path, capsys):
+    """Two runs whose folders share a name stay two runs (labelled by their paths), not one."""
+    from calibrate.__main__ import main
+    for d, run in (("a", "x1-a"), ("b", "x1-b")):
+        (tmp_path / d).mkdir()
+        (tmp_path / d / "run").symlink_to(HOST_TIMING / run)
+    same = [str(tmp_path / "a" / "run"), str(tmp_path / "b" / "run")]
+    assert main(["host-shift", "--arm", "one", *same, "--arm", "conc", str(HOST_TIMING / "conc-a"),
+                 str(HOST_TIMING / "conc-b")]) == 0
+    out = capsys.readouterr().out
+    assert all(p in out for p in same) and "conc-a" in out and str(HOST_TIMING) not in out
