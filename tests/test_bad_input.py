@@ -159,6 +159,8 @@ CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
     ("host-shift one arm", lambda t: ["calibrate", "host-shift", "--arm", "a", str(LEAN), str(LEAN)], "two or more --arm"),
     ("host-shift arm named twice", lambda t: ["calibrate", "host-shift", "--arm", "a", str(LEAN), str(LEAN), "--arm", "a",
                                               str(LEAN), str(LEAN)], "the name twice"),
+    ("fit second --forward missing", lambda t: ["calibrate", "fit", str(DATA / "h200-lean-fit"), "--gpu", "h200", "--forward",
+                                                str(DATA / "h200-lean-forward"), str(t / "gone"), "--dry-run"], "gone"),
     ("host-shift run given twice", lambda t: ["calibrate", "host-shift", "--arm", "a", str(LEAN), str(SWEEP), "--arm",
                                               "b", str(LEAN) + "/", str(DATA / "h200-lean-fit")], "given twice"),
     ("host-shift missing run", lambda t: ["calibrate", "host-shift", "--arm", "a", str(LEAN), str(t / "gone"), "--arm",
