@@ -15,7 +15,7 @@ from typing import Any, Callable
 import dispatch
 from bench.clocks import make_clock
 from bench.envinfo import nvml_clocks, run_info
-from bench.forward_paths import RULES, TABLE_DIRECT, path_for
+from bench.forward_paths import DISPATCH_PYTHON, RULES, TABLE_DIRECT, path_for
 from bench.gpu import REL_ERR_BOUND, capture_graph, check_output, replay_interleaved
 from bench.paths import ATEN, DISPATCH, PATHS
 from bench.results import finished_rows, rows_to_csv, write_run_json
@@ -106,14 +106,20 @@ def _bind(rule: str, seq, weights, xs, m, sm, cfg: ForwardConfig, fns: dict[str,
     for lin, w in zip(seq, weights):
         path = path_for(rule, lin, m, sm, cfg.profile, cfg.table, regime)
         fn, args = fns[path], (xs[lin.k], w)
-        if rule == DISPATCH and lin.layer != "lm_head":
+        if rule in (DISPATCH, DISPATCH_PYTHON) and lin.layer != "lm_head":
             # the real dispatcher, bound per layer as a model does at load; `path` is its table's choice
-            fn, args = dispatch.bind(w), (xs[lin.k],)
+            fn, args = dispatch.bind(w, native=False if rule == DISPATCH_PYTHON else None), (xs[lin.k],)
             eager = path_for(rule, lin, m, sm, cfg.profile, cfg.table, "eager")
             path = path if eager == path else f"graph {path} / eager {eager}"
         bound.calls.append((fn, args, w))
         bound.used[path] = bound.used.get(path, 0) + 1
     return bound
+
+
+def _layer_of_dispatch() -> str:
+    """Which bound layer the `dispatch` rule runs here: 'C++ (<library>)' or 'Python' (dispatch/native.py)."""
+    from dispatch import native
+    return f"C++ ({native.library()})" if native.module() is not None else "Python"
 
 
 def _check(bound: Bound, rule: str) -> None:
@@ -289,7 +295,8 @@ def run_forward(cfg: ForwardConfig) -> Path:
     out_csv = cfg.out / FORWARD_FILE
     if out_csv.exists() and not cfg.resume:
         raise HarnessError(f"{out_csv} exists; pass --resume to continue it or choose another --out")
-    if cfg.table is None and (DISPATCH in cfg.rules or TABLE_DIRECT in cfg.rules):
+    dispatches = DISPATCH in cfg.rules or DISPATCH_PYTHON in cfg.rules
+    if cfg.table is None and (dispatches or TABLE_DIRECT in cfg.rules):
         cfg.table = load_table(cfg.profile.name)
     seqs = sequences(cfg)
     if cfg.quiet:
@@ -304,6 +311,7 @@ def run_forward(cfg: ForwardConfig) -> Path:
                     decoder_layers=cfg.decoder_layers, lm_head=cfg.lm_head,
                     linears={m: len(s) for m, s in seqs.items()}, rules={r: RULES.get(r, "registry path") for r in cfg.rules},
                     table=getattr(cfg.table, "source", {}).get("fitted_from") if cfg.table else None,
+                    dispatch_layer=_layer_of_dispatch() if DISPATCH in cfg.rules else None,
                     clocks_start=nvml_clocks())
     cfg.out.mkdir(parents=True, exist_ok=True)
     rows = finished_rows(out_csv, ("model", "m", "path", "regime"), "forward table") if cfg.resume else []
@@ -320,7 +328,7 @@ def run_forward(cfg: ForwardConfig) -> Path:
             fns[name] = PATHS[name].build(cfg.profile.pdl)
         except ImportError as exc:
             raise HarnessError(f"path {name} needs a package that is missing ({exc}); pip install -e '.[gpu]'") from None
-    if DISPATCH in cfg.rules:
+    if dispatches:
         dispatch.configure(cfg.table)
     phase = PhaseTimer()
     bar = _progress(sum(len(cfg.ms) for _ in seqs), "forward")
@@ -367,7 +375,7 @@ def run_forward(cfg: ForwardConfig) -> Path:
             if any(PATHS[p].flashinfer_backend for p in used):
                 info["autotune_cache"] = _keep_tactics(cfg, pinned)
             write_run_json(cfg.out, info)
-        if DISPATCH in cfg.rules:
+        if dispatches:
             dispatch.reset()
     if interrupted is not None:
         raise Interrupted(f"interrupted; finished rows are in {out_csv}, continue with the same command and --resume",

@@ -15,6 +15,10 @@ SEED_FIX = "seed-fix"
 # The table's choices called straight through the registry's path functions, bound per regime: the dispatcher with
 # no per-call work of its own. dispatch over this, in the same forward, is what the bound layer itself costs.
 TABLE_DIRECT = "table-direct"
+# The dispatcher with its Python bound layer, where `dispatch` runs the C++ one (dispatch/native.py): the two side
+# by side in one run
+DISPATCH_PYTHON = "dispatch-python"
+NOT_SINGLE_PATHS = (TABLE_DIRECT, DISPATCH_PYTHON)  # the dispatcher's twins: never the best single path
 RULES = {
     ATEN: "F.linear for every linear",
     VLLM_FLASHINFER: "FlashInfer as vLLM's FlashInfer-BF16 flag runs it: the low-M backend at M <= 32 where "
@@ -25,6 +29,8 @@ RULES = {
               "capturing, eager ranges otherwise; lm_head F.linear",
     TABLE_DIRECT: "the committed table's choices per regime called directly, without the bound layer: the "
                   "dispatcher's choices at no per-call cost (dispatch over it is the bound layer's own cost)",
+    DISPATCH_PYTHON: "the dispatcher bound per layer with its Python bound layer (dispatch.bind(w, native=False)); "
+                     "`dispatch` runs the C++ layer where it is built (run.json: dispatch_layer)",
 }
 DEFAULT_RULES = (ATEN, VLLM_FLASHINFER, SEED_FIX, DISPATCH, TABLE_DIRECT)
 
@@ -75,7 +81,7 @@ def path_for(rule: str, linear: ForwardLinear, m: int, sm: int, profile: GpuProf
         return vllm_flag_choice(low, profile.low_m_backend, m, lambda p: runnable(p, sm, linear, m))
     if rule == SEED_FIX:
         return low if m <= SEED_FIX_M and runnable(low, sm, linear, m) else ATEN
-    if rule in (DISPATCH, TABLE_DIRECT):
+    if rule in (DISPATCH, TABLE_DIRECT, DISPATCH_PYTHON):
         if table is None:
             raise HarnessError(f"the {rule} path needs a threshold table for this GPU; fit one with python -m calibrate fit")
         chosen = table.choose(linear.n, linear.k, m, regime)

@@ -23,7 +23,8 @@ from calibrate.analysis import (FIT_MIN_GAIN, Cells, cell_verdicts, dispatch_can
                                 low_m_measured, model_uses, provenance)
 from calibrate.baseline import fingerprint_mismatch, fingerprint_of
 from calibrate.forward_model import (GPU_BOUND_MARGIN, MODEL_MISS, forward_ratios, forward_verdicts,
-                                    gpu_bound_in_every_run, load_forward, model_vs_measured, picks_in_every_run)
+                                    gpu_bound_in_every_run, load_forward, model_vs_measured,
+                                    overrides_over_the_table, picks_in_every_run)
 from calibrate.hostcost import run_host_cost
 from calibrate.l2 import MODES, close_cells, decisions
 from calibrate.noise import LEVEL, coverage, coverage_line, fit_floor, load_noise, noise_path
@@ -99,6 +100,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                        help=f"a cell leaves F.linear only for a gain above this share, beyond the noise "
                             f"(default {FIT_MIN_GAIN})")
     p_fit.add_argument("--hold-out", default="", help="comma list of M values the fit must not see (validated later)")
+    p_fit.add_argument("--table-forward", nargs="+", metavar="DIR",
+                       help="measured forwards of the table this fit makes (its table-direct rows, checked against "
+                            "what it chooses): where a lean single path beat those choices in every run and by more "
+                            "than --min-gain over their rounds pooled (graph regime), it takes precedence")
     p_fit.add_argument("--forward", nargs="+", metavar="DIR",
                        help="measured-forward folders: at each (model, M, regime) they all measured, a lean single "
                             "path whose whole forward beat all-aten beyond the noise in every one of them is picked "
@@ -308,6 +313,10 @@ def _fit_cmd(args, argv, profile, df, info, cells) -> int:
                         "picks": {f"{r} {mo} M={m}": p for (r, mo, m), (p, *_) in sorted(picks.items())},
                         "gpu_bound_from": {mo: (None if v == math.inf else int(v)) for mo, v in sorted(bound_m.items())}}
     table, report = fit(cells, base, profile.capture_size, args.min_gain, noise, hold_out, cell_picks, shape_bound)
+    override_note = None
+    if args.table_forward:
+        table, report, override_note = _overrides(args, profile, df, cells, base, noise, hold_out, cell_picks,
+                                                  shape_bound, table, report)
     fp = info.get("fingerprint", {})
     fitted_ms = sorted(set(int(m) for m in df["m"]) - hold_out)
     source = {"fitted_from": str(args.results), "run_command": info.get("command"), "gpu": fp.get("gpu_name"),
@@ -330,6 +339,12 @@ def _fit_cmd(args, argv, profile, df, info, cells) -> int:
                       "two paths' costs, interpolated linearly in M, cross (a model of unmeasured M); shapes not "
                       "measured and M above the last range run F.linear",
               "noise_floor": noise.source if noise else None, "measured_forwards": forward_note}
+    if override_note is not None:
+        source["forwards_of_this_table"] = override_note
+        source["rule"] += ("; with --table-forward, at each (model, M) where those runs measured this fit's own "
+                           "choices (table-direct, graph regime), a lean single path whose forward beat them in every "
+                           f"run and by more than {args.min_gain:.0%} over all their rounds pooled (interval below 1) "
+                           "takes precedence at that model's cells")
     if args.forward and len(args.forward) > 1:
         source["rule"] += ("; with several --forward runs, a pick must beat all-aten beyond the noise in every one of "
                            "them, and the eager boundness starts where it starts in the latest of them")
@@ -352,6 +367,34 @@ def _fit_cmd(args, argv, profile, df, info, cells) -> int:
                                 " (the run kept no autotune-cache.json: the dispatcher's FlashInfer calls will tune "
                                 "or fall back in the user's process)"))
     return 0
+
+
+def _overrides(args, profile, df, cells, base, noise, hold_out, cell_picks, shape_bound, table, report):
+    """--table-forward: measured forwards of the table this fit makes; where a lean single path beat its choices
+    (graph regime), refit with that path taking precedence at the model's cells. Returns table, report, note."""
+    runs = []
+    for folder in args.table_forward:
+        fdf, finfo = load_forward(folder, args.partial)
+        _check_gpu(finfo, profile.name, folder)
+        runs.append((fdf, finfo))
+    found = overrides_over_the_table(runs, table, profile, dispatch_candidates(cells, base), args.min_gain)
+    uses = model_uses(df)
+    over = {}
+    for (model, m), o in found.items():
+        if m in hold_out:
+            continue
+        print(f"graph, {model} M={m}: {o['path']} everywhere it runs measured {o['ratio']:.3f}x this table's own "
+              f"choices [{o['lo']:.3f}, {o['hi']:.3f}] over {o['runs']} runs' rounds pooled (worst run "
+              f"{o['worst_run']:.3f}); it takes precedence at the model's cells")
+        for n, k, _ in uses.get(model, []):
+            over[("graph", n, k, m)] = o["path"]
+    if not found:
+        print("no lean single path beat this table's own measured choices in every --table-forward run")
+    table, report = fit(cells, base, profile.capture_size, args.min_gain, noise, hold_out, cell_picks, shape_bound, over)
+    note = {"runs": list(args.table_forward),
+            "overrides": {f"graph {mo} M={m}": {k: (round(v, 4) if isinstance(v, float) else v) for k, v in o.items()}
+                          for (mo, m), o in sorted(found.items())}}
+    return table, report, note
 
 
 def _noise_cmd(args) -> int:

@@ -371,7 +371,8 @@ def host_ratios(cells: Cells, paths: list[str]) -> dict[str, float]:
 def fit(cells: Cells, base: ThresholdTable, capture_size: int, min_gain: float = FIT_MIN_GAIN, noise: Any = None,
         hold_out: set[int] | frozenset[int] = frozenset(),
         forward_picks: dict[tuple[str, int, int, int], str] | None = None,
-        gpu_bound_from: dict[tuple[int, int], float] | None = None) -> tuple[ThresholdTable, pd.DataFrame]:
+        gpu_bound_from: dict[tuple[int, int], float] | None = None,
+        overrides: dict[tuple[str, int, int, int], str] | None = None) -> tuple[ThresholdTable, pd.DataFrame]:
     """Per shape and regime, M ranges -> path. At each measured M (held-out values left out) the cheapest candidate
     (dispatch_candidates) in the regime's cost (graph: GPU time; eager: max(host, GPU) per call) replaces F.linear
     only where it beats F.linear beyond the noise (_beats); ties go to F.linear. Shapes not measured run F.linear
@@ -389,8 +390,12 @@ def fit(cells: Cells, base: ThresholdTable, capture_size: int, min_gain: float =
     decides. Below it the forward is host-bound: every µs of host time adds to it, so only a path whose host time is
     below F.linear's (host_ratios < 1) may replace F.linear there, by the cost test above. A shape without measured
     forwards keeps the per-cell test: a cell whose host time hides behind its own GPU time (host_hidden) takes the
-    graph regime's choice."""
-    forward_picks = forward_picks or {}
+    graph regime's choice.
+
+    `overrides` (regime, n, k, m) -> path (forward_model.overrides_over_the_table): a lean single path whose whole
+    forward beat this fit's own choices, measured as such in several runs; it takes precedence at its cells (and
+    eager cells that take the graph choice follow it)."""
+    forward_picks, overrides = forward_picks or {}, overrides or {}
     among = dispatch_candidates(cells, base)
     host_cheaper = {p for p, r in host_ratios(cells, among[1:]).items() if r < 1}
     if not any(cells.has(n, k, m, ATEN) and cells.has(n, k, m, p) for n, k in cells.shapes() for m in cells.ms(n, k)
@@ -421,6 +426,9 @@ def fit(cells: Cells, base: ThresholdTable, capture_size: int, min_gain: float =
                 if picked is not None and cells.has(n, k, m, picked) and (regime == "eager" or (
                         choice == ATEN and cells.cost(n, k, m, picked, regime) <= cells.cost(n, k, m, ATEN, regime))):
                     choice = picked
+                over = overrides.get((regime, n, k, m))
+                if over is not None and cells.has(n, k, m, over):
+                    choice = over
                 if regime == "graph":
                     graph_choice[m] = choice
                 choices.append((m, choice))

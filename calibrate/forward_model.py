@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from bench.forward_paths import TABLE_DIRECT, path_for
+from bench.forward_paths import NOT_SINGLE_PATHS, TABLE_DIRECT, path_for
 from bench.results import load_run_info
 from calibrate.analysis import Cells, paired_ratio_ci, parse_samples
 from dispatch.backends import ATEN, DISPATCH
@@ -122,7 +122,7 @@ def forward_verdicts(forward: pd.DataFrame, capture_size: int) -> pd.DataFrame:
         g = g.set_index("path")
         if DISPATCH not in g.index:
             continue
-        best = g["us"].drop(TABLE_DIRECT, errors="ignore").idxmin()  # the dispatcher's twin is no single path
+        best = g["us"].drop(list(NOT_SINGLE_PATHS), errors="ignore").idxmin()  # the dispatcher's twins are no single path
         ratio, lo, hi = _paired(g, DISPATCH, best)
         a_ratio, a_lo, a_hi = _paired(g, DISPATCH, ATEN) if ATEN in g.index else (math.nan,) * 3
         fails = (lo if lo == lo else ratio) > 1 + FORWARD_MARGIN
@@ -233,4 +233,70 @@ def gpu_bound_in_every_run(runs: list[pd.DataFrame], margin: float = GPU_BOUND_M
     for run in runs:
         for model, start in gpu_bound_from(run, margin, hold_out).items():
             out[model] = max(out.get(model, start), start)
+    return out
+
+
+def _sequences(info: dict[str, Any], models: set[str]) -> dict[str, list]:
+    """The forward sequences a run measured (catalog models only), as model_vs_measured rebuilds them."""
+    configs = model_configs()
+    seqs = {name: forward_sequence(load_config(configs[name]), name, int(info.get("tp", 1)), info.get("decoder_layers"))
+            for name in models if name in configs}
+    if not info.get("lm_head", True):
+        seqs = {k: [lin for lin in v if lin.layer != "lm_head"] for k, v in seqs.items()}
+    return seqs
+
+
+def table_paths_used(seq, table: ThresholdTable, m: int, sm: int, profile: GpuProfile, regime: str) -> str:
+    """What a forward's paths_used column says the table-direct rule ran: 'path:count;...' (bench.forward.Bound)."""
+    used: dict[str, int] = {}
+    for lin in seq:
+        p = path_for(TABLE_DIRECT, lin, m, sm, profile, table, regime)
+        used[p] = used.get(p, 0) + 1
+    return ";".join(f"{p}:{c}" for p, c in sorted(used.items()))
+
+
+def overrides_over_the_table(runs: list[tuple[pd.DataFrame, dict[str, Any]]], table: ThresholdTable,
+                             profile: GpuProfile, candidates: list[str], min_gain: float, regime: str = "graph"
+                             ) -> dict[tuple[str, int], dict[str, Any]]:
+    """Per (model, M): a lean single path whose whole forward beat the table's own choices (table-direct rows that
+    ran exactly what `table` chooses there, checked by their paths_used) in every run, and by more than `min_gain`
+    over the rounds of all runs pooled. What the cell test cannot see (gains of 1-2% spread over many cells, each
+    inside the noise) shows in the forward; runs of the same table in fresh processes and leases are the evidence.
+
+    A path qualifies when (1) its point ratio to table-direct is below 1 in every run that measured the table here,
+    (2) the paired ratio over all those runs' rounds pooled has its interval wholly below 1 and its median at most
+    1 - min_gain. The fastest by pooled median is returned, with the runs it was measured in."""
+    per_key: dict[tuple[str, int], list[pd.DataFrame]] = {}
+    mismatched: set[tuple[str, int]] = set()
+    for df, info in runs:
+        ok = df[(df["status"] == "ok") & (df["regime"] == regime)]
+        sm = int((info.get("fingerprint") or {}).get("sm") or profile.sm)
+        seqs = _sequences(info, set(ok["model"]))
+        for (model, m), g in ok.groupby(["model", "m"]):
+            g = g.set_index("path")
+            if TABLE_DIRECT not in g.index or model not in seqs:
+                continue
+            key = (str(model), int(m))
+            if str(g.at[TABLE_DIRECT, "paths_used"]) != table_paths_used(seqs[model], table, int(m), sm, profile, regime):
+                mismatched.add(key)  # that run measured another table's choices here
+                continue
+            per_key.setdefault(key, []).append(g)
+    out = {}
+    for key, groups in sorted(per_key.items()):
+        if key in mismatched:
+            continue
+        best = None
+        for path in candidates:
+            if path == ATEN or not all(path in g.index for g in groups):
+                continue
+            points = [_paired(g, path, TABLE_DIRECT)[0] for g in groups]
+            sa = [parse_samples(g.at[path, "samples_us"]) for g in groups]
+            sb = [parse_samples(g.at[TABLE_DIRECT, "samples_us"]) for g in groups]
+            if any(len(a) != len(b) or not len(a) for a, b in zip(sa, sb)):
+                continue
+            ratio, lo, hi = paired_ratio_ci(np.concatenate(sa), np.concatenate(sb))
+            if max(points) < 1 and hi < 1 and ratio <= 1 - min_gain and (best is None or ratio < best["ratio"]):
+                best = {"path": path, "ratio": ratio, "lo": lo, "hi": hi, "worst_run": max(points), "runs": len(groups)}
+        if best is not None:
+            out[key] = best
     return out

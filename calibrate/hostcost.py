@@ -1,8 +1,9 @@
 """(GPU) Host time per call of the dispatcher and the lean FlashInfer calls against F.linear, interleaved as the
 sweep does it (blocks of 50 calls alternating, the GPU kept busy under each block).
 
-1. Above every range of the table (where the dispatcher runs F.linear): dispatch.linear and a bound layer
-   (dispatch.bind) against F.linear, per catalog shape; the target is the median ratio over shapes.
+1. Above every range of the table (where the dispatcher runs F.linear): dispatch.linear and the bound layers
+   (dispatch.bind: the Python layer, and where built the C++ layer, also with the GIL held through the launch)
+   against F.linear, per catalog shape; the target is the median ratio over shapes.
 2. At a low M where a lean call can run: the lean call and FlashInfer's public call against F.linear."""
 from __future__ import annotations
 
@@ -28,6 +29,22 @@ LEAN_M = 8
 BIND_AT_LEAN_M = "dispatch.bind (the table's eager choice)"
 
 
+def bound_layers(w) -> dict[str, object]:
+    """The bound layers to time for a weight: 'dispatch.bind [Python]', and where the C++ layer is built
+    'dispatch.bind [C++]' and 'dispatch.bind [C++, GIL held]' (the same layer not releasing the GIL for the launch,
+    which F.linear releases: what that costs on this host)."""
+    layers = {"dispatch.bind [Python]": dispatch.bind(w, native=False)}
+    from dispatch import native
+    mod = native.module()
+    if mod is not None:
+        layers["dispatch.bind [C++]"] = layer = dispatch.bind(w, native=True)
+        python, entries = dispatch._python_layer(w, None)
+        layers["dispatch.bind [C++, GIL held]"] = mod.BoundLinear(w, None, entries or dispatch._no_kernel, python,
+                                                                 release_gil=False)
+        assert dispatch.layer_kind(layer) == "C++"
+    return layers
+
+
 def run_host_cost(profile_name: str, calls: int, out: Path | None) -> int:
     require_cuda()
     import torch
@@ -38,7 +55,7 @@ def run_host_cost(profile_name: str, calls: int, out: Path | None) -> int:
     table = load_table(profile_name)
     dispatch.configure(table)
     rows = ["part,n,k,m,path,host_us,f_linear_host_us,ratio"]
-    above: dict[str, list[float]] = {"dispatch.linear": [], "dispatch.bind": []}
+    above: dict[str, list[float]] = {}
     try:
         for shape in catalog():
             m = max(table.threshold(shape.n, shape.k) + 1, 64)
@@ -47,17 +64,20 @@ def run_host_cost(profile_name: str, calls: int, out: Path | None) -> int:
                 continue
             x = torch.randn(m, shape.k, device="cuda", dtype=torch.bfloat16)
             w = torch.randn(shape.n, shape.k, device="cuda", dtype=torch.bfloat16)
-            bound = dispatch.bind(w)
+            layers = bound_layers(w)
             # as the sweep does: a call whose GPU time dwarfs its host time gets few calls (every call also runs on
             # the GPU, and the blocks wait for it)
             gpu_bound = (estimate_call_us(m, shape.n, shape.k, profile.sizing_tflops, profile.sizing_gbps)
                          >= SweepConfig.gpu_bound_us)
-            host = host_times({"F.linear": lambda: F.linear(x, w), "dispatch.linear": lambda: dispatch.linear(x, w),
-                               "dispatch.bind": lambda: bound(x)}, calls=5 if gpu_bound else 50,
-                              rounds=5 if gpu_bound else max(1, calls // 50))
+            fns = {"F.linear": lambda: F.linear(x, w), "dispatch.linear": lambda: dispatch.linear(x, w)}
+            fns.update({name: (lambda layer=layer: layer(x)) for name, layer in layers.items()})
+            host = host_times(fns, calls=5 if gpu_bound else 50, rounds=5 if gpu_bound else max(1, calls // 50))
             a = host["F.linear"][0]
             line = f"{shape.name:16s} M={m:5d}  F.linear {a:7.2f} µs"
-            for name in above:
+            for name in fns:
+                if name == "F.linear":
+                    continue
+                above.setdefault(name, [])
                 above[name].append(host[name][0] / a)
                 rows.append(f"above,{shape.n},{shape.k},{m},{name},{host[name][0]:.3f},{a:.3f},{host[name][0] / a:.4f}")
                 line += f"  {name} {host[name][0]:7.2f} µs ({host[name][0] / a:.3f})"
@@ -66,12 +86,14 @@ def run_host_cost(profile_name: str, calls: int, out: Path | None) -> int:
         for shape in catalog():
             x = torch.randn(LEAN_M, shape.k, device="cuda", dtype=torch.bfloat16)
             w = torch.randn(shape.n, shape.k, device="cuda", dtype=torch.bfloat16)
-            bound = dispatch.bind(w)
+            layers = bound_layers(w)
             device, align = w.get_device(), BACKENDS[profile.low_m_backend].align_bytes
             # the bound layer's own per-call pieces, to set against its excess over the lean call it runs: the
             # capture test it calls (the hooked counter) and the CUDA query it replaced, and the activation checks
             # (here as a function call; the bound layer inlines them)
-            fns = {"F.linear": lambda: F.linear(x, w), BIND_AT_LEAN_M: lambda: bound(x),
+            fns = {"F.linear": lambda: F.linear(x, w),
+                   **{f"{BIND_AT_LEAN_M} {name[len('dispatch.bind '):]}": (lambda layer=layer: layer(x))
+                      for name, layer in layers.items()},
                    "part: capture test (hooks)": capture.hooked_flag,
                    "part: capture query (CUDA)": capture.cuda_query,
                    "part: activation check": lambda: input_ok(x, device, align)}
@@ -100,7 +122,7 @@ def run_host_cost(profile_name: str, calls: int, out: Path | None) -> int:
     print("host time over F.linear's, median over catalog shapes [min, max]:")
     for name, r in {**{f"{k} above every range": v for k, v in above.items()}, **lean_ratios}.items():
         print(f"  {name:40s} {np.median(r):.3f} [{min(r):.3f}, {max(r):.3f}] ({len(r)} shapes)")
-    if not above["dispatch.linear"]:
+    if not above.get("dispatch.linear"):
         raise HarnessError("no catalog shape has an M above every range of the table to time")
     worst = max(above["dispatch.linear"])
     print(f"worst dispatch.linear/F.linear host-time ratio above every range: {worst:.3f} (bound {WORST_BOUND})")

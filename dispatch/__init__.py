@@ -22,8 +22,8 @@ from dispatch.backends import ATEN, BACKENDS, backend_of, is_lean
 from dispatch.profiles import detect_profile, this_gpu
 from dispatch.table import REGIMES, ThresholdTable, load_table
 
-__all__ = ["bind", "linear", "op", "ThresholdTable", "load_table", "configure", "reset", "is_capturing",
-           "capture_signal"]
+__all__ = ["bind", "layer_kind", "linear", "op", "ThresholdTable", "load_table", "configure", "reset",
+           "is_capturing", "capture_signal"]
 
 Kernel = Callable[[Any, Any, Any], Any]  # (x2d, weight, bias) -> y2d
 _FORCED: ThresholdTable | None = None
@@ -206,11 +206,12 @@ CHOICES_KEPT = 4096  # activation shapes remembered per layer rule; at the cap t
 _LAYER_RULES: dict[tuple, tuple[dict, Callable]] = {}  # (device, weight shape, eligible kernels) -> (choices, choose)
 
 
-def _layer_rule(device: int, weight: Any, bias: Any) -> tuple[dict, Callable] | None:
+def _layer_rule(device: int, weight: Any, bias: Any) -> tuple[dict, Callable, Callable] | None:
     """What every bound layer of one weight shape (and one kernel eligibility) shares: a memory of activation shape
-    -> choice, and the function that fills it. The choice depends on the shape alone (M, and whether the last dim
-    is K): per regime the kernel entry (its `into` call, its alignment) or None for F.linear, the 2-D views of an
-    N-D input and output, and the output shape. None where no kernel of the table takes this weight."""
+    -> choice, the function that fills it, and the per-regime kernel entries at an M (what the C++ layer asks). The
+    choice depends on the shape alone (M, and whether the last dim is K): per regime the kernel entry (its `into`
+    call, its alignment) or None for F.linear, the 2-D views of an N-D input and output, and the output shape. None
+    where no kernel of the table takes this weight."""
     rule = _rule(device, weight)
     n, k = weight.shape[0], weight.shape[1]
     backends = {id(b): b for steps in (rule.graph, rule.eager) for _, kern, b in steps if kern is not None}
@@ -229,6 +230,9 @@ def _layer_rule(device: int, weight: Any, bias: Any) -> tuple[dict, Callable] | 
 
     def at(steps: tuple, m: int) -> tuple | None:
         return next((entry(kernel, backend) for up_to, kernel, backend in steps if m <= up_to), None)
+
+    def entries_at(m: int) -> tuple[tuple | None, tuple | None]:
+        return at(rule.graph, m), at(rule.eager, m)
     choices: dict = {}
 
     def choose(shape: Any) -> tuple:
@@ -238,7 +242,7 @@ def _layer_rule(device: int, weight: Any, bias: Any) -> tuple[dict, Callable] | 
         c = _F_LINEAR
         if len(shape) and numel and shape[-1] == k:
             m = numel // k
-            graph, eager = at(rule.graph, m), at(rule.eager, m)
+            graph, eager = entries_at(m)
             if graph is not None or eager is not None:
                 # where both regimes choose the same kernel entry (one object) the capture test is skipped
                 flat = None if len(shape) == 2 else ((m, k), (m, n))
@@ -247,26 +251,61 @@ def _layer_rule(device: int, weight: Any, bias: Any) -> tuple[dict, Callable] | 
             choices.clear()
         choices[shape] = c
         return c
-    _LAYER_RULES[key] = (choices, choose)
-    return choices, choose
+    _LAYER_RULES[key] = (choices, choose, entries_at)
+    return choices, choose, entries_at
 
 
-def bind(weight: Any, bias: Any = None) -> Callable[[Any], Any]:
+def _no_kernel(m: int) -> tuple[None, None]:
+    return None, None
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def bind(weight: Any, bias: Any = None, native: bool | None = None) -> Callable[[Any], Any]:
     """The dispatcher for one layer, a callable x -> y. Everything that depends on the weight is resolved here: the
     table's ranges, the kernels, and which of them take this weight (one that does not becomes F.linear). Per call:
-    the activation's shape looks up the remembered choice (layers of one weight shape share the memory); where it is
-    F.linear, that is all; where it is a kernel, the capture test where the two regimes differ, the activation's own
-    checks (dtype, contiguity, alignment, device: backends.input_ok, inlined) and the kernel writing into an output
-    of the remembered shape."""
+    the activation's M looks up the remembered choice; where it is F.linear, that is all; where it is a kernel, the
+    capture test where the two regimes differ, the activation's own checks (dtype, contiguity, alignment, device:
+    backends.input_ok, inlined) and the kernel writing into an output of the remembered shape. The Python layer
+    remembers choices per activation shape, shared by the layers of one weight shape; the C++ layer per M, its own.
+
+    native: None (default) returns the C++ layer where it is built (python -m dispatch build-native) and can serve
+    (the capture signal is 'hooks', weight and bias are plain tensors), else the Python layer; False the Python
+    layer; True the C++ layer or a RuntimeError saying why not. Both make the same choices (layer_kind tells which
+    one a layer is)."""
     if weight.dim() != 2:
         raise ValueError(f"dispatch.bind needs a 2-D weight [N, K], got shape {tuple(weight.shape)}")
+    python_layer, entries = _python_layer(weight, bias)
+    if native is False:
+        return python_layer
+    from dispatch import native as native_build
+    mod = native_build.module()
+    why = ("it is not built (python -m dispatch build-native) or BLB_NATIVE=0" if mod is None
+           else f"the capture signal is {_SIGNAL[0]!r} (it keeps the hooks' counter)" if _SIGNAL[0] != "hooks"
+           else "the weight or bias is a tensor subclass" if type(weight) not in _PLAIN
+           or (bias is not None and type(bias) not in _PLAIN) else None)
+    if why is not None:
+        if native:
+            raise RuntimeError(f"dispatch.bind(native=True): no C++ layer, {why}")
+        return python_layer
+    return mod.BoundLinear(weight, bias, entries or _no_kernel, python_layer)
+
+
+def layer_kind(layer: Any) -> str:
+    """'C++' or 'Python': which bound layer dispatch.bind returned."""
+    return "Python" if hasattr(layer, "__code__") else "C++"
+
+
+def _python_layer(weight: Any, bias: Any) -> tuple[Callable[[Any], Any], Callable | None]:
+    """The Python bound layer, and the per-M kernel entries for the C++ layer (None: F.linear at every M)."""
     device = weight.get_device()
     shared = _layer_rule(device, weight, bias)
     if shared is None:  # F.linear at every M in both regimes (no range, or no kernel takes this weight or bias)
         def f_linear_only(x: Any) -> Any:
             return _f_linear(x, weight, bias)
-        return f_linear_only
-    choices, choose = shared
+        return f_linear_only, None
+    choices, choose, entries_at = shared
     remembered, f_linear, capturing, once, bf16 = choices.get, _f_linear, _capturing, _F_LINEAR, torch.bfloat16
 
     # One function, no helper call on the way to the kernel: every step here is host time per call.
@@ -286,7 +325,7 @@ def bind(weight: Any, bias: Any = None) -> Callable[[Any], Any]:
         else:
             use[0](x.view(flat[0]), weight, out.view(flat[1]))
         return out
-    return bound_linear
+    return bound_linear, entries_at
 
 
 def op():

@@ -27,6 +27,17 @@ class _Captures(threading.local):
 
 
 _CAPTURES = _Captures()
+_LISTENERS: list[tuple[Callable[[], Any], Callable[[], Any]]] = []  # (enter, exit): other counters kept alike
+
+
+def add_listener(enter: Callable[[], Any], exit_: Callable[[], Any]) -> None:
+    """Counters kept beside this one (the C++ bound layer's, dispatch/native.py), told of every capture begun and
+    ended from now on; brought up to this thread's open captures at once."""
+    if any(e is enter for e, _ in _LISTENERS):
+        return
+    _LISTENERS.append((enter, exit_))
+    for _ in range(_CAPTURES.depth):
+        enter()
 # C-level callables, no Python frame per call: the counter (truthy while capturing) and CUDA's own answer
 hooked_flag: Callable[[], Any] = functools.partial(getattr, _CAPTURES, "depth")
 # (a CPU-only torch has a stand-in that raises: never capturing there)
@@ -48,13 +59,18 @@ def install(cls: Any = None) -> bool:
     def capture_begin(self, *args, **kwargs):
         begin(self, *args, **kwargs)
         _CAPTURES.depth += 1  # only once the capture has really begun
+        for enter, _ in _LISTENERS:
+            enter()
 
     @functools.wraps(end)
     def capture_end(self, *args, **kwargs):
         try:
             return end(self, *args, **kwargs)
         finally:  # a capture that failed has ended too
-            _CAPTURES.depth = max(0, _CAPTURES.depth - 1)
+            if _CAPTURES.depth > 0:
+                _CAPTURES.depth -= 1
+                for _, exit_ in _LISTENERS:
+                    exit_()
     setattr(capture_begin, _MARK, True)
     setattr(capture_end, _MARK, True)
     cls.capture_begin, cls.capture_end = capture_begin, capture_end

@@ -32,3 +32,30 @@ def gpu_profile():
     if profile is None:
         pytest.skip(f"no GPU profile for {name} (SM{sm}); add one in dispatch/profiles.py")
     return profile
+
+
+@pytest.fixture(scope="session")
+def native_module(tmp_path_factory):
+    """The C++ bound layer (dispatch/bound_linear.cpp), built for this torch into a session folder: the same build
+    `python -m dispatch build-native` makes. Skips, saying why, only where no C++ compiler is installed. Loading it
+    registers its capture counter with the hooks; dispatch.bind is not switched to it (a test that wants it patches
+    dispatch.native.module), so other tests keep whatever this machine has built."""
+    import os
+    import shutil
+    if shutil.which("c++") is None:
+        pytest.skip("no C++ compiler (c++) to build the C++ bound layer with")
+    from dispatch import native
+    old = os.environ.get("BLB_NATIVE_DIR")
+    os.environ["BLB_NATIVE_DIR"] = str(tmp_path_factory.mktemp("native"))
+    try:
+        native.build()
+        native.forget()
+        mod = native.module()
+        native.forget()
+    finally:
+        if old is None:
+            os.environ.pop("BLB_NATIVE_DIR")
+        else:
+            os.environ["BLB_NATIVE_DIR"] = old
+    assert mod is not None, "built, but the C++ bound layer does not load"
+    return mod

@@ -256,17 +256,34 @@ def _fake_rule_table():
                           {(16, 64): {"graph": ((32, "flashinfer-lean:tinygemm"),), "eager": ()}})
 
 
-@pytest.fixture
-def fake_gpu_dispatch(monkeypatch):
-    """The dispatcher on CPU tensors as if they were on an SM90 GPU: a fake kernel that records its calls, a
-    capture flag the test sets, and a backend rule that accepts CPU weights (a CPU activation is on the weight's
-    'device' -1, so the bound layer's own activation checks apply unchanged)."""
+class _Capturing(dict):
+    """The fixture's capture flag: the Python layer reads state["capturing"]; the C++ layer keeps its own counter,
+    which the hooks' listener would move (dispatch/capture.py), moved here alike."""
+
+    def __init__(self, mod):
+        super().__init__(capturing=False)
+        self.mod = mod
+
+    def __setitem__(self, key, value):
+        if self.mod is not None and key == "capturing" and bool(value) != bool(self.get(key)):
+            (self.mod.capture_enter if value else self.mod.capture_exit)()
+        super().__setitem__(key, value)
+
+
+@pytest.fixture(params=["Python", "C++"])
+def fake_gpu_dispatch(request, monkeypatch):
+    """The dispatcher on CPU tensors as if they were on an SM90 GPU, with each bound layer (Python, C++): a fake
+    kernel that records its calls, a capture flag the test sets, and a backend rule that accepts CPU weights (a CPU
+    activation is on the weight's 'device' -1, so the bound layer's own activation checks apply unchanged)."""
     import torch
 
     import dispatch
+    from dispatch import native
     from dispatch.backends import BACKENDS
+    mod = request.getfixturevalue("native_module") if request.param == "C++" else None
+    monkeypatch.setattr(native, "module", lambda: mod)
     calls = []
-    state = {"capturing": False}
+    state = _Capturing(mod)
 
     def kernel(x, w, bias):
         calls.append(tuple(x.shape))
@@ -284,6 +301,7 @@ def fake_gpu_dispatch(monkeypatch):
     monkeypatch.setattr(type(tiny), "accepts_weight", lambda self, w, b, sm: b is None and w.dtype == torch.bfloat16)
     dispatch.reset()
     yield dispatch, calls, state
+    state["capturing"] = False
     dispatch.reset()
 
 
@@ -294,6 +312,7 @@ def test_bound_layer_switches_regime_with_the_capture_flag(fake_gpu_dispatch):
     w = torch.randn(16, 64, dtype=torch.bfloat16)
     x = torch.randn(2, 4, 64, dtype=torch.bfloat16)  # M = 8
     layer = dispatch.bind(w)
+    assert dispatch.layer_kind(layer) == ("C++" if state.mod else "Python")
     assert torch.equal(layer(x), F.linear(x, w)) and calls == []  # eager: F.linear
     state["capturing"] = True
     y = layer(x)
@@ -309,7 +328,8 @@ def test_bound_layer_switches_regime_with_the_capture_flag(fake_gpu_dispatch):
     other = torch.randn(32, 64, dtype=torch.bfloat16)  # a shape the table has no ranges for: F.linear
     dispatch.bind(other)(x)
     assert len(calls) == 2
-    assert with_bias.__name__ == dispatch.bind(other).__name__ == "f_linear_only" != layer.__name__
+    python = [dispatch.bind(v, b, native=False) for v, b in ((w, bias), (other, None), (w, None))]
+    assert [p.__name__ for p in python] == ["f_linear_only", "f_linear_only", "bound_linear"]
     with pytest.raises(ValueError, match="2-D weight"):
         dispatch.bind(torch.randn(4, dtype=torch.bfloat16))
 
@@ -397,14 +417,15 @@ def test_the_dispatcher_uses_the_hooked_capture_counter_and_can_switch_to_the_cu
 
 
 def test_bound_layers_of_one_shape_share_a_bounded_memory_of_choices(fake_gpu_dispatch, monkeypatch):
-    """The choice is remembered per activation shape and shared by the layers of one weight shape; a shape whose
-    last dim is not K goes to F.linear (and its error); at the cap the memory starts over and still answers right."""
+    """The Python layer's choice is remembered per activation shape and shared by the layers of one weight shape; a
+    shape whose last dim is not K goes to F.linear (and its error); at the cap the memory starts over and still
+    answers right. (The C++ layer's memory: test_the_cpp_layer_remembers_choices_per_m.)"""
     import torch
     import torch.nn.functional as F
     dispatch, calls, state = fake_gpu_dispatch
     state["capturing"] = True
     w1, w2 = torch.randn(16, 64, dtype=torch.bfloat16), torch.randn(16, 64, dtype=torch.bfloat16)
-    a, b = dispatch.bind(w1), dispatch.bind(w2)
+    a, b = dispatch.bind(w1, native=False), dispatch.bind(w2, native=False)
     x = torch.randn(8, 64, dtype=torch.bfloat16)
     a(x)
     b(x)
@@ -416,7 +437,7 @@ def test_bound_layers_of_one_shape_share_a_bounded_memory_of_choices(fake_gpu_di
     assert len(calls) == 2
     monkeypatch.setattr(dispatch, "CHOICES_KEPT", 3)
     dispatch.reset()
-    c = dispatch.bind(w1)
+    c = dispatch.bind(w1, native=False)
     for m in (1, 2, 3, 4, 64, 5):
         xm = torch.randn(m, 64, dtype=torch.bfloat16)
         y = c(xm)
@@ -532,3 +553,120 @@ def test_the_host_cost_figures_of_the_readme_come_from_the_committed_runs():
     ratio = pd.read_csv(DATA / "h200-host-cost" / "host-cost-8.csv").query("part == 'lean'")
     bind = ratio[ratio["path"] == "dispatch.bind (the table's eager choice)"]["ratio"]
     assert round(bind.median(), 3) == 0.659
+
+
+def test_the_cpp_layer_remembers_choices_per_m_and_hands_the_rest_to_the_python_layer(native_module):
+    """The C++ bound layer (dispatch/bound_linear.cpp) on CPU tensors with a decide() of its own: decide is asked
+    once per M and the answer kept (at most 4096 M, then the memory starts over); the regime follows its capture
+    counter; an N-D input reaches the kernel as [M, K] and comes back [..., N]; keyword arguments, a tensor subclass
+    and a torch function mode go to the Python layer (F.linear honours the last two, at::linear would not); a
+    kernel's error and a bad decide() answer surface as Python errors; with or without the GIL released, the same."""
+    import torch
+    import torch.nn.functional as F
+    from torch.overrides import TorchFunctionMode
+    mod = native_module
+    w = torch.randn(16, 64, dtype=torch.bfloat16)
+    asked, ran, fell = [], [], []
+
+    def into(x, weight, out):
+        assert weight is w and out.shape == (x.shape[0], 16) and x.dim() == 2
+        ran.append(x.shape[0])
+        out.fill_(7.0)
+    kernel = (into, 16)
+
+    def decide(m):
+        asked.append(m)
+        return (kernel if m <= 32 else None), (kernel if m <= 4 else None)
+
+    def fallback(x, *args, **kwargs):
+        fell.append(type(x).__name__)
+        return F.linear(x, w)
+
+    class Passthrough(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+    for release in (True, False):
+        asked.clear(), ran.clear(), fell.clear()
+        layer = mod.BoundLinear(w, None, decide, fallback, release_gil=release)
+        x8 = torch.randn(2, 4, 64, dtype=torch.bfloat16)
+        assert torch.equal(layer(x8), F.linear(x8, w)) and ran == []  # eager at M = 8: F.linear
+        mod.capture_enter()
+        try:
+            assert mod.capture_depth() == 1
+            y = layer(x8)
+            assert y.shape == (2, 4, 16) and bool((y == 7).all()) and ran == [8]  # graph: the kernel
+        finally:
+            mod.capture_exit()
+        mod.capture_exit()  # one too many: the counter stays at 0
+        assert mod.capture_depth() == 0
+        assert bool((layer(torch.randn(3, 64, dtype=torch.bfloat16)) == 7).all())  # eager at M = 3: the kernel
+        assert asked == [8, 3] and layer.remembered() == {8: (1, 0), 3: (1, 1)}
+        assert torch.equal(layer(x=x8), F.linear(x8, w)) and fell == ["Tensor"]  # a keyword: the Python layer
+        param = torch.nn.Parameter(x8.clone())
+        layer(param)
+        with Passthrough():
+            layer(x8)
+        assert fell == ["Tensor", "Parameter", "Tensor"] and asked == [8, 3]
+        with pytest.raises(RuntimeError, match="cannot be multiplied|shapes"):
+            layer(torch.randn(3, 32, dtype=torch.bfloat16))  # F.linear's own error
+    for m in range(1, 4099):  # 4096 M not yet remembered: the memory fills up and starts over once
+        layer(torch.zeros(m, 64, dtype=torch.bfloat16))
+    assert len(asked) == 2 + 4096 and layer.remembered() == {4097: (0, 0), 4098: (0, 0)}
+
+    def broken(x, weight, out):
+        raise ValueError("the kernel failed")
+    bad = mod.BoundLinear(w, None, lambda m: ((broken, 16), (broken, 16)), fallback)
+    with pytest.raises(ValueError, match="the kernel failed"):
+        bad(torch.randn(3, 64, dtype=torch.bfloat16))
+    for answer in ("kernel", ((into, 0), None), (None,)):
+        with pytest.raises(TypeError, match="decide"):
+            mod.BoundLinear(w, None, lambda m: answer, fallback)(torch.randn(3, 64, dtype=torch.bfloat16))
+    with pytest.raises(TypeError, match="tensors"):
+        mod.BoundLinear("w", None, decide, fallback)
+
+
+def test_bind_returns_the_cpp_layer_where_it_can_serve(native_module, monkeypatch):
+    """dispatch.bind's native switch: the C++ layer when built and the capture signal is the hooks' counter, the
+    Python layer with native=False, with the CUDA query as signal, or for a tensor subclass weight; native=True says
+    why not. The hooks move the C++ layer's counter as they move their own (capture.add_listener)."""
+    import torch
+
+    import dispatch
+    from dispatch import capture, native
+    w = torch.randn(16, 64, dtype=torch.bfloat16)
+    monkeypatch.setattr(native, "module", lambda: native_module)
+    assert dispatch.layer_kind(dispatch.bind(w)) == "C++" == dispatch.layer_kind(dispatch.bind(w, native=True))
+    assert dispatch.layer_kind(dispatch.bind(torch.nn.Parameter(w))) == "C++"
+    assert dispatch.layer_kind(dispatch.bind(w, native=False)) == "Python"
+
+    class Sub(torch.Tensor):
+        pass
+    assert dispatch.layer_kind(dispatch.bind(w.as_subclass(Sub))) == "Python"
+    with pytest.raises(RuntimeError, match="subclass"):
+        dispatch.bind(w.as_subclass(Sub), native=True)
+    try:
+        dispatch.capture_signal("query")
+        assert dispatch.layer_kind(dispatch.bind(w)) == "Python"
+        with pytest.raises(RuntimeError, match="capture signal"):
+            dispatch.bind(w, native=True)
+    finally:
+        dispatch.capture_signal("hooks")
+    monkeypatch.setattr(native, "module", lambda: None)
+    with pytest.raises(RuntimeError, match="not built"):
+        dispatch.bind(w, native=True)
+
+    class Graph:
+        def capture_begin(self):
+            pass
+
+        def capture_end(self):
+            pass
+    capture.install(Graph)
+    capture.add_listener(native_module.capture_enter, native_module.capture_exit)
+    g = Graph()
+    g.capture_begin()
+    try:
+        assert native_module.capture_depth() == 1 == capture.hooked_flag()
+    finally:
+        g.capture_end()
+    assert native_module.capture_depth() == 0 == capture.hooked_flag()

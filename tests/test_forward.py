@@ -222,10 +222,13 @@ def test_the_committed_table_on_its_out_of_sample_run_and_its_measured_forward(c
     of nominal; its two measured forwards (h200-bound-forward-4 and -5, fresh processes on one lease): the verdicts
     that fail, and, beside them, the table's choices called without the bound layer (table-direct), which are within
     the margin of the best path wherever the dispatcher fails eagerly below the capture size: the bound layer's
-    per-call cost is the gap there."""
+    per-call cost is the gap there. That table was committed at 107eae0 and measured by h200-bound-forward-4..7
+    (tests/data/h200-table-107eae0.json, the table.json those runs kept); the table now committed is refitted with
+    those runs (--table-forward) and validated on later runs."""
     from calibrate.__main__ import main
     from calibrate.forward_model import _paired, forward_verdicts
     assert main(["validate", str(DATA / "h200-fit2-validate"), "--replicate", str(DATA / "h200-lean-validate"),
+                 "--thresholds", str(DATA / "h200-table-107eae0.json"),
                  "--forward", str(DATA / "h200-bound-forward-4")]) == 1
     out = capsys.readouterr().out
     assert "M values the fit never saw: 24, 40, 48, 56, 96, 1031, 6144" in out
@@ -340,3 +343,23 @@ def test_picks_and_boundness_must_hold_in_every_forward_run():
     assert picks_in_every_run(runs[:1], candidates, 0.01) == alone[0]
     assert gpu_bound_from(runs[2])["Qwen3.5-35B-A3B"] == 1031
     assert gpu_bound_in_every_run(runs) == {"Qwen3.5-35B-A3B": 4096, "Qwen3.5-4B": 512}
+
+
+def test_overrides_come_from_forwards_that_ran_this_tables_own_choices():
+    """calibrate fit --table-forward: against the table those runs measured (107eae0, table-direct rows checked by
+    their paths_used), lean cuBLASLt everywhere beat its choices in all four runs and by more than 1% pooled at five
+    (model, M), all large M or 35B-A3B M = 512 in the graph regime; against the refitted table the same runs ran
+    other choices at exactly those five, so they are no evidence there (and no override is found again)."""
+    from calibrate.forward_model import overrides_over_the_table
+    from dispatch.profiles import get_profile
+    profile = get_profile("h200")
+    runs = [load_forward(DATA / f"h200-bound-forward-{r}") for r in (4, 5, 6, 7)]
+    candidates = ["aten", "flashinfer-lean:cublaslt", "flashinfer-lean:tinygemm"]
+    old = load_table(path=DATA / "h200-table-107eae0.json")
+    found = overrides_over_the_table(runs, old, profile, candidates, 0.01)
+    big, small = "Qwen3.5-35B-A3B", "Qwen3.5-4B"
+    assert sorted(found) == [(big, 512), (big, 4096), (big, 16384), (small, 4096), (small, 16384)]
+    assert {o["path"] for o in found.values()} == {"flashinfer-lean:cublaslt"}
+    assert all(o["runs"] == 4 and o["worst_run"] < 1 and o["hi"] < 1 and o["ratio"] <= 0.99 for o in found.values())
+    assert round(found[(big, 512)]["ratio"], 3) == 0.989
+    assert overrides_over_the_table(runs, load_table("h200"), profile, candidates, 0.01) == {}

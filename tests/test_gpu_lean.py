@@ -105,13 +105,22 @@ def _two_regime_table(profile, n, k):
                           {(n, k): {"graph": ((32, lean_path(profile.low_m_backend)),), "eager": ()}})
 
 
-def test_the_dispatcher_switches_regime_with_capture(gpu_profile):
+def _layer_kind(request, monkeypatch, kind: str) -> None:
+    """dispatch.bind returns this bound layer: 'Python', or 'C++' built for this session (conftest.native_module)."""
+    from dispatch import native
+    mod = request.getfixturevalue("native_module") if kind == "C++" else None
+    monkeypatch.setattr(native, "module", lambda: mod)
+
+
+@pytest.mark.parametrize("kind", ["Python", "C++"])
+def test_the_dispatcher_switches_regime_with_capture(gpu_profile, kind, request, monkeypatch):
     """One table, two regimes: captured, the call runs the lean low-M kernel (its bits, not F.linear's); eager,
-    F.linear (its bits). The two references differ, so each comparison can fail."""
+    F.linear (its bits). The two references differ, so each comparison can fail. Both bound layers."""
     import torch
     import torch.nn.functional as F
 
     import dispatch
+    _layer_kind(request, monkeypatch, kind)
     from dispatch.backends import BACKENDS
     from dispatch.lean import lean_call
     n, k = 2048, 4096
@@ -124,6 +133,7 @@ def test_the_dispatcher_switches_regime_with_capture(gpu_profile):
         assert not torch.equal(ref_low, ref_aten), "the two kernels gave the same bits; pick other inputs"
         assert torch.equal(dispatch.linear(x, w), ref_aten)
         layer = dispatch.bind(w)
+        assert dispatch.layer_kind(layer) == kind
         assert torch.equal(layer(x), ref_aten)
         for fn in (lambda: dispatch.linear(x, w), lambda: layer(x)):
             g = torch.cuda.CUDAGraph()
@@ -139,16 +149,19 @@ def test_the_dispatcher_switches_regime_with_capture(gpu_profile):
         dispatch.reset()
 
 
-def test_bound_layers_fall_back_on_inputs_the_kernel_cannot_take(gpu_profile):
+@pytest.mark.parametrize("kind", ["Python", "C++"])
+def test_bound_layers_fall_back_on_inputs_the_kernel_cannot_take(gpu_profile, kind, request, monkeypatch):
     import torch
     import torch.nn.functional as F
 
     import dispatch
+    _layer_kind(request, monkeypatch, kind)
     n, k = 2048, 4096
     dispatch.configure(_two_regime_table(gpu_profile, n, k))
     try:
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)
         layer = dispatch.bind(w)
+        assert dispatch.layer_kind(layer) == kind
         xt = torch.randn(k, 8, device="cuda", dtype=torch.bfloat16).t()  # not contiguous
         xs = torch.randn(8 * k + 1, device="cuda", dtype=torch.bfloat16)[1:].view(8, k)  # 2-byte aligned
         xf = torch.randn(8, k, device="cuda", dtype=torch.float32)
@@ -204,7 +217,7 @@ def test_the_custom_op_under_torch_compile_and_graph_capture(gpu_profile):
         dispatch.reset()
 
 
-def test_the_hooked_capture_counter_agrees_with_cuda_in_every_capture(gpu_profile, monkeypatch):
+def test_the_hooked_capture_counter_agrees_with_cuda_in_every_capture(gpu_profile, monkeypatch, native_module):
     """The dispatcher's capture test (the counter that hooks on torch.cuda.CUDAGraph keep) against CUDA's own answer
     on every call the dispatcher makes: eager, inside torch.cuda.graph, after a capture left by an exception, and inside the
     captures torch.compile(mode='reduce-overhead') makes itself, whose replay must run the graph regime's kernel."""
@@ -218,9 +231,10 @@ def test_the_hooked_capture_counter_agrees_with_cuda_in_every_capture(gpu_profil
     n, k = 2048, 4096
     seen = []
 
-    def both():
+    def both():  # the C++ bound layer's counter (moved by the same hooks) must agree too
         pair = (bool(capture.hooked_flag()), bool(capture.cuda_query()))
         seen.append(pair)
+        assert bool(native_module.capture_depth()) == pair[0]
         return pair[0]
     monkeypatch.setattr(dispatch, "_capturing", both)
     dispatch.configure(_two_regime_table(gpu_profile, n, k))

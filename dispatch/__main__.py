@@ -1,0 +1,47 @@
+"""python -m dispatch build-native | native-status"""
+from __future__ import annotations
+
+import shutil
+import sys
+from typing import Sequence
+
+from harness.cli import Parser
+from harness.console import divert_noise, terminal
+from harness.errors import HarnessError, run_cli
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = Parser(prog="python -m dispatch", description="The dispatcher's C++ bound layer (dispatch/native.py).")
+    sub = parser.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("build-native", help="compile the C++ bound layer for this torch and Python (about a minute)")
+    b.add_argument("--verbose", action="store_true", help="show the compiler's output")
+    sub.add_parser("native-status", help="where the C++ bound layer is looked for, and whether it loads")
+    args = parser.parse_args(argv)
+    from dispatch import native
+    if args.command == "native-status":
+        mod = native.module()
+        state = "loads" if mod is not None else ("turned off (BLB_NATIVE=0)" if not native.enabled()
+                                                  else "not built" if not native.library().exists() else "does not load")
+        print(f"{native.library()}: {state}")
+        return 0 if mod is not None else 1
+    missing = [tool for tool in ("c++", "ninja") if shutil.which(tool) is None]
+    if missing:
+        raise HarnessError(f"building the C++ bound layer needs {' and '.join(missing)} on PATH; install them "
+                           f"(e.g. apt install g++ ninja-build, or pip install ninja) and run this again")
+    if not args.verbose:
+        divert_noise(native.build_dir().parent / "build-log.txt")
+    try:
+        path = native.build(verbose=args.verbose)
+    except Exception as exc:  # the compiler's own output is in the log
+        where = "above" if args.verbose else f"in {native.build_dir().parent / 'build-log.txt'}"
+        raise HarnessError(f"the C++ bound layer did not build ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__}); "
+                           f"the compiler's output is {where}") from None
+    native.forget()
+    if native.module() is None:
+        raise HarnessError(f"{path} was built but does not load; run python -m dispatch native-status")
+    print(f"built {path}; dispatch.bind now returns the C++ layer", file=terminal())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(run_cli(main, "python -m dispatch"))

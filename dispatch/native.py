@@ -1,0 +1,79 @@
+"""dispatch.bind's bound layer in C++ (dispatch/bound_linear.cpp): built once per machine and torch, loaded if built.
+
+`python -m dispatch build-native` compiles it with torch's extension builder (a C++ compiler and ninja; about a
+minute) into a folder per (torch, Python, source) under ~/.cache/bf16-linear-bench/native, or $BLB_NATIVE_DIR.
+`dispatch.bind` then returns the C++ layer wherever it can (the capture signal is the hooks' counter, the weight and
+bias are plain tensors or parameters); without a build it returns the Python layer, with the same choices.
+BLB_NATIVE=0 turns it off. Nothing is compiled at import or at bind: a model never waits for a compiler.
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib.machinery
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import torch
+
+NAME = "blb_bound_linear"
+SOURCE = Path(__file__).with_name("bound_linear.cpp")
+_LOADED: list[ModuleType | None] = []  # [module or None] once looked up
+
+
+def enabled() -> bool:
+    return os.environ.get("BLB_NATIVE", "1") != "0"
+
+
+def build_dir() -> Path:
+    """One folder per source, torch and Python: a build for another torch is never loaded."""
+    root = Path(os.environ.get("BLB_NATIVE_DIR") or Path.home() / ".cache" / "bf16-linear-bench" / "native")
+    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
+    tag = f"torch{torch.__version__}-py{sys.version_info[0]}{sys.version_info[1]}-{digest}".replace("+", "_")
+    return root / tag
+
+
+def library() -> Path:
+    return build_dir() / f"{NAME}.so"
+
+
+def build(verbose: bool = False) -> Path:
+    """Compiles the layer (incremental: ninja rebuilds only a changed source) and returns the library's path."""
+    from torch.utils.cpp_extension import load
+    folder = build_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    load(name=NAME, sources=[str(SOURCE)], build_directory=str(folder), extra_cflags=["-O2"], verbose=verbose,
+         with_cuda=False)
+    _LOADED.clear()
+    return library()
+
+
+def module() -> ModuleType | None:
+    """The built layer's module, or None (not built, turned off, or built against something else: said once)."""
+    if _LOADED:
+        return _LOADED[0]
+    mod = None
+    path = library()
+    if enabled() and path.exists():
+        try:
+            spec = importlib.util.spec_from_file_location(
+                NAME, path, loader=importlib.machinery.ExtensionFileLoader(NAME, str(path)))
+            mod = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(mod)
+        except (ImportError, OSError) as exc:
+            from dispatch.lean import warn_once
+            warn_once("native", f"the C++ bound layer at {path} does not load ({exc}); dispatch.bind runs the Python "
+                                f"layer (rebuild: python -m dispatch build-native)")
+            mod = None
+        if mod is not None:
+            from dispatch import capture
+            capture.add_listener(mod.capture_enter, mod.capture_exit)
+    _LOADED.append(mod)
+    return mod
+
+
+def forget() -> None:
+    """Look the library up again at the next bind (tests, and after a build)."""
+    _LOADED.clear()
