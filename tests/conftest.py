@@ -36,8 +36,8 @@ def gpu_profile():
 
 @pytest.fixture(scope="session")
 def native_module(tmp_path_factory):
-    """The C++ bound layer (dispatch/bound_linear.cpp), built for this torch into a session folder: the same build
-    `python -m dispatch build-native` makes. Skips, saying why, only where no C++ compiler is installed. Loading it
+    """The C++ bound layer (dispatch/bound_linear.cpp), built for this torch into a session folder (or into
+    $BLB_NATIVE_DIR where that is set, reusing its build): the same build `python -m dispatch build-native` makes. Skips, saying why, only where no C++ compiler is installed. Loading it
     registers its capture counter with the hooks; dispatch.bind is not switched to it (a test that wants it patches
     dispatch.native.module), so other tests keep whatever this machine has built."""
     import os
@@ -46,7 +46,7 @@ def native_module(tmp_path_factory):
         pytest.skip("no C++ compiler (c++) to build the C++ bound layer with")
     from dispatch import native
     old = os.environ.get("BLB_NATIVE_DIR")
-    os.environ["BLB_NATIVE_DIR"] = str(tmp_path_factory.mktemp("native"))
+    os.environ["BLB_NATIVE_DIR"] = old or str(tmp_path_factory.mktemp("native"))
     try:
         native.build()
         native.forget()
