@@ -15,7 +15,7 @@ from typing import Any, Callable
 import dispatch
 from bench.clocks import make_clock
 from bench.envinfo import nvml_clocks, run_info
-from bench.forward_paths import DISPATCH_PYTHON, RULES, TABLE_DIRECT, path_for
+from bench.forward_paths import DISPATCH_PYTHON, LM_HEAD_RULE, RULES, TABLE_DIRECT, path_for
 from bench.gpu import REL_ERR_BOUND, capture_graph, check_output, replay_interleaved
 from bench.paths import ATEN, DISPATCH, PATHS
 from bench.results import finished_rows, rows_to_csv, write_run_json
@@ -308,7 +308,7 @@ def run_forward(cfg: ForwardConfig) -> Path:
     dispatch.tactics_from_table(False)  # the dispatch rule runs this run's tactics, as every other rule does
     info = run_info(cfg.command, kind="forward", profile=cfg.profile.name, models=list(cfg.models), tp=cfg.tp,
                     ms=cfg.ms, paths=cfg.rules, regimes=list(REGIMES), samples=cfg.samples, pdl=cfg.profile.pdl,
-                    decoder_layers=cfg.decoder_layers, lm_head=cfg.lm_head,
+                    decoder_layers=cfg.decoder_layers, lm_head=cfg.lm_head, lm_head_rule=LM_HEAD_RULE,
                     linears={m: len(s) for m, s in seqs.items()}, rules={r: RULES.get(r, "registry path") for r in cfg.rules},
                     table=getattr(cfg.table, "source", {}).get("fitted_from") if cfg.table else None,
                     dispatch_layer=_layer_of_dispatch() if DISPATCH in cfg.rules else None,

@@ -33,6 +33,10 @@ RULES = {
                      "`dispatch` runs the C++ layer where it is built (run.json: dispatch_layer)",
 }
 DEFAULT_RULES = (ATEN, VLLM_FLASHINFER, SEED_FIX, DISPATCH, TABLE_DIRECT)
+# vLLM calls its LM head through dispatch_unquantized_gemm("auto"), which is F.linear on every GPU, so no rule a
+# dispatcher in vLLM could follow changes it: every rule, a registry path run everywhere included, runs it with
+# F.linear. Forward runs from before this (no `lm_head_rule` in run.json) ran registry paths on the LM head too.
+LM_HEAD_RULE = "F.linear under every rule"
 
 
 class Table(Protocol):
@@ -67,15 +71,18 @@ def vllm_flag_choice(low: str, low_m_backend: str, m: int, can_run: Callable[[st
 
 
 def path_for(rule: str, linear: ForwardLinear, m: int, sm: int, profile: GpuProfile, table: Table | None,
-             regime: str = "graph") -> str:
-    """The registry path name one linear runs in a regime; 'aten' wherever the rule's kernel cannot take the linear.
-    Only the dispatcher's choice depends on the regime."""
+             regime: str = "graph", paths_run_lm_head: bool = False) -> str:
+    """The registry path name one linear runs in a regime; 'aten' wherever the rule's kernel cannot take the linear,
+    and on the LM head (LM_HEAD_RULE; `paths_run_lm_head`: as forward runs before it ran registry paths). Only the
+    dispatcher's choice depends on the regime."""
     low = low_m_path(profile)
     if rule not in RULES:
         if rule not in PATHS:
             raise HarnessError(f"unknown forward path {rule!r}; known: {', '.join(known_rules())}")
-        return rule if runnable(rule, sm, linear, m) else ATEN  # a registry path everywhere it can run
-    if rule == ATEN or linear.layer == "lm_head":  # vLLM's LM head always dispatches F.linear
+        if linear.layer == "lm_head" and not paths_run_lm_head:
+            return ATEN
+        return rule if runnable(rule, sm, linear, m) else ATEN  # a registry path everywhere else it can run
+    if rule == ATEN or linear.layer == "lm_head":  # vLLM's LM head always dispatches F.linear (LM_HEAD_RULE)
         return ATEN
     if rule == VLLM_FLASHINFER:
         return vllm_flag_choice(low, profile.low_m_backend, m, lambda p: runnable(p, sm, linear, m))

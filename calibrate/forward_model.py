@@ -63,11 +63,11 @@ def load_forward(path: str | Path, partial: bool = False) -> tuple[pd.DataFrame,
 
 
 def modelled_us(cells: Cells, seq, rule: str, m: int, regime: str, sm: int, profile: GpuProfile,
-                table: ThresholdTable | None) -> float:
+                table: ThresholdTable | None, paths_run_lm_head: bool = False) -> float:
     """The cell-sum model of one forward; NaN where a cell it needs was not measured."""
     total = 0.0
     for lin in seq:
-        path = path_for(rule, lin, m, sm, profile, table, regime)
+        path = path_for(rule, lin, m, sm, profile, table, regime, paths_run_lm_head)
         if not cells.has(lin.n, lin.k, m, path):
             return math.nan
         total += cells.cost(lin.n, lin.k, m, path, regime)
@@ -89,7 +89,8 @@ def model_vs_measured(cells: Cells, forward: pd.DataFrame, info: dict[str, Any],
     for r in forward[forward["status"] == "ok"].itertuples(index=False):
         if r.model not in seqs:
             continue
-        model = modelled_us(cells, seqs[r.model], r.path, int(r.m), r.regime, sm, profile, table)
+        model = modelled_us(cells, seqs[r.model], r.path, int(r.m), r.regime, sm, profile, table,
+                            paths_run_lm_head="lm_head_rule" not in info)
         rows.append({"model": r.model, "m": int(r.m), "path": r.path, "regime": r.regime, "measured_us": r.us,
                      "modelled_us": model, "measured_over_model": r.us / model if model == model else math.nan})
     out = pd.DataFrame(rows)

@@ -132,9 +132,10 @@ def _load_tactics(table: ThresholdTable) -> None:
 
 
 class _ShapeRule:
-    """What the dispatcher does for one weight shape on one device: per regime ((up_to, kernel, backend), ...), and
-    the activation size (M x K elements) above which every regime runs F.linear."""
-    __slots__ = ("limit_numel", "graph", "eager", "sm")
+    """What the dispatcher does for one weight shape on one device: per regime ((up_to, kernel, backend), ...), the
+    activation size (M x K elements) above which every regime runs F.linear, and the activation shapes below it at
+    which both regimes run F.linear (remembered as they come, at most CHOICES_KEPT)."""
+    __slots__ = ("limit_numel", "graph", "eager", "sm", "f_linear_shapes")
 
     def __init__(self, table: ThresholdTable | None, n: int, k: int, sm: int, pdl: bool):
         self.sm = sm
@@ -153,12 +154,17 @@ class _ShapeRule:
             per[regime] = tuple(steps)
         self.graph, self.eager = per["graph"], per["eager"]
         self.limit_numel = limit * k if limit else -1
+        self.f_linear_shapes: dict = {}
 
     def pick(self, m: int) -> tuple[Kernel | None, Any]:
         for up_to, kernel, backend in (self.graph if _capturing() else self.eager):
             if m <= up_to:
                 return kernel, backend
         return None, None
+
+    def f_linear_in_both(self, m: int) -> bool:
+        return all(next((kernel for up_to, kernel, _ in steps if m <= up_to), None) is None
+                   for steps in (self.graph, self.eager))
 
 
 _ALWAYS_ATEN = _ShapeRule(None, 0, 0, 0, False)
@@ -180,10 +186,11 @@ _f_linear = F.linear
 
 
 def linear(x: Any, weight: Any, bias: Any = None) -> Any:
-    # The fast path (above every range: F.linear) is one dict lookup and one comparison; see calibrate host-cost.
+    # The fast path (F.linear in both regimes: above every range, or an activation shape remembered as such) is two
+    # dict lookups and one comparison; see calibrate host-cost.
     rule = _SHAPES.get((x.get_device(), weight.shape)) or _rule(x.get_device(), weight)
     numel = x.numel()
-    if numel > rule.limit_numel:
+    if numel > rule.limit_numel or x.shape in rule.f_linear_shapes:
         return _f_linear(x, weight, bias)
     return _below_limit(x, weight, bias, rule, numel)
 
@@ -193,6 +200,11 @@ def _below_limit(x: Any, weight: Any, bias: Any, rule: _ShapeRule, numel: int) -
         return _f_linear(x, weight, bias)
     k = weight.shape[1]
     m = numel // k
+    if rule.f_linear_in_both(m):  # the table's answer for this shape: remembered, the next call takes the fast path
+        if len(rule.f_linear_shapes) >= CHOICES_KEPT:
+            rule.f_linear_shapes.clear()
+        rule.f_linear_shapes[x.shape] = True
+        return _f_linear(x, weight, bias)
     kernel, backend = rule.pick(m)
     if kernel is None or not backend.accepts(x, weight, bias, rule.sm):
         return _f_linear(x, weight, bias)

@@ -670,3 +670,31 @@ def test_bind_returns_the_cpp_layer_where_it_can_serve(native_module, monkeypatc
     finally:
         g.capture_end()
     assert native_module.capture_depth() == 0 == capture.hooked_flag()
+
+
+def test_dispatch_linear_remembers_shapes_where_both_regimes_run_f_linear(fake_gpu_dispatch, monkeypatch):
+    """Below a later range, an M at which both regimes choose F.linear is remembered by its activation shape: the
+    next call goes to F.linear from the fast path (no range walk; host-cost-10 timed the walk at 1.15x F.linear);
+    an M with a kernel in either regime is never remembered so, and the memory is bounded."""
+    import torch
+    import torch.nn.functional as F
+    dispatch, calls, state = fake_gpu_dispatch
+    table = ThresholdTable("h200", "tinygemm", {"graph": (), "eager": ()},
+                           {(16, 64): {"graph": ((8, "flashinfer-lean:tinygemm"), (16, "aten"),
+                                                 (32, "flashinfer-lean:tinygemm")), "eager": ()}})
+    monkeypatch.setattr(dispatch, "_device", lambda index: (table, 90, True))
+    dispatch.reset()
+    w = torch.randn(16, 64, dtype=torch.bfloat16)
+    rule = dispatch._rule(-1, w)
+    x12, x4 = torch.randn(12, 64, dtype=torch.bfloat16), torch.randn(4, 64, dtype=torch.bfloat16)
+    for _ in range(2):
+        assert torch.equal(dispatch.linear(x12, w), F.linear(x12, w))
+        assert torch.equal(dispatch.linear(x4, w), F.linear(x4, w))  # eager: F.linear, but graph has a kernel
+    assert set(rule.f_linear_shapes) == {(12, 64)} and calls == []
+    state["capturing"] = True
+    assert bool((dispatch.linear(x4, w) == 7).all()) and calls == [(4, 64)]
+    assert torch.equal(dispatch.linear(x12, w), F.linear(x12, w)) and len(calls) == 1
+    monkeypatch.setattr(dispatch, "CHOICES_KEPT", 2)
+    for m in (9, 10, 11):
+        dispatch.linear(torch.randn(m, 64, dtype=torch.bfloat16), w)
+    assert len(rule.f_linear_shapes) <= 2 and len(calls) == 1

@@ -74,7 +74,9 @@ def test_forward_rules_on_the_h200():
     assert path_for("table-direct", lin, 8, 90, H200, both, "graph") == "flashinfer-lean:tinygemm"  # per regime
     assert path_for("table-direct", lin, 8, 90, H200, both, "eager") == "aten"
     assert path_for("table-direct", head, 8, 90, H200, both, "graph") == "aten"
-    assert path_for("flashinfer:tinygemm", head, 8, 90, H200, table) == "flashinfer:tinygemm"  # a registry path: all
+    assert path_for("flashinfer:tinygemm", lin, 8, 90, H200, table) == "flashinfer:tinygemm"  # a registry path...
+    assert path_for("flashinfer:tinygemm", head, 8, 90, H200, table) == "aten"  # ...but not on vLLM's LM head
+    assert path_for("flashinfer:tinygemm", head, 8, 90, H200, table, paths_run_lm_head=True) == "flashinfer:tinygemm"
     b200 = get_profile("b200")
     assert path_for("vllm-flashinfer", lin, 4096, 100, b200, None) == "flashinfer:cute-dsl"  # its own fallback
     with pytest.raises(HarnessError, match="unknown forward path"):
