@@ -97,6 +97,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_fw.add_argument("--no-tune", action="store_true", help="skip FlashInfer's autotuner")
     p_fw.add_argument("--out", default="results/forward", help="output folder (default results/forward)")
     p_fw.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
+    p_fw.add_argument("--order-seed", type=int_in(1, 2 ** 31 - 1),
+                      help="the eager rounds' shuffle (default: a fresh one per run, recorded in run.json)")
+    p_fw.add_argument("--no-settle", action="store_true",
+                      help="time each eager forward without an untimed run of the same forward just before it")
     p_merge = sub.add_parser("merge", help="merge shards of one grid (bench run --shard, or several machines) into one run")
     p_merge.add_argument("shards", nargs="+", help="the shards' results folders")
     p_merge.add_argument("-o", "--out", required=True, help="the merged results folder (must not hold results)")
@@ -147,7 +151,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                             out=output_dir(args.out, "--out"), tp=args.tp, samples=args.samples,
                             decoder_layers=args.layers, lm_head=not args.no_lm_head, tune=not args.no_tune,
                             autotune_cache=_served(args), save_autotune_cache=_saved(args),
-                            resume=args.resume, command=command, quiet=True)
+                            resume=args.resume, command=command, quiet=True, order_seed=args.order_seed,
+                            settle=not args.no_settle)
         sequences(cfg)  # a config that cannot be derived stops here, before the GPU is touched
         run_forward(cfg)
         return 0

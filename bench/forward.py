@@ -56,6 +56,8 @@ class ForwardConfig:
     command: list[str] | None = None
     quiet: bool = False
     table: Any = None  # the dispatcher's threshold table (for the model of the dispatch path); loaded when None
+    order_seed: int | None = None  # the eager rounds' shuffle; None: a fresh one per run (run.json records it)
+    settle: bool = True  # each timed eager forward right after an untimed run of the same forward
 
 
 def models_for(names: list[str] | None, config_path: str | None) -> dict[str, dict[str, Any]]:
@@ -155,9 +157,15 @@ def round_orders(keys: list[Any], rounds: int, seed: int = 0) -> list[list[Any]]
     return orders
 
 
-def eager_forwards(clock, forwards: dict[Any, Bound], samples: int) -> dict[Any, dict[str, list[float]]]:
+def eager_forwards(clock, forwards: dict[Any, Bound], samples: int, seed: int = 0, settle: bool = True
+                   ) -> dict[Any, dict[str, list[float]]]:
     """`samples` eager forwards of each, in a shuffled order per round (round_orders), gc off, each from an idle GPU
-    to one synchronize at its end: wall µs, host submission µs (until the last call returned), CUPTI busy µs."""
+    to one synchronize at its end: wall µs, host submission µs (until the last call returned), CUPTI busy µs.
+
+    settle: each timed forward comes right after an untimed run of the same forward. What ran before a forward moves
+    its time: on the H200, identical all-F.linear forwards (4B, M = 1031) measured 1.01-1.03x apart in four runs
+    (h200-bound-forward-10..13), the slow samples after heavier forwards, and with one fixed shuffle (seed 0 then)
+    every run gave each path the same predecessors. Settled, every path's timed forward follows itself."""
     import torch
     names = list(forwards)
     out = {p: {"wall": [], "submit": [], "busy": [], "kernels": []} for p in names}
@@ -169,8 +177,10 @@ def eager_forwards(clock, forwards: dict[Any, Bound], samples: int) -> dict[Any,
     gc_on = gc.isenabled()
     gc.disable()
     try:
-        for s, order in enumerate(round_orders(names, samples)):
+        for s, order in enumerate(round_orders(names, samples, seed)):
             for p in order:
+                if settle:
+                    forwards[p]()
                 torch.cuda.synchronize()
                 c0, t0 = clock.now(), time.perf_counter_ns()
                 forwards[p]()
@@ -253,7 +263,7 @@ def eager_rows(cfg: ForwardConfig, clock, model: str, n_linears: int, bound: dic
     drift of host speed (on the H200 host whole minutes ran 1.3-1.7x slower) spreads over every M and path alike
     instead of landing on the M that happened to run then."""
     with phase("eager"):
-        eager = eager_forwards(clock, bound, cfg.samples)
+        eager = eager_forwards(clock, bound, cfg.samples, cfg.order_seed or 0, cfg.settle)
     rows = []
     for (m, rule), e in eager.items():
         us, p20, p80 = summary(e["wall"])
@@ -304,11 +314,15 @@ def run_forward(cfg: ForwardConfig) -> Path:
     import torch
 
     clock = make_clock("cupti")
+    if cfg.order_seed is None:  # a fresh shuffle per run: replicate runs must not share one order's bias
+        import random
+        cfg.order_seed = random.SystemRandom().randrange(1, 2 ** 31)
     pinned = _load_pinned_tactics(cfg)
     dispatch.tactics_from_table(False)  # the dispatch rule runs this run's tactics, as every other rule does
     info = run_info(cfg.command, kind="forward", profile=cfg.profile.name, models=list(cfg.models), tp=cfg.tp,
                     ms=cfg.ms, paths=cfg.rules, regimes=list(REGIMES), samples=cfg.samples, pdl=cfg.profile.pdl,
                     decoder_layers=cfg.decoder_layers, lm_head=cfg.lm_head, lm_head_rule=LM_HEAD_RULE,
+                    eager_order_seed=cfg.order_seed, eager_settle=cfg.settle,
                     linears={m: len(s) for m, s in seqs.items()}, rules={r: RULES.get(r, "registry path") for r in cfg.rules},
                     table=getattr(cfg.table, "source", {}).get("fitted_from") if cfg.table else None,
                     dispatch_layer=_layer_of_dispatch() if DISPATCH in cfg.rules else None,
