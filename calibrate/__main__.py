@@ -222,7 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         forward = load_forward(args.forward, args.partial)
         _check_gpu(forward[1], profile.name, args.forward, args.allow_mismatch)
     noise = load_noise(profile.name)
-    _print_provenance(table, args.results, info)
+    _print_provenance(table, args.results, info, args.forward)
     verdicts = cell_verdicts(cells, table, args.margin, args.oracle, noise)
     totals = forward_totals(cells, table, model_uses(df), profile.capture_size, args.oracle)
     if csv_out:
@@ -270,7 +270,20 @@ def _grid_ms(value: str) -> set[int]:
         raise HarnessError(f"--hold-out {value!r}: a comma list of integers, e.g. 24,40,48") from None
 
 
-def _print_provenance(table: ThresholdTable, results: str, info: dict) -> None:
+def fitted_forwards(table: ThresholdTable) -> list[str]:
+    """The measured-forward folders a table was fitted with (--forward, --table-forward)."""
+    src = table.source or {}
+    picks = (src.get("measured_forwards") or {}).get("forward") or []
+    runs = (src.get("forwards_of_this_table") or {}).get("runs") or []
+    return [str(f).rstrip("/") for f in ([picks] if isinstance(picks, str) else picks) + list(runs)]
+
+
+def _print_provenance(table: ThresholdTable, results: str, info: dict, forward: str | None = None) -> None:
+    used = fitted_forwards(table)
+    if used:
+        print("measured forwards the table was fitted with: " + ", ".join(used))
+    if forward and str(forward).rstrip("/") in used:
+        print(f"{forward} is one of them: its forward verdicts below are in-sample")
     p = provenance(table, results, info.get("ms") or [])
     print(f"table fitted from {p.fitted_from or 'unknown'}"
           + (f" (M {', '.join(map(str, p.held_out))} held out)" if p.held_out else "")

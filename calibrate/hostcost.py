@@ -8,9 +8,12 @@ sweep does it (blocks of 50 calls alternating, the GPU kept busy under each bloc
 2. At a low M where a lean call can run: the lean call and FlashInfer's public call against F.linear."""
 from __future__ import annotations
 
+import csv
+import io
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 import dispatch
 from bench.hosttime import host_times
@@ -46,6 +49,35 @@ def bound_layers(w) -> dict[str, object]:
     return layers
 
 
+HEADER = "part,n,k,m,path,host_us,f_linear_host_us,ratio"
+
+
+def _row(part: str, n: int, k: int, m: int, name: str, host_us: float, f_linear_us: float) -> str:
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="").writerow([part, n, k, m, name, f"{host_us:.3f}", f"{f_linear_us:.3f}",
+                                                 f"{host_us / f_linear_us:.4f}"])
+    return buf.getvalue()
+
+
+def load_host_cost(path: str | Path) -> pd.DataFrame:
+    """A host-cost CSV. host-cost-9..11 were written before path names were quoted: a name with a comma in it
+    ('dispatch.bind [C++, GIL held]') spans several fields there, between the four first and the three last."""
+    rows = []
+    with open(path, newline="") as f:
+        reader = csv.reader(f)
+        header = next(reader)
+        for fields in reader:
+            if len(fields) > len(header):
+                fields = [*fields[:4], ",".join(fields[4:-3]), *fields[-3:]]
+            rows.append(fields)
+    df = pd.DataFrame(rows, columns=header)
+    for c in ("n", "k", "m"):
+        df[c] = df[c].astype(int)
+    for c in ("host_us", "f_linear_host_us", "ratio"):
+        df[c] = df[c].astype(float)
+    return df
+
+
 def f_linear_m(table, n: int, k: int) -> tuple[int, str] | None:
     """The M to time the dispatcher's F.linear choice at, and which kind: 'above' every range, or 'aten-both' (the
     first M >= 64 of a grid in which both regimes choose F.linear, below a later range); None where there is none."""
@@ -67,7 +99,7 @@ def run_host_cost(profile_name: str, calls: int, out: Path | None) -> int:
     profile = get_profile(profile_name)
     table = load_table(profile_name)
     dispatch.configure(table)
-    rows = ["part,n,k,m,path,host_us,f_linear_host_us,ratio"]
+    rows = [HEADER]
     above: dict[str, list[float]] = {}
     try:
         for shape in catalog():
@@ -93,7 +125,7 @@ def run_host_cost(profile_name: str, calls: int, out: Path | None) -> int:
                     continue
                 above.setdefault(name, [])
                 above[name].append(host[name][0] / a)
-                rows.append(f"{part},{shape.n},{shape.k},{m},{name},{host[name][0]:.3f},{a:.3f},{host[name][0] / a:.4f}")
+                rows.append(_row(part, shape.n, shape.k, m, name, host[name][0], a))
                 line += f"  {name} {host[name][0]:7.2f} µs ({host[name][0] / a:.3f})"
             print(line, flush=True)
         lean_ratios: dict[str, list[float]] = {}
@@ -126,7 +158,7 @@ def run_host_cost(profile_name: str, calls: int, out: Path | None) -> int:
                 if name == "F.linear":
                     continue
                 lean_ratios.setdefault(name, []).append(v / a)
-                rows.append(f"lean,{shape.n},{shape.k},{LEAN_M},{name},{v:.3f},{a:.3f},{v / a:.4f}")
+                rows.append(_row("lean", shape.n, shape.k, LEAN_M, name, v, a))
                 line += f"  {name} {v:7.2f} µs ({v / a:.3f})"
             print(line, flush=True)
     finally:

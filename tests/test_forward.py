@@ -2,6 +2,7 @@
 import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -366,3 +367,31 @@ def test_overrides_come_from_forwards_that_ran_this_tables_own_choices():
     assert all(o["runs"] == 4 and o["worst_run"] < 1 and o["hi"] < 1 and o["ratio"] <= 0.99 for o in found.values())
     assert round(found[(big, 512)]["ratio"], 3) == 0.989
     assert overrides_over_the_table(runs, load_table("h200"), profile, candidates, 0.01) == {}
+
+
+def test_the_cpp_bound_layer_and_the_refitted_table_in_later_measured_forwards():
+    """h200-bound-forward-10..15, fresh processes on later leases than the runs the table was refitted with (4..7):
+    `dispatch` ran the C++ bound layer, `dispatch-python` the Python one beside it. Their eager cost over the table's
+    choices called directly (table-direct), median over M <= 512 of both models, is 0.976-1.001 for the C++ layer and
+    1.026-1.060 for the Python layer in every run. From 12 on the LM head runs F.linear under every rule; from 14 on
+    every eager forward is timed right after an untimed run of itself, with a fresh shuffle. Runs 14 and 15 fail one
+    row each, outside vLLM's regime: the graph-captured 4B forward at M = 1031, an M the fit never saw (1.067, 1.058)."""
+    from calibrate.forward_model import _paired
+    cpp, py = [], []
+    for r in (10, 11, 12, 13, 14, 15):
+        df, info = load_forward(DATA / f"h200-bound-forward-{r}")
+        assert info["dispatch_layer"].startswith("C++") and ("lm_head_rule" in info) == (r >= 12)
+        assert info.get("eager_settle", False) == (r >= 14)
+        v = forward_verdicts(df, 512)
+        low = v[(v["regime"] == "eager") & (v["m"] <= 512)]
+        cpp.append(round(low["binding_cost"].median(), 3))
+        ok = df[(df["status"] == "ok") & (df["regime"] == "eager") & (df["m"] <= 512)]
+        py.append(round(float(np.median([_paired(g.set_index("path"), "dispatch-python", "table-direct")[0]
+                                         for _, g in ok.groupby(["model", "m"])])), 3))
+        if r >= 14:
+            failing = v[~v["ok"]]
+            assert list(zip(failing["model"], failing["m"], failing["regime"])) == [("Qwen3.5-4B", 1031, "graph")]
+            assert v[v["vllm_regime"]]["ok"].all()
+    assert cpp == [0.991, 0.995, 1.001, 0.995, 0.998, 0.976]
+    assert py == [1.033, 1.037, 1.036, 1.041, 1.026, 1.06]
+    assert all(c < p for c, p in zip(cpp, py))
