@@ -20,7 +20,7 @@ from bench.hosttime import host_times
 from bench.stats import estimate_call_us
 from bench.sweep import SweepConfig, require_cuda
 from dispatch import capture
-from dispatch.backends import BACKENDS, flashinfer_path, input_ok, lean_path
+from dispatch.backends import ATEN, BACKENDS, flashinfer_path, input_ok, lean_path
 from dispatch.profiles import get_profile
 from dispatch.table import load_table
 from harness.errors import HarnessError
@@ -85,7 +85,7 @@ def f_linear_m(table, n: int, k: int) -> tuple[int, str] | None:
     if m <= M_MAX:
         return m, "above"
     for m in sorted({64, 96, 128, 192, 256, 384, 512, 768, 1024, 1536, 2048, 3072, 4096, 6144, 8192, 12288}):
-        if table.choose(n, k, m, "graph") == table.choose(n, k, m, "eager") == "aten":
+        if table.choose(n, k, m, "graph") == table.choose(n, k, m, "eager") == ATEN:
             return m, "aten-both"
     return None
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from bench.forward_paths import DEFAULT_RULES, TABLE_DIRECT
+from bench.forward_paths import DEFAULT_RULES, DISPATCH_PYTHON, TABLE_DIRECT
 from dispatch.backends import ATEN, is_flashinfer
 from dispatch.table import describe_ranges
 from harness.console import terminal
@@ -231,7 +231,12 @@ def forward_section(run: Run, path: str, partial: bool) -> str:
     paths = [c for c in DEFAULT_RULES if c in measured] + [c for c in measured if c not in DEFAULT_RULES]
     parts = [f"<p class='muted'>{esc(info.get('command', ''))} · {esc(info.get('started', ''))} · "
              f"{esc((info.get('fingerprint') or {}).get('gpu_name', ''))} · decoder layers: "
-             f"{esc(info.get('decoder_layers') or 'all')} · lm_head: {esc(info.get('lm_head'))}</p>",
+             f"{esc(info.get('decoder_layers') or 'all')} · lm_head: {esc(info.get('lm_head'))}"
+             + (f" · dispatch ran the {esc(info['dispatch_layer'])} bound layer" if info.get("dispatch_layer") else "")
+             + (f" · LM head: {esc(info['lm_head_rule'])}" if info.get("lm_head_rule") else
+                " · registry paths also ran the LM head (runs before lm_head_rule)")
+             + (" · eager forwards timed right after an untimed run of themselves, shuffle seed "
+                f"{esc(info.get('eager_order_seed'))}" if info.get("eager_settle") else "") + "</p>",
              "<p>Every BF16 linear of one forward, in layer order with one weight per instance, timed as a whole: "
              "<b>graph</b> = the forward captured as one CUDA graph, CUPTI first-kernel-start to last-kernel-end; "
              "<b>eager</b> = the forward launched op by op from an idle GPU to one synchronize (host and GPU overlap "
@@ -240,7 +245,9 @@ def forward_section(run: Run, path: str, partial: bool) -> str:
              "above); lm_head is F.linear in both, as in vLLM." + (
                  " 'table-direct' (dotted) runs the dispatcher's table choices called directly, without the bound "
                  "layer: the distance from it to 'dispatch' is what the dispatcher's per-call work costs."
-                 if TABLE_DIRECT in ratios.columns else "") + "</p>",
+                 if TABLE_DIRECT in ratios.columns else "") + (
+                 " 'dispatch-python' is the dispatcher with its Python bound layer, beside 'dispatch' with the C++ one."
+                 if DISPATCH_PYTHON in ratios.columns else "") + "</p>",
              f"<img alt='measured forwards' src='{figures.forward_figure(fdf)}'>"]
     cols = [("model", "model"), ("m", "M"), ("regime", "regime")] + [(p, f"{p} / aten") for p in paths]
     parts.append("<h3>Per-forward time over aten's (measured)</h3>"
