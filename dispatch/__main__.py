@@ -13,7 +13,7 @@ from harness.errors import HarnessError, run_cli
 def main(argv: Sequence[str] | None = None) -> int:
     parser = Parser(prog="python -m dispatch", description="The dispatcher's C++ bound layer (dispatch/native.py).")
     sub = parser.add_subparsers(dest="command", required=True)
-    b = sub.add_parser("build-native", help="compile the C++ bound layer for this torch and Python (about a minute)")
+    b = sub.add_parser("build-native", help="compile the C++ bound layer for this torch and Python (15-20 s where timed)")
     b.add_argument("--verbose", action="store_true", help="show the compiler's output")
     sub.add_parser("native-status", help="where the C++ bound layer is looked for, and whether it loads")
     args = parser.parse_args(argv)

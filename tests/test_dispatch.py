@@ -723,3 +723,21 @@ def test_the_cpp_layer_host_cost_figures_come_from_the_committed_runs():
     assert [m[("lean", f"{eager} [C++]")] for m in runs] == [0.494, 0.511, 0.495]
     assert [m[("lean", "flashinfer-lean:tinygemm")] for m in runs] == [0.61, 0.635, 0.616]
     assert [m[("lean", f"{eager} [Python]")] for m in runs] == [0.666, 0.685, 0.654]
+
+
+def test_build_native_without_a_compiler_says_what_to_install(monkeypatch, capsys, tmp_path):
+    """python -m dispatch build-native on a machine without c++ or ninja: one line naming what is missing and how
+    to get it, exit 2, nothing written; native-status says 'not built' (exit 1) where nothing was built."""
+    import shutil
+
+    from dispatch.__main__ import main
+    from harness.errors import run_cli
+    monkeypatch.setenv("BLB_NATIVE_DIR", str(tmp_path / "native"))
+    monkeypatch.setattr(shutil, "which", lambda tool: None if tool == "ninja" else "/usr/bin/" + tool)
+    assert run_cli(main, "python -m dispatch", ["build-native"]) == 2
+    err = capsys.readouterr().err
+    assert "needs ninja on PATH" in err and "pip install ninja" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "native").exists()
+    from dispatch import native
+    monkeypatch.setattr(native, "_LOADED", [])
+    assert main(["native-status"]) == 1 and "not built" in capsys.readouterr().out
