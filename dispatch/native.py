@@ -1,7 +1,7 @@
 """dispatch.bind's bound layer in C++ (dispatch/bound_linear.cpp): built once per machine and torch, loaded if built.
 
-`python -m dispatch build-native` compiles it with torch's extension builder (a C++ compiler and ninja; about a
-minute) into a folder per (torch, Python, source) under ~/.cache/bf16-linear-bench/native, or $BLB_NATIVE_DIR.
+`python -m dispatch build-native` compiles it with torch's extension builder (a C++ compiler and ninja; 15-20 s
+where timed) into a folder per (torch, Python, source) under ~/.cache/bf16-linear-bench/native, or $BLB_NATIVE_DIR.
 `dispatch.bind` then returns the C++ layer wherever it can (the capture signal is the hooks' counter, the weight and
 bias are plain tensors or parameters); without a build it returns the Python layer, with the same choices.
 BLB_NATIVE=0 turns it off. Nothing is compiled at import or at bind: a model never waits for a compiler.
