@@ -741,3 +741,27 @@ def test_build_native_without_a_compiler_says_what_to_install(monkeypatch, capsy
     from dispatch import native
     monkeypatch.setattr(native, "_LOADED", [])
     assert main(["native-status"]) == 1 and "not built" in capsys.readouterr().out
+
+
+def test_the_cpp_layer_keeps_autograd_and_inference_mode_as_f_linear_does(native_module, monkeypatch):
+    """Where the C++ layer runs F.linear's kernel (at::linear) the result is F.linear's: the same values, a graph
+    for backward with the same gradients, and no graph under inference mode."""
+    import torch
+    import torch.nn.functional as F
+
+    import dispatch
+    from dispatch import native
+    monkeypatch.setattr(native, "module", lambda: native_module)
+    w = torch.randn(8, 16, requires_grad=True)
+    b = torch.randn(8, requires_grad=True)
+    layer = dispatch.bind(w, b)
+    assert dispatch.layer_kind(layer) == "C++"
+    x = torch.randn(3, 16, requires_grad=True)
+    y, ref = layer(x), F.linear(x, w, b)
+    assert torch.equal(y, ref) and y.requires_grad
+    grads = torch.autograd.grad(y.sum(), (x, w, b))
+    expected = torch.autograd.grad(ref.sum(), (x, w, b))
+    assert all(torch.equal(g, e) for g, e in zip(grads, expected))
+    with torch.inference_mode():
+        z = layer(x)
+    assert z.is_inference() and not z.requires_grad and torch.equal(z, ref.detach())
