@@ -300,11 +300,7 @@ def _fit_cmd(args, argv, profile, df, info, cells) -> int:
     noise = load_noise(profile.name)
     cell_picks, forward_note, shape_bound = {}, None, {}
     if args.forward:
-        runs = []
-        for folder in args.forward:
-            fdf, finfo = load_forward(folder, args.partial)
-            _check_gpu(finfo, profile.name, folder)
-            runs.append(fdf)
+        runs = [fdf for fdf, _ in _load_forwards(args.forward, profile.name, args.partial)]
         picks = picks_in_every_run(runs, dispatch_candidates(cells, base), args.min_gain)
         uses = model_uses(df)
         for (regime, model, m), (path, ratio, hi) in sorted(picks.items()):
@@ -382,14 +378,20 @@ def _fit_cmd(args, argv, profile, df, info, cells) -> int:
     return 0
 
 
+def _load_forwards(folders: list[str], profile_name: str, partial: bool) -> list[tuple[pd.DataFrame, dict]]:
+    """Measured-forward runs (forward.csv and run.json), each checked to come from the profile's GPU."""
+    runs = []
+    for folder in folders:
+        fdf, finfo = load_forward(folder, partial)
+        _check_gpu(finfo, profile_name, folder)
+        runs.append((fdf, finfo))
+    return runs
+
+
 def _overrides(args, profile, df, cells, base, noise, hold_out, cell_picks, shape_bound, table, report):
     """--table-forward: measured forwards of the table this fit makes; where a lean single path beat its choices
     (graph regime), refit with that path taking precedence at the model's cells. Returns table, report, note."""
-    runs = []
-    for folder in args.table_forward:
-        fdf, finfo = load_forward(folder, args.partial)
-        _check_gpu(finfo, profile.name, folder)
-        runs.append((fdf, finfo))
+    runs = _load_forwards(args.table_forward, profile.name, args.partial)
     found = overrides_over_the_table(runs, table, profile, dispatch_candidates(cells, base), args.min_gain)
     uses = model_uses(df)
     over = {}

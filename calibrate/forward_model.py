@@ -78,13 +78,8 @@ def model_vs_measured(cells: Cells, forward: pd.DataFrame, info: dict[str, Any],
                       table: ThresholdTable | None) -> pd.DataFrame:
     """One row per measured (model, M, path, regime): measured µs, modelled µs, their ratio and whether the model
     misses by more than MODEL_MISS. Models outside the catalog (a --config run) cannot be rebuilt and are left out."""
-    sm = int((info.get("fingerprint") or {}).get("sm") or profile.sm)
-    configs = model_configs()
-    layers = info.get("decoder_layers")
-    seqs = {name: forward_sequence(load_config(configs[name]), name, int(info.get("tp", 1)), layers)
-            for name in set(forward["model"]) if name in configs}
-    if not info.get("lm_head", True):
-        seqs = {k: [lin for lin in v if lin.layer != "lm_head"] for k, v in seqs.items()}
+    sm = _run_sm(info, profile)
+    seqs = _sequences(info, set(forward["model"]))
     rows = []
     for r in forward[forward["status"] == "ok"].itertuples(index=False):
         if r.model not in seqs:
@@ -237,8 +232,13 @@ def gpu_bound_in_every_run(runs: list[pd.DataFrame], margin: float = GPU_BOUND_M
     return out
 
 
+def _run_sm(info: dict[str, Any], profile: GpuProfile) -> int:
+    """The SM a forward run measured on (its fingerprint's; the profile's where the fingerprint lacks it)."""
+    return int((info.get("fingerprint") or {}).get("sm") or profile.sm)
+
+
 def _sequences(info: dict[str, Any], models: set[str]) -> dict[str, list]:
-    """The forward sequences a run measured (catalog models only), as model_vs_measured rebuilds them."""
+    """The forward sequences a run measured (catalog models only: a --config run's cannot be rebuilt)."""
     configs = model_configs()
     seqs = {name: forward_sequence(load_config(configs[name]), name, int(info.get("tp", 1)), info.get("decoder_layers"))
             for name in models if name in configs}
@@ -249,11 +249,12 @@ def _sequences(info: dict[str, Any], models: set[str]) -> dict[str, list]:
 
 def table_paths_used(seq, table: ThresholdTable, m: int, sm: int, profile: GpuProfile, regime: str) -> str:
     """What a forward's paths_used column says the table-direct rule ran: 'path:count;...' (bench.forward.Bound)."""
-    used: dict[str, int] = {}
+    from bench.forward import Bound  # the one place the paths_used format is written
+    bound = Bound()
     for lin in seq:
         p = path_for(TABLE_DIRECT, lin, m, sm, profile, table, regime)
-        used[p] = used.get(p, 0) + 1
-    return ";".join(f"{p}:{c}" for p, c in sorted(used.items()))
+        bound.used[p] = bound.used.get(p, 0) + 1
+    return bound.describe()
 
 
 def overrides_over_the_table(runs: list[tuple[pd.DataFrame, dict[str, Any]]], table: ThresholdTable,
@@ -271,7 +272,7 @@ def overrides_over_the_table(runs: list[tuple[pd.DataFrame, dict[str, Any]]], ta
     mismatched: set[tuple[str, int]] = set()
     for df, info in runs:
         ok = df[(df["status"] == "ok") & (df["regime"] == regime)]
-        sm = int((info.get("fingerprint") or {}).get("sm") or profile.sm)
+        sm = _run_sm(info, profile)
         seqs = _sequences(info, set(ok["model"]))
         for (model, m), g in ok.groupby(["model", "m"]):
             g = g.set_index("path")
