@@ -76,13 +76,13 @@ def path_for(rule: str, linear: ForwardLinear, m: int, sm: int, profile: GpuProf
     and on the LM head (LM_HEAD_RULE; `paths_run_lm_head`: as forward runs before it ran registry paths). Only the
     dispatcher's choice depends on the regime."""
     low = low_m_path(profile)
+    if rule not in RULES and rule not in PATHS:
+        raise HarnessError(f"unknown forward path {rule!r}; known: {', '.join(known_rules())}")
+    if linear.layer == "lm_head" and (rule in RULES or not paths_run_lm_head):
+        return ATEN  # vLLM's LM head always dispatches F.linear (LM_HEAD_RULE)
     if rule not in RULES:
-        if rule not in PATHS:
-            raise HarnessError(f"unknown forward path {rule!r}; known: {', '.join(known_rules())}")
-        if linear.layer == "lm_head" and not paths_run_lm_head:
-            return ATEN
         return rule if runnable(rule, sm, linear, m) else ATEN  # a registry path everywhere else it can run
-    if rule == ATEN or linear.layer == "lm_head":  # vLLM's LM head always dispatches F.linear (LM_HEAD_RULE)
+    if rule == ATEN:
         return ATEN
     if rule == VLLM_FLASHINFER:
         return vllm_flag_choice(low, profile.low_m_backend, m, lambda p: runnable(p, sm, linear, m))

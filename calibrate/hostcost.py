@@ -28,7 +28,7 @@ from harness.io import atomic_write_text
 from shapes.catalog import catalog
 from shapes.grid import M_MAX
 
-WORST_BOUND = 1.15  # dispatch.linear above every range may cost at most this much F.linear's host time
+WORST_BOUND = 1.15  # dispatch.linear where it runs F.linear may cost at most this much F.linear's host time
 LEAN_M = 8
 BIND_AT_LEAN_M = "dispatch.bind (the table's eager choice)"
 

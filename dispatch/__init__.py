@@ -1,8 +1,9 @@
 """The BF16 linear dispatcher: per weight shape, regime and M, F.linear or a FlashInfer kernel, by the GPU's table.
 
 - `dispatch.bind(weight, bias=None)` -> a callable x -> y: what a model does once per layer at weight loading. The
-  table rows, the kernels and the weight's eligibility are resolved then; a call looks its activation's shape up in
-  a memory of choices, and where that is F.linear it costs one lookup more than F.linear.
+  table rows, the kernels and the weight's eligibility are resolved then; a call looks its activation's choice up
+  in a memory. The layer is the C++ one where `python -m dispatch build-native` built it (dispatch/native.py), else
+  the Python one; both make the same choices.
 - `dispatch.linear(x, weight, bias=None)`: a drop-in for torch.nn.functional.linear, for ad-hoc use.
 - `dispatch.op()`: the same as a torch custom op with a fake implementation, for code under torch.compile.
 
@@ -215,7 +216,8 @@ def _below_limit(x: Any, weight: Any, bias: Any, rule: _ShapeRule, numel: int) -
 
 _F_LINEAR = ("F.linear",)  # a remembered choice: F.linear in both regimes
 CHOICES_KEPT = 4096  # activation shapes remembered per layer rule; at the cap the memory starts over (bounded)
-_LAYER_RULES: dict[tuple, tuple[dict, Callable]] = {}  # (device, weight shape, eligible kernels) -> (choices, choose)
+# (device, weight shape, bias is None, eligible kernels) -> (choices, choose, entries_at)
+_LAYER_RULES: dict[tuple, tuple[dict, Callable, Callable]] = {}
 
 
 def _layer_rule(device: int, weight: Any, bias: Any) -> tuple[dict, Callable, Callable] | None:

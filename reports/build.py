@@ -246,7 +246,8 @@ def forward_section(run: Run, path: str, partial: bool) -> str:
                  " 'table-direct' (dotted) runs the dispatcher's table choices called directly, without the bound "
                  "layer: the distance from it to 'dispatch' is what the dispatcher's per-call work costs."
                  if TABLE_DIRECT in ratios.columns else "") + (
-                 " 'dispatch-python' is the dispatcher with its Python bound layer, beside 'dispatch' with the C++ one."
+                 " 'dispatch-python' is the dispatcher with its Python bound layer, beside 'dispatch' (the layer named "
+                 "above)."
                  if DISPATCH_PYTHON in ratios.columns else "") + "</p>",
              f"<img alt='measured forwards' src='{figures.forward_figure(fdf)}'>"]
     cols = [("model", "model"), ("m", "M"), ("regime", "regime")] + [(p, f"{p} / aten") for p in paths]
