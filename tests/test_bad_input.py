@@ -161,6 +161,12 @@ CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
                                               str(LEAN), str(LEAN)], "the name twice"),
     ("fit second --forward missing", lambda t: ["calibrate", "fit", str(DATA / "h200-lean-fit"), "--gpu", "h200", "--forward",
                                                 str(DATA / "h200-lean-forward"), str(t / "gone"), "--dry-run"], "gone"),
+    ("fit --table-forward missing", lambda t: ["calibrate", "fit", str(DATA / "h200-lean-fit"), "--gpu", "h200",
+                                               "--table-forward", str(t / "gone"), "--dry-run"], "gone"),
+    ("fit --table-forward NaN time", lambda t: ["calibrate", "fit", str(DATA / "h200-lean-fit"), "--gpu", "h200",
+                                                "--dry-run", "--table-forward", run_folder(
+        t, source=DATA / "h200-forward", edit_rows=lambda df: df.assign(us=df["us"].where(df.index != 0, "nan")))],
+     "NaN"),
     ("host-shift run given twice", lambda t: ["calibrate", "host-shift", "--arm", "a", str(LEAN), str(SWEEP), "--arm",
                                               "b", str(LEAN) + "/", str(DATA / "h200-lean-fit")], "given twice"),
     ("host-shift missing run", lambda t: ["calibrate", "host-shift", "--arm", "a", str(LEAN), str(t / "gone"), "--arm",
