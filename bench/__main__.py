@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Sequence
 
 from bench.anatomy_gpu import run_anatomy
-from bench.forward import FORWARD_MS, ForwardConfig, models_for, run_forward, sequences
+from bench.forward import DEFAULT_SETTLE_MS, FORWARD_MS, ForwardConfig, models_for, run_forward, sequences
 from bench.forward_paths import DEFAULT_RULES, check_rules
 from bench.gpu import L2_MODES
 from bench.paths import PATHS, paths_for
@@ -17,7 +17,8 @@ from bench.shard import assign, full_catalog, full_grid_ms, parse_shard
 from bench.sweep import SweepConfig, dry_run, require_gpu, run_sweep
 from dispatch.backends import flashinfer_path
 from dispatch.profiles import PROFILES, get_profile
-from harness.cli import Parser, int_in
+from dispatch.table import load_table
+from harness.cli import Parser, float_in, int_in
 from harness.console import divert_noise
 from harness.errors import HarnessError, run_cli
 from harness.io import output_dir, output_file
@@ -99,8 +100,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_fw.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
     p_fw.add_argument("--order-seed", type=int_in(1, 2 ** 31 - 1),
                       help="the eager rounds' shuffle (default: a fresh one per run, recorded in run.json)")
-    p_fw.add_argument("--no-settle", action="store_true",
-                      help="time each eager forward without an untimed run of the same forward just before it")
+    p_fw.add_argument("--settle-ms", type=float_in(0, 10_000), default=DEFAULT_SETTLE_MS,
+                      help=f"each timed forward, graph and eager, follows untimed runs of itself lasting at least this "
+                           f"long (default {DEFAULT_SETTLE_MS:g}; 0: none): at the GPU's power cap a forward's time "
+                           f"depends on the load before it")
+    p_fw.add_argument("--no-settle", action="store_true", help="the same as --settle-ms 0")
+    p_fw.add_argument("--sustain-ms", type=float_in(1, 60_000),
+                      help="instead of timing rows: after --idle-ms, replay each path's captured forward back to back "
+                           "this long, every replay timed, the SM clock and power beside it (sustain.csv; how long "
+                           "a load takes to settle at the power cap, for --settle-ms)")
+    p_fw.add_argument("--idle-ms", type=float_in(0, 60_000), default=1000.0,
+                      help="with --sustain-ms: the idle gap before each path's replays (default 1000)")
+    p_fw.add_argument("--table", metavar="FILE",
+                      help="the threshold table the dispatch and table-direct rules run (default: the GPU profile's "
+                           "committed table), e.g. a table fitted without forward overrides, to fit them anew")
     p_merge = sub.add_parser("merge", help="merge shards of one grid (bench run --shard, or several machines) into one run")
     p_merge.add_argument("shards", nargs="+", help="the shards' results folders")
     p_merge.add_argument("-o", "--out", required=True, help="the merged results folder (must not hold results)")
@@ -152,7 +165,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                             decoder_layers=args.layers, lm_head=not args.no_lm_head, tune=not args.no_tune,
                             autotune_cache=_served(args), save_autotune_cache=_saved(args),
                             resume=args.resume, command=command, quiet=True, order_seed=args.order_seed,
-                            settle=not args.no_settle)
+                            settle_ms=0.0 if args.no_settle else args.settle_ms,
+                            table=_table(args.table, profile.name) if args.table else None, table_file=args.table,
+                            sustain_ms=args.sustain_ms or 0.0, idle_ms=args.idle_ms)
+        if cfg.sustain_ms and args.resume:
+            raise HarnessError("--sustain-ms runs cannot be resumed; run it again into a new --out")
         sequences(cfg)  # a config that cannot be derived stops here, before the GPU is touched
         run_forward(cfg)
         return 0
@@ -193,6 +210,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     run_sweep(cfg)  # stops first, writing nothing, when there is no CUDA GPU; prints its summary
     return 0
+
+
+def _table(path: str, profile: str):
+    """A --table file for the dispatch and table-direct rules; one line and exit 2 when it is not this GPU's."""
+    table = load_table(path=path)
+    if table.profile != profile:
+        raise HarnessError(f"--table {path} is a table for {table.profile}, not {profile}; pass one fitted for {profile}")
+    return table
 
 
 def _served(args) -> Path | None:

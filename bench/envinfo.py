@@ -67,6 +67,29 @@ def nvml_clocks() -> dict[str, Any]:
         return {"error": f"{type(exc).__name__}: {exc}"}
 
 
+class ClockReader:
+    """The SM clock, board power and clock-event (throttle) reasons now, read through NVML after a timed sample (out
+    of its timing window): what explains a sample that ran slow. read() gives None where NVML is missing."""
+
+    def __init__(self, cuda_device: int = 0):
+        try:
+            import pynvml as nv
+            nv.nvmlInit()
+            self._nv, self._h = nv, nv.nvmlDeviceGetHandleByIndex(nvml_index(cuda_device))
+        except Exception:
+            self._nv = None
+
+    def read(self) -> tuple[int, float, int] | None:
+        if self._nv is None:
+            return None
+        nv, h = self._nv, self._h
+        try:
+            return (nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM), nv.nvmlDeviceGetPowerUsage(h) / 1000,
+                    int(nv.nvmlDeviceGetCurrentClocksEventReasons(h)))
+        except Exception:
+            return None
+
+
 def fingerprint() -> dict[str, Any]:
     import torch
     props = torch.cuda.get_device_properties(0)

@@ -14,12 +14,13 @@ from typing import Any, Callable
 
 import dispatch
 from bench.clocks import make_clock
-from bench.envinfo import nvml_clocks, run_info
+from bench.envinfo import ClockReader, nvml_clocks, run_info
 from bench.forward_paths import DISPATCH_PYTHON, LM_HEAD_RULE, RULES, TABLE_DIRECT, path_for
 from bench.gpu import REL_ERR_BOUND, capture_graph, check_output, replay_interleaved
 from bench.paths import ATEN, DISPATCH, PATHS
 from bench.results import finished_rows, rows_to_csv, write_run_json
 from bench.stats import PhaseTimer, Window, attribute, summary
+from bench.sustain import SUSTAIN_COLUMNS, SUSTAIN_FILE, summary_line, sustained
 from bench.sweep import _keep_tactics, _load_pinned_tactics, _progress, require_gpu, tune_shape
 from dispatch.profiles import GpuProfile
 from dispatch.table import load_table
@@ -33,7 +34,11 @@ FORWARD_MS = (1, 8, 32, 128, 512, 1031, 4096, 16384)
 FORWARD_FILE = "forward.csv"
 FORWARD_COLUMNS = ("model", "tp", "m", "path", "regime", "status", "reason", "us", "us_p20", "us_p80", "submit_us",
                    "gpu_busy_us", "span_us", "event_us", "linears", "kernels", "decoder_layers", "lm_head",
-                   "samples", "paths_used", "samples_us")
+                   "samples", "paths_used", "samples_us", "sm_mhz", "sm_mhz_samples", "power_w_samples",
+                   "clock_reasons_samples")
+# Each timed forward follows untimed runs of itself lasting at least this long (ms). At the H200's 700 W cap a
+# forward's time depends on the load before it: see settle_ms in ForwardConfig.
+DEFAULT_SETTLE_MS = 100.0
 REGIMES = ("graph", "eager")
 
 
@@ -57,7 +62,14 @@ class ForwardConfig:
     quiet: bool = False
     table: Any = None  # the dispatcher's threshold table (for the model of the dispatch path); loaded when None
     order_seed: int | None = None  # the eager rounds' shuffle; None: a fresh one per run (run.json records it)
-    settle: bool = True  # each timed eager forward right after an untimed run of the same forward
+    # Each timed forward (graph and eager) follows untimed runs of itself lasting >= settle_ms (at least one; 0: none).
+    # What ran before moves a forward's time at the power cap: in h200-bound-forward-14/15 (no graph settle, A B B A
+    # order) graph-captured 4B M = 1031 forwards measured about 12.1 ms right after the slow, low-power TinyGEMM
+    # forward and 13.4-13.7 ms after heavy ones, so a path's ratio depended on its place in the order.
+    settle_ms: float = DEFAULT_SETTLE_MS
+    sustain_ms: float = 0.0  # > 0: instead of timing rows, each graph replayed this long after idle_ms (bench/sustain.py)
+    idle_ms: float = 1000.0
+    table_file: str | None = None  # --table; None: the profile's committed table
 
 
 def models_for(names: list[str] | None, config_path: str | None) -> dict[str, dict[str, Any]]:
@@ -157,19 +169,22 @@ def round_orders(keys: list[Any], rounds: int, seed: int = 0) -> list[list[Any]]
     return orders
 
 
-def eager_forwards(clock, forwards: dict[Any, Bound], samples: int, seed: int = 0, settle: bool = True
-                   ) -> dict[Any, dict[str, list[float]]]:
+def eager_forwards(clock, forwards: dict[Any, Bound], samples: int, seed: int = 0, settle_s: float = 0.0,
+                   reader: ClockReader | None = None) -> dict[Any, dict[str, list]]:
     """`samples` eager forwards of each, in a shuffled order per round (round_orders), gc off, each from an idle GPU
-    to one synchronize at its end: wall µs, host submission µs (until the last call returned), CUPTI busy µs.
+    to one synchronize at its end: wall µs, host submission µs (until the last call returned), CUPTI busy µs, and
+    the clocks read after it.
 
-    settle: each timed forward comes right after an untimed run of the same forward. What ran before a forward moves
-    its time: on the H200, identical all-F.linear forwards (4B, M = 1031) measured 1.01-1.03x apart in four runs
-    (h200-bound-forward-10..13), the slow samples after heavier forwards, and with one fixed shuffle (seed 0 then)
-    every run gave each path the same predecessors. Settled, every path's timed forward follows itself."""
+    settle_s: each timed forward follows untimed runs of the same forward lasting at least this long (at least one
+    when > 0). What ran before a forward moves its time: on the H200, identical all-F.linear forwards (4B, M = 1031)
+    measured 1.01-1.03x apart in four runs (h200-bound-forward-10..13), the slow samples after heavier forwards, and
+    with one fixed shuffle (seed 0 then) every run gave each path the same predecessors."""
     import torch
     names = list(forwards)
-    out = {p: {"wall": [], "submit": [], "busy": [], "kernels": []} for p in names}
-    windows = []
+    out: dict[Any, dict[str, list]] = {p: {"wall": [], "submit": [], "busy": [], "kernels": [], "clocks": []}
+                                       for p in names}
+    windows: list[Window] = []
+    records = []
     for p in names:  # untimed: the first forward after the graphs were freed pays the allocator's cudaMalloc calls
         forwards[p]()
     torch.cuda.synchronize()
@@ -179,8 +194,15 @@ def eager_forwards(clock, forwards: dict[Any, Bound], samples: int, seed: int = 
     try:
         for s, order in enumerate(round_orders(names, samples, seed)):
             for p in order:
-                if settle:
-                    forwards[p]()
+                if settle_s > 0:
+                    t_settle = time.perf_counter()
+                    while True:
+                        forwards[p]()
+                        torch.cuda.synchronize()
+                        if time.perf_counter() - t_settle >= settle_s:
+                            break
+                    last = windows[-1].t1 if windows else -1  # keep the last window's records, not the settle's
+                    records += [r for r in clock.drain() if r.start <= last]
                 torch.cuda.synchronize()
                 c0, t0 = clock.now(), time.perf_counter_ns()
                 forwards[p]()
@@ -190,15 +212,26 @@ def eager_forwards(clock, forwards: dict[Any, Bound], samples: int, seed: int = 
                 out[p]["wall"].append((t2 - t0) / 1e3)
                 out[p]["submit"].append((t1 - t0) / 1e3)
                 windows.append(Window(p, s, c0, c1))
+                if reader is not None:
+                    out[p]["clocks"].append(reader.read())
     finally:
         if gc_on:
             gc.enable()
-    records = clock.drain()
+    records += clock.drain()
     if clock.name == "cupti":
         for w, t in zip(windows, attribute(records, windows, graph=False)):
             out[w.path]["busy"].append(t.busy_ns / 1e3)
             out[w.path]["kernels"].append(t.count)
     return out
+
+
+def clock_columns(clocks: list[tuple[int, float, int] | None]) -> dict[str, Any]:
+    """A row's NVML readings after each of its samples (ClockReader): median SM clock and the per-sample lists."""
+    read = [c for c in clocks if c is not None]
+    if not read:
+        return {}
+    return {"sm_mhz": summary([float(c[0]) for c in read])[0], "sm_mhz_samples": [c[0] for c in read],
+            "power_w_samples": [round(c[1]) for c in read], "clock_reasons_samples": [c[2] for c in read]}
 
 
 def _row(cfg: ForwardConfig, model: str, m: int, rule: str, regime: str, n_linears: int, **kw) -> dict[str, Any]:
@@ -207,8 +240,8 @@ def _row(cfg: ForwardConfig, model: str, m: int, rule: str, regime: str, n_linea
             "lm_head": cfg.lm_head, **kw}
 
 
-def graph_m(cfg: ForwardConfig, clock, model: str, seq, weights, m: int, sm: int, fns, phase: PhaseTimer
-            ) -> tuple[list[dict[str, Any]], dict[str, Bound]]:
+def graph_m(cfg: ForwardConfig, clock, model: str, seq, weights, m: int, sm: int, fns, phase: PhaseTimer,
+            reader: ClockReader | None = None) -> tuple[list[dict[str, Any]], dict[str, Bound]]:
     """Binds, checks and warms every rule's forward at one M, and times it captured; returns the graph rows (and
     failures) and the bound forwards for the eager phase."""
     import torch
@@ -240,9 +273,18 @@ def graph_m(cfg: ForwardConfig, clock, model: str, seq, weights, m: int, sm: int
             torch.cuda.empty_cache()
             rows.append(_row(cfg, model, m, rule, "graph", len(seq), status="skipped",
                              reason=f"out of memory capturing the forward: {str(exc).splitlines()[0]}"))
+    if graphs and cfg.sustain_ms:
+        with phase("sustain"):
+            traces = sustained(graphs, cfg.idle_ms / 1e3, cfg.sustain_ms / 1e3, reader or ClockReader())
+        print(f"{model} M={m}:", file=terminal())
+        for rule, records in traces.items():
+            print(summary_line(rule, records), file=terminal(), flush=True)
+            rows += [{"model": model, "m": m, "path": rule, "status": "ok", **r} for r in records]
+        return [{c: r.get(c) for c in SUSTAIN_COLUMNS} for r in rows], {}
     if graphs:
         with phase("graph replay"):
-            timings = replay_interleaved(clock, graphs, 1, cfg.samples)
+            timings = replay_interleaved(clock, graphs, 1, cfg.samples, settle_s=cfg.settle_ms / 1e3,
+                                         reader=reader)
         for rule, t in timings.items():
             if t.error:
                 rows.append(_row(cfg, model, m, rule, "graph", len(seq), status="failed", reason=t.error))
@@ -251,19 +293,20 @@ def graph_m(cfg: ForwardConfig, clock, model: str, seq, weights, m: int, sm: int
             rows.append(_row(cfg, model, m, rule, "graph", len(seq), status="ok", reason="", us=us, us_p20=p20,
                              us_p80=p80, gpu_busy_us=summary(t.gpu_us)[0], span_us=us,
                              event_us=summary(t.event_us)[0], kernels=t.kernels_per_call, samples=len(t.span_us),
-                             paths_used=bound[rule].describe(), samples_us=[round(v, 2) for v in t.span_us]))
+                             paths_used=bound[rule].describe(), samples_us=[round(v, 2) for v in t.span_us],
+                             **clock_columns(t.clocks)))
     del graphs
     torch.cuda.empty_cache()
     return rows, eager_bound
 
 
 def eager_rows(cfg: ForwardConfig, clock, model: str, n_linears: int, bound: dict[tuple[int, str], Bound],
-               phase: PhaseTimer) -> list[dict[str, Any]]:
+               phase: PhaseTimer, reader: ClockReader | None = None) -> list[dict[str, Any]]:
     """Every (M, rule) forward of a model timed eagerly, all of them interleaved round by round, so that the slow
     drift of host speed (on the H200 host whole minutes ran 1.3-1.7x slower) spreads over every M and path alike
     instead of landing on the M that happened to run then."""
     with phase("eager"):
-        eager = eager_forwards(clock, bound, cfg.samples, cfg.order_seed or 0, cfg.settle)
+        eager = eager_forwards(clock, bound, cfg.samples, cfg.order_seed or 0, cfg.settle_ms / 1e3, reader)
     rows = []
     for (m, rule), e in eager.items():
         us, p20, p80 = summary(e["wall"])
@@ -272,7 +315,7 @@ def eager_rows(cfg: ForwardConfig, clock, model: str, n_linears: int, bound: dic
                          gpu_busy_us=summary(e["busy"])[0] if e["busy"] else None,
                          kernels=int(summary(e["kernels"])[0]) if e["kernels"] else None,
                          samples=len(e["wall"]), paths_used=bound[(m, rule)].describe(),
-                         samples_us=[round(v, 1) for v in e["wall"]]))
+                         samples_us=[round(v, 1) for v in e["wall"]], **clock_columns(e["clocks"])))
     return rows
 
 
@@ -302,7 +345,8 @@ def _tune(cfg: ForwardConfig, seqs, sm: int, fns, bar, phase: PhaseTimer) -> dic
 
 def run_forward(cfg: ForwardConfig) -> Path:
     sm = require_gpu(cfg.profile)  # before any file system change
-    out_csv = cfg.out / FORWARD_FILE
+    out_csv, columns = ((cfg.out / SUSTAIN_FILE, SUSTAIN_COLUMNS) if cfg.sustain_ms else
+                        (cfg.out / FORWARD_FILE, FORWARD_COLUMNS))
     if out_csv.exists() and not cfg.resume:
         raise HarnessError(f"{out_csv} exists; pass --resume to continue it or choose another --out")
     dispatches = DISPATCH in cfg.rules or DISPATCH_PYTHON in cfg.rules
@@ -314,6 +358,7 @@ def run_forward(cfg: ForwardConfig) -> Path:
     import torch
 
     clock = make_clock("cupti")
+    reader = ClockReader()
     if cfg.order_seed is None:  # a fresh shuffle per run: replicate runs must not share one order's bias
         import random
         cfg.order_seed = random.SystemRandom().randrange(1, 2 ** 31)
@@ -322,7 +367,9 @@ def run_forward(cfg: ForwardConfig) -> Path:
     info = run_info(cfg.command, kind="forward", profile=cfg.profile.name, models=list(cfg.models), tp=cfg.tp,
                     ms=cfg.ms, paths=cfg.rules, regimes=list(REGIMES), samples=cfg.samples, pdl=cfg.profile.pdl,
                     decoder_layers=cfg.decoder_layers, lm_head=cfg.lm_head, lm_head_rule=LM_HEAD_RULE,
-                    eager_order_seed=cfg.order_seed, eager_settle=cfg.settle,
+                    eager_order_seed=cfg.order_seed, eager_settle=cfg.settle_ms > 0, settle_ms=cfg.settle_ms,
+                    sustain_ms=cfg.sustain_ms or None, idle_ms=cfg.idle_ms if cfg.sustain_ms else None,
+                    table_file=cfg.table_file,
                     linears={m: len(s) for m, s in seqs.items()}, rules={r: RULES.get(r, "registry path") for r in cfg.rules},
                     table=getattr(cfg.table, "source", {}).get("fitted_from") if cfg.table else None,
                     dispatch_layer=_layer_of_dispatch() if DISPATCH in cfg.rules else None,
@@ -367,14 +414,15 @@ def run_forward(cfg: ForwardConfig) -> Path:
             fresh, bound = [], {}
             for m in todo:
                 bar.set_postfix_str(f"{model} M={m} graph")
-                graph_rows, bound_m = graph_m(cfg, clock, model, seq, weights, m, sm, fns, phase)
+                graph_rows, bound_m = graph_m(cfg, clock, model, seq, weights, m, sm, fns, phase, reader)
                 fresh += graph_rows
                 bound.update({(m, rule): b for rule, b in bound_m.items()})
                 bar.update(1)
             bar.set_postfix_str(f"{model} eager, every M interleaved")
-            fresh += eager_rows(cfg, clock, model, len(seq), bound, phase)
+            if not cfg.sustain_ms:
+                fresh += eager_rows(cfg, clock, model, len(seq), bound, phase, reader)
             rows = [r for r in rows if not (r["model"] == model and int(r["m"]) in todo)] + fresh
-            atomic_write_text(out_csv, rows_to_csv(rows, FORWARD_COLUMNS))
+            atomic_write_text(out_csv, rows_to_csv(rows, columns))
             del weights, bound
             torch.cuda.empty_cache()
     except KeyboardInterrupt as exc:
@@ -382,7 +430,7 @@ def run_forward(cfg: ForwardConfig) -> Path:
     finally:
         bar.close()
         with signals_deferred():
-            atomic_write_text(out_csv, rows_to_csv(rows, FORWARD_COLUMNS))
+            atomic_write_text(out_csv, rows_to_csv(rows, columns))
             info.update(status="interrupted" if interrupted else "complete",
                         wall_s=round(time.perf_counter() - t0, 1), phase_s=phase.rounded(), clocks_end=nvml_clocks(),
                         kernel_records=clock.records_seen)

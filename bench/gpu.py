@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import math
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -144,12 +145,18 @@ class GraphTiming:
     kernels: tuple[str, ...] = ()
     kernels_per_call: int | None = None
     error: str | None = None
+    clocks: list[tuple[int, float, int] | None] = field(default_factory=list)  # (SM MHz, W, reasons) after each sample
 
 
 def replay_interleaved(clock, graphs: dict[str, Any], calls: int, samples: int, warmup: int = 2,
-                       exclude: frozenset[str] = frozenset()) -> dict[str, GraphTiming]:
+                       exclude: frozenset[str] = frozenset(), settle_s: float = 0.0, reader=None
+                       ) -> dict[str, GraphTiming]:
     """Replays every path's graph `samples` times in A B B A order; attributes kernel records to each replay.
-    Kernels named in `exclude` (an L2 flush captured between calls) are not counted, nor timed."""
+    Kernels named in `exclude` (an L2 flush captured between calls) are not counted, nor timed.
+
+    settle_s: each timed replay follows untimed replays of the same graph lasting at least this long, so that it runs
+    at the clock its own sustained load settles at, not at one its predecessor left (see bench forward --settle-ms).
+    reader: a ClockReader, read after every timed replay (GraphTiming.clocks)."""
     import torch
     names = list(graphs)
     result = {p: GraphTiming() for p in names}
@@ -157,7 +164,7 @@ def replay_interleaved(clock, graphs: dict[str, Any], calls: int, samples: int, 
 
     # Warm-up replays calibrate kernels per call (cuBLAS may add a split-K reduce kernel) and the host launch time.
     clock.drain()
-    windows, launch_ns = [], {p: float("inf") for p in names}
+    windows, launch_ns, replay_ns = [], {p: float("inf") for p in names}, {p: float("inf") for p in names}
     for p in names:
         for s in range(warmup):
             t0 = clock.now()
@@ -165,7 +172,9 @@ def replay_interleaved(clock, graphs: dict[str, Any], calls: int, samples: int, 
             graphs[p].replay()
             launch_ns[p] = min(launch_ns[p], time.perf_counter_ns() - h0)  # the first replay also uploads the graph
             torch.cuda.synchronize()
+            replay_ns[p] = min(replay_ns[p], time.perf_counter_ns() - h0)
             windows.append(Window(p, -1 - s, t0, clock.now()))
+    settle = {p: math.ceil(settle_s * 1e9 / replay_ns[p]) if settle_s > 0 else 0 for p in names}
     records = [r for r in clock.drain() if r.name not in exclude]
     if use_records:
         seen: dict[str, int] = {}
@@ -182,9 +191,15 @@ def replay_interleaved(clock, graphs: dict[str, Any], calls: int, samples: int, 
             result[p].kernels = tuple(dict.fromkeys(timing.names))
     live = [p for p in names if result[p].error is None]
 
-    windows, events = [], []
+    windows, events, records = [], [], []
     for s in range(samples):
         for p in (live if s % 2 == 0 else live[::-1]):
+            if settle[p]:  # finished before the window opens: CUPTI's records of these fall outside every window
+                for _ in range(settle[p]):
+                    graphs[p].replay()
+                # the last window's records are kept; the settle's own started after it closed
+                last = windows[-1].t1 if windows else -1
+                records += [r for r in clock.drain() if r.start <= last]
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             t0 = clock.now()
             # A sleep kernel ahead of the start event keeps the GPU busy while the host launches the graph, so the
@@ -196,7 +211,9 @@ def replay_interleaved(clock, graphs: dict[str, Any], calls: int, samples: int, 
             torch.cuda.synchronize()
             windows.append(Window(p, s, t0, clock.now()))
             events.append((start, end))
-    records = [r for r in clock.drain() if r.name not in exclude]
+            if reader is not None:
+                result[p].clocks.append(reader.read())
+    records = [r for r in records + clock.drain() if r.name not in exclude]
     for (start, end), w in zip(events, windows):
         result[w.path].event_us.append(start.elapsed_time(end) * 1e3 / calls)
     if use_records:

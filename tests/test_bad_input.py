@@ -37,6 +37,13 @@ def _mains() -> dict[str, Callable]:
     return {"bench": bench, "calibrate": calibrate, "reports": reports, "shapes": shapes}
 
 
+def table_for(t: Path, profile: str) -> str:
+    """The committed H200 table, relabelled as another profile's."""
+    data = json.loads((ROOT / "dispatch" / "thresholds" / "h200.json").read_text())
+    (t / "table.json").write_text(json.dumps({**data, "profile": profile}))
+    return str(t / "table.json")
+
+
 def snapshot(*roots: Path) -> dict[str, tuple[int, str]]:
     """Every file and folder under roots: (mode, content hash); folders hash to ''."""
     out = {}
@@ -342,6 +349,13 @@ CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
     ("forward --out an existing file", lambda t: ["bench", "forward", "--gpu", "h200", "--out",
                                                   user_folder(t) + "/notes.txt"], "is a file"),
     ("forward, no GPU", lambda t: ["bench", "forward", "--gpu", "h200", "--out", str(t / "out")], "no CUDA GPU"),
+    ("forward --table of another GPU", lambda t: ["bench", "forward", "--gpu", "h200", "--table", table_for(t, "h100")],
+     "a table for h100, not h200"),
+    ("forward --table missing", lambda t: ["bench", "forward", "--gpu", "h200", "--table", str(t / "gone.json")],
+     "gone.json"),
+    ("forward --settle-ms negative", lambda t: ["bench", "forward", "--gpu", "h200", "--settle-ms", "-5"], "outside"),
+    ("forward --sustain-ms resumed", lambda t: ["bench", "forward", "--gpu", "h200", "--sustain-ms", "500",
+                                                "--resume", "--out", str(t / "out")], "cannot be resumed"),
     ("validate --forward a sweep", lambda t: ["calibrate", "validate", str(LEAN), "--forward", str(SWEEP)],
      "forward.csv not found"),
     ("validate --forward of another kind", lambda t: ["calibrate", "validate", str(LEAN), "--forward", run_folder(

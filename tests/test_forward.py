@@ -395,3 +395,22 @@ def test_the_cpp_bound_layer_and_the_refitted_table_in_later_measured_forwards()
     assert cpp == [0.991, 0.995, 1.001, 0.995, 0.998, 0.976]
     assert py == [1.033, 1.037, 1.036, 1.041, 1.026, 1.06]
     assert all(c < p for c, p in zip(cpp, py))
+
+
+def test_clock_columns_summarise_the_readings_and_skip_missing_ones():
+    from bench.forward import clock_columns
+    assert clock_columns([None, None]) == {}
+    cols = clock_columns([(1980, 512.4, 0), None, (1755, 699.6, 4), (1830, 650.0, 4)])
+    assert cols["sm_mhz"] == 1830 and cols["sm_mhz_samples"] == [1980, 1755, 1830]
+    assert cols["power_w_samples"] == [512, 700, 650] and cols["clock_reasons_samples"] == [0, 4, 4]
+
+
+def test_sustain_summary_names_the_settled_time_and_when_it_was_reached():
+    from bench.sustain import summary_line
+    # 3 fast replays after the idle gap, then a slower settled load: settled 1.1x, reached after the third (30 ms)
+    recs = [{"t_ms": 10.0 * (i + 1), "us": 10_000.0 if i < 3 else 11_000.0, "sm_mhz": 1980 if i < 3 else 1800}
+            for i in range(12)]
+    line = summary_line("aten", recs)
+    assert "settled   11000.0 µs (1.100x)" in line and "after 30 ms" in line and "1800 MHz" in line
+    flat = [{"t_ms": 10.0 * (i + 1), "us": 500.0, "sm_mhz": None} for i in range(6)]
+    assert "after 0 ms" in summary_line("aten", flat) and "nan MHz" in summary_line("aten", flat)

@@ -65,3 +65,31 @@ def test_graph_forward_holds_exactly_the_kernels_of_its_linears(short_forward):
         clock.close()
     graph = df[(df["regime"] == "graph") & (df["path"] == "aten") & (df["m"] == 8)]
     assert int(graph["kernels"].iloc[0]) == total
+
+
+def test_settled_samples_keep_exact_kernel_counts_and_carry_clocks(short_forward):
+    """Every timed forward followed settle_ms of untimed runs of itself: none of their kernels may leak into a timed
+    window (an eager forward holds as many kernels as its graph), and NVML's clock was read after every sample."""
+    df, cfg, _ = short_forward
+    assert cfg.settle_ms > 0
+    g = df[df["regime"] == "graph"].set_index(["m", "path"])["kernels"]
+    e = df[df["regime"] == "eager"].set_index(["m", "path"])["kernels"]
+    assert (e.sort_index() == g.sort_index()).all(), (e, g)
+    if "sm_mhz" in df and df["sm_mhz"].notna().any():  # NVML present
+        assert (df["sm_mhz"] > 0).all()
+        assert all(len(str(v).split(";")) == cfg.samples for v in df["sm_mhz_samples"])
+
+
+def test_sustained_replays_are_timed_one_by_one(tmp_path, gpu_profile):
+    import pandas as pd
+
+    from bench.forward import ForwardConfig, models_for, run_forward
+    cfg = ForwardConfig(profile=gpu_profile, models=models_for(["Qwen3.5-4B"], None), ms=[512],
+                        rules=["aten"], out=tmp_path, samples=3, decoder_layers=2, sustain_ms=150, idle_ms=50)
+    run_forward(cfg)
+    df = pd.read_csv(tmp_path / "sustain.csv")
+    assert set(df["status"]) == {"ok"} and len(df) >= 10
+    assert df["t_ms"].is_monotonic_increasing and (df["us"] > 0).all()
+    # the replays ran back to back: their times add up to the span they cover
+    assert abs(df["us"].sum() / 1e3 - df["t_ms"].iloc[-1]) <= 0.05 * df["t_ms"].iloc[-1]
+    assert not (tmp_path / "forward.csv").exists()
