@@ -36,9 +36,10 @@ FORWARD_COLUMNS = ("model", "tp", "m", "path", "regime", "status", "reason", "us
                    "gpu_busy_us", "span_us", "event_us", "linears", "kernels", "decoder_layers", "lm_head",
                    "samples", "paths_used", "samples_us", "sm_mhz", "sm_mhz_samples", "power_w_samples",
                    "clock_reasons_samples")
-# Each timed forward follows untimed runs of itself lasting at least this long (ms). At the H200's 700 W cap a
-# forward's time depends on the load before it: see settle_ms in ForwardConfig.
-DEFAULT_SETTLE_MS = 100.0
+# Each timed forward follows untimed runs of itself lasting at least this long (ms). On the H200 (700 W) a sustained
+# forward at M >= 512 runs 1.16-1.18x longer (4B) than its first replays after idle once NVML's SW power cap engages;
+# every trace of h200-sustain-1 reached its settled time within 2% by 142 ms of load (bench forward --sustain-ms).
+DEFAULT_SETTLE_MS = 200.0
 REGIMES = ("graph", "eager")
 
 
@@ -65,7 +66,9 @@ class ForwardConfig:
     # Each timed forward (graph and eager) follows untimed runs of itself lasting >= settle_ms (at least one; 0: none).
     # What ran before moves a forward's time at the power cap: in h200-bound-forward-14/15 (no graph settle, A B B A
     # order) graph-captured 4B M = 1031 forwards measured about 12.1 ms right after the slow, low-power TinyGEMM
-    # forward and 13.4-13.7 ms after heavy ones, so a path's ratio depended on its place in the order.
+    # forward and 13.4-13.7 ms after heavy ones, so a path's ratio depended on its place in the order. Settled, every
+    # path is timed at the clock its own sustained load holds (h200-sustain-1: aten, the table and lean cuBLASLt all
+    # settle at 14.0 ms there).
     settle_ms: float = DEFAULT_SETTLE_MS
     sustain_ms: float = 0.0  # > 0: instead of timing rows, each graph replayed this long after idle_ms (bench/sustain.py)
     idle_ms: float = 1000.0

@@ -41,7 +41,7 @@ def _fmt(value: Any) -> Any:
     if isinstance(value, float):
         return f"{value:.6g}"
     if isinstance(value, (list, tuple)):
-        return ";".join(_fmt(v) if not isinstance(v, str) else v for v in value)
+        return ";".join(str(_fmt(v)) for v in value)
     return value
 
 

@@ -403,14 +403,17 @@ def test_clock_columns_summarise_the_readings_and_skip_missing_ones():
     cols = clock_columns([(1980, 512.4, 0), None, (1755, 699.6, 4), (1830, 650.0, 4)])
     assert cols["sm_mhz"] == 1830 and cols["sm_mhz_samples"] == [1980, 1755, 1830]
     assert cols["power_w_samples"] == [512, 700, 650] and cols["clock_reasons_samples"] == [0, 4, 4]
+    from bench.forward import FORWARD_COLUMNS
+    from bench.results import rows_to_csv
+    assert rows_to_csv([cols], FORWARD_COLUMNS).splitlines()[1].endswith(",1830,1980;1755;1830,512;700;650,0;4;4")
 
 
 def test_sustain_summary_names_the_settled_time_and_when_it_was_reached():
     from bench.sustain import summary_line
-    # 3 fast replays after the idle gap, then a slower settled load: settled 1.1x, reached after the third (30 ms)
+    # 3 fast replays after the idle gap, then a slower settled load: settled 1.1x, first reached by the fourth (40 ms)
     recs = [{"t_ms": 10.0 * (i + 1), "us": 10_000.0 if i < 3 else 11_000.0, "sm_mhz": 1980 if i < 3 else 1800}
             for i in range(12)]
     line = summary_line("aten", recs)
-    assert "settled   11000.0 µs (1.100x)" in line and "after 30 ms" in line and "1800 MHz" in line
+    assert "settled   11000.0 µs (1.100x)" in line and "at 40 ms" in line and "1800 MHz" in line
     flat = [{"t_ms": 10.0 * (i + 1), "us": 500.0, "sm_mhz": None} for i in range(6)]
-    assert "after 0 ms" in summary_line("aten", flat) and "nan MHz" in summary_line("aten", flat)
+    assert "at 10 ms" in summary_line("aten", flat) and "nan MHz" in summary_line("aten", flat)
