@@ -16,7 +16,7 @@ import dispatch
 from bench.clocks import make_clock
 from bench.envinfo import ClockReader, nvml_clocks, run_info
 from bench.forward_paths import DISPATCH_PYTHON, LM_HEAD_RULE, RULES, TABLE_DIRECT, path_for
-from bench.gpu import REL_ERR_BOUND, capture_graph, check_output, replay_interleaved
+from bench.gpu import REL_ERR_BOUND, capture_graph, check_output, records_since_last_window, replay_interleaved
 from bench.paths import ATEN, DISPATCH, PATHS
 from bench.results import finished_rows, rows_to_csv, write_run_json
 from bench.stats import PhaseTimer, Window, attribute, summary
@@ -198,14 +198,13 @@ def eager_forwards(clock, forwards: dict[Any, Bound], samples: int, seed: int = 
         for s, order in enumerate(round_orders(names, samples, seed)):
             for p in order:
                 if settle_s > 0:
+                    records += records_since_last_window(clock, windows)
                     t_settle = time.perf_counter()
                     while True:
                         forwards[p]()
                         torch.cuda.synchronize()
                         if time.perf_counter() - t_settle >= settle_s:
                             break
-                    last = windows[-1].t1 if windows else -1  # keep the last window's records, not the settle's
-                    records += [r for r in clock.drain() if r.start <= last]
                 torch.cuda.synchronize()
                 c0, t0 = clock.now(), time.perf_counter_ns()
                 forwards[p]()
@@ -371,6 +370,7 @@ def run_forward(cfg: ForwardConfig) -> Path:
                     ms=cfg.ms, paths=cfg.rules, regimes=list(REGIMES), samples=cfg.samples, pdl=cfg.profile.pdl,
                     decoder_layers=cfg.decoder_layers, lm_head=cfg.lm_head, lm_head_rule=LM_HEAD_RULE,
                     eager_order_seed=cfg.order_seed, eager_settle=cfg.settle_ms > 0, settle_ms=cfg.settle_ms,
+                    settle_drain="before the settle",
                     sustain_ms=cfg.sustain_ms or None, idle_ms=cfg.idle_ms if cfg.sustain_ms else None,
                     table_file=cfg.table_file,
                     linears={m: len(s) for m, s in seqs.items()}, rules={r: RULES.get(r, "registry path") for r in cfg.rules},

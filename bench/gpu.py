@@ -148,6 +148,16 @@ class GraphTiming:
     clocks: list[tuple[int, float, int] | None] = field(default_factory=list)  # (SM MHz, W, reasons) after each sample
 
 
+def records_since_last_window(clock, windows: list[Window]) -> list:
+    """CUPTI's records so far, keeping only those of the last timed window: called between a window and the next
+    settle, so that the (many) records of settle runs are dropped without a flush between a settle and its window.
+    Runs that flushed there (h200-settled-forward-1) measured graph replays 5-14% below the sustained times of
+    h200-sustain-1 although NVML read the capped clock right after them (the GPU idled during the flush), and timed
+    eager forwards with 4-6x the host submission time of earlier runs; their eager rows are void (load_forward)."""
+    recs = clock.drain()
+    return [r for r in recs if r.start >= windows[-1].t0] if windows else []
+
+
 def replay_interleaved(clock, graphs: dict[str, Any], calls: int, samples: int, warmup: int = 2,
                        exclude: frozenset[str] = frozenset(), settle_s: float = 0.0, reader=None
                        ) -> dict[str, GraphTiming]:
@@ -194,12 +204,11 @@ def replay_interleaved(clock, graphs: dict[str, Any], calls: int, samples: int, 
     windows, events, records = [], [], []
     for s in range(samples):
         for p in (live if s % 2 == 0 else live[::-1]):
-            if settle[p]:  # finished before the window opens: CUPTI's records of these fall outside every window
-                for _ in range(settle[p]):
+            if settle[p]:
+                records += records_since_last_window(clock, windows)
+                for _ in range(settle[p]):  # synchronized below, before the window opens: outside every window
                     graphs[p].replay()
-                # the last window's records are kept; the settle's own started after it closed
-                last = windows[-1].t1 if windows else -1
-                records += [r for r in clock.drain() if r.start <= last]
+                torch.cuda.synchronize()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             t0 = clock.now()
             # A sleep kernel ahead of the start event keeps the GPU busy while the host launches the graph, so the

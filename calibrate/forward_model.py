@@ -6,6 +6,7 @@ time in the CUDA-graph regime and max(host, GPU) per call in the eager regime, s
 from __future__ import annotations
 
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -59,7 +60,21 @@ def load_forward(path: str | Path, partial: bool = False) -> tuple[pd.DataFrame,
     if (gaps or info.get("status") != "complete") and not partial:
         raise HarnessError(f"forward results {csv}: run status {info.get('status')!r}, {len(gaps)} of {len(want)} rows "
                            f"missing; finish it with --resume, or pass --partial")
+    if eager_void(info):
+        df["reason"] = df["reason"].astype(object)
+        df.loc[df["regime"] == "eager", ["status", "reason"]] = ["void", EAGER_VOID]
+        print(f"note: {csv}: its eager rows are void ({EAGER_VOID}); its graph rows are used", file=sys.stderr)
     return df, info
+
+
+# bench forward at c6f9bbd..caaa733 flushed CUPTI between each settle and its timed forward: the flush stretched the
+# timed eager forward's host submission 4-6x (all-aten 35B-A3B M = 1: 29 ms against 5 ms in h200-bound-forward-14).
+# Its runs say settle_ms in run.json and not settle_drain, which later runs record.
+EAGER_VOID = "a CUPTI flush ran between each settle and its timed eager forward and stretched its host time"
+
+
+def eager_void(info: dict[str, Any]) -> bool:
+    return bool(info.get("settle_ms")) and not info.get("settle_drain")
 
 
 def modelled_us(cells: Cells, seq, rule: str, m: int, regime: str, sm: int, profile: GpuProfile,
