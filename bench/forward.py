@@ -448,7 +448,8 @@ def run_forward(cfg: ForwardConfig) -> Path:
     clock.close()
     ok = sum(1 for r in rows if r.get("status") == "ok")
     if cfg.sustain_ms:
-        print(f"sustain: {ok} replays timed, {len(rows) - ok} path(s) failed, in {info['wall_s']:.0f} s; results: "
+        failed = {(r["model"], r["m"], r["path"]) for r in rows if r.get("status") != "ok"}
+        print(f"sustain: {ok} replays timed, {len(failed)} (model, M, path) failed, in {info['wall_s']:.0f} s; results: "
               f"{out_csv} and run.json (the lines above summarise each path)", file=terminal(), flush=True)
         return cfg.out
     print(f"forward: {ok} of {len(rows)} rows ok in {info['wall_s']:.0f} s; results: {out_csv} and run.json\n"
