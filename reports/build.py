@@ -224,7 +224,8 @@ def anatomy_section(path: str) -> str:
 
 
 def forward_section(run: Run, path: str, partial: bool) -> str:
-    from calibrate.forward_model import MODEL_MISS, forward_ratios, forward_verdicts, load_forward, model_vs_measured
+    from calibrate.forward_model import (EAGER_VOID, MODEL_MISS, eager_void, forward_ratios, forward_verdicts,
+                                         load_forward, model_vs_measured)
     fdf, info = load_forward(path, partial)
     ratios = forward_ratios(fdf)
     measured = [c for c in ratios.columns if c not in ("model", "m", "regime", ATEN)]
@@ -235,8 +236,12 @@ def forward_section(run: Run, path: str, partial: bool) -> str:
              + (f" · dispatch ran the {esc(info['dispatch_layer'])} bound layer" if info.get("dispatch_layer") else "")
              + (f" · LM head: {esc(info['lm_head_rule'])}" if info.get("lm_head_rule") else
                 " · registry paths also ran the LM head (runs before lm_head_rule)")
-             + (" · eager forwards timed right after an untimed run of themselves, shuffle seed "
-                f"{esc(info.get('eager_order_seed'))}" if info.get("eager_settle") else "") + "</p>",
+             + (f" · every timed forward after {esc(info['settle_ms'])} ms of untimed runs of itself"
+                if info.get("settle_ms") else
+                " · eager forwards timed right after an untimed run of themselves" if info.get("eager_settle") else "")
+             + (f", shuffle seed {esc(info.get('eager_order_seed'))}" if info.get("eager_settle") else "") + "</p>",
+             *([f"<p class='verdict no'>The eager rows of this run are void and left out: {esc(EAGER_VOID)}.</p>"]
+               if eager_void(info) else []),
              "<p>Every BF16 linear of one forward, in layer order with one weight per instance, timed as a whole: "
              "<b>graph</b> = the forward captured as one CUDA graph, CUPTI first-kernel-start to last-kernel-end; "
              "<b>eager</b> = the forward launched op by op from an idle GPU to one synchronize (host and GPU overlap "

@@ -185,6 +185,10 @@ def forward_figure(forward: pd.DataFrame) -> str:
             ax.set_xlabel("M (tokens)")
             ax.set_ylabel("per-forward time / aten")
             ax.grid(alpha=0.3, which="both")
-            ax.legend(fontsize=8)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=8)
+            else:  # no ok row in this regime (e.g. a run whose eager rows are void)
+                ax.text(0.5, 0.5, f"no valid {regime} rows in this run", ha="center", va="center",
+                        transform=ax.transAxes, fontsize=10, color="#a33")
     fig.tight_layout()
     return to_uri(fig)

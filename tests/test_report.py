@@ -95,6 +95,17 @@ def test_the_cli_exits_2_with_one_line(tmp_path, capsys):
     assert len(err) == 1 and err[0].startswith("reports: error:")
 
 
+def test_a_forward_run_with_void_eager_rows_says_so(tmp_path):
+    out = tmp_path / "report.html"
+    assert reports_main(["build", str(DATA / "h200-fit2-validate"), "--forward", str(DATA / "h200-settled-forward-1"),
+                         "-o", str(out)]) == 0
+    html = out.read_text()
+    section = html[html.index('<section id="forward">'):]
+    section = section[:section.index("</section>")]
+    assert "The eager rows of this run are void and left out" in section
+    assert "after 200.0 ms of untimed runs of itself" in section
+
+
 def _chromium() -> str | None:
     return shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 
