@@ -111,6 +111,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                            "a load takes to settle at the power cap, for --settle-ms)")
     p_fw.add_argument("--idle-ms", type=float_in(0, 60_000), default=1000.0,
                       help="with --sustain-ms: the idle gap before each path's replays (default 1000)")
+    p_fw.add_argument("--skip-slower", type=float_in(1.5, 1000), metavar="X",
+                      help="at each M, skip (both regimes, a row that says so) a path whose captured forward takes more "
+                           "than X times all-aten's: never the best, and slow forwards take most of a run's time "
+                           "(default: time every path)")
     p_fw.add_argument("--table", metavar="FILE",
                       help="the threshold table the dispatch and table-direct rules run (default: the GPU profile's "
                            "committed table), e.g. a table fitted without forward overrides, to fit them anew")
@@ -167,7 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                             resume=args.resume, command=command, quiet=True, order_seed=args.order_seed,
                             settle_ms=0.0 if args.no_settle else args.settle_ms,
                             table=_table(args.table, profile.name) if args.table else None, table_file=args.table,
-                            sustain_ms=args.sustain_ms or 0.0, idle_ms=args.idle_ms)
+                            sustain_ms=args.sustain_ms or 0.0, idle_ms=args.idle_ms, skip_slower=args.skip_slower)
         if cfg.sustain_ms and args.resume:
             raise HarnessError("--sustain-ms runs cannot be resumed; run it again into a new --out")
         sequences(cfg)  # a config that cannot be derived stops here, before the GPU is touched

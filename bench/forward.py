@@ -15,7 +15,7 @@ from typing import Any, Callable
 import dispatch
 from bench.clocks import make_clock
 from bench.envinfo import ClockReader, nvml_clocks, run_info
-from bench.forward_paths import DISPATCH_PYTHON, LM_HEAD_RULE, RULES, TABLE_DIRECT, path_for
+from bench.forward_paths import DISPATCH_PYTHON, LM_HEAD_RULE, NOT_SINGLE_PATHS, RULES, TABLE_DIRECT, path_for
 from bench.gpu import REL_ERR_BOUND, capture_graph, check_output, records_since_last_window, replay_interleaved
 from bench.paths import ATEN, DISPATCH, PATHS
 from bench.results import finished_rows, rows_to_csv, write_run_json
@@ -72,6 +72,7 @@ class ForwardConfig:
     settle_ms: float = DEFAULT_SETTLE_MS
     sustain_ms: float = 0.0  # > 0: instead of timing rows, each graph replayed this long after idle_ms (bench/sustain.py)
     idle_ms: float = 1000.0
+    skip_slower: float | None = None  # skip (both regimes) a rule whose graph replay takes > this x all-aten's
     table_file: str | None = None  # --table; None: the profile's committed table
 
 
@@ -242,6 +243,24 @@ def _row(cfg: ForwardConfig, model: str, m: int, rule: str, regime: str, n_linea
             "lm_head": cfg.lm_head, **kw}
 
 
+def too_slow(seconds: dict[str, float], factor: float) -> dict[str, float]:
+    """The rules whose forward took more than `factor` x all-aten's (by one replay of each), with that ratio: never
+    the best path, and at large M their forwards (TinyGEMM: 20x aten at M = 1031 on the H200) take most of a run."""
+    ref = seconds[ATEN]
+    kept = (ATEN, DISPATCH, *NOT_SINGLE_PATHS)  # the dispatcher and its twins are what a run is for
+    return {r: t / ref for r, t in seconds.items() if r not in kept and t > factor * ref}
+
+
+def _one_replay_s(graph) -> float:
+    import torch
+    graph.replay()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    graph.replay()
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
 def graph_m(cfg: ForwardConfig, clock, model: str, seq, weights, m: int, sm: int, fns, phase: PhaseTimer,
             reader: ClockReader | None = None) -> tuple[list[dict[str, Any]], dict[str, Bound]]:
     """Binds, checks and warms every rule's forward at one M, and times it captured; returns the graph rows (and
@@ -275,6 +294,14 @@ def graph_m(cfg: ForwardConfig, clock, model: str, seq, weights, m: int, sm: int
             torch.cuda.empty_cache()
             rows.append(_row(cfg, model, m, rule, "graph", len(seq), status="skipped",
                              reason=f"out of memory capturing the forward: {str(exc).splitlines()[0]}"))
+    if cfg.skip_slower and ATEN in graphs:
+        with phase("graph replay"):
+            slow = too_slow({rule: _one_replay_s(g) for rule, g in graphs.items()}, cfg.skip_slower)
+        for rule, ratio in slow.items():
+            del graphs[rule], eager_bound[rule]
+            rows += [_row(cfg, model, m, rule, r, len(seq), status="skipped",
+                          reason=f"{ratio:.1f}x aten's graph replay time (--skip-slower {cfg.skip_slower:g})")
+                     for r in REGIMES]
     if graphs and cfg.sustain_ms:
         with phase("sustain"):
             traces = sustained(graphs, cfg.idle_ms / 1e3, cfg.sustain_ms / 1e3, reader or ClockReader())
@@ -372,7 +399,7 @@ def run_forward(cfg: ForwardConfig) -> Path:
                     eager_order_seed=cfg.order_seed, eager_settle=cfg.settle_ms > 0, settle_ms=cfg.settle_ms,
                     settle_drain="before the settle",
                     sustain_ms=cfg.sustain_ms or None, idle_ms=cfg.idle_ms if cfg.sustain_ms else None,
-                    table_file=cfg.table_file,
+                    table_file=cfg.table_file, skip_slower=cfg.skip_slower,
                     linears={m: len(s) for m, s in seqs.items()}, rules={r: RULES.get(r, "registry path") for r in cfg.rules},
                     table=getattr(cfg.table, "source", {}).get("fitted_from") if cfg.table else None,
                     dispatch_layer=_layer_of_dispatch() if DISPATCH in cfg.rules else None,

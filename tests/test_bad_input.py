@@ -353,6 +353,7 @@ CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
      "a table for h100, not h200"),
     ("forward --table missing", lambda t: ["bench", "forward", "--gpu", "h200", "--table", str(t / "gone.json")],
      "gone.json"),
+    ("forward --skip-slower 1", lambda t: ["bench", "forward", "--gpu", "h200", "--skip-slower", "1"], "outside"),
     ("forward --settle-ms negative", lambda t: ["bench", "forward", "--gpu", "h200", "--settle-ms", "-5"], "outside"),
     ("forward --sustain-ms resumed", lambda t: ["bench", "forward", "--gpu", "h200", "--sustain-ms", "500",
                                                 "--resume", "--out", str(t / "out")], "cannot be resumed"),

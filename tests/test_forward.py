@@ -500,3 +500,12 @@ def test_settled_eager_forward_starts_right_after_its_settle_with_no_drain_betwe
     for i in opens:
         assert log[i - 1] == "f" and log[i + 1] == "f" and log[i + 2] == "now"  # settle, window, timed, close
         assert log[i - 2] == "drain"  # the drain came before the settle run
+
+
+def test_skip_slower_drops_only_single_paths_far_slower_than_all_aten():
+    from bench.forward import too_slow
+    seconds = {"aten": 0.012, "flashinfer-lean:tinygemm": 0.268, "flashinfer-lean:cublaslt": 0.0121,
+               "vllm-flashinfer": 0.013, "dispatch": 0.9, "table-direct": 0.9, "dispatch-python": 0.9}
+    slow = too_slow(seconds, 3.0)
+    assert list(slow) == ["flashinfer-lean:tinygemm"] and round(slow["flashinfer-lean:tinygemm"], 1) == 22.3
+    assert too_slow(seconds, 25.0) == {}

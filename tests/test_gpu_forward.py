@@ -93,3 +93,18 @@ def test_sustained_replays_are_timed_one_by_one(tmp_path, gpu_profile):
     # the replays ran back to back: their times add up to the span they cover
     assert abs(df["us"].sum() / 1e3 - df["t_ms"].iloc[-1]) <= 0.05 * df["t_ms"].iloc[-1]
     assert not (tmp_path / "forward.csv").exists()
+
+
+def test_skip_slower_leaves_out_a_path_far_slower_than_aten(tmp_path, gpu_profile):
+    """TinyGEMM everywhere at M = 1031 ran the forward about 20x all-aten on the H200: with --skip-slower 3 its rows
+    say so in both regimes and the other paths are timed as usual."""
+    import pandas as pd
+
+    from bench.forward import ForwardConfig, models_for, run_forward
+    low = f"flashinfer-lean:{gpu_profile.low_m_backend}"
+    cfg = ForwardConfig(profile=gpu_profile, models=models_for(["Qwen3.5-4B"], None), ms=[1031],
+                        rules=["aten", "dispatch", low], out=tmp_path, samples=3, decoder_layers=2, skip_slower=3.0)
+    run_forward(cfg)
+    df = pd.read_csv(tmp_path / "forward.csv").set_index(["path", "regime"])
+    assert set(df.loc[low, "status"]) == {"skipped"} and df.loc[low, "reason"].str.contains("x aten's graph").all()
+    assert set(df.drop(index=low, level="path")["status"]) == {"ok"}
