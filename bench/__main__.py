@@ -113,7 +113,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                       help="with --sustain-ms: the idle gap before each path's replays (default 1000)")
     p_fw.add_argument("--skip-slower", type=float_in(1.5, 1000), metavar="X",
                       help="at each M, skip (both regimes, a row that says so) a path whose captured forward takes more "
-                           "than X times all-aten's: never the best, and slow forwards take most of a run's time "
+                           "than X times all-aten's: never the best, and slow forwards take long "
                            "(default: time every path)")
     p_fw.add_argument("--table", metavar="FILE",
                       help="the threshold table the dispatch and table-direct rules run (default: the GPU profile's "
