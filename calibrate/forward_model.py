@@ -227,13 +227,21 @@ def picks_in_every_run(runs: list[pd.DataFrame], candidates: list[str], min_gain
     lease (on the H200: graph 35B-A3B M = 512 picked in two runs of one lease, not in the fit's run of another)."""
     per_run = [_beaten(run, candidates, min_gain) for run in runs]
     picks = {}
-    for key in set.intersection(*(set(b) for b in per_run)):
-        common = [p for p in candidates if all(p in b[key] for b in per_run)]
-        worst = {p: (max(b[key][p][0] for b in per_run), max(b[key][p][1] for b in per_run)) for p in common}
-        if worst:
-            path = min(worst, key=lambda p: worst[p][0])
-            picks[key] = (path, *worst[path])
+    for regime in sorted({key[0] for b in per_run for key in b}):
+        # a run with no valid row in a regime (its eager rows void) takes no part in that regime's decisions
+        taking_part = [b for b in per_run if any(key[0] == regime for key in b)]
+        for key in set.intersection(*({k for k in b if k[0] == regime} for b in taking_part)):
+            _pick(key, taking_part, candidates, picks)
     return picks
+
+
+def _pick(key: tuple[str, str, int], per_run: list[dict], candidates: list[str], picks: dict) -> None:
+    """Into `picks`: of the candidates that beat all-aten at `key` in every run, the one whose worst run is fastest."""
+    common = [p for p in candidates if all(p in b[key] for b in per_run)]
+    worst = {p: (max(b[key][p][0] for b in per_run), max(b[key][p][1] for b in per_run)) for p in common}
+    if worst:
+        path = min(worst, key=lambda p: worst[p][0])
+        picks[key] = (path, *worst[path])
 
 
 def gpu_bound_in_every_run(runs: list[pd.DataFrame], margin: float = GPU_BOUND_MARGIN,

@@ -509,3 +509,20 @@ def test_skip_slower_drops_only_single_paths_far_slower_than_all_aten():
     slow = too_slow(seconds, 3.0)
     assert list(slow) == ["flashinfer-lean:tinygemm"] and round(slow["flashinfer-lean:tinygemm"], 1) == 22.3
     assert too_slow(seconds, 25.0) == {}
+
+
+def test_a_run_with_void_eager_rows_takes_no_part_in_eager_picks():
+    """fit --forward lean-forward settled-forward-1: the settled run's graph rows take part (a graph pick must hold
+    in both), its void eager rows do not (the eager picks are lean-forward's alone, not none)."""
+    from calibrate.forward_model import picks_in_every_run
+    candidates = ["aten", "flashinfer-lean:cublaslt", "flashinfer-lean:tinygemm"]
+    lean = load_forward(DATA / "h200-lean-forward")[0]
+    settled = load_forward(DATA / "h200-settled-forward-1")[0]
+    both = picks_in_every_run([lean, settled], candidates, 0.01)
+    alone = picks_in_every_run([lean], candidates, 0.01)
+    eager = lambda picks: {k: v[0] for k, v in picks.items() if k[0] == "eager"}
+    assert eager(both) == eager(alone) and eager(alone)
+    graph_both = {k for k in both if k[0] == "graph"}
+    graph_settled = {k for k in picks_in_every_run([settled], candidates, 0.01) if k[0] == "graph"}
+    assert graph_both == {k for k in alone if k[0] == "graph"} & graph_settled
+    assert ("graph", "Qwen3.5-4B", 1031) in alone and ("graph", "Qwen3.5-4B", 1031) not in both
