@@ -16,7 +16,8 @@ import dispatch
 from bench.clocks import make_clock
 from bench.envinfo import ClockReader, nvml_clocks, run_info
 from bench.forward_paths import DISPATCH_PYTHON, LM_HEAD_RULE, NOT_SINGLE_PATHS, RULES, TABLE_DIRECT, path_for
-from bench.gpu import REL_ERR_BOUND, capture_graph, check_output, records_since_last_window, replay_interleaved
+from bench.gpu import (REL_ERR_BOUND, capture_graph, check_output, records_since_last_window, replay_interleaved,
+                       replay_seconds)
 from bench.paths import ATEN, DISPATCH, PATHS
 from bench.results import finished_rows, rows_to_csv, write_run_json
 from bench.stats import PhaseTimer, Window, attribute, summary
@@ -251,16 +252,6 @@ def too_slow(seconds: dict[str, float], factor: float) -> dict[str, float]:
     return {r: t / ref for r, t in seconds.items() if r not in kept and t > factor * ref}
 
 
-def _one_replay_s(graph) -> float:
-    import torch
-    graph.replay()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    graph.replay()
-    torch.cuda.synchronize()
-    return time.perf_counter() - t0
-
-
 def graph_m(cfg: ForwardConfig, clock, model: str, seq, weights, m: int, sm: int, fns, phase: PhaseTimer,
             reader: ClockReader | None = None) -> tuple[list[dict[str, Any]], dict[str, Bound]]:
     """Binds, checks and warms every rule's forward at one M, and times it captured; returns the graph rows (and
@@ -296,7 +287,7 @@ def graph_m(cfg: ForwardConfig, clock, model: str, seq, weights, m: int, sm: int
                              reason=f"out of memory capturing the forward: {str(exc).splitlines()[0]}"))
     if cfg.skip_slower and ATEN in graphs:
         with phase("graph replay"):
-            slow = too_slow({rule: _one_replay_s(g) for rule, g in graphs.items()}, cfg.skip_slower)
+            slow = too_slow({rule: replay_seconds(g) for rule, g in graphs.items()}, cfg.skip_slower)
         for rule, ratio in slow.items():
             del graphs[rule], eager_bound[rule]
             rows += [_row(cfg, model, m, rule, r, len(seq), status="skipped",

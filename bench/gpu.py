@@ -148,6 +148,17 @@ class GraphTiming:
     clocks: list[tuple[int, float, int] | None] = field(default_factory=list)  # (SM MHz, W, reasons) after each sample
 
 
+def replay_seconds(graph) -> float:
+    """Wall seconds of one replay of a warm graph (after one untimed replay), to size settles and runs by time."""
+    import torch
+    graph.replay()
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    graph.replay()
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
 def records_since_last_window(clock, windows: list[Window]) -> list:
     """CUPTI's records so far, keeping only those of the last timed window: called between a window and the next
     settle, so that the (many) records of settle runs are dropped without a flush between a settle and its window.

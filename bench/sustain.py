@@ -10,6 +10,7 @@ import time
 from typing import Any
 
 from bench.envinfo import ClockReader
+from bench.gpu import replay_seconds
 
 SUSTAIN_FILE = "sustain.csv"
 SUSTAIN_COLUMNS = ("model", "m", "path", "status", "reason", "replay", "t_ms", "us", "sm_mhz", "power_w", "clock_reasons")
@@ -22,12 +23,7 @@ def sustained(graphs: dict[str, Any], idle_s: float, run_s: float, reader: Clock
     import torch
     out = {}
     for path, graph in graphs.items():
-        graph.replay()
-        torch.cuda.synchronize()
-        t = time.perf_counter()
-        graph.replay()
-        torch.cuda.synchronize()
-        n = max(1, math.ceil(run_s / (time.perf_counter() - t)))
+        n = max(1, math.ceil(run_s / replay_seconds(graph)))
         events = [torch.cuda.Event(enable_timing=True) for _ in range(n + 1)]
         polls: list[tuple[float, Any]] = []
         stop = threading.Event()
