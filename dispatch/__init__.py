@@ -63,6 +63,9 @@ def configure(table: ThresholdTable | None) -> None:
     _DEVICES.clear()
     _SHAPES.clear()
     _LAYER_RULES.clear()
+    forget = getattr(globals().get("linear"), "forget", None)  # the C++ dispatch.linear's memory of shape rules
+    if forget is not None:
+        forget()
 
 
 def reset() -> None:
@@ -136,7 +139,7 @@ class _ShapeRule:
     """What the dispatcher does for one weight shape on one device: per regime ((up_to, kernel, backend), ...), the
     activation size (M x K elements) above which every regime runs F.linear, and the activation shapes below it at
     which both regimes run F.linear (remembered as they come, at most CHOICES_KEPT)."""
-    __slots__ = ("limit_numel", "graph", "eager", "sm", "f_linear_shapes")
+    __slots__ = ("limit_m", "limit_numel", "graph", "eager", "sm", "f_linear_shapes")
 
     def __init__(self, table: ThresholdTable | None, n: int, k: int, sm: int, pdl: bool):
         self.sm = sm
@@ -154,6 +157,7 @@ class _ShapeRule:
                     limit = max(limit, up_to)
             per[regime] = tuple(steps)
         self.graph, self.eager = per["graph"], per["eager"]
+        self.limit_m = limit if limit else -1
         self.limit_numel = limit * k if limit else -1
         self.f_linear_shapes: dict = {}
 
@@ -186,7 +190,7 @@ def _rule(device: int, weight: Any) -> _ShapeRule:
 _f_linear = F.linear
 
 
-def linear(x: Any, weight: Any, bias: Any = None) -> Any:
+def _linear_python(x: Any, weight: Any, bias: Any = None) -> Any:
     # The fast path (F.linear in both regimes: above every range, or an activation shape remembered as such) is two
     # dict lookups and one comparison; see calibrate host-cost.
     rule = _SHAPES.get((x.get_device(), weight.shape)) or _rule(x.get_device(), weight)
@@ -340,6 +344,26 @@ def _python_layer(weight: Any, bias: Any) -> tuple[Callable[[Any], Any], Callabl
             use[0](x.view(flat[0]), weight, out.view(flat[1]))
         return out
     return bound_linear, entries_at
+
+
+def _linear_rule_of(device: int, weight: Any) -> tuple[int, Callable[[int], bool]]:
+    """What the C++ dispatch.linear asks once per (device, weight shape): the M above which both regimes run
+    F.linear (-1: at every M), and the test of an M below it."""
+    rule = _rule(device, weight)
+    return rule.limit_m, rule.f_linear_in_both
+
+
+def _native_linear() -> Callable[..., Any] | None:
+    """dispatch.linear in C++ (dispatch/bound_linear.cpp's Linear) where the C++ layer is built, else None. Where
+    both regimes run F.linear it calls at::linear itself; every other call goes to the Python dispatch.linear."""
+    from dispatch import native
+    mod = native.module()
+    return None if mod is None else mod.Linear(_linear_rule_of, _linear_python, torch.nn.Parameter)
+
+
+# dispatch.linear: the C++ one where `python -m dispatch build-native` built it (looked up once, at import), else the
+# Python one; both make the same choices. layer_kind(dispatch.linear) says which.
+linear: Callable[..., Any] = _native_linear() or _linear_python
 
 
 def op():

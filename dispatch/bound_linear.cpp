@@ -8,6 +8,11 @@
 //
 // Everything this layer does not decide itself goes to `fallback`, the Python bound layer with the same semantics:
 // keyword arguments, a tensor subclass or a torch function mode (which F.linear honours and at::linear would not).
+//
+// `Linear` is dispatch.linear(x, weight, bias) in C++, the drop-in without binding: per call it looks up the weight
+// shape's rule (asked of Python once per (device, N, K)) and the M (once per M), and where both regimes run F.linear
+// calls at::linear; every other call (a kernel in either regime, or anything it does not decide) goes to the Python
+// dispatch.linear, which makes the same choices.
 #include <Python.h>
 
 #include <ATen/ATen.h>
@@ -16,7 +21,10 @@
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <cstdint>
+#include <functional>
+#include <initializer_list>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace {
@@ -260,6 +268,227 @@ PyMethodDef bound_methods[] = {
 
 PyTypeObject BoundLinearType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
+
+// ---- dispatch.linear ------------------------------------------------------------------------------------------
+
+struct ShapeKey {
+  int64_t device, n, k;
+  bool operator==(const ShapeKey& o) const { return device == o.device && n == o.n && k == o.k; }
+};
+
+struct ShapeKeyHash {
+  size_t operator()(const ShapeKey& key) const {
+    const std::hash<int64_t> h;
+    return h(key.n) * 1000003u ^ h(key.k) * 8191u ^ h(key.device);
+  }
+};
+
+struct ShapeChoices {
+  int64_t limit_m = -1;                      // above it both regimes run F.linear (-1: at every M)
+  PyObject* f_linear_at = nullptr;           // owned: m -> whether both regimes run F.linear at m
+  std::unordered_map<int64_t, bool> at;      // its answers, remembered (at most kChoicesKept, then start over)
+};
+
+using ShapeMap = std::unordered_map<ShapeKey, ShapeChoices, ShapeKeyHash>;
+
+struct Linear {
+  PyObject_HEAD
+  vectorcallfunc vectorcall;
+  PyObject* rule_of;     // owned: (device, weight) -> (limit_m, f_linear_at)
+  PyObject* fallback;    // owned: the Python dispatch.linear
+  PyObject* param_type;  // owned: torch.nn.Parameter (a plain tensor, like torch.Tensor)
+  ShapeMap* shapes;
+  bool release_gil;
+};
+
+void forget_shapes(ShapeMap* shapes) {
+  if (!shapes) return;
+  for (auto& [key, c] : *shapes) Py_CLEAR(c.f_linear_at);
+  shapes->clear();
+}
+
+// The rule of a weight shape on a device, asked of Python on first sight; nullptr with a Python error set.
+ShapeChoices* shape_choices(Linear* self, int64_t device, PyObject* weight_obj, int64_t n, int64_t k) {
+  const ShapeKey key{device, n, k};
+  auto it = self->shapes->find(key);
+  if (it != self->shapes->end()) return &it->second;
+  PyObject* r = PyObject_CallFunction(self->rule_of, "LO", static_cast<long long>(device), weight_obj);
+  if (!r) return nullptr;
+  int64_t limit = -1;
+  if (PyTuple_Check(r) && PyTuple_GET_SIZE(r) == 2 && PyCallable_Check(PyTuple_GET_ITEM(r, 1)))
+    limit = PyLong_AsLongLong(PyTuple_GET_ITEM(r, 0));
+  else if (!PyErr_Occurred())
+    PyErr_SetString(PyExc_TypeError, "rule_of(device, weight) must return (limit_m, f_linear_at)");
+  if (PyErr_Occurred()) {
+    Py_DECREF(r);
+    return nullptr;
+  }
+  ShapeChoices c;
+  c.limit_m = limit;
+  c.f_linear_at = PyTuple_GET_ITEM(r, 1);
+  Py_INCREF(c.f_linear_at);
+  Py_DECREF(r);
+  return &self->shapes->emplace(key, std::move(c)).first->second;
+}
+
+// Whether both regimes run F.linear at M: 1 yes, 0 no, -1 with a Python error set.
+int f_linear_in_both(ShapeChoices& c, int64_t m) {
+  if (m > c.limit_m) return 1;
+  auto it = c.at.find(m);
+  if (it != c.at.end()) return it->second ? 1 : 0;
+  PyObject* pm = PyLong_FromLongLong(m);
+  if (!pm) return -1;
+  PyObject* r = PyObject_CallOneArg(c.f_linear_at, pm);
+  Py_DECREF(pm);
+  if (!r) return -1;
+  const int both = PyObject_IsTrue(r);
+  Py_DECREF(r);
+  if (both < 0) return -1;
+  if (c.at.size() >= kChoicesKept) c.at.clear();
+  c.at[m] = both != 0;
+  return both;
+}
+
+PyObject* linear_call(PyObject* callable, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
+  auto* self = reinterpret_cast<Linear*>(callable);
+  const Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+  PyObject* bias_obj = nargs == 3 ? args[2] : Py_None;
+  auto plain = [self](PyObject* o) {
+    return Py_TYPE(o) == (PyTypeObject*)THPVariableClass || Py_TYPE(o) == (PyTypeObject*)self->param_type;
+  };
+  if ((nargs != 2 && nargs != 3) || kwnames != nullptr || !plain(args[0]) || !plain(args[1]) ||
+      (bias_obj != Py_None && !plain(bias_obj)) || at::impl::torch_function_mode_enabled())
+    return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
+  HANDLE_TH_ERRORS
+  const at::Tensor& x = THPVariable_Unpack(args[0]);
+  const at::Tensor& w = THPVariable_Unpack(args[1]);
+  if (w.dim() != 2) return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
+  const int64_t k = w.size(1), numel = x.numel(), dim = x.dim();
+  bool both = true;  // F.linear's own answer where the shapes do not fit (an error maybe)
+  if (dim != 0 && numel != 0 && x.size(-1) == k) {
+    ShapeChoices* c = shape_choices(self, x.get_device(), args[1], w.size(0), k);
+    if (!c) return nullptr;
+    const int answer = f_linear_in_both(*c, numel / k);
+    if (answer < 0) return nullptr;
+    both = answer == 1;
+  }
+  if (!both) return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
+  c10::optional<at::Tensor> bias;
+  if (bias_obj != Py_None) bias = THPVariable_Unpack(bias_obj);
+  at::Tensor y;
+  {
+    GilReleased released(self->release_gil);
+    y = at::linear(x, w, bias);
+  }
+  return THPVariable_Wrap(std::move(y));
+  END_HANDLE_TH_ERRORS
+}
+
+PyObject* linear_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
+  static const char* names[] = {"rule_of", "fallback", "parameter_type", "release_gil", nullptr};
+  PyObject *rule_of, *fallback, *param_type;
+  int release_gil = 1;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OOO|p", const_cast<char**>(names), &rule_of, &fallback,
+                                   &param_type, &release_gil))
+    return nullptr;
+  if (!PyCallable_Check(rule_of) || !PyCallable_Check(fallback) || !PyType_Check(param_type)) {
+    PyErr_SetString(PyExc_TypeError, "Linear(rule_of, fallback, parameter_type): two callables and a type");
+    return nullptr;
+  }
+  auto* self = reinterpret_cast<Linear*>(type->tp_alloc(type, 0));
+  if (!self) return nullptr;
+  self->vectorcall = linear_call;
+  self->shapes = new ShapeMap();
+  self->release_gil = release_gil != 0;
+  Py_INCREF(rule_of);
+  Py_INCREF(fallback);
+  Py_INCREF(param_type);
+  self->rule_of = rule_of;
+  self->fallback = fallback;
+  self->param_type = param_type;
+  return reinterpret_cast<PyObject*>(self);
+}
+
+void linear_dealloc(PyObject* obj) {
+  auto* self = reinterpret_cast<Linear*>(obj);
+  PyObject_GC_UnTrack(obj);
+  forget_shapes(self->shapes);
+  delete self->shapes;
+  self->shapes = nullptr;
+  Py_CLEAR(self->rule_of);
+  Py_CLEAR(self->fallback);
+  Py_CLEAR(self->param_type);
+  Py_TYPE(obj)->tp_free(obj);
+}
+
+int linear_traverse(PyObject* obj, visitproc visit, void* arg) {
+  auto* self = reinterpret_cast<Linear*>(obj);
+  Py_VISIT(self->rule_of);
+  Py_VISIT(self->fallback);
+  Py_VISIT(self->param_type);
+  if (self->shapes)
+    for (auto& [key, c] : *self->shapes) Py_VISIT(c.f_linear_at);
+  return 0;
+}
+
+int linear_clear(PyObject* obj) {
+  auto* self = reinterpret_cast<Linear*>(obj);
+  forget_shapes(self->shapes);
+  Py_CLEAR(self->rule_of);
+  Py_CLEAR(self->fallback);
+  Py_CLEAR(self->param_type);
+  return 0;
+}
+
+PyObject* linear_forget(PyObject* obj, PyObject*) {
+  forget_shapes(reinterpret_cast<Linear*>(obj)->shapes);
+  Py_RETURN_NONE;
+}
+
+PyObject* linear_remembered(PyObject* obj, PyObject*) {  // {(device, N, K): (limit_m, {M: both F.linear})}, for tests
+  auto* self = reinterpret_cast<Linear*>(obj);
+  PyObject* d = PyDict_New();
+  if (!d || !self->shapes) return d;
+  for (auto& [key, c] : *self->shapes) {
+    PyObject* at = PyDict_New();
+    if (!at) {
+      Py_DECREF(d);
+      return nullptr;
+    }
+    for (auto& [m, both] : c.at) {
+      PyObject* pm = PyLong_FromLongLong(m);
+      if (!pm || PyDict_SetItem(at, pm, both ? Py_True : Py_False) < 0) {
+        Py_XDECREF(pm);
+        Py_DECREF(at);
+        Py_DECREF(d);
+        return nullptr;
+      }
+      Py_DECREF(pm);
+    }
+    PyObject* k = Py_BuildValue("(LLL)", static_cast<long long>(key.device), static_cast<long long>(key.n),
+                                static_cast<long long>(key.k));
+    PyObject* v = Py_BuildValue("(LN)", static_cast<long long>(c.limit_m), at);
+    if (!k || !v || PyDict_SetItem(d, k, v) < 0) {
+      Py_XDECREF(k);
+      Py_XDECREF(v);
+      Py_DECREF(d);
+      return nullptr;
+    }
+    Py_DECREF(k);
+    Py_DECREF(v);
+  }
+  return d;
+}
+
+PyMethodDef linear_methods[] = {
+    {"forget", linear_forget, METH_NOARGS, "forget every shape's rule (after the table changed)"},
+    {"remembered", linear_remembered, METH_NOARGS, "{(device, N, K): (limit_m, {M: F.linear in both regimes})}"},
+    {nullptr, nullptr, 0, nullptr}};
+
+PyTypeObject LinearType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+// ---- the capture counter --------------------------------------------------------------------------------------
+
 PyObject* capture_enter(PyObject*, PyObject*) {
   ++capture_depth;
   Py_RETURN_NONE;
@@ -298,13 +527,30 @@ PyMODINIT_FUNC PyInit_blb_bound_linear() {
   BoundLinearType.tp_vectorcall_offset = offsetof(BoundLinear, vectorcall);
   BoundLinearType.tp_methods = bound_methods;
   if (PyType_Ready(&BoundLinearType) < 0) return nullptr;
+  LinearType.tp_name = "blb_bound_linear.Linear";
+  LinearType.tp_basicsize = sizeof(Linear);
+  LinearType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL;
+  LinearType.tp_doc =
+      "Linear(rule_of, fallback, parameter_type, release_gil=True): dispatch.linear, (x, weight, bias=None) -> y; "
+      "rule_of(device, weight) -> (limit_m, f_linear_at), f_linear_at(m) -> whether both regimes run F.linear";
+  LinearType.tp_new = linear_new;
+  LinearType.tp_dealloc = linear_dealloc;
+  LinearType.tp_traverse = linear_traverse;
+  LinearType.tp_clear = linear_clear;
+  LinearType.tp_call = PyVectorcall_Call;
+  LinearType.tp_vectorcall_offset = offsetof(Linear, vectorcall);
+  LinearType.tp_methods = linear_methods;
+  if (PyType_Ready(&LinearType) < 0) return nullptr;
   PyObject* m = PyModule_Create(&module_def);
   if (!m) return nullptr;
-  Py_INCREF(&BoundLinearType);
-  if (PyModule_AddObject(m, "BoundLinear", reinterpret_cast<PyObject*>(&BoundLinearType)) < 0) {
-    Py_DECREF(&BoundLinearType);
-    Py_DECREF(m);
-    return nullptr;
+  for (auto [name, type] : {std::pair<const char*, PyTypeObject*>{"BoundLinear", &BoundLinearType},
+                            std::pair<const char*, PyTypeObject*>{"Linear", &LinearType}}) {
+    Py_INCREF(type);
+    if (PyModule_AddObject(m, name, reinterpret_cast<PyObject*>(type)) < 0) {
+      Py_DECREF(type);
+      Py_DECREF(m);
+      return nullptr;
+    }
   }
   return m;
 }

@@ -299,6 +299,8 @@ def fake_gpu_dispatch(request, monkeypatch):
     monkeypatch.setattr(dispatch, "_device", lambda index: (_fake_rule_table(), 90, True))
     tiny = BACKENDS["tinygemm"]
     monkeypatch.setattr(type(tiny), "accepts_weight", lambda self, w, b, sm: b is None and w.dtype == torch.bfloat16)
+    monkeypatch.setattr(dispatch, "linear", dispatch._native_linear() or dispatch._linear_python)
+    assert dispatch.layer_kind(dispatch.linear) == request.param
     dispatch.reset()
     yield dispatch, calls, state
     state["capturing"] = False
@@ -625,6 +627,80 @@ def test_the_cpp_layer_remembers_choices_per_m_and_hands_the_rest_to_the_python_
         mod.BoundLinear("w", None, decide, fallback)
 
 
+def test_the_cpp_dispatch_linear_runs_f_linear_itself_only_where_both_regimes_do(native_module):
+    """The C++ dispatch.linear (bound_linear.cpp's Linear) on CPU tensors with a rule_of() of its own: the shape rule
+    is asked once per (device, N, K) and the M test once per M below its limit (at most 4096 M, then the memory
+    starts over); where both regimes run F.linear it calls at::linear itself (bias and Parameter weights included);
+    everything else goes to the Python dispatch.linear: a kernel in either regime, keyword arguments, a tensor
+    subclass, a torch function mode, a weight that is not 2-D. F.linear's errors are F.linear's; forget() starts
+    over; a bad rule_of() answer is a TypeError."""
+    import torch
+    import torch.nn.functional as F
+    from torch.overrides import TorchFunctionMode
+
+    import dispatch
+    mod = native_module
+    w = torch.randn(16, 64, dtype=torch.bfloat16)
+    bias = torch.randn(16, dtype=torch.bfloat16)
+    shapes, ms, fell = [], [], []
+
+    def f_linear_at(m):
+        ms.append(m)
+        return m > 8  # a kernel in some regime up to M = 8
+
+    def rule_of(device, weight):
+        shapes.append((device, tuple(weight.shape)))
+        return 32, f_linear_at
+
+    def fallback(x, weight, bias=None):
+        fell.append(tuple(x.shape))
+        return torch.full((*x.shape[:-1], weight.shape[0]), 7.0, dtype=x.dtype)
+
+    class Passthrough(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    class Sub(torch.Tensor):
+        pass
+    for release in (True, False):
+        shapes.clear(), ms.clear(), fell.clear()
+        linear = mod.Linear(rule_of, fallback, torch.nn.Parameter, release_gil=release)
+        assert dispatch.layer_kind(linear) == "C++"
+        x64, x16, x4 = (torch.randn(*s, 64, dtype=torch.bfloat16) for s in ((64,), (2, 8), (4,)))
+        for _ in range(2):
+            assert torch.equal(linear(x64, w), F.linear(x64, w))  # above the limit: no M test
+            assert torch.equal(linear(x16, w, bias), F.linear(x16, w, bias))  # M = 16: F.linear in both
+            assert bool((linear(x4, w) == 7).all())  # M = 4: the Python dispatch.linear
+        assert shapes == [(-1, (16, 64))] and ms == [16, 4] and fell == [(4, 64), (4, 64)]
+        assert linear.remembered() == {(-1, 16, 64): (32, {16: True, 4: False})}
+        assert torch.equal(linear(x16, torch.nn.Parameter(w)), F.linear(x16, w)) and len(fell) == 2
+        linear(x16, w, bias=bias)
+        linear(x16.as_subclass(Sub), w)
+        linear(x16, w.as_subclass(Sub))
+        with Passthrough():
+            linear(x16, w)
+        linear(x16, torch.randn(64, dtype=torch.bfloat16))
+        assert fell == [(4, 64)] * 2 + [(2, 8, 64)] * 4 + [(2, 8, 64)] and shapes == [(-1, (16, 64))]
+        with pytest.raises(RuntimeError, match="cannot be multiplied|shapes"):
+            linear(torch.randn(3, 32, dtype=torch.bfloat16), w)  # F.linear's own error
+        with pytest.raises(RuntimeError, match="at least 1D"):
+            linear(torch.tensor(1.0), w)
+        linear.forget()
+        assert linear.remembered() == {}
+        linear(x64, w)
+        assert shapes == [(-1, (16, 64))] * 2
+    wide = mod.Linear(lambda device, weight: (10 ** 6, f_linear_at), fallback, torch.nn.Parameter)
+    ms.clear()
+    for m in range(9, 9 + 4098):
+        wide(torch.zeros(m, 64, dtype=torch.bfloat16), w)
+    assert len(ms) == 4098 and wide.remembered()[(-1, 16, 64)][1] == {4105: True, 4106: True}
+    for answer in ("rule", (32, None), (32,)):
+        with pytest.raises(TypeError, match="rule_of"):
+            mod.Linear(lambda device, weight: answer, fallback, torch.nn.Parameter)(x16, w)
+    with pytest.raises(TypeError, match="callables"):
+        mod.Linear(rule_of, fallback, "Parameter")
+
+
 def test_bind_returns_the_cpp_layer_where_it_can_serve(native_module, monkeypatch):
     """dispatch.bind's native switch: the C++ layer when built and the capture signal is the hooks' counter, the
     Python layer with native=False, with the CUDA query as signal, or for a tensor subclass weight; native=True says
@@ -690,10 +766,18 @@ def test_dispatch_linear_remembers_shapes_where_both_regimes_run_f_linear(fake_g
     for _ in range(2):
         assert torch.equal(dispatch.linear(x12, w), F.linear(x12, w))
         assert torch.equal(dispatch.linear(x4, w), F.linear(x4, w))  # eager: F.linear, but graph has a kernel
-    assert set(rule.f_linear_shapes) == {(12, 64)} and calls == []
+    if state.mod is None:
+        assert set(rule.f_linear_shapes) == {(12, 64)} and calls == []
+    else:  # the C++ dispatch.linear remembers M itself (M = 4 goes to the Python one, which remembers nothing)
+        assert dispatch.linear.remembered() == {(-1, 16, 64): (32, {12: True, 4: False})} and calls == []
+        assert rule.f_linear_shapes == {}
     state["capturing"] = True
     assert bool((dispatch.linear(x4, w) == 7).all()) and calls == [(4, 64)]
     assert torch.equal(dispatch.linear(x12, w), F.linear(x12, w)) and len(calls) == 1
+    if state.mod is not None:
+        dispatch.reset()  # a new table: the C++ dispatch.linear forgets its shape rules
+        assert dispatch.linear.remembered() == {}
+        return
     monkeypatch.setattr(dispatch, "CHOICES_KEPT", 2)
     for m in (9, 10, 11):
         dispatch.linear(torch.randn(m, 64, dtype=torch.bfloat16), w)

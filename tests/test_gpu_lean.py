@@ -106,16 +106,21 @@ def _two_regime_table(profile, n, k):
 
 
 def _layer_kind(request, monkeypatch, kind: str) -> None:
-    """dispatch.bind returns this bound layer: 'Python', or 'C++' built for this session (conftest.native_module)."""
+    """dispatch.bind returns this bound layer, and dispatch.linear is this drop-in: 'Python', or 'C++' built for this
+    session (conftest.native_module)."""
+    import dispatch
     from dispatch import native
     mod = request.getfixturevalue("native_module") if kind == "C++" else None
     monkeypatch.setattr(native, "module", lambda: mod)
+    monkeypatch.setattr(dispatch, "linear", dispatch._native_linear() or dispatch._linear_python)
+    assert dispatch.layer_kind(dispatch.linear) == kind
 
 
 @pytest.mark.parametrize("kind", ["Python", "C++"])
 def test_the_dispatcher_switches_regime_with_capture(gpu_profile, kind, request, monkeypatch):
     """One table, two regimes: captured, the call runs the lean low-M kernel (its bits, not F.linear's); eager,
-    F.linear (its bits). The two references differ, so each comparison can fail. Both bound layers."""
+    F.linear (its bits). The two references differ, so each comparison can fail. Both bound layers and both
+    dispatch.linear."""
     import torch
     import torch.nn.functional as F
 
@@ -145,6 +150,9 @@ def test_the_dispatcher_switches_regime_with_capture(gpu_profile, kind, request,
         # above the graph range: F.linear in both regimes
         x64 = torch.randn(64, k, device="cuda", dtype=torch.bfloat16)
         assert torch.equal(layer(x64), F.linear(x64, w))
+        assert torch.equal(dispatch.linear(x64, w), F.linear(x64, w))
+        bias = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+        assert torch.equal(dispatch.linear(x64, w, bias), F.linear(x64, w, bias))
     finally:
         dispatch.reset()
 
