@@ -1,6 +1,7 @@
 """GPU timers: one CUPTI activity session per process (kernel records only), or CUDA events alone."""
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -69,6 +70,20 @@ class CuptiClock:
         self.records_seen += len(recs)
         return recs
 
+    @contextlib.contextmanager
+    def paused(self):
+        """No kernel records inside (records so far are drained first and kept): CUPTI's activity is off, so the
+        launches pay no profiler and no buffer fills up under them."""
+        kept = self.drain()
+        kind = self._cupti.ActivityKind.CONCURRENT_KERNEL
+        self._cupti.activity_disable(kind)
+        try:
+            yield
+        finally:
+            self._cupti.activity_enable(kind)
+            with self._lock:
+                self._records[:0] = kept
+
     def close(self) -> None:
         self.drain()
         self._cupti.activity_disable(self._cupti.ActivityKind.CONCURRENT_KERNEL)
@@ -89,6 +104,9 @@ class EventClock:
         import torch
         torch.cuda.synchronize()
         return []
+
+    def paused(self):
+        return contextlib.nullcontext()
 
     def close(self) -> None:
         pass

@@ -42,6 +42,8 @@ FORWARD_COLUMNS = ("model", "tp", "m", "path", "regime", "status", "reason", "us
 # every trace of h200-sustain-1 reached its settled time within 2% by 142 ms of load (bench forward --sustain-ms).
 DEFAULT_SETTLE_MS = 200.0
 REGIMES = ("graph", "eager")
+# run.json's account of CUPTI in the eager regime (runs before it timed eager forwards with CUPTI recording)
+EAGER_PROFILER = "off in timed forwards; gpu_busy_us and kernels from one profiled forward per (M, path) after them"
 
 
 @dataclass
@@ -177,8 +179,13 @@ def round_orders(keys: list[Any], rounds: int, seed: int = 0) -> list[list[Any]]
 def eager_forwards(clock, forwards: dict[Any, Bound], samples: int, seed: int = 0, settle_s: float = 0.0,
                    reader: ClockReader | None = None) -> dict[Any, dict[str, list]]:
     """`samples` eager forwards of each, in a shuffled order per round (round_orders), gc off, each from an idle GPU
-    to one synchronize at its end: wall µs, host submission µs (until the last call returned), CUPTI busy µs, and
-    the clocks read after it.
+    to one synchronize at its end: wall µs, host submission µs (until the last call returned) and the clocks read
+    after it; then one more of each, profiled: CUPTI's busy µs and kernel count.
+
+    The timed forwards run with CUPTI's activity off (clock.paused): with it on, every launch paid the profiler,
+    and the records of the settle runs filled CUPTI's buffers, whose parsing on CUPTI's thread (Python, holding the
+    GIL) then fell on some timed forwards and not others: in h200-settled-forward-3 the eager samples of one forward
+    came in two modes 1.5x apart (35B-A3B M = 1, all-aten: 4.7-5.1 ms and 7.3-8.2 ms).
 
     settle_s: each timed forward follows untimed runs of the same forward lasting at least this long (at least one
     when > 0). What ran before a forward moves its time: on the H200, identical all-F.linear forwards (4B, M = 1031)
@@ -188,36 +195,45 @@ def eager_forwards(clock, forwards: dict[Any, Bound], samples: int, seed: int = 
     names = list(forwards)
     out: dict[Any, dict[str, list]] = {p: {"wall": [], "submit": [], "busy": [], "kernels": [], "clocks": []}
                                        for p in names}
-    windows: list[Window] = []
-    records = []
+
+    def settle(p: Any) -> None:
+        t_settle = time.perf_counter()
+        while settle_s > 0:
+            forwards[p]()
+            torch.cuda.synchronize()
+            if time.perf_counter() - t_settle >= settle_s:
+                break
+        torch.cuda.synchronize()
+
     for p in names:  # untimed: the first forward after the graphs were freed pays the allocator's cudaMalloc calls
         forwards[p]()
     torch.cuda.synchronize()
     clock.drain()
     gc_on = gc.isenabled()
     gc.disable()
+    windows: list[Window] = []
+    records = []
     try:
-        for s, order in enumerate(round_orders(names, samples, seed)):
-            for p in order:
-                if settle_s > 0:
-                    records += records_since_last_window(clock, windows)
-                    t_settle = time.perf_counter()
-                    while True:
-                        forwards[p]()
-                        torch.cuda.synchronize()
-                        if time.perf_counter() - t_settle >= settle_s:
-                            break
-                torch.cuda.synchronize()
-                c0, t0 = clock.now(), time.perf_counter_ns()
-                forwards[p]()
-                t1 = time.perf_counter_ns()
-                torch.cuda.synchronize()
-                t2, c1 = time.perf_counter_ns(), clock.now()
-                out[p]["wall"].append((t2 - t0) / 1e3)
-                out[p]["submit"].append((t1 - t0) / 1e3)
-                windows.append(Window(p, s, c0, c1))
-                if reader is not None:
-                    out[p]["clocks"].append(reader.read())
+        with clock.paused():
+            for s, order in enumerate(round_orders(names, samples, seed)):
+                for p in order:
+                    settle(p)
+                    t0 = time.perf_counter_ns()
+                    forwards[p]()
+                    t1 = time.perf_counter_ns()
+                    torch.cuda.synchronize()
+                    t2 = time.perf_counter_ns()
+                    out[p]["wall"].append((t2 - t0) / 1e3)
+                    out[p]["submit"].append((t1 - t0) / 1e3)
+                    if reader is not None:
+                        out[p]["clocks"].append(reader.read())
+        for p in names:  # profiled: what kept the GPU busy, and the kernels (each forward's count is checked)
+            records += records_since_last_window(clock, windows)
+            settle(p)
+            c0 = clock.now()
+            forwards[p]()
+            torch.cuda.synchronize()
+            windows.append(Window(p, samples, c0, clock.now()))
     finally:
         if gc_on:
             gc.enable()
@@ -388,7 +404,7 @@ def run_forward(cfg: ForwardConfig) -> Path:
                     ms=cfg.ms, paths=cfg.rules, regimes=list(REGIMES), samples=cfg.samples, pdl=cfg.profile.pdl,
                     decoder_layers=cfg.decoder_layers, lm_head=cfg.lm_head, lm_head_rule=LM_HEAD_RULE,
                     eager_order_seed=cfg.order_seed, eager_settle=cfg.settle_ms > 0, settle_ms=cfg.settle_ms,
-                    settle_drain="before the settle",
+                    settle_drain="before the settle", eager_profiler=EAGER_PROFILER,
                     sustain_ms=cfg.sustain_ms or None, idle_ms=cfg.idle_ms if cfg.sustain_ms else None,
                     table_file=cfg.table_file, skip_slower=cfg.skip_slower,
                     linears={m: len(s) for m, s in seqs.items()}, rules={r: RULES.get(r, "registry path") for r in cfg.rules},
