@@ -23,7 +23,8 @@ from calibrate.analysis import (FIT_MIN_GAIN, Cells, cell_verdicts, dispatch_can
                                 low_m_measured, model_uses, provenance)
 from calibrate.baseline import fingerprint_mismatch, fingerprint_of
 from calibrate.forward_model import (GPU_BOUND_MARGIN, MODEL_MISS, forward_ratios, forward_verdicts,
-                                    gpu_bound_in_every_run, load_forward, model_vs_measured,
+                                    gpu_bound_in_every_run, host_bound_in_every_run, load_forward,
+                                    model_vs_measured,
                                     overrides_over_the_table, picks_in_every_run)
 from calibrate.hostcost import run_host_cost
 from calibrate.l2 import MODES, close_cells, decisions
@@ -298,7 +299,7 @@ def _fit_cmd(args, argv, profile, df, info, cells) -> int:
     hold_out = _grid_ms(args.hold_out)
     base = ThresholdTable(profile.name, profile.low_m_backend, {r: () for r in REGIMES})
     noise = load_noise(profile.name)
-    cell_picks, forward_note, shape_bound = {}, None, {}
+    cell_picks, forward_note, shape_bound, shape_host = {}, None, {}, {}
     if args.forward:
         runs = [fdf for fdf, _ in _load_forwards(args.forward, profile.name, args.partial)]
         picks = picks_in_every_run(runs, dispatch_candidates(cells, base), args.min_gain)
@@ -318,14 +319,23 @@ def _fit_cmd(args, argv, profile, df, info, cells) -> int:
                 shape_bound[(n, k)] = max(shape_bound.get((n, k), 0.0), start)
             print(f"eager, {model}: all-aten forwards GPU-bound (busy >= {GPU_BOUND_MARGIN}x host submission) "
                   + (f"from M = {start:g} on" if start < math.inf else "at no measured M"))
+        host_m = host_bound_in_every_run(runs, hold_out=hold_out)
+        for model, until in sorted(host_m.items()):
+            for n, k, _ in uses.get(model, []):
+                shape_host[(n, k)] = min(shape_host.get((n, k), until), until)
+            print(f"eager, {model}: all-aten forwards host-bound (submission >= {GPU_BOUND_MARGIN}x busy) "
+                  + (f"up to M = {until:g}" if until else "at no measured M")
+                  + "; between that and the GPU-bound M a path must cost less host and less GPU time")
         forward_note = {"forward": args.forward[0] if len(args.forward) == 1 else list(args.forward),
                         "picks": {f"{r} {mo} M={m}": p for (r, mo, m), (p, *_) in sorted(picks.items())},
-                        "gpu_bound_from": {mo: (None if v == math.inf else int(v)) for mo, v in sorted(bound_m.items())}}
-    table, report = fit(cells, base, profile.capture_size, args.min_gain, noise, hold_out, cell_picks, shape_bound)
+                        "gpu_bound_from": {mo: (None if v == math.inf else int(v)) for mo, v in sorted(bound_m.items())},
+                        "host_bound_until": {mo: int(v) for mo, v in sorted(host_m.items())}}
+    table, report = fit(cells, base, profile.capture_size, args.min_gain, noise, hold_out, cell_picks, shape_bound,
+                        host_bound_until=shape_host)
     override_note = None
     if args.table_forward:
         table, report, override_note = _overrides(args, profile, df, cells, base, noise, hold_out, cell_picks,
-                                                  shape_bound, table, report)
+                                                  shape_bound, shape_host, table, report)
     fp = info.get("fingerprint", {})
     fitted_ms = sorted(set(int(m) for m in df["m"]) - hold_out)
     source = {"fitted_from": str(args.results), "run_command": info.get("command"), "gpu": fp.get("gpu_name"),
@@ -388,27 +398,31 @@ def _load_forwards(folders: list[str], profile_name: str, partial: bool) -> list
     return runs
 
 
-def _overrides(args, profile, df, cells, base, noise, hold_out, cell_picks, shape_bound, table, report):
-    """--table-forward: measured forwards of the table this fit makes; where a lean single path beat its choices
-    (graph regime), refit with that path taking precedence at the model's cells. Returns table, report, note."""
+def _overrides(args, profile, df, cells, base, noise, hold_out, cell_picks, shape_bound, shape_host, table, report):
+    """--table-forward: measured forwards of the table this fit makes; where a single path (all-aten included) beat
+    its choices, in either regime, refit with that path taking precedence at the model's cells in that regime.
+    Returns table, report, note."""
     runs = _load_forwards(args.table_forward, profile.name, args.partial)
-    found = overrides_over_the_table(runs, table, profile, dispatch_candidates(cells, base), args.min_gain)
+    candidates = dispatch_candidates(cells, base)
+    found = {(regime, model, m): o for regime in REGIMES
+             for (model, m), o in overrides_over_the_table(runs, table, profile, candidates, args.min_gain,
+                                                           regime).items() if m not in hold_out}
     uses = model_uses(df)
     over = {}
-    for (model, m), o in found.items():
-        if m in hold_out:
-            continue
-        print(f"graph, {model} M={m}: {o['path']} everywhere it runs measured {o['ratio']:.3f}x this table's own "
+    for (regime, model, m), o in found.items():
+        print(f"{regime}, {model} M={m}: {o['path']} everywhere it runs measured {o['ratio']:.3f}x this table's own "
               f"choices [{o['lo']:.3f}, {o['hi']:.3f}] over {o['runs']} runs' rounds pooled (worst run "
               f"{o['worst_run']:.3f}); it takes precedence at the model's cells")
         for n, k, _ in uses.get(model, []):
-            over[("graph", n, k, m)] = o["path"]
+            over[(regime, n, k, m)] = o["path"]
     if not found:
-        print("no lean single path beat this table's own measured choices in every --table-forward run")
-    table, report = fit(cells, base, profile.capture_size, args.min_gain, noise, hold_out, cell_picks, shape_bound, over)
+        print("no single path beat this table's own measured choices in every --table-forward run")
+    table, report = fit(cells, base, profile.capture_size, args.min_gain, noise, hold_out, cell_picks, shape_bound, over,
+                        host_bound_until=shape_host)
     note = {"runs": list(args.table_forward),
-            "overrides": {f"graph {mo} M={m}": {k: (round(v, 4) if isinstance(v, float) else v) for k, v in o.items()}
-                          for (mo, m), o in sorted(found.items())}}
+            "overrides": {f"{regime} {mo} M={m}": {k: (round(v, 4) if isinstance(v, float) else v)
+                                                   for k, v in o.items()}
+                          for (regime, mo, m), o in sorted(found.items())}}
     return table, report, note
 
 

@@ -372,7 +372,8 @@ def fit(cells: Cells, base: ThresholdTable, capture_size: int, min_gain: float =
         hold_out: set[int] | frozenset[int] = frozenset(),
         forward_picks: dict[tuple[str, int, int, int], str] | None = None,
         gpu_bound_from: dict[tuple[int, int], float] | None = None,
-        overrides: dict[tuple[str, int, int, int], str] | None = None) -> tuple[ThresholdTable, pd.DataFrame]:
+        overrides: dict[tuple[str, int, int, int], str] | None = None,
+        host_bound_until: dict[tuple[int, int], float] | None = None) -> tuple[ThresholdTable, pd.DataFrame]:
     """Per shape and regime, M ranges -> path. At each measured M (held-out values left out) the cheapest candidate
     (dispatch_candidates) in the regime's cost (graph: GPU time; eager: max(host, GPU) per call) replaces F.linear
     only where it beats F.linear beyond the noise (_beats); ties go to F.linear. Shapes not measured run F.linear
@@ -388,7 +389,12 @@ def fit(cells: Cells, base: ThresholdTable, capture_size: int, min_gain: float =
     M on, every measured eager forward of the models with this shape kept its GPU busy longer than the host took to
     submit it, by a margin, so a call's host time hides in the backlog and the graph regime's choice (GPU time)
     decides. Below it the forward is host-bound: every µs of host time adds to it, so only a path whose host time is
-    below F.linear's (host_ratios < 1) may replace F.linear there, by the cost test above. A shape without measured
+    below F.linear's (host_ratios < 1) may replace F.linear there, by the cost test above. `host_bound_until`
+    (n, k) -> M (forward_model.host_bound_until): up to that M the host took clearly longer than the GPU; above it
+    and below gpu_bound_from the forward is balanced, host and GPU time both show in it, so a path must be cheaper
+    in both: host time below F.linear's and GPU time beating it beyond the noise (the graph test) as well as the
+    eager cost test. (Without the profiler the H200's 4B forward at M = 1 is balanced, and lean TinyGEMM on every
+    linear, half F.linear's host time, measured 1.05x all-aten: its GPU time grew more than the host time fell.) A shape without measured
     forwards keeps the per-cell test: a cell whose host time hides behind its own GPU time (host_hidden) takes the
     graph regime's choice.
 
@@ -410,15 +416,18 @@ def fit(cells: Cells, base: ThresholdTable, capture_size: int, min_gain: float =
             continue
         own, graph_choice = {}, {}
         bound_from = (gpu_bound_from or {}).get((n, k))
+        host_until = (host_bound_until or {}).get((n, k))
         for regime in ("graph", "eager"):
             choices = []
             for m in ms:
                 host_bound = regime == "eager" and bound_from is not None and m < bound_from
+                balanced = host_bound and host_until is not None and m > host_until
                 cands = [p for p in among if p != ATEN and cells.has(n, k, m, p)
                          and (not host_bound or p in host_cheaper)]
-                best = min(cands, key=lambda p: cells.cost(n, k, m, p, regime), default=None)
-                choice = best if best is not None and _beats(cells, n, k, m, best, ATEN, regime, min_gain,
-                                                             noise) else ATEN
+                best = min(cands, key=lambda p: cells.cost(n, k, m, p, "graph" if balanced else regime),
+                           default=None)
+                choice = best if best is not None and _beats(cells, n, k, m, best, ATEN, regime, min_gain, noise) \
+                    and (not balanced or _beats(cells, n, k, m, best, ATEN, "graph", min_gain, noise)) else ATEN
                 if regime == "eager" and not host_bound and (bound_from is not None or all(
                         host_hidden(cells, n, k, m, p) for p in {ATEN, graph_choice[m]})):
                     choice = graph_choice[m]  # eagerly GPU-bound: GPU time decides, as in the graph regime

@@ -190,6 +190,38 @@ def gpu_bound_from(forward: pd.DataFrame, margin: float = GPU_BOUND_MARGIN,
     return out
 
 
+def host_bound_until(forward: pd.DataFrame, margin: float = GPU_BOUND_MARGIN,
+                     hold_out: set[int] | frozenset[int] = frozenset()) -> dict[str, float]:
+    """Per model with measured eager all-aten forwards: the largest measured M up to which (from the smallest on)
+    every measured forward took the host at least `margin` times as long to submit as it kept the GPU busy; 0 where
+    the smallest measured M was not. Between it and gpu_bound_from the forward is balanced: host and GPU time both
+    show in it (on the H200, the 4B at M = 1-128 without the profiler: busy 1.03-1.23x submission)."""
+    ok = forward[(forward["status"] == "ok") & (forward["regime"] == "eager") & (forward["path"] == ATEN)]
+    out = {}
+    for model, g in ok.groupby("model"):
+        g = g[~g["m"].astype(int).isin(hold_out)]
+        busy, submit = (pd.to_numeric(g[c], errors="coerce") for c in ("gpu_busy_us", "submit_us"))
+        if not len(g) or (busy.isna() | submit.isna()).all():
+            continue
+        until = 0.0
+        for m, b, h in sorted(zip(g["m"].astype(int), busy, submit)):
+            if not h >= margin * b:
+                break
+            until = float(m)
+        out[str(model)] = until
+    return out
+
+
+def host_bound_in_every_run(runs: list[pd.DataFrame], margin: float = GPU_BOUND_MARGIN,
+                            hold_out: set[int] | frozenset[int] = frozenset()) -> dict[str, float]:
+    """host_bound_until over several runs: per model, the smallest (the cautious side)."""
+    out: dict[str, float] = {}
+    for run in runs:
+        for model, until in host_bound_until(run, margin, hold_out).items():
+            out[model] = min(out.get(model, until), until)
+    return out
+
+
 def _beaten(forward: pd.DataFrame, candidates: list[str], min_gain: float
             ) -> dict[tuple[str, str, int], dict[str, tuple[float, float]]]:
     """Per (regime, model, M) measured with all-aten: each candidate path whose whole forward beat all-aten beyond
@@ -226,11 +258,15 @@ def picks_in_every_run(runs: list[pd.DataFrame], candidates: list[str], min_gain
     picked, with its largest ratio and interval end over the runs. One run's picks vary with the GPU and host of its
     lease (on the H200: graph 35B-A3B M = 512 picked in two runs of one lease, not in the fit's run of another)."""
     per_run = [_beaten(run, candidates, min_gain) for run in runs]
+    # a run takes part in the decision at (regime, model, M) where it measured all-aten there: one that did not
+    # measure that model, or whose rows there are void (eager rows of h200-settled-forward-1), does not veto it
+    measured = [{(str(r), str(mo), int(m)) for r, mo, m in
+                 run.loc[(run["status"] == "ok") & (run["path"] == ATEN), ["regime", "model", "m"]].itertuples(index=False)}
+                for run in runs]
     picks = {}
-    for regime in sorted({key[0] for b in per_run for key in b}):
-        # a run with no valid row in a regime (its eager rows void) takes no part in that regime's decisions
-        taking_part = [b for b in per_run if any(key[0] == regime for key in b)]
-        for key in set.intersection(*({k for k in b if k[0] == regime} for b in taking_part)):
+    for key in sorted({key for b in per_run for key in b}):
+        taking_part = [b for b, seen in zip(per_run, measured) if key in seen]
+        if all(key in b for b in taking_part):
             _pick(key, taking_part, candidates, picks)
     return picks
 
@@ -283,9 +319,9 @@ def table_paths_used(seq, table: ThresholdTable, m: int, sm: int, profile: GpuPr
 def overrides_over_the_table(runs: list[tuple[pd.DataFrame, dict[str, Any]]], table: ThresholdTable,
                              profile: GpuProfile, candidates: list[str], min_gain: float, regime: str = "graph"
                              ) -> dict[tuple[str, int], dict[str, Any]]:
-    """Per (model, M): a lean single path whose whole forward beat the table's own choices (table-direct rows that
-    ran exactly what `table` chooses there, checked by their paths_used) in every run, and by more than `min_gain`
-    over the rounds of all runs pooled. What the cell test cannot see (gains of 1-2% spread over many cells, each
+    """Per (model, M) in one regime: a single path (all-aten included) whose whole forward beat the table's own
+    choices (table-direct rows that ran exactly what `table` chooses there, checked by their paths_used) in every
+    run, and by more than `min_gain` over the rounds of all runs pooled. What the cell test cannot see (gains of 1-2% spread over many cells, each
     inside the noise) shows in the forward; runs of the same table in fresh processes and leases are the evidence.
 
     A path qualifies when (1) its point ratio to table-direct is below 1 in every run that measured the table here,
@@ -312,7 +348,7 @@ def overrides_over_the_table(runs: list[tuple[pd.DataFrame, dict[str, Any]]], ta
             continue
         best = None
         for path in candidates:
-            if path == ATEN or not all(path in g.index for g in groups):
+            if not all(path in g.index for g in groups):
                 continue
             points = [_paired(g, path, TABLE_DIRECT)[0] for g in groups]
             sa = [parse_samples(g.at[path, "samples_us"]) for g in groups]
