@@ -276,7 +276,7 @@ def fitted_forwards(table: ThresholdTable) -> list[str]:
     src = table.source or {}
     picks = (src.get("measured_forwards") or {}).get("forward") or []
     runs = (src.get("forwards_of_this_table") or {}).get("runs") or []
-    return [str(f).rstrip("/") for f in ([picks] if isinstance(picks, str) else picks) + list(runs)]
+    return list(dict.fromkeys(str(f).rstrip("/") for f in ([picks] if isinstance(picks, str) else picks) + list(runs)))
 
 
 def _print_provenance(table: ThresholdTable, results: str, info: dict, forward: str | None = None) -> None:
@@ -350,7 +350,9 @@ def _fit_cmd(args, argv, profile, df, info, cells) -> int:
                       "F.linear's p20 cost times the floor); eager, with --forward, from the M where every measured "
                       f"all-aten eager forward of the shape's models kept the GPU busy >= {GPU_BOUND_MARGIN}x its host "
                       "submission time, the graph regime's choice, and below it only paths whose median host time is "
-                      "below F.linear's; without measured forwards, an eager cell whose host p80 stays below its GPU "
+                      "below F.linear's, which above the M up to which every such forward took the host >= "
+                      f"{GPU_BOUND_MARGIN}x its GPU busy time (balanced) must also beat F.linear in GPU time beyond the "
+                      "noise; without measured forwards, an eager cell whose host p80 stays below its GPU "
                       "p20 takes the graph regime's choice; with --forward, at each (model, M) measured, the lean single "
                       "path whose whole forward beat all-aten beyond the noise (paired interval) for that model's "
                       "shapes (eager: at every such cell; graph: where the cell test left F.linear and the path's "
@@ -360,10 +362,10 @@ def _fit_cmd(args, argv, profile, df, info, cells) -> int:
               "noise_floor": noise.source if noise else None, "measured_forwards": forward_note}
     if override_note is not None:
         source["forwards_of_this_table"] = override_note
-        source["rule"] += ("; with --table-forward, at each (model, M) where those runs measured this fit's own "
-                           "choices (table-direct, graph regime), a lean single path whose forward beat them in every "
-                           f"run and by more than {args.min_gain:.0%} over all their rounds pooled (interval below 1) "
-                           "takes precedence at that model's cells")
+        source["rule"] += ("; with --table-forward, at each (model, M, regime) where those runs measured this fit's "
+                           "own choices (table-direct), a single path (all-aten included) whose forward beat them in "
+                           f"every run and by more than {args.min_gain:.0%} over all their rounds pooled (interval "
+                           "below 1) takes precedence at that model's cells")
     if args.forward and len(args.forward) > 1:
         source["rule"] += ("; with several --forward runs, a pick must beat all-aten beyond the noise in every one of "
                            "them, and the eager boundness starts where it starts in the latest of them")

@@ -122,6 +122,32 @@ def test_eager_fit_follows_whether_the_measured_forward_is_host_or_gpu_bound():
     assert aware.choose(64, 2048, 128, "eager") == tg  # less host time than F.linear: allowed host-bound
 
 
+def test_eager_fit_in_a_balanced_forward_needs_less_host_and_less_gpu_time():
+    """Between the M up to which the measured forward was host-bound (host_bound_until) and the one from which it
+    was GPU-bound, host and GPU time both show in the forward: TinyGEMM, with half F.linear's host time, replaces
+    F.linear only where its GPU time beats F.linear's too. Host-bound, its host time alone decides."""
+    from calibrate.forward_model import host_bound_until
+    tg = "flashinfer-lean:tinygemm"
+    times = {}
+    for m, gpu in ((8, 4.0), (128, 6.0)):
+        times[(64, 2048, m, "aten")] = (5.0, 20.0)
+        times[(64, 2048, m, tg)] = (gpu, 9.0)  # GPU time below F.linear's at M = 8, above it at 128
+    cells = Cells.from_results(_synthetic(times))
+    base = ThresholdTable.from_thresholds("h200", "tinygemm", 0)
+    fw = pd.DataFrame([{"model": "X", "m": m, "path": "aten", "regime": "eager", "status": "ok",
+                        "gpu_busy_us": busy, "submit_us": 1000.0} for m, busy in ((8, 500.0), (128, 900.0),
+                                                                                   (1024, 700.0), (4096, 3000.0))])
+    assert host_bound_until(fw) == {"X": 8.0}  # 1000 >= 1.25 x 500 at M = 8; not at 128 (1.11x): up to 8
+    assert host_bound_until(fw, hold_out={128}) == {"X": 1024.0}
+    assert host_bound_until(fw.assign(gpu_busy_us=1000.0)) == {"X": 0.0}
+    bound = {(64, 2048): 4096.0}
+    balanced, _ = fit(cells, base, 512, gpu_bound_from=bound, host_bound_until={(64, 2048): 0.0})
+    assert balanced.choose(64, 2048, 8, "eager") == tg and balanced.choose(64, 2048, 128, "eager") == "aten"
+    host_bound, _ = fit(cells, base, 512, gpu_bound_from=bound, host_bound_until={(64, 2048): 128.0})
+    assert host_bound.choose(64, 2048, 8, "eager") == host_bound.choose(64, 2048, 128, "eager") == tg
+    assert fit(cells, base, 512, gpu_bound_from=bound)[0].choose(64, 2048, 128, "eager") == tg  # no such data
+
+
 LOW = "flashinfer:tinygemm"
 
 

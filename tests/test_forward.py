@@ -372,8 +372,13 @@ def test_overrides_come_from_forwards_that_ran_this_tables_own_choices():
     # show no such gain, and the committed table is 107eae0's choices again.
     settled = [load_forward(DATA / "h200-settled-forward-1")]
     assert overrides_over_the_table(settled, old, profile, candidates, 0.01) == {}
+    # the profiler-off runs of 107eae0's table: no single path, all-aten included, beat its choices in either regime
+    # where those runs ran them (the 4B at M = 1 eagerly is no evidence: the refit chooses otherwise there)
+    profiler_off = [load_forward(DATA / f"h200-settled-forward-{r}") for r in (4, 5)]
     committed = load_table("h200")
-    assert (committed.default, committed.shapes) == (old.default, old.shapes)
+    for regime in ("graph", "eager"):
+        assert overrides_over_the_table(profiler_off, committed, profile, candidates, 0.01, regime) == {}
+    assert committed.source["forwards_of_this_table"]["runs"] == [f"tests/data/h200-settled-forward-{r}" for r in (4, 5)]
 
 
 def test_graph_order_artifact_and_the_settled_state_it_hid():
@@ -534,3 +539,29 @@ def test_a_run_with_void_eager_rows_takes_no_part_in_eager_picks():
     graph_settled = {k for k in picks_in_every_run([settled], candidates, 0.01) if k[0] == "graph"}
     assert graph_both == {k for k in alone if k[0] == "graph"} & graph_settled
     assert ("graph", "Qwen3.5-4B", 1031) in alone and ("graph", "Qwen3.5-4B", 1031) not in both
+
+
+def test_profiler_off_eager_forwards_and_the_balanced_4b():
+    """With CUPTI recording during timed eager forwards (h200-settled-forward-3) the all-aten 4B forward at M = 1 took
+    3.9 ms of host submission; with it paused (-4) 2.5 ms, and its samples lie within 1.4% of each other (p80/p20)
+    where the 35B-A3B's came in two modes 1.5x apart in -3. Without the profiler the 4B is balanced at M <= 128 (host
+    never >= 1.25x busy): 107eae0's table, lean TinyGEMM on every 4B linear at M = 1 eagerly, measured 1.052x all-aten
+    there (paired per round); the table refitted with the balanced rule measured 0.933x in a later process (-6)."""
+    from calibrate.forward_model import host_bound_until
+    runs = {r: load_forward(DATA / f"h200-settled-forward-{r}")[0] for r in (3, 4, 6)}
+
+    def row(r, model, m, path, regime="eager"):
+        df = runs[r]
+        return df[(df["model"] == model) & (df["m"] == m) & (df["path"] == path) & (df["regime"] == regime)].iloc[0]
+    small, big = "Qwen3.5-4B", "Qwen3.5-35B-A3B"
+    assert (round(row(3, small, 1, "aten")["submit_us"]), round(row(4, small, 1, "aten")["submit_us"])) == (3934, 2520)
+    assert round(row(4, small, 1, "aten")["us_p80"] / row(4, small, 1, "aten")["us_p20"], 3) == 1.014
+    samples = [float(v) for v in str(row(3, big, 1, "aten")["samples_us"]).split(";")]
+    assert min(samples) < 5100 and max(samples) > 8100
+    assert host_bound_until(runs[4]) == {big: 512.0, small: 0.0}
+    assert {"settle_drain", "eager_profiler"} <= set(load_forward(DATA / "h200-settled-forward-4")[1])
+
+    def vs_aten(r, m):
+        v = forward_verdicts(runs[r], 512).set_index(["model", "m", "regime"])
+        return round(float(v.loc[(small, m, "eager"), "dispatch_over_aten"]), 3)
+    assert vs_aten(4, 1) == 1.052 and vs_aten(6, 1) == 0.933
