@@ -245,7 +245,10 @@ def forward_section(run: Run, path: str, partial: bool) -> str:
              "<p>Every BF16 linear of one forward, in layer order with one weight per instance, timed as a whole: "
              "<b>graph</b> = the forward captured as one CUDA graph, CUPTI first-kernel-start to last-kernel-end; "
              "<b>eager</b> = the forward launched op by op from an idle GPU to one synchronize (host and GPU overlap "
-             "as in a real eager step). 'vllm-flashinfer' is FlashInfer as vLLM's flag runs it (low-M backend at "
+             "as in a real eager step" + ("; timed with the profiler paused, busy time from one profiled forward "
+                                          "after them" if info.get("eager_profiler") else
+                                          "; timed with CUPTI recording, whose per-launch cost is in the host time")
+             + "). 'vllm-flashinfer' is FlashInfer as vLLM's flag runs it (low-M backend at "
              "M <= 32, FlashInfer cuBLASLt above), 'seed-fix' the seed PR's rule (low-M backend at M <= 32, F.linear "
              "above); lm_head is F.linear in both, as in vLLM." + (
                  " 'table-direct' (dotted) runs the dispatcher's table choices called directly, without the bound "
