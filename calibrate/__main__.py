@@ -24,7 +24,7 @@ from calibrate.analysis import (FIT_MIN_GAIN, Cells, cell_verdicts, dispatch_can
 from calibrate.baseline import fingerprint_mismatch, fingerprint_of
 from calibrate.forward_model import (GPU_BOUND_MARGIN, MODEL_MISS, forward_ratios, forward_verdicts,
                                     gpu_bound_in_every_run, host_bound_in_every_run, load_forward,
-                                    model_vs_measured,
+                                    kept_choices, model_vs_measured, other_table_keys,
                                     overrides_over_the_table, picks_in_every_run)
 from calibrate.hostcost import run_host_cost
 from calibrate.l2 import MODES, close_cells, decisions
@@ -103,8 +103,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_fit.add_argument("--hold-out", default="", help="comma list of M values the fit must not see (validated later)")
     p_fit.add_argument("--table-forward", nargs="+", metavar="DIR",
                        help="measured forwards of the table this fit makes (its table-direct rows, checked against "
-                            "what it chooses): where a lean single path beat those choices in every run and by more "
-                            "than --min-gain over their rounds pooled (graph regime), it takes precedence")
+                            "what it chooses): where a single path (all-aten included) beat those choices in every "
+                            "run and by more than --min-gain over their rounds pooled, in either regime, it takes "
+                            "precedence at the model's cells")
+    p_fit.add_argument("--keep", metavar="TABLE",
+                       help="with --table-forward: the table file those runs measured; at each (model, M, regime) "
+                            "where its choices ran faster than all-aten beyond the noise in every run and no single "
+                            "path beat them, they are kept at the model's cells (a measured gain is not given up on "
+                            "the cells' word alone)")
     p_fit.add_argument("--forward", nargs="+", metavar="DIR",
                        help="measured-forward folders: at each (model, M, regime) they all measured, a lean single "
                             "path whose whole forward beat all-aten beyond the noise in every one of them is picked "
@@ -297,6 +303,8 @@ def _print_provenance(table: ThresholdTable, results: str, info: dict, forward: 
 def _fit_cmd(args, argv, profile, df, info, cells) -> int:
     out = output_file(args.out, "--out") if args.out else TABLE_DIR / f"{profile.name}.json"
     hold_out = _grid_ms(args.hold_out)
+    if args.keep and not args.table_forward:
+        raise HarnessError("--keep needs --table-forward: the measured forwards of that table")
     base = ThresholdTable(profile.name, profile.low_m_backend, {r: () for r in REGIMES})
     noise = load_noise(profile.name)
     cell_picks, forward_note, shape_bound, shape_host = {}, None, {}, {}
@@ -365,7 +373,10 @@ def _fit_cmd(args, argv, profile, df, info, cells) -> int:
         source["rule"] += ("; with --table-forward, at each (model, M, regime) where those runs measured this fit's "
                            "own choices (table-direct), a single path (all-aten included) whose forward beat them in "
                            f"every run and by more than {args.min_gain:.0%} over all their rounds pooled (interval "
-                           "below 1) takes precedence at that model's cells")
+                           "below 1) takes precedence at that model's cells" + (
+                               f"; with --keep, where they measured the choices of {args.keep} faster than all-aten "
+                               "beyond the noise in every run and no single path beat them, those choices are kept "
+                               "at that model's cells" if args.keep else ""))
     if args.forward and len(args.forward) > 1:
         source["rule"] += ("; with several --forward runs, a pick must beat all-aten beyond the noise in every one of "
                            "them, and the eager boundness starts where it starts in the latest of them")
@@ -411,6 +422,21 @@ def _overrides(args, profile, df, cells, base, noise, hold_out, cell_picks, shap
                                                            regime).items() if m not in hold_out}
     uses = model_uses(df)
     over = {}
+    kept = {}
+    if args.keep:
+        previous = load_table(profile.name, args.keep)
+        if previous.profile != profile.name:
+            raise HarnessError(f"--keep {args.keep} is a table for {previous.profile}, the fit is for {profile.name}")
+        for regime in REGIMES:
+            beaten = overrides_over_the_table(runs, previous, profile, candidates, args.min_gain, regime)
+            for (model, m), o in kept_choices(runs, previous, profile, regime).items():
+                if m in hold_out or (model, m) in beaten:
+                    continue
+                kept[(regime, model, m)] = o
+                print(f"{regime}, {model} M={m}: {args.keep}'s choices measured {o['ratio']:.3f}x all-aten (interval "
+                      f"up to {o['hi']:.3f}; the worst of {o['runs']} runs); kept at the model's cells")
+                for n, k, _ in uses.get(model, []):
+                    over[(regime, n, k, m)] = previous.choose(n, k, m, regime)
     for (regime, model, m), o in found.items():
         print(f"{regime}, {model} M={m}: {o['path']} everywhere it runs measured {o['ratio']:.3f}x this table's own "
               f"choices [{o['lo']:.3f}, {o['hi']:.3f}] over {o['runs']} runs' rounds pooled (worst run "
@@ -421,7 +447,9 @@ def _overrides(args, profile, df, cells, base, noise, hold_out, cell_picks, shap
         print("no single path beat this table's own measured choices in every --table-forward run")
     table, report = fit(cells, base, profile.capture_size, args.min_gain, noise, hold_out, cell_picks, shape_bound, over,
                         host_bound_until=shape_host)
-    note = {"runs": list(args.table_forward),
+    note = {"runs": list(args.table_forward), "kept_from": args.keep,
+            "kept": {f"{regime} {mo} M={m}": {k: (round(v, 4) if isinstance(v, float) else v) for k, v in o.items()}
+                     for (regime, mo, m), o in sorted(kept.items())},
             "overrides": {f"{regime} {mo} M={m}": {k: (round(v, 4) if isinstance(v, float) else v)
                                                    for k, v in o.items()}
                           for (regime, mo, m), o in sorted(found.items())}}
@@ -465,6 +493,14 @@ def _forward_report(where: str, fdf: pd.DataFrame, finfo: dict, cells, table, pr
               f"{int(mv['miss'].sum())} of {len(mv)} rows; largest miss {(mv['measured_over_model'] - 1).abs().max():.1%}):")
         print(show.to_string(float_format=lambda v: f"{v:.3f}"))
     fv = forward_verdicts(fdf, profile.capture_size)
+    other, checkable = other_table_keys(fdf, finfo, table, profile)
+    if not checkable and not fv.empty:
+        print(f"\nnote: {where} has no table-direct rows, so which table its dispatcher ran is not checked")
+    if other:
+        print(f"\n{where} ran another table's choices than this one at {len(other)} (model, M, regime) (its "
+              f"table-direct rows ran other paths): no measured verdict there: "
+              + ", ".join(f"{mo} M={m} {r}" for mo, m, r in sorted(other)))
+        fv = fv[[(mo, m, r) not in other for mo, m, r in zip(fv["model"], fv["m"], fv["regime"])]]
     if fv.empty:
         return fv, set()
     print("\nmeasured forwards, dispatcher / best measured path and / all-aten, both regimes (paired per round; "
@@ -479,7 +515,9 @@ def _forward_report(where: str, fdf: pd.DataFrame, finfo: dict, cells, table, pr
         print(f"  {r.model:22s} M={r.m:<6d} {r.regime:5s}{'*' if r.vllm_regime else ' '} / best ({r.best}) "
               f"{r.dispatch_over_best:.3f}{lo}   / aten {r.dispatch_over_aten:.3f}{alo}   {'ok' if r.ok else 'OVER'}"
               + split)
-    return fv[~fv["ok"]], set(zip(fv["model"], fv["m"]))
+    # a (model, M) counts as measured where both regimes were, for this table
+    regimes = fv.groupby(["model", "m"])["regime"].nunique()
+    return fv[~fv["ok"]], {key for key, n in regimes.items() if n == 2}
 
 
 def _l2_cmd(args) -> int:

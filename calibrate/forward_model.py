@@ -316,17 +316,24 @@ def table_paths_used(seq, table: ThresholdTable, m: int, sm: int, profile: GpuPr
     return bound.describe()
 
 
-def overrides_over_the_table(runs: list[tuple[pd.DataFrame, dict[str, Any]]], table: ThresholdTable,
-                             profile: GpuProfile, candidates: list[str], min_gain: float, regime: str = "graph"
-                             ) -> dict[tuple[str, int], dict[str, Any]]:
-    """Per (model, M) in one regime: a single path (all-aten included) whose whole forward beat the table's own
-    choices (table-direct rows that ran exactly what `table` chooses there, checked by their paths_used) in every
-    run, and by more than `min_gain` over the rounds of all runs pooled. What the cell test cannot see (gains of 1-2% spread over many cells, each
-    inside the noise) shows in the forward; runs of the same table in fresh processes and leases are the evidence.
+def other_table_keys(forward: pd.DataFrame, info: dict[str, Any], table: ThresholdTable, profile: GpuProfile
+                     ) -> tuple[set[tuple[str, int, str]], bool]:
+    """The (model, M, regime) at which a forward run's table-direct rows ran other choices than `table` makes (the
+    run measured another table there: its dispatcher rows are no verdict on this one), and whether the run has
+    table-direct rows to check by at all."""
+    ok = forward[(forward["status"] == "ok") & (forward["path"] == TABLE_DIRECT)]
+    seqs = _sequences(info, set(ok["model"]))
+    sm = _run_sm(info, profile)
+    other = {(str(r.model), int(r.m), str(r.regime)) for r in ok.itertuples()
+             if r.model in seqs and str(r.paths_used) != table_paths_used(seqs[r.model], table, int(r.m), sm, profile,
+                                                                          str(r.regime))}
+    return other, not ok.empty
 
-    A path qualifies when (1) its point ratio to table-direct is below 1 in every run that measured the table here,
-    (2) the paired ratio over all those runs' rounds pooled has its interval wholly below 1 and its median at most
-    1 - min_gain. The fastest by pooled median is returned, with the runs it was measured in."""
+
+def measured_groups(runs: list[tuple[pd.DataFrame, dict[str, Any]]], table: ThresholdTable, profile: GpuProfile,
+                    regime: str) -> dict[tuple[str, int], list[pd.DataFrame]]:
+    """Per (model, M) of one regime: the rows (indexed by path) of each run whose table-direct ran exactly what
+    `table` chooses there (checked by paths_used). A key that some run measured with other choices is left out."""
     per_key: dict[tuple[str, int], list[pd.DataFrame]] = {}
     mismatched: set[tuple[str, int]] = set()
     for df, info in runs:
@@ -342,10 +349,42 @@ def overrides_over_the_table(runs: list[tuple[pd.DataFrame, dict[str, Any]]], ta
                 mismatched.add(key)  # that run measured another table's choices here
                 continue
             per_key.setdefault(key, []).append(g)
+    return {key: groups for key, groups in per_key.items() if key not in mismatched}
+
+
+def kept_choices(runs: list[tuple[pd.DataFrame, dict[str, Any]]], table: ThresholdTable, profile: GpuProfile,
+                 regime: str) -> dict[tuple[str, int], dict[str, Any]]:
+    """Per (model, M) of one regime: where every run that measured `table`'s own choices there (table-direct) found
+    the dispatcher running them faster than all-aten beyond the noise (paired interval wholly below 1; table-direct
+    where the run has no dispatcher rows), its worst ratio and interval end. A refit keeps such choices unless a single
+    path beat them (hysteresis: a measured gain is not given up on the strength of the cells alone). The dispatcher,
+    not table-direct, is the measure: it is what a model pays, and table-direct's registry calls cost more host time
+    (35B-A3B M = 32 eagerly in h200-settled-forward-4: dispatch 0.71x all-aten, table-direct 0.88x)."""
+    out = {}
+    for key, groups in sorted(measured_groups(runs, table, profile, regime).items()):
+        if not all(ATEN in g.index for g in groups):
+            continue
+        paired = [_paired(g, DISPATCH if DISPATCH in g.index else TABLE_DIRECT, ATEN) for g in groups]
+        if all(hi < 1 for _, _, hi in paired):
+            out[key] = {"ratio": max(r for r, _, _ in paired), "hi": max(hi for _, _, hi in paired),
+                        "runs": len(groups)}
+    return out
+
+
+def overrides_over_the_table(runs: list[tuple[pd.DataFrame, dict[str, Any]]], table: ThresholdTable,
+                             profile: GpuProfile, candidates: list[str], min_gain: float, regime: str = "graph"
+                             ) -> dict[tuple[str, int], dict[str, Any]]:
+    """Per (model, M) in one regime: a single path (all-aten included) whose whole forward beat the table's own
+    choices (table-direct rows that ran exactly what `table` chooses there, checked by their paths_used) in every
+    run, and by more than `min_gain` over the rounds of all runs pooled. What the cell test cannot see (gains of 1-2% spread over many cells, each
+    inside the noise) shows in the forward; runs of the same table in fresh processes and leases are the evidence.
+
+    A path qualifies when (1) its point ratio to table-direct is below 1 in every run that measured the table here,
+    (2) the paired ratio over all those runs' rounds pooled has its interval wholly below 1 and its median at most
+    1 - min_gain. The fastest by pooled median is returned, with the runs it was measured in."""
+    per_key = measured_groups(runs, table, profile, regime)
     out = {}
     for key, groups in sorted(per_key.items()):
-        if key in mismatched:
-            continue
         best = None
         for path in candidates:
             if not all(path in g.index for g in groups):

@@ -170,6 +170,12 @@ CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
                                                 str(DATA / "h200-lean-forward"), str(t / "gone"), "--dry-run"], "gone"),
     ("fit --table-forward missing", lambda t: ["calibrate", "fit", str(DATA / "h200-lean-fit"), "--gpu", "h200",
                                                "--table-forward", str(t / "gone"), "--dry-run"], "gone"),
+    ("fit --keep without --table-forward", lambda t: ["calibrate", "fit", str(DATA / "h200-lean-fit"), "--gpu", "h200",
+                                                      "--keep", str(DATA / "h200-table-107eae0.json"), "--dry-run"],
+     "--keep needs --table-forward"),
+    ("fit --keep missing", lambda t: ["calibrate", "fit", str(DATA / "h200-lean-fit"), "--gpu", "h200", "--dry-run",
+                                      "--table-forward", str(DATA / "h200-settled-forward-5"), "--keep", str(t / "gone")],
+     "gone"),
     ("fit --table-forward NaN time", lambda t: ["calibrate", "fit", str(DATA / "h200-lean-fit"), "--gpu", "h200",
                                                 "--dry-run", "--table-forward", run_folder(
         t, source=DATA / "h200-forward", edit_rows=lambda df: df.assign(us=df["us"].where(df.index != 0, "nan")))],

@@ -379,6 +379,37 @@ def test_overrides_come_from_forwards_that_ran_this_tables_own_choices():
     for regime in ("graph", "eager"):
         assert overrides_over_the_table(profiler_off, committed, profile, candidates, 0.01, regime) == {}
     assert committed.source["forwards_of_this_table"]["runs"] == [f"tests/data/h200-settled-forward-{r}" for r in (4, 5)]
+    assert committed.source["forwards_of_this_table"]["kept_from"] == "tests/data/h200-table-107eae0.json"
+
+
+def test_a_refit_keeps_measured_gains_and_says_where_a_forward_ran_another_table():
+    """fit --keep 107eae0's table --table-forward settled-forward-4 -5: where the dispatcher ran that table's choices
+    faster than all-aten beyond the noise in every run (graph 35B-A3B M = 4096: 0.990 and 0.991, 16384: 0.977 and
+    0.980) they are kept, though the cells and the refit's picks alone would put F.linear on most of those layers
+    (measured: no gain is given up on the cells' word). Not kept: 4B M = 1 eagerly (1.052x all-aten). validate
+    names the (model, M, regime) at which a forward ran other choices than the table judged, and gives no verdict
+    there."""
+    from calibrate.forward_model import _sequences, kept_choices, other_table_keys, table_paths_used
+    from dispatch.profiles import get_profile
+    profile = get_profile("h200")
+    runs = [load_forward(DATA / f"h200-settled-forward-{r}") for r in (4, 5)]
+    old = load_table(path=DATA / "h200-table-107eae0.json")
+    graph, eager = (kept_choices(runs, old, profile, regime) for regime in ("graph", "eager"))
+    big, small = "Qwen3.5-35B-A3B", "Qwen3.5-4B"
+    assert round(graph[(big, 4096)]["ratio"], 3) == 0.991 and round(graph[(big, 16384)]["ratio"], 3) == 0.980
+    assert graph[(big, 4096)]["runs"] == 2 and graph[(small, 512)]["runs"] == 1
+    assert (small, 1) not in eager and (small, 8) not in eager and round(eager[(big, 8)]["ratio"], 3) == 0.609
+    assert len(graph) + len(eager) == 18
+    committed = load_table("h200")
+    seq = _sequences(runs[0][1], {big})[big]
+    for m in (4096, 16384):
+        assert table_paths_used(seq, committed, m, 90, profile, "graph") == table_paths_used(seq, old, m, 90, profile,
+                                                                                              "graph")
+    other = {r: sorted(other_table_keys(*load_forward(DATA / f"h200-settled-forward-{r}"), committed, profile)[0])
+             for r in (4, 5, 6)}
+    assert other[4] == [(big, 1031, "eager"), (small, 1, "eager"), (small, 8, "eager"), (small, 4096, "eager"),
+                        (small, 4096, "graph")]
+    assert other[5] == [(big, 1031, "eager")] and other[6] == [(small, 128, "graph")]
 
 
 def test_graph_order_artifact_and_the_settled_state_it_hid():
