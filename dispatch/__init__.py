@@ -4,7 +4,8 @@
   table rows, the kernels and the weight's eligibility are resolved then; a call looks its activation's choice up
   in a memory. The layer is the C++ one where `python -m dispatch build-native` built it (dispatch/native.py), else
   the Python one; both make the same choices.
-- `dispatch.linear(x, weight, bias=None)`: a drop-in for torch.nn.functional.linear, for ad-hoc use.
+- `dispatch.linear(x, weight, bias=None)`: a drop-in for torch.nn.functional.linear, for ad-hoc use; C++ where the
+  layer is built (it runs F.linear's kernel itself where both regimes choose it), else Python.
 - `dispatch.op()`: the same as a torch custom op with a fake implementation, for code under torch.compile.
 
 The regime is read per call: while this thread is capturing a CUDA graph only GPU time counts (the `graph` ranges),
