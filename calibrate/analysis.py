@@ -394,8 +394,8 @@ def fit(cells: Cells, base: ThresholdTable, capture_size: int, min_gain: float =
     and below gpu_bound_from the forward is balanced, host and GPU time both show in it, so a path must be cheaper
     in both: host time below F.linear's and GPU time beating it beyond the noise (the graph test) as well as the
     eager cost test. (Without the profiler the H200's 4B forward at M = 1 is balanced, and lean TinyGEMM on every
-    linear, half F.linear's host time, measured 1.05x all-aten: its GPU time grew more than the host time fell.) A shape without measured
-    forwards keeps the per-cell test: a cell whose host time hides behind its own GPU time (host_hidden) takes the
+    linear, half F.linear's host time, measured 1.05x all-aten: its GPU time grew more than the host time fell.)
+    A shape without measured forwards keeps the per-cell test: a cell whose host time hides behind its own GPU time (host_hidden) takes the
     graph regime's choice.
 
     `overrides` (regime, n, k, m) -> path (forward_model.overrides_over_the_table): a lean single path whose whole

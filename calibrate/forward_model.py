@@ -376,8 +376,8 @@ def overrides_over_the_table(runs: list[tuple[pd.DataFrame, dict[str, Any]]], ta
                              ) -> dict[tuple[str, int], dict[str, Any]]:
     """Per (model, M) in one regime: a single path (all-aten included) whose whole forward beat the table's own
     choices (table-direct rows that ran exactly what `table` chooses there, checked by their paths_used) in every
-    run, and by more than `min_gain` over the rounds of all runs pooled. What the cell test cannot see (gains of 1-2% spread over many cells, each
-    inside the noise) shows in the forward; runs of the same table in fresh processes and leases are the evidence.
+    run, and by more than `min_gain` over the rounds of all runs pooled. What the cell test cannot see (gains of
+    1-2% spread over many cells, each inside the noise) shows in the forward; runs of the same table in fresh processes and leases are the evidence.
 
     A path qualifies when (1) its point ratio to table-direct is below 1 in every run that measured the table here,
     (2) the paired ratio over all those runs' rounds pooled has its interval wholly below 1 and its median at most
