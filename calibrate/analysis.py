@@ -395,12 +395,12 @@ def fit(cells: Cells, base: ThresholdTable, capture_size: int, min_gain: float =
     in both: host time below F.linear's and GPU time beating it beyond the noise (the graph test) as well as the
     eager cost test. (Without the profiler the H200's 4B forward at M = 1 is balanced, and lean TinyGEMM on every
     linear, half F.linear's host time, measured 1.05x all-aten: its GPU time grew more than the host time fell.)
-    A shape without measured forwards keeps the per-cell test: a cell whose host time hides behind its own GPU time (host_hidden) takes the
-    graph regime's choice.
+    A shape without measured forwards keeps the per-cell test: a cell whose host time hides behind its own GPU time
+    (host_hidden) takes the graph regime's choice.
 
-    `overrides` (regime, n, k, m) -> path (forward_model.overrides_over_the_table): a lean single path whose whole
-    forward beat this fit's own choices, measured as such in several runs; it takes precedence at its cells (and
-    eager cells that take the graph choice follow it)."""
+    `overrides` (regime, n, k, m) -> path (forward_model.overrides_over_the_table, and choices kept from a measured
+    table, kept_choices): what measured forwards of a table showed; it takes precedence at its cells (and eager cells
+    that take the graph choice follow it)."""
     forward_picks, overrides = forward_picks or {}, overrides or {}
     among = dispatch_candidates(cells, base)
     host_cheaper = {p for p, r in host_ratios(cells, among[1:]).items() if r < 1}
