@@ -185,7 +185,7 @@ def eager_forwards(clock, forwards: dict[Any, Bound], samples: int, seed: int = 
     The timed forwards run with CUPTI's activity off (clock.paused): with it on, every launch paid the profiler,
     and the records of the settle runs filled CUPTI's buffers, whose parsing on CUPTI's thread (Python, holding the
     GIL) then fell on some timed forwards and not others: in h200-settled-forward-3 the eager samples of one forward
-    came in two modes 1.5x apart (35B-A3B M = 1, all-aten: 4.7-5.1 ms and 7.3-8.2 ms).
+    came in two groups about 1.5x apart (35B-A3B M = 1, all-aten: 4.7-5.1 ms and 6.7-8.2 ms).
 
     settle_s: each timed forward follows untimed runs of the same forward lasting at least this long (at least one
     when > 0). What ran before a forward moves its time: on the H200, identical all-F.linear forwards (4B, M = 1031)
