@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
@@ -164,29 +164,35 @@ def _paired(g: pd.DataFrame, a: str, b: str) -> tuple[float, float, float]:
 GPU_BOUND_MARGIN = 1.25  # GPU-bound: busy >= 1.25x the submission time (room for a path's extra host time)
 
 
+def _eager_aten_by_model(forward: pd.DataFrame, hold_out: set[int] | frozenset[int]
+                         ) -> dict[str, list[tuple[int, float, float]]]:
+    """Per model: its measured eager all-aten forwards as (M, CUPTI busy µs, host submission µs), by M; a model
+    whose rows have no busy or submission time at all is left out."""
+    ok = forward[(forward["status"] == "ok") & (forward["regime"] == "eager") & (forward["path"] == ATEN)]
+    out = {}
+    for model, g in ok.groupby("model"):
+        g = g[~g["m"].astype(int).isin(hold_out)]
+        busy, submit = (pd.to_numeric(g[c], errors="coerce") for c in ("gpu_busy_us", "submit_us"))
+        if not len(g) or (busy.isna() | submit.isna()).all():
+            continue
+        out[str(model)] = sorted(zip(g["m"].astype(int), busy, submit), key=lambda row: row[0])
+    return out
+
+
 def gpu_bound_from(forward: pd.DataFrame, margin: float = GPU_BOUND_MARGIN,
                    hold_out: set[int] | frozenset[int] = frozenset()) -> dict[str, float]:
     """Per model with measured eager all-aten forwards: the smallest measured M from which on every measured
     forward kept the GPU busy at least `margin` times as long as the host took to submit it (CUPTI busy time over
     host submission time); inf where the largest measured M was not. Host time grows little with M and GPU time a
     lot, so between a host-bound M and the next GPU-bound one the forward counts as host-bound (the cautious side)."""
-    ok = forward[(forward["status"] == "ok") & (forward["regime"] == "eager") & (forward["path"] == ATEN)]
     out = {}
-    for model, g in ok.groupby("model"):
-        g = g[~g["m"].astype(int).isin(hold_out)]
-        busy, submit = (pd.to_numeric(g[c], errors="coerce") for c in ("gpu_busy_us", "submit_us"))
-        bound = (busy >= margin * submit).to_numpy()
-        ms = g["m"].astype(int).to_numpy()
-        if not len(ms) or (busy.isna() | submit.isna()).all():
-            continue
-        order = np.argsort(ms)
-        ms, bound = ms[order], bound[order]
+    for model, rows in _eager_aten_by_model(forward, hold_out).items():
         start = math.inf
-        for i in range(len(ms) - 1, -1, -1):
-            if not bound[i]:
+        for m, busy, submit in reversed(rows):
+            if not busy >= margin * submit:
                 break
-            start = float(ms[i])
-        out[str(model)] = start
+            start = float(m)
+        out[model] = start
     return out
 
 
@@ -196,30 +202,33 @@ def host_bound_until(forward: pd.DataFrame, margin: float = GPU_BOUND_MARGIN,
     every measured forward took the host at least `margin` times as long to submit as it kept the GPU busy; 0 where
     the smallest measured M was not. Between it and gpu_bound_from the forward is balanced: host and GPU time both
     show in it (on the H200, the 4B at M = 1-128 without the profiler: busy 1.03-1.23x submission)."""
-    ok = forward[(forward["status"] == "ok") & (forward["regime"] == "eager") & (forward["path"] == ATEN)]
     out = {}
-    for model, g in ok.groupby("model"):
-        g = g[~g["m"].astype(int).isin(hold_out)]
-        busy, submit = (pd.to_numeric(g[c], errors="coerce") for c in ("gpu_busy_us", "submit_us"))
-        if not len(g) or (busy.isna() | submit.isna()).all():
-            continue
+    for model, rows in _eager_aten_by_model(forward, hold_out).items():
         until = 0.0
-        for m, b, h in sorted(zip(g["m"].astype(int), busy, submit)):
-            if not h >= margin * b:
+        for m, busy, submit in rows:
+            if not submit >= margin * busy:
                 break
             until = float(m)
-        out[str(model)] = until
+        out[model] = until
+    return out
+
+
+def _cautious_over_runs(per_run: Callable[..., dict[str, float]], runs: list[pd.DataFrame], margin: float,
+                        hold_out: set[int] | frozenset[int], cautious: Callable[[float, float], float]
+                        ) -> dict[str, float]:
+    """per_run over several runs, per model the cautious one of the runs' answers; a model that some run did not
+    measure keeps the others' answer."""
+    out: dict[str, float] = {}
+    for run in runs:
+        for model, value in per_run(run, margin, hold_out).items():
+            out[model] = cautious(out.get(model, value), value)
     return out
 
 
 def host_bound_in_every_run(runs: list[pd.DataFrame], margin: float = GPU_BOUND_MARGIN,
                             hold_out: set[int] | frozenset[int] = frozenset()) -> dict[str, float]:
     """host_bound_until over several runs: per model, the smallest (the cautious side)."""
-    out: dict[str, float] = {}
-    for run in runs:
-        for model, until in host_bound_until(run, margin, hold_out).items():
-            out[model] = min(out.get(model, until), until)
-    return out
+    return _cautious_over_runs(host_bound_until, runs, margin, hold_out, min)
 
 
 def _beaten(forward: pd.DataFrame, candidates: list[str], min_gain: float
@@ -282,13 +291,8 @@ def _pick(key: tuple[str, str, int], per_run: list[dict], candidates: list[str],
 
 def gpu_bound_in_every_run(runs: list[pd.DataFrame], margin: float = GPU_BOUND_MARGIN,
                            hold_out: set[int] | frozenset[int] = frozenset()) -> dict[str, float]:
-    """gpu_bound_from over several runs: per model, the latest start of any run (the cautious side); a model that
-    some run did not measure keeps the others' start."""
-    out: dict[str, float] = {}
-    for run in runs:
-        for model, start in gpu_bound_from(run, margin, hold_out).items():
-            out[model] = max(out.get(model, start), start)
-    return out
+    """gpu_bound_from over several runs: per model, the latest start of any run (the cautious side)."""
+    return _cautious_over_runs(gpu_bound_from, runs, margin, hold_out, max)
 
 
 def _run_sm(info: dict[str, Any], profile: GpuProfile) -> int:
@@ -337,18 +341,14 @@ def measured_groups(runs: list[tuple[pd.DataFrame, dict[str, Any]]], table: Thre
     per_key: dict[tuple[str, int], list[pd.DataFrame]] = {}
     mismatched: set[tuple[str, int]] = set()
     for df, info in runs:
+        # that run measured another table's choices at these keys
+        mismatched |= {(model, m) for model, m, r in other_table_keys(df, info, table, profile)[0] if r == regime}
         ok = df[(df["status"] == "ok") & (df["regime"] == regime)]
-        sm = _run_sm(info, profile)
-        seqs = _sequences(info, set(ok["model"]))
+        models = set(_sequences(info, set(ok["model"])))
         for (model, m), g in ok.groupby(["model", "m"]):
             g = g.set_index("path")
-            if TABLE_DIRECT not in g.index or model not in seqs:
-                continue
-            key = (str(model), int(m))
-            if str(g.at[TABLE_DIRECT, "paths_used"]) != table_paths_used(seqs[model], table, int(m), sm, profile, regime):
-                mismatched.add(key)  # that run measured another table's choices here
-                continue
-            per_key.setdefault(key, []).append(g)
+            if TABLE_DIRECT in g.index and model in models:
+                per_key.setdefault((str(model), int(m)), []).append(g)
     return {key: groups for key, groups in per_key.items() if key not in mismatched}
 
 

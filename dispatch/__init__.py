@@ -64,7 +64,7 @@ def configure(table: ThresholdTable | None) -> None:
     _DEVICES.clear()
     _SHAPES.clear()
     _LAYER_RULES.clear()
-    forget = getattr(globals().get("linear"), "forget", None)  # the C++ dispatch.linear's memory of shape rules
+    forget = getattr(linear, "forget", None)  # the C++ dispatch.linear's memory of shape rules
     if forget is not None:
         forget()
 

@@ -110,14 +110,18 @@ bool choice_at(BoundLinear* self, int64_t m, uint32_t* code) {
   return true;
 }
 
-PyObject* f_linear(State& s, const at::Tensor& x) {
+// F.linear's kernel, as a new Python tensor; the GIL released for the launch where asked.
+PyObject* linear_released(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias,
+                          bool release_gil) {
   at::Tensor y;
   {
-    GilReleased released(s.release_gil);
-    y = at::linear(x, s.weight, s.bias);
+    GilReleased released(release_gil);
+    y = at::linear(x, w, bias);
   }
   return THPVariable_Wrap(std::move(y));
 }
+
+PyObject* f_linear(State& s, const at::Tensor& x) { return linear_released(x, s.weight, s.bias, s.release_gil); }
 
 PyObject* call(PyObject* callable, PyObject* const* args, size_t nargsf, PyObject* kwnames) {
   auto* self = reinterpret_cast<BoundLinear*>(callable);
@@ -375,12 +379,7 @@ PyObject* linear_call(PyObject* callable, PyObject* const* args, size_t nargsf, 
   if (!both) return PyObject_Vectorcall(self->fallback, args, nargsf, kwnames);
   c10::optional<at::Tensor> bias;
   if (bias_obj != Py_None) bias = THPVariable_Unpack(bias_obj);
-  at::Tensor y;
-  {
-    GilReleased released(self->release_gil);
-    y = at::linear(x, w, bias);
-  }
-  return THPVariable_Wrap(std::move(y));
+  return linear_released(x, w, bias, self->release_gil);
   END_HANDLE_TH_ERRORS
 }
 
