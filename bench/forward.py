@@ -20,7 +20,7 @@ from bench.gpu import (REL_ERR_BOUND, capture_graph, check_output, records_since
                        replay_seconds)
 from bench.paths import ATEN, DISPATCH, PATHS
 from bench.results import finished_rows, rows_to_csv, write_run_json
-from bench.stats import PhaseTimer, Window, attribute, summary
+from bench.stats import PhaseTimer, Window, attribute, kernel_digest, summary
 from bench.sustain import SUSTAIN_COLUMNS, SUSTAIN_FILE, summary_line, sustained
 from bench.sweep import _keep_tactics, _load_pinned_tactics, _progress, require_gpu, tune_shape
 from dispatch.profiles import GpuProfile
@@ -34,14 +34,16 @@ from shapes.derive import ForwardLinear, forward_sequence, load_config
 FORWARD_MS = (1, 8, 32, 128, 512, 1031, 4096, 16384)
 FORWARD_FILE = "forward.csv"
 FORWARD_COLUMNS = ("model", "tp", "m", "path", "regime", "status", "reason", "us", "us_p20", "us_p80", "submit_us",
-                   "gpu_busy_us", "span_us", "event_us", "linears", "kernels", "decoder_layers", "lm_head",
-                   "samples", "paths_used", "samples_us", "sm_mhz", "sm_mhz_samples", "power_w_samples",
+                   "gpu_busy_us", "span_us", "event_us", "linears", "kernels", "kernel_digest", "decoder_layers",
+                   "lm_head", "samples", "paths_used", "samples_us", "sm_mhz", "sm_mhz_samples", "power_w_samples",
                    "clock_reasons_samples")
 # Each timed forward follows untimed runs of itself lasting at least this long (ms). On the H200 (700 W) a sustained
 # forward at M >= 512 runs 1.16-1.18x longer (4B) than its first replays after idle once NVML's SW power cap engages;
 # every trace of h200-sustain-1 reached its settled time within 2% by 142 ms of load (bench forward --sustain-ms).
 DEFAULT_SETTLE_MS = 200.0
 REGIMES = ("graph", "eager")
+# run.json's account of the graph replays' order (runs before it replayed in A B B A order)
+GRAPH_ORDER = "shuffled per round like the eager rounds, seed eager_order_seed + M"
 # run.json's account of CUPTI in the eager regime (runs before it timed eager forwards with CUPTI recording)
 EAGER_PROFILER = "off in timed forwards; gpu_busy_us and kernels from one profiled forward per (M, path) after them"
 
@@ -193,8 +195,8 @@ def eager_forwards(clock, forwards: dict[Any, Bound], samples: int, seed: int = 
     with one fixed shuffle (seed 0 then) every run gave each path the same predecessors."""
     import torch
     names = list(forwards)
-    out: dict[Any, dict[str, list]] = {p: {"wall": [], "submit": [], "busy": [], "kernels": [], "clocks": []}
-                                       for p in names}
+    out: dict[Any, dict[str, list]] = {p: {"wall": [], "submit": [], "busy": [], "kernels": [], "digest": [],
+                                           "clocks": []} for p in names}
 
     def settle(p: Any) -> None:
         t_settle = time.perf_counter()
@@ -242,6 +244,7 @@ def eager_forwards(clock, forwards: dict[Any, Bound], samples: int, seed: int = 
         for w, t in zip(windows, attribute(records, windows, graph=False)):
             out[w.path]["busy"].append(t.busy_ns / 1e3)
             out[w.path]["kernels"].append(t.count)
+            out[w.path]["digest"].append(kernel_digest(t.names))
     return out
 
 
@@ -319,8 +322,12 @@ def graph_m(cfg: ForwardConfig, clock, model: str, seq, weights, m: int, sm: int
         return [{c: r.get(c) for c in SUSTAIN_COLUMNS} for r in rows], {}
     if graphs:
         with phase("graph replay"):
+            # shuffled like the eager rounds: in A B B A order the dispatcher always followed all-aten or
+            # table-direct, and at M = 4096-16384 (power cap) it measured 1.2-1.4% slower than table-direct's
+            # identical kernels (h200-settled-forward-7)
             timings = replay_interleaved(clock, graphs, 1, cfg.samples, settle_s=cfg.settle_ms / 1e3,
-                                         reader=reader)
+                                         reader=reader, orders=round_orders(list(graphs), cfg.samples,
+                                                                            (cfg.order_seed or 0) + m))
         for rule, t in timings.items():
             if t.error:
                 rows.append(_row(cfg, model, m, rule, "graph", len(seq), status="failed", reason=t.error))
@@ -328,7 +335,8 @@ def graph_m(cfg: ForwardConfig, clock, model: str, seq, weights, m: int, sm: int
             us, p20, p80 = summary(t.span_us)
             rows.append(_row(cfg, model, m, rule, "graph", len(seq), status="ok", reason="", us=us, us_p20=p20,
                              us_p80=p80, gpu_busy_us=summary(t.gpu_us)[0], span_us=us,
-                             event_us=summary(t.event_us)[0], kernels=t.kernels_per_call, samples=len(t.span_us),
+                             event_us=summary(t.event_us)[0], kernels=t.kernels_per_call, kernel_digest=t.digest,
+                             samples=len(t.span_us),
                              paths_used=bound[rule].describe(), samples_us=[round(v, 2) for v in t.span_us],
                              **clock_columns(t.clocks)))
     del graphs
@@ -350,6 +358,7 @@ def eager_rows(cfg: ForwardConfig, clock, model: str, n_linears: int, bound: dic
                          us_p80=p80, submit_us=summary(e["submit"])[0],
                          gpu_busy_us=summary(e["busy"])[0] if e["busy"] else None,
                          kernels=int(summary(e["kernels"])[0]) if e["kernels"] else None,
+                         kernel_digest=e["digest"][0] if e["digest"] else None,
                          samples=len(e["wall"]), paths_used=bound[(m, rule)].describe(),
                          samples_us=[round(v, 1) for v in e["wall"]], **clock_columns(e["clocks"])))
     return rows
@@ -403,7 +412,7 @@ def run_forward(cfg: ForwardConfig) -> Path:
     info = run_info(cfg.command, kind="forward", profile=cfg.profile.name, models=list(cfg.models), tp=cfg.tp,
                     ms=cfg.ms, paths=cfg.rules, regimes=list(REGIMES), samples=cfg.samples, pdl=cfg.profile.pdl,
                     decoder_layers=cfg.decoder_layers, lm_head=cfg.lm_head, lm_head_rule=LM_HEAD_RULE,
-                    eager_order_seed=cfg.order_seed, eager_settle=cfg.settle_ms > 0, settle_ms=cfg.settle_ms,
+                    eager_order_seed=cfg.order_seed, graph_order=GRAPH_ORDER, eager_settle=cfg.settle_ms > 0, settle_ms=cfg.settle_ms,
                     settle_drain="before the settle", eager_profiler=EAGER_PROFILER,
                     sustain_ms=cfg.sustain_ms or None, idle_ms=cfg.idle_ms if cfg.sustain_ms else None,
                     table_file=cfg.table_file, skip_slower=cfg.skip_slower,

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from bench.stats import Window, attribute, count_error, kernels_per_call, rel_err
+from bench.stats import Window, attribute, count_error, kernel_digest, kernels_per_call, rel_err
 
 L2_MODES = ("rotate", "flush", "warm")
 REL_ERR_BOUND = 2e-2  # bf16 output rounding is ~4e-3; K-long fp32 accumulation keeps the Frobenius error well below this
@@ -144,6 +144,7 @@ class GraphTiming:
     event_us: list[float] = field(default_factory=list)
     kernels: tuple[str, ...] = ()
     kernels_per_call: int | None = None
+    digest: str = ""  # kernel_digest of one warm-up replay's kernels
     error: str | None = None
     clocks: list[tuple[int, float, int] | None] = field(default_factory=list)  # (SM MHz, W, reasons) after each sample
 
@@ -172,9 +173,10 @@ def records_since_last_window(clock, windows: list[Window]) -> list:
 
 
 def replay_interleaved(clock, graphs: dict[str, Any], calls: int, samples: int, warmup: int = 2,
-                       exclude: frozenset[str] = frozenset(), settle_s: float = 0.0, reader=None
-                       ) -> dict[str, GraphTiming]:
-    """Replays every path's graph `samples` times in A B B A order; attributes kernel records to each replay.
+                       exclude: frozenset[str] = frozenset(), settle_s: float = 0.0, reader=None,
+                       orders: list[list[str]] | None = None) -> dict[str, GraphTiming]:
+    """Replays every path's graph `samples` times in A B B A order (or in orders[s] for sample s); attributes kernel
+    records to each replay.
     Kernels named in `exclude` (an L2 flush captured between calls) are not counted, nor timed.
 
     settle_s: each timed replay follows untimed replays of the same graph lasting at least this long, so that it runs
@@ -212,11 +214,13 @@ def replay_interleaved(clock, graphs: dict[str, Any], calls: int, samples: int, 
                 result[p].error = f"{p}: kernels per call changed between warm-up replays ({seen[p]} vs {kpc})"
             result[p].kernels_per_call = kpc
             result[p].kernels = tuple(dict.fromkeys(timing.names))
+            result[p].digest = kernel_digest(timing.names)
     live = [p for p in names if result[p].error is None]
 
     windows, events, records = [], [], []
     for s in range(samples):
-        for p in (live if s % 2 == 0 else live[::-1]):
+        order = [p for p in orders[s] if p in live] if orders else (live if s % 2 == 0 else live[::-1])
+        for p in order:
             if settle[p]:
                 records += records_since_last_window(clock, windows)
                 for _ in range(settle[p]):  # synchronized below, before the window opens: outside every window

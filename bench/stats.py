@@ -116,6 +116,13 @@ def attribute(records: Sequence[KernelRecord], windows: Sequence[Window], expect
     return out
 
 
+def kernel_digest(names: Sequence[str]) -> str:
+    """A short fingerprint of a kernel sequence (names in launch order): two forwards with the same digest ran the
+    same kernels, so the difference between their times is measurement noise."""
+    import hashlib
+    return hashlib.sha1("\n".join(names).encode()).hexdigest()[:12] if names else ""
+
+
 def count_error(window: Window, got: int, want: int) -> str | None:
     """The kernel-count check of one replay window, in one place: every kernel of every call, no more."""
     if got == want:

@@ -23,7 +23,7 @@ from calibrate.analysis import (FIT_MIN_GAIN, Cells, cell_verdicts, dispatch_can
                                 low_m_measured, model_uses, provenance)
 from calibrate.baseline import fingerprint_mismatch, fingerprint_of
 from calibrate.forward_model import (GPU_BOUND_MARGIN, MODEL_MISS, forward_ratios, forward_verdicts,
-                                    gpu_bound_in_every_run, host_bound_in_every_run, load_forward,
+                                    gpu_bound_in_every_run, host_bound_in_every_run, load_forward, null_pair_spread,
                                     kept_choices, model_vs_measured, other_table_keys,
                                     overrides_over_the_table, picks_in_every_run)
 from calibrate.hostcost import run_host_cost
@@ -514,7 +514,11 @@ def _forward_report(where: str, fdf: pd.DataFrame, finfo: dict, cells, table, pr
             f"   choices {r.choices_over_best:.3f} x binding {r.binding_cost:.3f} [{r.binding_lo:.3f}, {r.binding_hi:.3f}]")
         print(f"  {r.model:22s} M={r.m:<6d} {r.regime:5s}{'*' if r.vllm_regime else ' '} / best ({r.best}) "
               f"{r.dispatch_over_best:.3f}{lo}   / aten {r.dispatch_over_aten:.3f}{alo}   {'ok' if r.ok else 'OVER'}"
-              + split)
+              + split + ("   (same kernels as table-direct: pooled)" if r.same_kernels else ""))
+    n_same, med, worst = null_pair_spread(fv)
+    if n_same:
+        print(f"  identical captured forwards (dispatch and table-direct, same kernels) at {n_same} points: "
+              f"|dispatch / table-direct - 1| median {med:.2%}, largest {worst:.2%} (the graph regime's measured noise)")
     # a (model, M) counts as measured where both regimes were, for this table
     regimes = fv.groupby(["model", "m"])["regime"].nunique()
     return fv[~fv["ok"]], {key for key, n in regimes.items() if n == 2}

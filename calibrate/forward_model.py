@@ -40,7 +40,7 @@ def load_forward(path: str | Path, partial: bool = False) -> tuple[pd.DataFrame,
         raise HarnessError(f"{csv.parent}/run.json is not a forward run's (kind {info.get('kind')!r}); pass the folder "
                            f"that `python -m bench forward` wrote")
     try:
-        df = pd.read_csv(csv)
+        df = pd.read_csv(csv, dtype={"kernel_digest": str})  # hex that may look like a number
     except Exception as exc:
         raise HarnessError(f"cannot read forward results {csv} ({type(exc).__name__}); re-run or restore it") from None
     missing = [c for c in (*KEY, "status", "us", "linears") if c not in df.columns]
@@ -126,7 +126,12 @@ def forward_verdicts(forward: pd.DataFrame, capture_size: int) -> pd.DataFrame:
     1 + FORWARD_MARGIN (host time on one machine drifts by several percent between rounds; a point estimate would fail
     the dispatcher against the very path it runs). `vllm_regime` marks the regime vLLM runs that M in. Where the run
     measured table-direct, `choices_over_best` (the table's choices called directly, over the best path) and
-    `binding_cost` (dispatch over table-direct, with its interval) split the ratio in two."""
+    `binding_cost` (dispatch over table-direct, with its interval) split the ratio in two.
+
+    `same_kernels`: a captured dispatcher replays the very kernels table-direct's graph does (same kernel_digest), so
+    both rows measure one forward and their ratio is noise (h200-settled-forward-7, A B B A order: 1.012 [1.007,
+    1.028] at 4B M = 16384 with identical kernel counts and paths). There the ratio to best is pooled from both (their
+    geometric mean) and its interval spans both intervals."""
     ok = forward[forward["status"] == "ok"]
     rows = []
     for (model, m, regime), g in ok.groupby(["model", "m", "regime"]):
@@ -136,6 +141,11 @@ def forward_verdicts(forward: pd.DataFrame, capture_size: int) -> pd.DataFrame:
         best = g["us"].drop(list(NOT_SINGLE_PATHS), errors="ignore").idxmin()  # the dispatcher's twins are no single path
         ratio, lo, hi = _paired(g, DISPATCH, best)
         a_ratio, a_lo, a_hi = _paired(g, DISPATCH, ATEN) if ATEN in g.index else (math.nan,) * 3
+        same = regime == "graph" and _same_kernels(g, DISPATCH, TABLE_DIRECT)
+        if same:
+            ratio, lo, hi = _pooled((ratio, lo, hi), _paired(g, TABLE_DIRECT, best))
+            if ATEN in g.index:
+                a_ratio, a_lo, a_hi = _pooled((a_ratio, a_lo, a_hi), _paired(g, TABLE_DIRECT, ATEN))
         fails = (lo if lo == lo else ratio) > 1 + FORWARD_MARGIN
         # with table-direct measured beside it: how much of the distance to the best path is the table's choices
         # (table-direct / best) and how much the dispatcher's own per-call work (dispatch / table-direct)
@@ -146,8 +156,29 @@ def forward_verdicts(forward: pd.DataFrame, capture_size: int) -> pd.DataFrame:
                      "best": best, "best_us": g.at[best, "us"], "dispatch_over_best": ratio, "ratio_lo": lo,
                      "ratio_hi": hi, "dispatch_over_aten": a_ratio, "aten_lo": a_lo, "aten_hi": a_hi,
                      "choices_over_best": direct[0], "binding_cost": direct[1], "binding_lo": direct[2],
-                     "binding_hi": direct[3], "ok": not fails})
+                     "binding_hi": direct[3], "same_kernels": same, "ok": not fails})
     return pd.DataFrame(rows)
+
+
+def _pooled(a: tuple[float, float, float], b: tuple[float, float, float]) -> tuple[float, float, float]:
+    """Two measurements of one ratio: their geometric mean, and an interval spanning both intervals."""
+    return math.sqrt(a[0] * b[0]), float(np.fmin(a[1], b[1])), float(np.fmax(a[2], b[2]))
+
+
+def _same_kernels(g: pd.DataFrame, a: str, b: str) -> bool:
+    """Whether rows a and b ran the same kernel sequence (runs before kernel_digest existed: unknown, so False)."""
+    if "kernel_digest" not in g.columns or a not in g.index or b not in g.index:
+        return False
+    da, db = g.at[a, "kernel_digest"], g.at[b, "kernel_digest"]
+    return isinstance(da, str) and bool(da) and da == db
+
+
+def null_pair_spread(verdicts: pd.DataFrame) -> tuple[int, float, float]:
+    """The measured noise of identical captured forwards: over the points where dispatch and table-direct replayed
+    the same kernels, how many, and the median and largest |dispatch / table-direct - 1|."""
+    same = verdicts[verdicts["same_kernels"].astype(bool)] if "same_kernels" in verdicts else verdicts.iloc[:0]
+    dev = (same["binding_cost"] - 1).abs()
+    return len(same), (float(dev.median()) if len(dev) else math.nan), (float(dev.max()) if len(dev) else math.nan)
 
 
 def _paired(g: pd.DataFrame, a: str, b: str) -> tuple[float, float, float]:

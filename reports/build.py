@@ -278,7 +278,8 @@ def forward_section(run: Run, path: str, partial: bool) -> str:
                                       ("ratio_hi", "hi"), ("dispatch_over_aten", "dispatch / aten"), ("ok", "ok")]
                                  + ([("choices_over_best", "table's choices / best"),
                                      ("binding_cost", "dispatch / table-direct"), ("binding_lo", "lo"),
-                                     ("binding_hi", "hi")] if fv["binding_cost"].notna().any() else []),
+                                     ("binding_hi", "hi"), ("same_kernels", "same kernels (ratio pooled)")]
+                                    if fv["binding_cost"].notna().any() else []),
                                  fmt={c: "{:.3f}" for c in ("dispatch_over_best", "ratio_lo", "ratio_hi",
                                                             "dispatch_over_aten", "choices_over_best", "binding_cost",
                                                             "binding_lo", "binding_hi")},

@@ -153,6 +153,46 @@ def test_bad_forward_results_are_one_clear_error(tmp_path, edit, needle):
         load_forward(d)
 
 
+def test_identical_captured_forwards_pool_their_ratios_and_measure_the_noise():
+    """dispatch and table-direct replaying the same kernels (one kernel_digest) in the graph regime are two
+    measurements of one forward: the ratio to best is their geometric mean with an interval spanning both, and their
+    own ratio is reported as noise. Eager rows, other digests and runs without digests are judged as before."""
+    from calibrate.forward_model import null_pair_spread
+
+    def rows(digest_td: str, regime: str = "graph"):
+        out = []
+        for path, base, digest in (("aten", 1000.0, "a"), ("flashinfer-lean:cublaslt", 980.0, "c"),
+                                   ("dispatch", 1000.0, "t"), ("table-direct", 985.0, digest_td)):
+            samples = [base * (1 + 0.001 * (i % 3)) for i in range(6)]
+            out.append({"model": "Qwen3.5-4B", "tp": 1, "m": 16384, "path": path, "regime": regime, "status": "ok",
+                        "us": base, "linears": 153, "kernel_digest": digest,
+                        "samples_us": ";".join(f"{v:.1f}" for v in samples)})
+        return pd.DataFrame(out)
+
+    same = forward_verdicts(rows("t"), 512).iloc[0]
+    assert same["same_kernels"] and same["best"] == "flashinfer-lean:cublaslt"
+    assert same["dispatch_over_best"] == pytest.approx((1000 / 980 * 985 / 980) ** 0.5, rel=1e-3)
+    assert same["ratio_lo"] == pytest.approx(985 / 980, rel=2e-3)  # spans table-direct's interval
+    assert same["binding_cost"] == pytest.approx(1000 / 985, rel=1e-3)
+    assert same["ok"]  # 1.013 pooled, and table-direct's measurement of the same kernels reaches 1.005
+    n, med, worst = null_pair_spread(forward_verdicts(rows("t"), 512))
+    assert n == 1 and med == worst == pytest.approx(1000 / 985 - 1, rel=1e-2)
+    other = forward_verdicts(rows("x"), 512).iloc[0]  # other kernels: the dispatcher's own measurement alone
+    assert not other["same_kernels"] and not other["ok"]
+    assert other["dispatch_over_best"] == pytest.approx(1000 / 980, rel=1e-3)
+    eager = forward_verdicts(rows("t", "eager"), 512).iloc[0]  # eagerly the host work differs: never pooled
+    assert not eager["same_kernels"] and eager["dispatch_over_best"] == pytest.approx(1000 / 980, rel=1e-3)
+    old = forward_verdicts(rows("t").drop(columns="kernel_digest"), 512).iloc[0]
+    assert not old["same_kernels"] and null_pair_spread(forward_verdicts(rows("x"), 512))[0] == 0
+
+
+def test_kernel_digest_tells_kernel_sequences_apart():
+    from bench.stats import kernel_digest
+    assert kernel_digest(["gemm_a", "gemm_b"]) == kernel_digest(("gemm_a", "gemm_b"))
+    assert kernel_digest(["gemm_a", "gemm_b"]) != kernel_digest(["gemm_b", "gemm_a"])  # order counts
+    assert kernel_digest(["gemm_a"]) != kernel_digest(["gemm_a", "gemm_a"]) and kernel_digest([]) == ""
+
+
 def test_eager_rounds_shuffle_whole_m_blocks_and_the_paths_inside():
     from bench.forward import round_orders
     keys = [(m, p) for m in (1, 8, 4096, 16384) for p in ("aten", "vllm-flashinfer", "seed-fix", "dispatch")]

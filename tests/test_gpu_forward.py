@@ -15,7 +15,7 @@ def short_forward(tmp_path_factory, gpu_profile):
                         rules=list(DEFAULT_RULES), out=out, samples=5, decoder_layers=2)
     run_forward(cfg)
     import pandas as pd
-    return pd.read_csv(out / "forward.csv"), cfg, profile
+    return pd.read_csv(out / "forward.csv", dtype={"kernel_digest": str}), cfg, profile
 
 
 def test_every_path_and_regime_is_measured(short_forward):
@@ -110,3 +110,19 @@ def test_skip_slower_leaves_out_a_path_far_slower_than_aten(tmp_path, gpu_profil
     df = pd.read_csv(tmp_path / "forward.csv").set_index(["path", "regime"])
     assert set(df.loc[low, "status"]) == {"skipped"} and df.loc[low, "reason"].str.contains("x aten's graph").all()
     assert set(df.drop(index=low, level="path")["status"]) == {"ok"}
+
+
+def test_the_dispatcher_and_table_direct_run_the_same_kernels(short_forward):
+    """Both run the committed table's choices, bound per layer or called directly: the same kernel sequence (one
+    kernel_digest) in each regime and M, so in the graph regime their ratio measures noise alone; the other rules
+    carry digests too."""
+    df, cfg, _ = short_forward
+    assert df["kernel_digest"].astype(str).str.fullmatch("[0-9a-f]{12}").all()
+    d = df.set_index(["m", "regime", "path"])["kernel_digest"]
+    for m in cfg.ms:
+        for regime in ("graph", "eager"):
+            assert d[(m, regime, "dispatch")] == d[(m, regime, "table-direct")], (m, regime)
+    used = df.set_index(["m", "regime", "path"])["paths_used"]
+    for m in cfg.ms:  # where the table runs anything but F.linear, the digest tells its kernels from aten's
+        if used[(m, "graph", "table-direct")] != used[(m, "graph", "aten")]:
+            assert d[(m, "graph", "aten")] != d[(m, "graph", "dispatch")], m
