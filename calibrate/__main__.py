@@ -28,6 +28,7 @@ from calibrate.forward_model import (GPU_BOUND_MARGIN, MODEL_MISS, forward_ratio
                                     overrides_over_the_table, picks_in_every_run)
 from calibrate.hostcost import run_host_cost
 from calibrate.l2 import MODES, close_cells, decisions
+from calibrate.forward_noise import fit_forward_floor, forward_coverage, forward_noise_path, load_forward_floor
 from calibrate.noise import LEVEL, coverage, coverage_line, fit_floor, load_noise, noise_path
 from calibrate.regress import measure_runs, regress, regression_paths
 from dispatch.profiles import PROFILES, get_profile, matches
@@ -91,6 +92,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_val.add_argument("--partial", **partial)
     p_val.add_argument("--forward", help="a measured-forward folder (python -m bench forward): per-forward verdicts "
                                          "use it where it has the (model, M), and the cell-sum model is set beside it")
+    p_val.add_argument("--forward-replicate", metavar="DIR",
+                       help="with --forward: a measured forward of the same models and M in a fresh process: how "
+                            "often its ratios fall inside --forward's intervals (their coverage)")
     p_val.add_argument("--allow-mismatch", action="store_true", help="judge a run from another GPU than the profile's")
     p_val.add_argument("--replicate", help="a replicate run (fresh process, same GPU): measure how often its point "
                                            "ratios fall inside this run's intervals (their coverage)")
@@ -134,6 +138,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_noise.add_argument("--gpu", required=True, help=f"GPU profile: {', '.join(PROFILES)}")
     p_noise.add_argument("--out", help="floor file (default calibrate/noise/<profile>.json)")
     p_noise.add_argument("--partial", **partial)
+    p_fnoise = sub.add_parser("forward-noise", help="measure the run-to-run noise of measured forwards' ratios from "
+                                                     "runs in fresh processes")
+    p_fnoise.add_argument("runs", nargs="+", help="two or more measured-forward folders (python -m bench forward); "
+                                                  "each consecutive pair is a replicate pair")
+    p_fnoise.add_argument("--gpu", required=True, help=f"GPU profile: {', '.join(PROFILES)}")
+    p_fnoise.add_argument("--out", help="floor file (default calibrate/noise/<profile>-forward.json)")
+    p_fnoise.add_argument("--partial", **partial)
     p_host = sub.add_parser("host-cost", help="(GPU) host time of dispatch.linear against F.linear above the threshold")
     p_host.add_argument("--gpu", required=True)
     p_host.add_argument("--calls", type=int_in(100, 1_000_000), default=4000)
@@ -185,6 +196,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.cmd == "noise":
         return _noise_cmd(args)
 
+    if args.cmd == "forward-noise":
+        return _forward_noise_cmd(args)
+
     if args.cmd == "host-shift":
         arms: dict[str, dict[str, Cells]] = {}
         given = [r for _, *runs in args.arm for r in runs]
@@ -224,10 +238,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unmeasured:
         raise HarnessError(f"the table chooses {', '.join(unmeasured)}, which {args.results} did not measure; judge it "
                            f"on a run that did (python -m bench run --paths ...)")
-    forward = None
+    if args.forward_replicate and not args.forward:
+        raise HarnessError("--forward-replicate needs --forward: the run whose intervals it checks")
+    forward = replicate = None
     if args.forward:  # checked before anything is printed: a bad file stops the command with its one line
         forward = load_forward(args.forward, args.partial)
         _check_gpu(forward[1], profile.name, args.forward, args.allow_mismatch)
+    if args.forward_replicate:
+        rep_df, rep_info = load_forward(args.forward_replicate, args.partial)
+        _check_gpu(rep_info, profile.name, args.forward_replicate, args.allow_mismatch)
+        replicate = (args.forward_replicate, rep_df)
     noise = load_noise(profile.name)
     _print_provenance(table, args.results, info, args.forward)
     verdicts = cell_verdicts(cells, table, args.margin, args.oracle, noise)
@@ -253,7 +273,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     slower, over = failures(verdicts, totals)
     measured_over = pd.DataFrame()
     if forward is not None:
-        measured_over, measured = _forward_report(args.forward, *forward, cells, table, profile)
+        measured_over, measured = _forward_report(args.forward, *forward, cells, table, profile, replicate)
         over = over[[(m, mm) not in measured for m, mm in zip(over["model"], over["m"])]]
     if not slower.empty:
         print(f"\nFAIL: the dispatcher is SLOWER than the best path beyond {args.margin:.0%} on {len(slower)} cell(s):")
@@ -479,8 +499,37 @@ def _noise_cmd(args) -> int:
     return 0
 
 
-def _forward_report(where: str, fdf: pd.DataFrame, finfo: dict, cells, table, profile
-                    ) -> tuple[pd.DataFrame, set[tuple[str, int]]]:
+def _forward_noise_cmd(args) -> int:
+    if len(args.runs) < 2:
+        raise HarnessError("forward-noise needs two or more measured-forward runs")
+    profile = get_profile(args.gpu)
+    runs = [fdf for fdf, _ in _load_forwards(args.runs, profile.name, args.partial)]
+    pairs = list(zip(runs, runs[1:]))
+    floor = fit_forward_floor(pairs, source={"runs": list(args.runs),
+                                             "command": "python -m calibrate forward-noise " + " ".join(args.runs)})
+    for regime, hw in floor.half_widths.items():
+        print(f"{regime}: run-to-run log-ratio half-width {hw:.4f} (x{math.exp(hw):.4f}) at {floor.level:.0%}")
+    for i, (a, b) in enumerate(pairs):
+        # leave this pair out: the floor from the other pairs, judged on this one (in-sample when there is one pair)
+        others = [p for j, p in enumerate(pairs) if j != i]
+        try:
+            held = fit_forward_floor(others) if others else floor
+        except HarnessError:  # the other pairs share too few ratios: judged in-sample
+            held, others = floor, []
+        for regime in ("graph", "eager"):
+            cov = forward_coverage(a, b, held)
+            print(coverage_line(cov[cov["regime"] == regime], floor.level,
+                                f"{regime}, {args.runs[i + 1]} in {args.runs[i]}"
+                                + (", floor from the other pairs" if others else ", in-sample")))
+    out = output_file(args.out, "--out") if args.out else forward_noise_path(profile.name)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out, json.dumps(floor.to_json(), indent=2) + "\n")
+    print(f"wrote {out}")
+    return 0
+
+
+def _forward_report(where: str, fdf: pd.DataFrame, finfo: dict, cells, table, profile,
+                    replicate: tuple[str, pd.DataFrame] | None = None) -> tuple[pd.DataFrame, set[tuple[str, int]]]:
     """Prints measured per-forward ratios and the cell-sum model against them; returns the failing measured
     verdicts and the (model, M) that the measurement covers."""
     ratios = forward_ratios(fdf)
@@ -492,7 +541,18 @@ def _forward_report(where: str, fdf: pd.DataFrame, finfo: dict, cells, table, pr
         print(f"\nmeasured / cell-sum model (the model misses by more than {MODEL_MISS:.0%} in "
               f"{int(mv['miss'].sum())} of {len(mv)} rows; largest miss {(mv['measured_over_model'] - 1).abs().max():.1%}):")
         print(show.to_string(float_format=lambda v: f"{v:.3f}"))
-    fv = forward_verdicts(fdf, profile.capture_size)
+    floor = load_forward_floor(profile.name)
+    print("\nforward intervals: " + (f"paired per round, widened by the run-to-run floor of "
+                                     f"{forward_noise_path(profile.name).name} ({floor.describe()}; from "
+                                     f"{len(floor.source.get('runs', []))} runs)" if floor else
+                                     "paired per round alone (no forward noise floor for this profile: python -m "
+                                     "calibrate forward-noise)"))
+    if replicate:
+        cov = forward_coverage(fdf, replicate[1], floor)
+        for regime in ("graph", "eager"):
+            print(coverage_line(cov[cov["regime"] == regime], floor.level if floor else LEVEL,
+                                f"{regime}, {replicate[0]}'s ratios in {where}'s intervals"))
+    fv = forward_verdicts(fdf, profile.capture_size, floor)
     other, checkable = other_table_keys(fdf, finfo, table, profile)
     if not checkable and not fv.empty:
         print(f"\nnote: {where} has no table-direct rows, so which table its dispatcher ran is not checked")
@@ -513,7 +573,7 @@ def _forward_report(where: str, fdf: pd.DataFrame, finfo: dict, cells, table, pr
         split = "" if r.binding_cost != r.binding_cost else (
             f"   choices {r.choices_over_best:.3f} x binding {r.binding_cost:.3f} [{r.binding_lo:.3f}, {r.binding_hi:.3f}]")
         print(f"  {r.model:22s} M={r.m:<6d} {r.regime:5s}{'*' if r.vllm_regime else ' '} / best ({r.best}) "
-              f"{r.dispatch_over_best:.3f}{lo}   / aten {r.dispatch_over_aten:.3f}{alo}   {'ok' if r.ok else 'OVER'}"
+              f"{r.dispatch_over_best:.3f}{lo}   / aten {r.dispatch_over_aten:.3f}{alo}   {r.verdict}"
               + split + ("   (same kernels as table-direct: pooled)" if r.same_kernels else ""))
     n_same, med, worst = null_pair_spread(fv)
     if n_same:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import pandas as pd
@@ -22,6 +22,9 @@ from dispatch.table import ThresholdTable
 from harness.errors import HarnessError
 from shapes.catalog import model_configs
 from shapes.derive import forward_sequence, load_config
+
+if TYPE_CHECKING:
+    from calibrate.forward_noise import ForwardFloor
 
 KEY = ("model", "tp", "m", "path", "regime")
 MODEL_MISS = 0.05  # a model that misses the measurement by more than this is flagged
@@ -118,7 +121,7 @@ def forward_ratios(forward: pd.DataFrame) -> pd.DataFrame:
     return piv.div(piv[ATEN], axis=0).reset_index()
 
 
-def forward_verdicts(forward: pd.DataFrame, capture_size: int) -> pd.DataFrame:
+def forward_verdicts(forward: pd.DataFrame, capture_size: int, floor: "ForwardFloor | None" = None) -> pd.DataFrame:
     """Per model, M and regime (both: a step runs captured up to vLLM's capture size and eagerly above it, and any M
     runs eagerly under enforce_eager): the dispatcher's measured forward over the best measured path, and over
     all-aten. The forwards of all paths ran interleaved, so sample i of each ran side by side: each ratio is the median
@@ -131,7 +134,10 @@ def forward_verdicts(forward: pd.DataFrame, capture_size: int) -> pd.DataFrame:
     `same_kernels`: a captured dispatcher replays the very kernels table-direct's graph does (same kernel_digest), so
     both rows measure one forward and their ratio is noise (h200-settled-forward-7, A B B A order: 1.012 [1.007,
     1.028] at 4B M = 16384 with identical kernel counts and paths). There the ratio to best is pooled from both (their
-    geometric mean) and its interval spans both intervals."""
+    geometric mean) and its interval spans both intervals.
+
+    `floor` (calibrate.forward_noise): the intervals of both ratios widened by the run-to-run noise of measured
+    forwards, so that a verdict holds for a fresh process's run and not only for this run's rounds."""
     ok = forward[forward["status"] == "ok"]
     rows = []
     for (model, m, regime), g in ok.groupby(["model", "m", "regime"]):
@@ -146,6 +152,9 @@ def forward_verdicts(forward: pd.DataFrame, capture_size: int) -> pd.DataFrame:
             ratio, lo, hi = _pooled((ratio, lo, hi), _paired(g, TABLE_DIRECT, best))
             if ATEN in g.index:
                 a_ratio, a_lo, a_hi = _pooled((a_ratio, a_lo, a_hi), _paired(g, TABLE_DIRECT, ATEN))
+        if floor is not None:
+            lo, hi = floor.widen(regime, ratio, lo, hi)
+            a_lo, a_hi = floor.widen(regime, a_ratio, a_lo, a_hi)
         fails = (lo if lo == lo else ratio) > 1 + FORWARD_MARGIN
         # with table-direct measured beside it: how much of the distance to the best path is the table's choices
         # (table-direct / best) and how much the dispatcher's own per-call work (dispatch / table-direct)
@@ -156,7 +165,8 @@ def forward_verdicts(forward: pd.DataFrame, capture_size: int) -> pd.DataFrame:
                      "best": best, "best_us": g.at[best, "us"], "dispatch_over_best": ratio, "ratio_lo": lo,
                      "ratio_hi": hi, "dispatch_over_aten": a_ratio, "aten_lo": a_lo, "aten_hi": a_hi,
                      "choices_over_best": direct[0], "binding_cost": direct[1], "binding_lo": direct[2],
-                     "binding_hi": direct[3], "same_kernels": same, "ok": not fails})
+                     "binding_hi": direct[3], "same_kernels": same, "ok": not fails,
+                     "verdict": "OVER" if fails else ("within noise" if ratio > 1 + FORWARD_MARGIN else "ok")})
     return pd.DataFrame(rows)
 
 

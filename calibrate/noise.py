@@ -31,6 +31,13 @@ def noise_path(profile: str) -> Path:
     return NOISE_DIR / f"{profile}.json"
 
 
+def widen_log(ratio: float, lo: float, hi: float, floor: float) -> tuple[float, float]:
+    """[lo, hi] around `ratio` with a log half-width `floor` added to each side's in quadrature."""
+    down = math.sqrt(math.log(ratio / lo) ** 2 + floor ** 2) if lo > 0 else math.inf
+    up = math.sqrt(math.log(hi / ratio) ** 2 + floor ** 2)
+    return ratio * math.exp(-down), ratio * math.exp(up)
+
+
 @dataclass(frozen=True)
 class NoiseFloor:
     """Per band of the reference GPU time (upper edge in µs): the run-to-run log-ratio half-width at `level`."""
@@ -46,10 +53,7 @@ class NoiseFloor:
 
     def widen(self, ratio: float, lo: float, hi: float, ref_us: float) -> tuple[float, float]:
         """The bootstrap interval [lo, hi] around `ratio`, widened by the run-to-run floor in quadrature."""
-        floor = self.half_width(ref_us)
-        down = math.sqrt(math.log(ratio / lo) ** 2 + floor ** 2) if lo > 0 else math.inf
-        up = math.sqrt(math.log(hi / ratio) ** 2 + floor ** 2)
-        return ratio * math.exp(-down), ratio * math.exp(up)
+        return widen_log(ratio, lo, hi, self.half_width(ref_us))
 
     def to_json(self) -> dict[str, Any]:
         return {"level": self.level, "bands": [{"ref_gpu_us_up_to": None if math.isinf(e) else e, "half_width": hw}

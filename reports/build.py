@@ -224,6 +224,7 @@ def anatomy_section(path: str) -> str:
 
 
 def forward_section(run: Run, path: str, partial: bool) -> str:
+    from calibrate.forward_noise import load_forward_floor
     from calibrate.forward_model import (EAGER_VOID, MODEL_MISS, eager_void, forward_ratios, forward_verdicts,
                                          load_forward, model_vs_measured)
     fdf, info = load_forward(path, partial)
@@ -263,19 +264,25 @@ def forward_section(run: Run, path: str, partial: bool) -> str:
                  + table(ratios.sort_values(["model", "regime", "m"]), cols, fmt={p: "{:.3f}" for p in paths},
                          left=("model", "regime")))
     if run.profile is not None:
-        fv = forward_verdicts(fdf, run.profile.capture_size)
+        floor = load_forward_floor(run.profile.name)
+        fv = forward_verdicts(fdf, run.profile.capture_size, floor)
         if not fv.empty:
-            bad = fv[~fv["ok"]]
+            bad, noisy = fv[~fv["ok"]], fv[fv["verdict"] == "within noise"]
             parts.append(f"<p><b>Measured verdict, both regimes:</b> the dispatcher's forward is within 1% of the "
-                         f"best measured path (or its paired interval reaches there) at {int(fv['ok'].sum())} of "
+                         f"best measured path (or its paired interval"
+                         + (f", widened by the run-to-run noise of measured forwards ({esc(floor.describe())}),"
+                            if floor else "") + f" reaches there) at {int(fv['ok'].sum())} of "
                          f"{len(fv)} (model, M, regime) points"
                          + (": over it at " + ", ".join(f"{r.model} M={r.m} {r.regime} ({r.dispatch_over_best:.3f}x "
                                                         f"{r.best})" for r in bad.itertuples()) if len(bad) else "")
+                         + (". Above 1% by the point ratio but within the noise: " + ", ".join(
+                             f"{r.model} M={r.m} {r.regime} ({r.dispatch_over_best:.3f}x {r.best})"
+                             for r in noisy.itertuples()) if len(noisy) else "")
                          + ".</p>"
                          + table(fv, [("model", "model"), ("m", "M"), ("regime", "regime"),
                                       ("vllm_regime", "vLLM runs M here"), ("best", "best path"),
                                       ("dispatch_over_best", "dispatch / best"), ("ratio_lo", "lo"),
-                                      ("ratio_hi", "hi"), ("dispatch_over_aten", "dispatch / aten"), ("ok", "ok")]
+                                      ("ratio_hi", "hi"), ("dispatch_over_aten", "dispatch / aten"), ("verdict", "verdict")]
                                  + ([("choices_over_best", "table's choices / best"),
                                      ("binding_cost", "dispatch / table-direct"), ("binding_lo", "lo"),
                                      ("binding_hi", "hi"), ("same_kernels", "same kernels (ratio pooled)")]

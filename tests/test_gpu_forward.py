@@ -114,15 +114,13 @@ def test_skip_slower_leaves_out_a_path_far_slower_than_aten(tmp_path, gpu_profil
 
 def test_the_dispatcher_and_table_direct_run_the_same_kernels(short_forward):
     """Both run the committed table's choices, bound per layer or called directly: the same kernel sequence (one
-    kernel_digest) in each regime and M, so in the graph regime their ratio measures noise alone; the other rules
-    carry digests too."""
+    kernel_digest) in each regime and M, so in the graph regime their ratio measures noise alone; every row carries
+    a digest."""
     df, cfg, _ = short_forward
     assert df["kernel_digest"].astype(str).str.fullmatch("[0-9a-f]{12}").all()
     d = df.set_index(["m", "regime", "path"])["kernel_digest"]
     for m in cfg.ms:
         for regime in ("graph", "eager"):
             assert d[(m, regime, "dispatch")] == d[(m, regime, "table-direct")], (m, regime)
-    used = df.set_index(["m", "regime", "path"])["paths_used"]
-    for m in cfg.ms:  # where the table runs anything but F.linear, the digest tells its kernels from aten's
-        if used[(m, "graph", "table-direct")] != used[(m, "graph", "aten")]:
-            assert d[(m, "graph", "aten")] != d[(m, "graph", "dispatch")], m
+    # no check that a lean cuBLASLt layer runs other kernels than F.linear: with the pinned tactics it may run
+    # F.linear's own (35B-A3B M = 1031 on the H200: same digest, h200-settled-forward-8)
