@@ -322,9 +322,9 @@ def graph_m(cfg: ForwardConfig, clock, model: str, seq, weights, m: int, sm: int
         return [{c: r.get(c) for c in SUSTAIN_COLUMNS} for r in rows], {}
     if graphs:
         with phase("graph replay"):
-            # shuffled like the eager rounds: in A B B A order the dispatcher always followed all-aten or
-            # table-direct, and at M = 4096-16384 (power cap) it measured 1.2-1.4% slower than table-direct's
-            # identical kernels (h200-settled-forward-7)
+            # shuffled like the eager rounds: in A B B A order the dispatcher always sat next to all-aten and
+            # table-direct, and at 4B M = 4096 and 16384 (power cap) it measured 1.3% and 1.2% slower than
+            # table-direct with the same paths on every layer (h200-settled-forward-7)
             timings = replay_interleaved(clock, graphs, 1, cfg.samples, settle_s=cfg.settle_ms / 1e3,
                                          reader=reader, orders=round_orders(list(graphs), cfg.samples,
                                                                             (cfg.order_seed or 0) + m))
@@ -412,7 +412,8 @@ def run_forward(cfg: ForwardConfig) -> Path:
     info = run_info(cfg.command, kind="forward", profile=cfg.profile.name, models=list(cfg.models), tp=cfg.tp,
                     ms=cfg.ms, paths=cfg.rules, regimes=list(REGIMES), samples=cfg.samples, pdl=cfg.profile.pdl,
                     decoder_layers=cfg.decoder_layers, lm_head=cfg.lm_head, lm_head_rule=LM_HEAD_RULE,
-                    eager_order_seed=cfg.order_seed, graph_order=GRAPH_ORDER, eager_settle=cfg.settle_ms > 0, settle_ms=cfg.settle_ms,
+                    eager_order_seed=cfg.order_seed, graph_order=GRAPH_ORDER, eager_settle=cfg.settle_ms > 0,
+                    settle_ms=cfg.settle_ms,
                     settle_drain="before the settle", eager_profiler=EAGER_PROFILER,
                     sustain_ms=cfg.sustain_ms or None, idle_ms=cfg.idle_ms if cfg.sustain_ms else None,
                     table_file=cfg.table_file, skip_slower=cfg.skip_slower,

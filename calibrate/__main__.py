@@ -26,9 +26,9 @@ from calibrate.forward_model import (GPU_BOUND_MARGIN, MODEL_MISS, forward_ratio
                                     gpu_bound_in_every_run, host_bound_in_every_run, load_forward, null_pair_spread,
                                     kept_choices, model_vs_measured, other_table_keys,
                                     overrides_over_the_table, picks_in_every_run)
+from calibrate.forward_noise import fit_forward_floor, forward_coverage, forward_noise_path, load_forward_floor
 from calibrate.hostcost import run_host_cost
 from calibrate.l2 import MODES, close_cells, decisions
-from calibrate.forward_noise import fit_forward_floor, forward_coverage, forward_noise_path, load_forward_floor
 from calibrate.noise import LEVEL, coverage, coverage_line, fit_floor, load_noise, noise_path
 from calibrate.regress import measure_runs, regress, regression_paths
 from dispatch.profiles import PROFILES, get_profile, matches
