@@ -120,6 +120,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                             "path whose whole forward beat all-aten beyond the noise in every one of them is picked "
                             "for that model's shapes (eager: every cell; graph: cells left to F.linear); the eager "
                             "boundness starts where it starts in the latest of them")
+    p_fit.add_argument("--forward-noise", action="store_true",
+                       help="widen every forward test of the fit (--forward picks, --table-forward overrides, --keep) "
+                            "by the profile's forward noise floor (python -m calibrate forward-noise), so that a "
+                            "choice made on one run's forwards holds for a fresh process's")
     p_fit.add_argument("--out", help="table file to write (default dispatch/thresholds/<profile>.json)")
     p_fit.add_argument("--dry-run", action="store_true", help="print, write nothing")
     p_fit.add_argument("--partial", **partial)
@@ -328,9 +332,15 @@ def _fit_cmd(args, argv, profile, df, info, cells) -> int:
     base = ThresholdTable(profile.name, profile.low_m_backend, {r: () for r in REGIMES})
     noise = load_noise(profile.name)
     cell_picks, forward_note, shape_bound, shape_host = {}, None, {}, {}
+    floor = None
+    if args.forward_noise:
+        floor = load_forward_floor(profile.name)
+        if floor is None:
+            raise HarnessError(f"--forward-noise: no forward noise floor for {profile.name}; measure one with python -m "
+                               f"calibrate forward-noise RUN_A RUN_B --gpu {profile.name}")
     if args.forward:
         runs = [fdf for fdf, _ in _load_forwards(args.forward, profile.name, args.partial)]
-        picks = picks_in_every_run(runs, dispatch_candidates(cells, base), args.min_gain)
+        picks = picks_in_every_run(runs, dispatch_candidates(cells, base), args.min_gain, floor)
         uses = model_uses(df)
         for (regime, model, m), (path, ratio, hi) in sorted(picks.items()):
             if m in hold_out:
@@ -363,7 +373,7 @@ def _fit_cmd(args, argv, profile, df, info, cells) -> int:
     override_note = None
     if args.table_forward:
         table, report, override_note = _overrides(args, profile, df, cells, base, noise, hold_out, cell_picks,
-                                                  shape_bound, shape_host, table, report)
+                                                  shape_bound, shape_host, table, report, floor)
     fp = info.get("fingerprint", {})
     fitted_ms = sorted(set(int(m) for m in df["m"]) - hold_out)
     source = {"fitted_from": str(args.results), "run_command": info.get("command"), "gpu": fp.get("gpu_name"),
@@ -388,6 +398,10 @@ def _fit_cmd(args, argv, profile, df, info, cells) -> int:
                       "two paths' costs, interpolated linearly in M, cross (a model of unmeasured M); shapes not "
                       "measured and M above the last range run F.linear",
               "noise_floor": noise.source if noise else None, "measured_forwards": forward_note}
+    if floor is not None:
+        source["forward_noise_floor"] = {**floor.to_json(), "file": forward_noise_path(profile.name).name}
+        source["rule"] += ("; with --forward-noise, every forward test's paired interval is widened by the forward "
+                           "noise floor (" + floor.describe() + ") before it is compared")
     if override_note is not None:
         source["forwards_of_this_table"] = override_note
         source["rule"] += ("; with --table-forward, at each (model, M, regime) where those runs measured this fit's "
@@ -431,7 +445,8 @@ def _load_forwards(folders: list[str], profile_name: str, partial: bool) -> list
     return runs
 
 
-def _overrides(args, profile, df, cells, base, noise, hold_out, cell_picks, shape_bound, shape_host, table, report):
+def _overrides(args, profile, df, cells, base, noise, hold_out, cell_picks, shape_bound, shape_host, table, report,
+               floor=None):
     """--table-forward: measured forwards of the table this fit makes; where a single path (all-aten included) beat
     its choices, in either regime, refit with that path taking precedence at the model's cells in that regime.
     Returns table, report, note."""
@@ -439,7 +454,7 @@ def _overrides(args, profile, df, cells, base, noise, hold_out, cell_picks, shap
     candidates = dispatch_candidates(cells, base)
     found = {(regime, model, m): o for regime in REGIMES
              for (model, m), o in overrides_over_the_table(runs, table, profile, candidates, args.min_gain,
-                                                           regime).items() if m not in hold_out}
+                                                           regime, floor).items() if m not in hold_out}
     uses = model_uses(df)
     over = {}
     kept = {}
@@ -448,8 +463,8 @@ def _overrides(args, profile, df, cells, base, noise, hold_out, cell_picks, shap
         if previous.profile != profile.name:
             raise HarnessError(f"--keep {args.keep} is a table for {previous.profile}, the fit is for {profile.name}")
         for regime in REGIMES:
-            beaten = overrides_over_the_table(runs, previous, profile, candidates, args.min_gain, regime)
-            for (model, m), o in kept_choices(runs, previous, profile, regime).items():
+            beaten = overrides_over_the_table(runs, previous, profile, candidates, args.min_gain, regime, floor)
+            for (model, m), o in kept_choices(runs, previous, profile, regime, floor).items():
                 if m in hold_out or (model, m) in beaten:
                     continue
                 kept[(regime, model, m)] = o

@@ -272,10 +272,16 @@ def host_bound_in_every_run(runs: list[pd.DataFrame], margin: float = GPU_BOUND_
     return _cautious_over_runs(host_bound_until, runs, margin, hold_out, min)
 
 
-def _beaten(forward: pd.DataFrame, candidates: list[str], min_gain: float
+def _upper(regime: str, ratio: float, lo: float, hi: float, floor: "ForwardFloor | None") -> float:
+    """The interval's upper end, widened by the forward floor where one is given."""
+    return floor.widen(regime, ratio, lo, hi)[1] if floor is not None else hi
+
+
+def _beaten(forward: pd.DataFrame, candidates: list[str], min_gain: float, floor: "ForwardFloor | None" = None
             ) -> dict[tuple[str, str, int], dict[str, tuple[float, float]]]:
     """Per (regime, model, M) measured with all-aten: each candidate path whose whole forward beat all-aten beyond
-    the noise (paired interval wholly below 1 - min_gain), with its ratio and the interval's upper end."""
+    the noise (paired interval, widened by `floor` where given, wholly below 1 - min_gain), with its ratio and the
+    interval's upper end."""
     ok = forward[forward["status"] == "ok"]
     out = {}
     for (regime, model, m), g in ok.groupby(["regime", "model", "m"]):
@@ -285,7 +291,8 @@ def _beaten(forward: pd.DataFrame, candidates: list[str], min_gain: float
         beaten = {}
         for path in candidates:
             if path != ATEN and path in g.index:
-                ratio, _lo, hi = _paired(g, path, ATEN)
+                ratio, lo, hi = _paired(g, path, ATEN)
+                hi = _upper(str(regime), ratio, lo, hi, floor)
                 if hi == hi and hi < 1 - min_gain:
                     beaten[path] = (ratio, hi)
         out[(str(regime), str(model), int(m))] = beaten
@@ -301,13 +308,13 @@ def forward_picks(forward: pd.DataFrame, candidates: list[str], min_gain: float
     return picks_in_every_run([forward], candidates, min_gain)
 
 
-def picks_in_every_run(runs: list[pd.DataFrame], candidates: list[str], min_gain: float
-                       ) -> dict[tuple[str, str, int], tuple[str, float, float]]:
+def picks_in_every_run(runs: list[pd.DataFrame], candidates: list[str], min_gain: float,
+                       floor: "ForwardFloor | None" = None) -> dict[tuple[str, str, int], tuple[str, float, float]]:
     """forward_picks over several measured-forward runs (fresh processes, other leases): per (regime, model, M),
     a path qualifies only if it beat all-aten beyond the noise in every run; the one whose worst run is fastest is
     picked, with its largest ratio and interval end over the runs. One run's picks vary with the GPU and host of its
     lease (on the H200: graph 35B-A3B M = 512 picked in two runs of one lease, not in the fit's run of another)."""
-    per_run = [_beaten(run, candidates, min_gain) for run in runs]
+    per_run = [_beaten(run, candidates, min_gain, floor) for run in runs]
     # a run takes part in the decision at (regime, model, M) where it measured all-aten there: one that did not
     # measure that model, or whose rows there are void (eager rows of h200-settled-forward-1), does not veto it
     measured = [{(str(r), str(mo), int(m)) for r, mo, m in
@@ -394,7 +401,7 @@ def measured_groups(runs: list[tuple[pd.DataFrame, dict[str, Any]]], table: Thre
 
 
 def kept_choices(runs: list[tuple[pd.DataFrame, dict[str, Any]]], table: ThresholdTable, profile: GpuProfile,
-                 regime: str) -> dict[tuple[str, int], dict[str, Any]]:
+                 regime: str, floor: "ForwardFloor | None" = None) -> dict[tuple[str, int], dict[str, Any]]:
     """Per (model, M) of one regime: where every run that measured `table`'s own choices there (table-direct) found
     the dispatcher running them faster than all-aten beyond the noise (paired interval wholly below 1; table-direct
     where the run has no dispatcher rows), its worst ratio and interval end. A refit keeps such choices unless a single
@@ -406,6 +413,7 @@ def kept_choices(runs: list[tuple[pd.DataFrame, dict[str, Any]]], table: Thresho
         if not all(ATEN in g.index for g in groups):
             continue
         paired = [_paired(g, DISPATCH if DISPATCH in g.index else TABLE_DIRECT, ATEN) for g in groups]
+        paired = [(r, lo, _upper(regime, r, lo, hi, floor)) for r, lo, hi in paired]
         if all(hi < 1 for _, _, hi in paired):
             out[key] = {"ratio": max(r for r, _, _ in paired), "hi": max(hi for _, _, hi in paired),
                         "runs": len(groups)}
@@ -413,8 +421,8 @@ def kept_choices(runs: list[tuple[pd.DataFrame, dict[str, Any]]], table: Thresho
 
 
 def overrides_over_the_table(runs: list[tuple[pd.DataFrame, dict[str, Any]]], table: ThresholdTable,
-                             profile: GpuProfile, candidates: list[str], min_gain: float, regime: str = "graph"
-                             ) -> dict[tuple[str, int], dict[str, Any]]:
+                             profile: GpuProfile, candidates: list[str], min_gain: float, regime: str = "graph",
+                             floor: "ForwardFloor | None" = None) -> dict[tuple[str, int], dict[str, Any]]:
     """Per (model, M) in one regime: a single path (all-aten included) whose whole forward beat the table's own
     choices (table-direct rows that ran exactly what `table` chooses there, checked by their paths_used) in every
     run, and by more than `min_gain` over the rounds of all runs pooled. What the cell test cannot see (gains of
@@ -436,6 +444,7 @@ def overrides_over_the_table(runs: list[tuple[pd.DataFrame, dict[str, Any]]], ta
             if any(len(a) != len(b) or not len(a) for a, b in zip(sa, sb)):
                 continue
             ratio, lo, hi = paired_ratio_ci(np.concatenate(sa), np.concatenate(sb))
+            lo, hi = floor.widen(regime, ratio, lo, hi) if floor is not None else (lo, hi)
             if max(points) < 1 and hi < 1 and ratio <= 1 - min_gain and (best is None or ratio < best["ratio"]):
                 best = {"path": path, "ratio": ratio, "lo": lo, "hi": hi, "worst_run": max(points), "runs": len(groups)}
         if best is not None:

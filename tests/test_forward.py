@@ -762,3 +762,19 @@ def test_the_committed_table_out_of_sample_in_three_later_processes(capsys):
     out = capsys.readouterr().out
     assert "at 22 points: |dispatch / table-direct - 1| median 0.13%, largest 1.41%" in out
     assert "graph x1.016, eager x1.160" in out and "\nPASS" in out
+
+
+def test_fit_forward_tests_widened_by_the_forward_floor_drop_gains_inside_the_noise():
+    """A lean path 2% faster than all-aten with a tight paired interval is a forward pick; with a forward floor of 3%
+    (log) the same gain lies inside the run-to-run noise and is not (fit --forward-noise); 10% still is."""
+    import math
+
+    from calibrate.forward_model import picks_in_every_run
+    from calibrate.forward_noise import ForwardFloor
+    floor = ForwardFloor({"graph": math.log(1.03), "eager": math.log(1.03)})
+    small, large = _replicate(0.98, 0.0001), _replicate(0.90, 0.0001)
+    cands = ["aten", "flashinfer-lean:cublaslt"]
+    assert len(picks_in_every_run([small], cands, 0.01)) == 24
+    assert picks_in_every_run([small], cands, 0.01, floor) == {}
+    picked = picks_in_every_run([large], cands, 0.01, floor)
+    assert len(picked) == 24 and all(p == "flashinfer-lean:cublaslt" and hi < 0.99 for p, _, hi in picked.values())
