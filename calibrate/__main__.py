@@ -531,8 +531,8 @@ def _forward_noise_cmd(args) -> int:
             held = fit_forward_floor(others) if others else floor
         except HarnessError:  # the other pairs share too few ratios: judged in-sample
             held, others = floor, []
+        cov = forward_coverage(a, b, held)
         for regime in ("graph", "eager"):
-            cov = forward_coverage(a, b, held)
             print(coverage_line(cov[cov["regime"] == regime], floor.level,
                                 f"{regime}, {args.runs[i + 1]} in {args.runs[i]}"
                                 + (", floor from the other pairs" if others else ", in-sample")))

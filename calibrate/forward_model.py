@@ -152,9 +152,8 @@ def forward_verdicts(forward: pd.DataFrame, capture_size: int, floor: "ForwardFl
             ratio, lo, hi = _pooled((ratio, lo, hi), _paired(g, TABLE_DIRECT, best))
             if ATEN in g.index:
                 a_ratio, a_lo, a_hi = _pooled((a_ratio, a_lo, a_hi), _paired(g, TABLE_DIRECT, ATEN))
-        if floor is not None:
-            lo, hi = floor.widen(regime, ratio, lo, hi)
-            a_lo, a_hi = floor.widen(regime, a_ratio, a_lo, a_hi)
+        lo, hi = _widened(regime, ratio, lo, hi, floor)
+        a_lo, a_hi = _widened(regime, a_ratio, a_lo, a_hi, floor)
         fails = (lo if lo == lo else ratio) > 1 + FORWARD_MARGIN
         # with table-direct measured beside it: how much of the distance to the best path is the table's choices
         # (table-direct / best) and how much the dispatcher's own per-call work (dispatch / table-direct)
@@ -173,6 +172,12 @@ def forward_verdicts(forward: pd.DataFrame, capture_size: int, floor: "ForwardFl
 def _pooled(a: tuple[float, float, float], b: tuple[float, float, float]) -> tuple[float, float, float]:
     """Two measurements of one ratio: their geometric mean, and an interval spanning both intervals."""
     return math.sqrt(a[0] * b[0]), float(np.fmin(a[1], b[1])), float(np.fmax(a[2], b[2]))
+
+
+def _widened(regime: str, ratio: float, lo: float, hi: float, floor: "ForwardFloor | None"
+             ) -> tuple[float, float]:
+    """[lo, hi] widened by the forward floor where one is given (every forward test reads its interval through this)."""
+    return floor.widen(regime, ratio, lo, hi) if floor is not None else (lo, hi)
 
 
 def _same_kernels(g: pd.DataFrame, a: str, b: str) -> bool:
@@ -272,11 +277,6 @@ def host_bound_in_every_run(runs: list[pd.DataFrame], margin: float = GPU_BOUND_
     return _cautious_over_runs(host_bound_until, runs, margin, hold_out, min)
 
 
-def _upper(regime: str, ratio: float, lo: float, hi: float, floor: "ForwardFloor | None") -> float:
-    """The interval's upper end, widened by the forward floor where one is given."""
-    return floor.widen(regime, ratio, lo, hi)[1] if floor is not None else hi
-
-
 def _beaten(forward: pd.DataFrame, candidates: list[str], min_gain: float, floor: "ForwardFloor | None" = None
             ) -> dict[tuple[str, str, int], dict[str, tuple[float, float]]]:
     """Per (regime, model, M) measured with all-aten: each candidate path whose whole forward beat all-aten beyond
@@ -292,7 +292,7 @@ def _beaten(forward: pd.DataFrame, candidates: list[str], min_gain: float, floor
         for path in candidates:
             if path != ATEN and path in g.index:
                 ratio, lo, hi = _paired(g, path, ATEN)
-                hi = _upper(str(regime), ratio, lo, hi, floor)
+                hi = _widened(str(regime), ratio, lo, hi, floor)[1]
                 if hi == hi and hi < 1 - min_gain:
                     beaten[path] = (ratio, hi)
         out[(str(regime), str(model), int(m))] = beaten
@@ -413,7 +413,7 @@ def kept_choices(runs: list[tuple[pd.DataFrame, dict[str, Any]]], table: Thresho
         if not all(ATEN in g.index for g in groups):
             continue
         paired = [_paired(g, DISPATCH if DISPATCH in g.index else TABLE_DIRECT, ATEN) for g in groups]
-        paired = [(r, lo, _upper(regime, r, lo, hi, floor)) for r, lo, hi in paired]
+        paired = [(r, *_widened(regime, r, lo, hi, floor)) for r, lo, hi in paired]
         if all(hi < 1 for _, _, hi in paired):
             out[key] = {"ratio": max(r for r, _, _ in paired), "hi": max(hi for _, _, hi in paired),
                         "runs": len(groups)}
@@ -444,7 +444,7 @@ def overrides_over_the_table(runs: list[tuple[pd.DataFrame, dict[str, Any]]], ta
             if any(len(a) != len(b) or not len(a) for a, b in zip(sa, sb)):
                 continue
             ratio, lo, hi = paired_ratio_ci(np.concatenate(sa), np.concatenate(sb))
-            lo, hi = floor.widen(regime, ratio, lo, hi) if floor is not None else (lo, hi)
+            lo, hi = _widened(regime, ratio, lo, hi, floor)
             if max(points) < 1 and hi < 1 and ratio <= 1 - min_gain and (best is None or ratio < best["ratio"]):
                 best = {"path": path, "ratio": ratio, "lo": lo, "hi": hi, "worst_run": max(points), "runs": len(groups)}
         if best is not None:
