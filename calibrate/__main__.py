@@ -39,14 +39,16 @@ from harness.errors import HarnessError, run_cli
 from harness.io import atomic_write_text, claim_work_dir, output_file
 
 
-def _check_gpu(info: dict, profile_name: str, results: str, allow_mismatch: bool = False) -> None:
-    """The run must come from the profile's GPU (one identity rule: dispatch.profiles.matches)."""
+def _check_gpu(info: dict, profile_name: str, results: str, allow_mismatch: bool | None = None) -> None:
+    """The run must come from the profile's GPU (one identity rule: dispatch.profiles.matches). allow_mismatch: the
+    command's --allow-mismatch; None where the command has no such option (the error then does not offer it)."""
     fp = info.get("fingerprint") or {}
     profile = get_profile(profile_name)
     gpu, sm = str(fp.get("gpu_name", "")), fp.get("sm")
     if not allow_mismatch and not matches(profile, gpu, sm if isinstance(sm, int) else -1):
         raise HarnessError(f"{results} was measured on {gpu!r} (SM{sm}), not on a {profile.name} GPU; "
-                           f"pass --gpu for that GPU (or --allow-mismatch to judge it anyway)")
+                           f"pass --gpu for that GPU" + (" (or --allow-mismatch to judge it anyway)"
+                                                         if allow_mismatch is not None else ""))
 
 
 def _profile_of(info: dict, given: str | None) -> str:
@@ -58,7 +60,7 @@ def _profile_of(info: dict, given: str | None) -> str:
     return name
 
 
-def _load(results: str, partial: bool, profile_name: str | None = None, allow_mismatch: bool = False):
+def _load(results: str, partial: bool, profile_name: str | None = None, allow_mismatch: bool | None = None):
     """run.json first (the GPU check names the real problem before the grid check), then the validated table."""
     info = load_run_info(results)
     if profile_name is not None:
@@ -229,7 +231,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     csv_out = output_file(args.csv, "--csv") if args.cmd == "validate" and args.csv else None
     profile = get_profile(_profile_of(load_run_info(args.results), args.gpu))
-    df, info = _load(args.results, args.partial, profile.name, getattr(args, "allow_mismatch", False))
+    df, info = _load(args.results, args.partial, profile.name, getattr(args, "allow_mismatch", None))
     cells = Cells.from_results(df)
 
     if args.cmd == "fit":

@@ -716,6 +716,12 @@ def test_forward_floor_and_replicate_bad_input_get_one_line(tmp_path):
         main(["validate", str(DATA / "h200-fit2-validate"), "--forward-replicate", str(DATA / "h200-settled-forward-8")])
     with pytest.raises(HarnessError, match="two or more"):
         main(["forward-noise", str(DATA / "h200-settled-forward-8"), "--gpu", "h200"])
+    # another GPU's runs: the fix offered is one the command has (forward-noise has no --allow-mismatch)
+    with pytest.raises(HarnessError, match="not on a h100 GPU; pass --gpu for that GPU$"):
+        main(["forward-noise", str(DATA / "h200-settled-forward-8"), str(DATA / "h200-settled-forward-9"),
+              "--gpu", "h100"])
+    with pytest.raises(HarnessError, match=r"\(or --allow-mismatch to judge it anyway\)$"):
+        main(["validate", str(DATA / "h200-fit2-validate"), "--gpu", "h100"])
 
 
 def test_the_committed_table_out_of_sample_in_three_later_processes(capsys):
