@@ -133,7 +133,9 @@ def _bind(rule: str, seq, weights, xs, m, sm, cfg: ForwardConfig, fns: dict[str,
             # the real dispatcher, bound per layer as a model does at load; `path` is its table's choice
             fn, args = dispatch.bind(w, native=False if rule == DISPATCH_PYTHON else None), (xs[lin.k],)
             eager = path_for(rule, lin, m, sm, cfg.profile, cfg.table, "eager")
+            idle = path_for(rule, lin, m, sm, cfg.profile, cfg.table, "idle")
             path = path if eager == path else f"graph {path} / eager {eager}"
+            path = path if idle == eager else f"{path} / idle {idle}"
         bound.calls.append((fn, args, w))
         bound.used[path] = bound.used.get(path, 0) + 1
     return bound

@@ -26,9 +26,11 @@ RULES = {
     SEED_FIX: f"the seed PR's fix: the low-M backend at M <= {SEED_FIX_M} where eligible, F.linear above; "
                 "lm_head F.linear",
     DISPATCH: "the dispatcher bound per layer (dispatch.bind) with the committed table: its graph ranges while "
-              "capturing, eager ranges otherwise; lm_head F.linear",
-    TABLE_DIRECT: "the committed table's choices per regime called directly, without the bound layer: the "
-                  "dispatcher's choices at no per-call cost (dispatch over it is the bound layer's own cost)",
+              "capturing, eager ranges otherwise, and its idle ranges where an eager call finds its stream drained; "
+              "lm_head F.linear",
+    TABLE_DIRECT: "the committed table's graph and eager choices called directly, without the bound layer: the "
+                  "dispatcher's choices at no per-call cost (dispatch over it is the bound layer's own cost); it "
+                  "never runs the idle ranges (those need the bound layer's per-call stream test)",
     DISPATCH_PYTHON: "the dispatcher bound per layer with its Python bound layer (dispatch.bind(w, native=False)); "
                      "`dispatch` runs the C++ layer where it is built (run.json: dispatch_layer)",
 }

@@ -9,8 +9,11 @@
 - `dispatch.op()`: the same as a torch custom op with a fake implementation, for code under torch.compile.
 
 The regime is read per call: while this thread is capturing a CUDA graph only GPU time counts (the `graph` ranges),
-otherwise host time counts too (the `eager` ranges). By default the test is a counter that torch's CUDA graph class
-keeps (dispatch/capture.py, hooked in at import); `capture_signal("query")` asks CUDA on every call instead.
+otherwise host time counts too (the `eager` ranges). By default the capture test is a counter that torch's CUDA
+graph class keeps (dispatch/capture.py, hooked in at import); `capture_signal("query")` asks CUDA on every call
+instead. Where the table has `idle` ranges for a shape and M that differ from eager's, an eager call also asks
+whether the current stream has drained (capture.stream_idle): if it has, the GPU is waiting on the host, and the
+idle choice (less host time per call) runs.
 """
 from __future__ import annotations
 
@@ -22,7 +25,7 @@ import torch.nn.functional as F
 from dispatch import capture
 from dispatch.backends import ATEN, BACKENDS, backend_of, is_lean
 from dispatch.profiles import detect_profile, this_gpu
-from dispatch.table import REGIMES, ThresholdTable, load_table
+from dispatch.table import IDLE, REGIMES, ThresholdTable, load_table
 
 __all__ = ["bind", "layer_kind", "linear", "op", "ThresholdTable", "load_table", "configure", "reset",
            "is_capturing", "capture_signal"]
@@ -140,13 +143,13 @@ class _ShapeRule:
     """What the dispatcher does for one weight shape on one device: per regime ((up_to, kernel, backend), ...), the
     activation size (M x K elements) above which every regime runs F.linear, and the activation shapes below it at
     which both regimes run F.linear (remembered as they come, at most CHOICES_KEPT)."""
-    __slots__ = ("limit_m", "limit_numel", "graph", "eager", "sm", "f_linear_shapes")
+    __slots__ = ("limit_m", "limit_numel", "graph", "eager", "idle", "sm", "device", "f_linear_shapes")
 
-    def __init__(self, table: ThresholdTable | None, n: int, k: int, sm: int, pdl: bool):
-        self.sm = sm
+    def __init__(self, table: ThresholdTable | None, n: int, k: int, sm: int, pdl: bool, device: int = -1):
+        self.sm, self.device = sm, device
         limit = 0
         per: dict[str, tuple] = {}
-        for regime in REGIMES:
+        for regime in (*REGIMES, IDLE):
             steps = []
             for up_to, path in (table.ranges(n, k, regime) if table is not None else ()):
                 kernel = None if path == ATEN else _kernel(path, pdl)
@@ -158,19 +161,29 @@ class _ShapeRule:
                     limit = max(limit, up_to)
             per[regime] = tuple(steps)
         self.graph, self.eager = per["graph"], per["eager"]
+        # None where idle is eager's ranges: no call asks whether the stream has drained
+        self.idle = per[IDLE] if table is not None and table.has_idle(n, k) else None
         self.limit_m = limit if limit else -1
         self.limit_numel = limit * k if limit else -1
         self.f_linear_shapes: dict = {}
 
     def pick(self, m: int) -> tuple[Kernel | None, Any]:
-        for up_to, kernel, backend in (self.graph if _capturing() else self.eager):
-            if m <= up_to:
-                return kernel, backend
-        return None, None
+        if _capturing():
+            return _at(self.graph, m)
+        eager = _at(self.eager, m)
+        if self.idle is not None:
+            idle = _at(self.idle, m)
+            if idle[0] is not eager[0] and capture.stream_idle(self.device):
+                return idle
+        return eager
 
     def f_linear_in_both(self, m: int) -> bool:
-        return all(next((kernel for up_to, kernel, _ in steps if m <= up_to), None) is None
-                   for steps in (self.graph, self.eager))
+        """Whether every regime (idle included) runs F.linear at M."""
+        return all(_at(steps, m)[0] is None for steps in (self.graph, self.eager, self.idle or ()))
+
+
+def _at(steps: tuple, m: int) -> tuple[Kernel | None, Any]:
+    return next(((kernel, backend) for up_to, kernel, backend in steps if m <= up_to), (None, None))
 
 
 _ALWAYS_ATEN = _ShapeRule(None, 0, 0, 0, False)
@@ -184,7 +197,7 @@ def _rule(device: int, weight: Any) -> _ShapeRule:
         if weight.dim() != 2:
             return _ALWAYS_ATEN
         table, sm, pdl = _device(device)
-        rule = _SHAPES[key] = _ShapeRule(table, weight.shape[0], weight.shape[1], sm, pdl)
+        rule = _SHAPES[key] = _ShapeRule(table, weight.shape[0], weight.shape[1], sm, pdl, device)
     return rule
 
 
@@ -233,7 +246,8 @@ def _layer_rule(device: int, weight: Any, bias: Any) -> tuple[dict, Callable, Ca
     where no kernel of the table takes this weight."""
     rule = _rule(device, weight)
     n, k = weight.shape[0], weight.shape[1]
-    backends = {id(b): b for steps in (rule.graph, rule.eager) for _, kern, b in steps if kern is not None}
+    backends = {id(b): b for steps in (rule.graph, rule.eager, rule.idle or ()) for _, kern, b in steps
+                if kern is not None}
     accepted = frozenset(key for key, b in backends.items() if b.accepts_weight(weight, bias, rule.sm))
     if not accepted:
         return None
@@ -250,8 +264,10 @@ def _layer_rule(device: int, weight: Any, bias: Any) -> tuple[dict, Callable, Ca
     def at(steps: tuple, m: int) -> tuple | None:
         return next((entry(kernel, backend) for up_to, kernel, backend in steps if m <= up_to), None)
 
-    def entries_at(m: int) -> tuple[tuple | None, tuple | None]:
-        return at(rule.graph, m), at(rule.eager, m)
+    def entries_at(m: int) -> tuple[tuple | None, tuple | None, tuple | None]:
+        """(graph, eager, idle) entries at M; idle is eager's entry (one object) where the shape has no idle ranges."""
+        eager = at(rule.eager, m)
+        return at(rule.graph, m), eager, eager if rule.idle is None else at(rule.idle, m)
     choices: dict = {}
 
     def choose(shape: Any) -> tuple:
@@ -261,11 +277,11 @@ def _layer_rule(device: int, weight: Any, bias: Any) -> tuple[dict, Callable, Ca
         c = _F_LINEAR
         if len(shape) and numel and shape[-1] == k:
             m = numel // k
-            graph, eager = entries_at(m)
-            if graph is not None or eager is not None:
-                # where both regimes choose the same kernel entry (one object) the capture test is skipped
+            graph, eager, idle = entries_at(m)
+            if graph is not None or eager is not None or idle is not None:
+                # where the regimes choose the same kernel entry (one object) the capture and stream tests are skipped
                 flat = None if len(shape) == 2 else ((m, k), (m, n))
-                c = (graph, eager, flat, (*shape[:-1], n))
+                c = (graph, eager, idle, flat, (*shape[:-1], n))
         if len(choices) >= CHOICES_KEPT:
             choices.clear()
         choices[shape] = c
@@ -274,8 +290,8 @@ def _layer_rule(device: int, weight: Any, bias: Any) -> tuple[dict, Callable, Ca
     return choices, choose, entries_at
 
 
-def _no_kernel(m: int) -> tuple[None, None]:
-    return None, None
+def _no_kernel(m: int) -> tuple[None, None, None]:
+    return None, None, None
 
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
@@ -285,7 +301,8 @@ def bind(weight: Any, bias: Any = None, native: bool | None = None) -> Callable[
     """The dispatcher for one layer, a callable x -> y. Everything that depends on the weight is resolved here: the
     table's ranges, the kernels, and which of them take this weight (one that does not becomes F.linear). Per call:
     the activation's M looks up the remembered choice; where it is F.linear, that is all; where it is a kernel, the
-    capture test where the two regimes differ, the activation's own checks (dtype, contiguity, alignment, device:
+    capture test where the two regimes differ, the stream test where idle ranges differ from eager's (an eager call
+    only), the activation's own checks (dtype, contiguity, alignment, device:
     backends.input_ok, inlined) and the kernel writing into an output of the remembered shape. The Python layer
     remembers choices per activation shape, shared by the layers of one weight shape; the C++ layer per M, its own.
 
@@ -303,7 +320,10 @@ def bind(weight: Any, bias: Any = None, native: bool | None = None) -> Callable[
     why = ("it is not built (python -m dispatch build-native) or BLB_NATIVE=0" if mod is None
            else f"the capture signal is {_SIGNAL[0]!r} (it keeps the hooks' counter)" if _SIGNAL[0] != "hooks"
            else "the weight or bias is a tensor subclass" if type(weight) not in _PLAIN
-           or (bias is not None and type(bias) not in _PLAIN) else None)
+           or (bias is not None and type(bias) not in _PLAIN)
+           else "it was built without CUDA, and the table has idle choices for this layer (they need the stream "
+                "test; rebuild where a CUDA toolkit is)" if not getattr(mod, "IDLE_SIGNAL", 0)
+           and _rule(weight.get_device(), weight).idle is not None else None)
     if why is not None:
         if native:
             raise RuntimeError(f"dispatch.bind(native=True): no C++ layer, {why}")
@@ -326,6 +346,7 @@ def _python_layer(weight: Any, bias: Any) -> tuple[Callable[[Any], Any], Callabl
         return f_linear_only, None
     choices, choose, entries_at = shared
     remembered, f_linear, capturing, once, bf16 = choices.get, _f_linear, _capturing, _F_LINEAR, torch.bfloat16
+    drained = capture.stream_idle
 
     # One function, no helper call on the way to the kernel: every step here is host time per call.
     def bound_linear(x: Any) -> Any:
@@ -333,8 +354,9 @@ def _python_layer(weight: Any, bias: Any) -> tuple[Callable[[Any], Any], Callabl
         c = remembered(shape) or choose(shape)
         if c is once:
             return f_linear(x, weight, bias)
-        graph, eager, flat, out_shape = c
-        use = graph if graph is eager else graph if capturing() else eager
+        graph, eager, idle, flat, out_shape = c
+        use = (graph if graph is eager is idle else graph if capturing()
+               else eager if idle is eager or not drained(device) else idle)
         if (use is None or x.dtype is not bf16 or not x.is_contiguous() or x.data_ptr() % use[1]
                 or x.get_device() != device):
             return f_linear(x, weight, bias)

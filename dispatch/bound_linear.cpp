@@ -3,7 +3,8 @@
 // Why C++: on the H200 host a Python bound layer costs 0.6-1.2 us per call over F.linear's 15-20 us, 3-10% of an
 // eager forward where F.linear runs (tests/data/h200-probe-binding). Here the per-call work is a type test, the
 // activation's M, a lookup of the choice per M, a thread-local capture depth and at::linear, without the Python
-// argument parser F.linear goes through. Where the choice is a FlashInfer kernel the activation's checks and the
+// argument parser F.linear goes through. Where the table's idle choice differs from its eager one, an eager call
+// also asks CUDA whether the current stream has drained (built with CUDA: BLB_CUDA; see dispatch/native.py). Where the choice is a FlashInfer kernel the activation's checks and the
 // output are done here too, and the kernel's Python `into(x, w, out)` is called (TVM-FFI functions).
 //
 // Everything this layer does not decide itself goes to `fallback`, the Python bound layer with the same semantics:
@@ -19,6 +20,11 @@
 #include <ATen/PythonTorchFunctionTLS.h>
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
+
+#ifdef BLB_CUDA
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+#endif
 
 #include <cstdint>
 #include <functional>
@@ -43,7 +49,7 @@ struct State {
   c10::optional<at::Tensor> bias;
   int64_t n = 0, k = 0, device = -1;
   std::vector<Kernel> kernels;                    // slot i + 1
-  std::unordered_map<int64_t, uint32_t> choices;  // M -> graph slot << 16 | eager slot (0: F.linear)
+  std::unordered_map<int64_t, uint64_t> choices;  // M -> graph slot << 32 | eager slot << 16 | idle slot (0: F.linear)
   bool release_gil = true;
 };
 
@@ -51,7 +57,7 @@ struct BoundLinear {
   PyObject_HEAD
   vectorcallfunc vectorcall;
   PyObject* weight_obj;  // owned: passed to the kernels' into
-  PyObject* decide;      // owned: M -> (graph entry or None, eager entry or None)
+  PyObject* decide;      // owned: M -> (graph, eager, idle entry), each None for F.linear
   PyObject* fallback;    // owned: the Python bound layer
   State* state;
 };
@@ -83,8 +89,28 @@ int64_t slot_of(State& s, PyObject* entry) {
   return static_cast<int64_t>(s.kernels.size());
 }
 
+#ifdef BLB_CUDA
+constexpr bool kIdleSignal = true;
+// Whether the device's current stream has nothing pending: the GPU waits on the host. Not asked of a capturing stream
+// (a capture torch's hooks do not see): a query would end that capture with an error; it counts as busy.
+bool stream_idle(int64_t device) {
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
+  cudaStreamCaptureStatus status;
+  if (cudaStreamIsCapturing(stream, &status) != cudaSuccess || status != cudaStreamCaptureStatusNone) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  const cudaError_t err = cudaStreamQuery(stream);
+  if (err != cudaSuccess) (void)cudaGetLastError();  // cudaErrorNotReady is recorded as the last error: clear it
+  return err == cudaSuccess;
+}
+#else
+constexpr bool kIdleSignal = false;  // dispatch.bind does not hand this build a layer with idle choices
+bool stream_idle(int64_t) { return false; }
+#endif
+
 // The choice at M, asked of Python once per M and remembered; returns false with a Python error set.
-bool choice_at(BoundLinear* self, int64_t m, uint32_t* code) {
+bool choice_at(BoundLinear* self, int64_t m, uint64_t* code) {
   State& s = *self->state;
   auto it = s.choices.find(m);
   if (it != s.choices.end()) {
@@ -96,17 +122,18 @@ bool choice_at(BoundLinear* self, int64_t m, uint32_t* code) {
   PyObject* r = PyObject_CallOneArg(self->decide, pm);
   Py_DECREF(pm);
   if (!r) return false;
-  if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) != 2) {
+  if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) != 3) {
     Py_DECREF(r);
-    PyErr_SetString(PyExc_TypeError, "decide(m) must return (graph entry or None, eager entry or None)");
+    PyErr_SetString(PyExc_TypeError, "decide(m) must return (graph, eager, idle entry), each None for F.linear");
     return false;
   }
   const int64_t g = slot_of(s, PyTuple_GET_ITEM(r, 0));
   const int64_t e = g < 0 ? -1 : slot_of(s, PyTuple_GET_ITEM(r, 1));
+  const int64_t i = e < 0 ? -1 : slot_of(s, PyTuple_GET_ITEM(r, 2));
   Py_DECREF(r);
-  if (e < 0) return false;
+  if (i < 0) return false;
   if (s.choices.size() >= kChoicesKept) s.choices.clear();
-  *code = s.choices[m] = static_cast<uint32_t>(g << 16 | e);
+  *code = s.choices[m] = static_cast<uint64_t>(g) << 32 | static_cast<uint64_t>(e) << 16 | static_cast<uint64_t>(i);
   return true;
 }
 
@@ -135,10 +162,14 @@ PyObject* call(PyObject* callable, PyObject* const* args, size_t nargsf, PyObjec
   const int64_t numel = x.numel();
   if (dim == 0 || numel == 0 || x.size(-1) != s.k) return f_linear(s, x);  // F.linear's answer, an error maybe
   const int64_t m = numel / s.k;
-  uint32_t code;
+  uint64_t code;
   if (!choice_at(self, m, &code)) return nullptr;
-  const uint32_t graph = code >> 16, eager = code & 0xffff;
-  const uint32_t use = graph == eager ? graph : capture_depth > 0 ? graph : eager;
+  const uint32_t graph = code >> 32, eager = (code >> 16) & 0xffff, idle = code & 0xffff;
+  const uint32_t use = graph == eager && eager == idle ? graph
+                       : capture_depth > 0                ? graph
+                       : idle == eager                    ? eager
+                       : stream_idle(s.device)            ? idle
+                                                          : eager;
   if (use == 0) return f_linear(s, x);
   const Kernel& kern = s.kernels[use - 1];
   if (x.scalar_type() != at::kBFloat16 || !x.is_contiguous() ||
@@ -247,13 +278,14 @@ int bound_clear(PyObject* obj) {
   return 0;
 }
 
-PyObject* bound_remembered(PyObject* obj, PyObject*) {  // {M: (graph slot, eager slot)}, for tests
+PyObject* bound_remembered(PyObject* obj, PyObject*) {  // {M: (graph slot, eager slot, idle slot)}, for tests
   auto* self = reinterpret_cast<BoundLinear*>(obj);
   PyObject* d = PyDict_New();
   if (!d || !self->state) return d;
   for (auto& [m, code] : self->state->choices) {
     PyObject* key = PyLong_FromLongLong(m);
-    PyObject* val = Py_BuildValue("(II)", code >> 16, code & 0xffff);
+    PyObject* val = Py_BuildValue("(III)", static_cast<unsigned>(code >> 32), static_cast<unsigned>((code >> 16) & 0xffff),
+                                  static_cast<unsigned>(code & 0xffff));
     if (!key || !val || PyDict_SetItem(d, key, val) < 0) {
       Py_XDECREF(key);
       Py_XDECREF(val);
@@ -267,7 +299,8 @@ PyObject* bound_remembered(PyObject* obj, PyObject*) {  // {M: (graph slot, eage
 }
 
 PyMethodDef bound_methods[] = {
-    {"remembered", bound_remembered, METH_NOARGS, "the remembered choices: {M: (graph slot, eager slot)}, 0 = F.linear"},
+    {"remembered", bound_remembered, METH_NOARGS,
+     "the remembered choices: {M: (graph slot, eager slot, idle slot)}, 0 = F.linear"},
     {nullptr, nullptr, 0, nullptr}};
 
 PyTypeObject BoundLinearType = {PyVarObject_HEAD_INIT(nullptr, 0)};
@@ -500,10 +533,19 @@ PyObject* capture_exit(PyObject*, PyObject*) {
 
 PyObject* capture_depth_now(PyObject*, PyObject*) { return PyLong_FromLongLong(capture_depth); }
 
+PyObject* stream_idle_now(PyObject*, PyObject* arg) {  // for tests: the stream test the bound layer makes
+  const int64_t device = PyLong_AsLongLong(arg);
+  if (device == -1 && PyErr_Occurred()) return nullptr;
+  HANDLE_TH_ERRORS
+  return PyBool_FromLong(stream_idle(device));
+  END_HANDLE_TH_ERRORS
+}
+
 PyMethodDef module_methods[] = {
     {"capture_enter", capture_enter, METH_NOARGS, "a CUDA graph capture began in this thread"},
     {"capture_exit", capture_exit, METH_NOARGS, "a CUDA graph capture of this thread ended"},
     {"capture_depth", capture_depth_now, METH_NOARGS, "captures open in this thread, as this module counts them"},
+    {"stream_idle", stream_idle_now, METH_O, "whether the device's current stream has drained (False without CUDA)"},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "blb_bound_linear",
@@ -517,7 +559,7 @@ PyMODINIT_FUNC PyInit_blb_bound_linear() {
   BoundLinearType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL;
   BoundLinearType.tp_doc =
       "BoundLinear(weight, bias, decide, fallback, release_gil=True): dispatch.bind's layer, x -> y; "
-      "decide(m) -> (graph entry, eager entry), an entry (into, alignment) or None for F.linear";
+      "decide(m) -> (graph, eager, idle entry), an entry (into, alignment) or None for F.linear";
   BoundLinearType.tp_new = bound_new;
   BoundLinearType.tp_dealloc = bound_dealloc;
   BoundLinearType.tp_traverse = bound_traverse;
@@ -531,7 +573,7 @@ PyMODINIT_FUNC PyInit_blb_bound_linear() {
   LinearType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL;
   LinearType.tp_doc =
       "Linear(rule_of, fallback, parameter_type, release_gil=True): dispatch.linear, (x, weight, bias=None) -> y; "
-      "rule_of(device, weight) -> (limit_m, f_linear_at), f_linear_at(m) -> whether both regimes run F.linear";
+      "rule_of(device, weight) -> (limit_m, f_linear_at), f_linear_at(m) -> whether every regime runs F.linear";
   LinearType.tp_new = linear_new;
   LinearType.tp_dealloc = linear_dealloc;
   LinearType.tp_traverse = linear_traverse;
@@ -542,6 +584,10 @@ PyMODINIT_FUNC PyInit_blb_bound_linear() {
   if (PyType_Ready(&LinearType) < 0) return nullptr;
   PyObject* m = PyModule_Create(&module_def);
   if (!m) return nullptr;
+  if (PyModule_AddIntConstant(m, "IDLE_SIGNAL", kIdleSignal ? 1 : 0) < 0) {  // built with the stream test
+    Py_DECREF(m);
+    return nullptr;
+  }
   for (auto [name, type] : {std::pair<const char*, PyTypeObject*>{"BoundLinear", &BoundLinearType},
                             std::pair<const char*, PyTypeObject*>{"Linear", &LinearType}}) {
     Py_INCREF(type);

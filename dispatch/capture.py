@@ -45,6 +45,15 @@ cuda_query: Callable[[], bool] = (torch._C._cuda_isCurrentStreamCapturing if tor
                                   else lambda: False)
 
 
+def stream_idle(device: int) -> bool:
+    """Whether the device's current stream has nothing pending (cudaStreamQuery): the GPU is waiting on the host, the
+    `idle` ranges' case. False while the stream is capturing, whatever the signal: a query of a capturing stream
+    would end its capture with an error."""
+    if cuda_query():
+        return False
+    return torch.cuda.current_stream(device).query()
+
+
 def install(cls: Any = None) -> bool:
     """Wraps cls.capture_begin / capture_end (default torch.cuda.CUDAGraph) to keep the counter; once per class.
     False where the class lacks them (then every capture is invisible to the counter: use signal 'query')."""

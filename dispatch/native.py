@@ -27,11 +27,20 @@ def enabled() -> bool:
     return os.environ.get("BLB_NATIVE", "1") != "0"
 
 
+def with_cuda() -> bool:
+    """Whether the build can use CUDA (a CUDA torch and a CUDA toolkit): the stream test of the idle ranges needs it.
+    Without it the layer is built without that test, and dispatch.bind gives a layer with idle choices the Python
+    layer instead."""
+    from torch.utils.cpp_extension import CUDA_HOME
+    return torch.version.cuda is not None and CUDA_HOME is not None
+
+
 def build_dir() -> Path:
-    """One folder per source, torch and Python: a build for another torch is never loaded."""
+    """One folder per source, torch, Python and CUDA or not: a build for another torch is never loaded."""
     root = Path(os.environ.get("BLB_NATIVE_DIR") or Path.home() / ".cache" / "bf16-linear-bench" / "native")
     digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
-    tag = f"torch{torch.__version__}-py{sys.version_info[0]}{sys.version_info[1]}-{digest}".replace("+", "_")
+    cuda = "-cuda" if with_cuda() else ""
+    tag = f"torch{torch.__version__}-py{sys.version_info[0]}{sys.version_info[1]}-{digest}{cuda}".replace("+", "_")
     return root / tag
 
 
@@ -44,8 +53,9 @@ def build(verbose: bool = False) -> Path:
     from torch.utils.cpp_extension import load
     folder = build_dir()
     folder.mkdir(parents=True, exist_ok=True)
-    load(name=NAME, sources=[str(SOURCE)], build_directory=str(folder), extra_cflags=["-O2"], verbose=verbose,
-         with_cuda=False)
+    cuda = with_cuda()
+    load(name=NAME, sources=[str(SOURCE)], build_directory=str(folder),
+         extra_cflags=["-O2", *(["-DBLB_CUDA"] if cuda else [])], verbose=verbose, with_cuda=cuda)
     _LOADED.clear()
     return library()
 

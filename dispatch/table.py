@@ -4,6 +4,11 @@ Two regimes, because what a call costs depends on how it runs:
 - graph: the call is being captured into a CUDA graph (vLLM's decode and small prefill steps): only GPU time counts;
 - eager: the call runs as issued (above vLLM's capture size, enforce_eager, any eager user): host and GPU time count.
 
+A third, optional set of ranges, `idle`, refines eager: the choice when the call finds the current stream with nothing
+pending, so that the GPU is waiting on the host (a host-bound eager forward) and the call's host time is what delays
+the result. Where a shape has none, idle is its eager ranges and the dispatcher asks nothing more; where it has, the
+eager call asks CUDA whether the stream has drained (cudaStreamQuery) and runs the idle choice if it has.
+
 A regime's ranges are ((up_to, path), ...) with up_to increasing: M up to `up_to` (and above the previous range's)
 runs `path`; M above the last range runs F.linear. Paths are registry names: 'aten', 'flashinfer-lean:<backend>'
 (the lean call) or 'flashinfer:<backend>' (FlashInfer's public mm_bf16).
@@ -24,6 +29,7 @@ from shapes.grid import M_MAX
 
 TABLE_DIR = Path(__file__).parent / "thresholds"
 REGIMES = ("graph", "eager")
+IDLE = "idle"  # optional: eager, when the stream has drained (the GPU waits on the host); defaults to eager's ranges
 Range = tuple[int, str]
 Ranges = tuple[Range, ...]
 
@@ -58,7 +64,13 @@ class ThresholdTable:
 
     def ranges(self, n: int, k: int, regime: str) -> Ranges:
         own = self.shapes.get((n, k))
-        return own[regime] if own is not None else self.default[regime]
+        own = own if own is not None else self.default
+        return own[regime] if regime != IDLE else own.get(IDLE, own["eager"])
+
+    def has_idle(self, n: int | None = None, k: int | None = None) -> bool:
+        """Whether idle ranges differ from eager's (for a shape, or anywhere): only then does a call ask CUDA."""
+        owns = [self.shapes.get((n, k), self.default)] if n is not None else [self.default, *self.shapes.values()]
+        return any(IDLE in own and own[IDLE] != own["eager"] for own in owns)
 
     def choose(self, n: int, k: int, m: int, regime: str = "graph") -> str:
         """The path name the dispatcher runs for this cell in this regime (eligibility aside)."""
@@ -69,10 +81,10 @@ class ThresholdTable:
 
     def threshold(self, n: int, k: int, regime: str | None = None) -> int:
         """The largest M at which the shape runs anything but F.linear (in a regime, or in either)."""
-        regimes = REGIMES if regime is None else (regime,)
+        regimes = (*REGIMES, IDLE) if regime is None else (regime,)
         return max((up for r in regimes for up, p in self.ranges(n, k, r) if p != ATEN), default=0)
 
-    def paths(self) -> set[str]:
+    def paths(self) -> set[str]:  # idle ranges included
         every = [*self.default.values(), *(rs for own in self.shapes.values() for rs in own.values())]
         return {p for ranges in every for _, p in ranges}
 
@@ -88,10 +100,13 @@ class ThresholdTable:
     def to_json(self) -> dict[str, Any]:
         def enc(ranges: Ranges) -> list[dict[str, Any]]:
             return [{"up_to": up, "path": p} for up, p in ranges]
+
+        def regimes(own: dict[str, Ranges]) -> dict[str, Any]:  # idle written only where it differs from eager
+            keep = (*REGIMES, IDLE) if IDLE in own and own[IDLE] != own["eager"] else REGIMES
+            return {r: enc(own[r]) for r in keep}
         return {"format": 2, "profile": self.profile, "low_m_backend": self.low_m_backend,
-                "default": {r: enc(self.default[r]) for r in REGIMES},
-                "shapes": [{"n": n, "k": k, **{r: enc(own[r]) for r in REGIMES}}
-                           for (n, k), own in sorted(self.shapes.items())],
+                "default": regimes(self.default),
+                "shapes": [{"n": n, "k": k, **regimes(own)} for (n, k), own in sorted(self.shapes.items())],
                 "source": self.source}
 
 
@@ -142,7 +157,10 @@ def _parse_regimes(data: dict, where: str) -> dict[str, Ranges]:
     missing = [r for r in REGIMES if r not in data]
     if missing:
         raise HarnessError(f"{where}: lacks the {', '.join(missing)} regime (a format 2 table names both)")
-    return {r: _parse_ranges(data[r], f"{where} {r}") for r in REGIMES}
+    out = {r: _parse_ranges(data[r], f"{where} {r}") for r in REGIMES}
+    if IDLE in data:
+        out[IDLE] = _parse_ranges(data[IDLE], f"{where} {IDLE}")
+    return out
 
 
 def _parse_format1(data: dict, where: str) -> tuple[dict[str, Ranges], dict[tuple[int, int], dict[str, Ranges]]]:

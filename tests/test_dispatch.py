@@ -604,7 +604,7 @@ def test_the_cpp_layer_remembers_choices_per_m_and_hands_the_rest_to_the_python_
 
     def decide(m):
         asked.append(m)
-        return (kernel if m <= 32 else None), (kernel if m <= 4 else None)
+        return (kernel if m <= 32 else None), (kernel if m <= 4 else None), (kernel if m <= 4 else None)
 
     def fallback(x, *args, **kwargs):
         fell.append(type(x).__name__)
@@ -628,7 +628,7 @@ def test_the_cpp_layer_remembers_choices_per_m_and_hands_the_rest_to_the_python_
         mod.capture_exit()  # one too many: the counter stays at 0
         assert mod.capture_depth() == 0
         assert bool((layer(torch.randn(3, 64, dtype=torch.bfloat16)) == 7).all())  # eager at M = 3: the kernel
-        assert asked == [8, 3] and layer.remembered() == {8: (1, 0), 3: (1, 1)}
+        assert asked == [8, 3] and layer.remembered() == {8: (1, 0, 0), 3: (1, 1, 1)}
         assert torch.equal(layer(x=x8), F.linear(x8, w)) and fell == ["Tensor"]  # a keyword: the Python layer
         param = torch.nn.Parameter(x8.clone())
         layer(param)
@@ -639,14 +639,14 @@ def test_the_cpp_layer_remembers_choices_per_m_and_hands_the_rest_to_the_python_
             layer(torch.randn(3, 32, dtype=torch.bfloat16))  # F.linear's own error
     for m in range(1, 4099):  # 4096 M not yet remembered: the memory fills up and starts over once
         layer(torch.zeros(m, 64, dtype=torch.bfloat16))
-    assert len(asked) == 2 + 4096 and layer.remembered() == {4097: (0, 0), 4098: (0, 0)}
+    assert len(asked) == 2 + 4096 and layer.remembered() == {4097: (0, 0, 0), 4098: (0, 0, 0)}
 
     def broken(x, weight, out):
         raise ValueError("the kernel failed")
-    bad = mod.BoundLinear(w, None, lambda m: ((broken, 16), (broken, 16)), fallback)
+    bad = mod.BoundLinear(w, None, lambda m: ((broken, 16), (broken, 16), (broken, 16)), fallback)
     with pytest.raises(ValueError, match="the kernel failed"):
         bad(torch.randn(3, 64, dtype=torch.bfloat16))
-    for answer in ("kernel", ((into, 0), None), (None,)):
+    for answer in ("kernel", ((into, 0), None, None), (None, None)):
         with pytest.raises(TypeError, match="decide"):
             mod.BoundLinear(w, None, lambda m: answer, fallback)(torch.randn(3, 64, dtype=torch.bfloat16))
     with pytest.raises(TypeError, match="tensors"):
@@ -875,3 +875,67 @@ def test_the_cpp_layer_keeps_autograd_and_inference_mode_as_f_linear_does(native
     with torch.inference_mode():
         z = layer(x)
     assert z.is_inference() and not z.requires_grad and torch.equal(z, ref.detach())
+
+
+def test_idle_ranges_load_default_to_eager_and_are_written_only_where_they_differ():
+    v2 = {"format": 2, "profile": "h200", "low_m_backend": "tinygemm", "default": {"graph": [], "eager": []},
+          "shapes": [{"n": 16, "k": 64, "graph": [], "eager": [{"up_to": 4, "path": "aten"}],
+                      "idle": [{"up_to": 8, "path": "flashinfer-lean:tinygemm"}]},
+                     {"n": 32, "k": 64, "graph": [], "eager": [{"up_to": 8, "path": "flashinfer-lean:tinygemm"}]}]}
+    t = parse_table(v2, "x")
+    assert t.has_idle() and t.has_idle(16, 64) and not t.has_idle(32, 64) and not t.has_idle(48, 64)
+    assert [t.choose(16, 64, m, "idle") for m in (8, 9)] == ["flashinfer-lean:tinygemm", "aten"]
+    assert t.choose(16, 64, 8, "eager") == "aten" and t.choose(32, 64, 8, "idle") == "flashinfer-lean:tinygemm"
+    assert t.threshold(16, 64) == 8 and t.threshold(16, 64, "eager") == 0
+    assert "flashinfer-lean:tinygemm" in t.paths()
+    out = t.to_json()
+    assert [("idle" in s) for s in out["shapes"]] == [True, False] and "idle" not in out["default"]
+    assert parse_table(json.loads(json.dumps(out)), "roundtrip").shapes == t.shapes
+    same = {**v2, "shapes": [{**v2["shapes"][1], "idle": v2["shapes"][1]["eager"]}]}
+    assert not parse_table(same, "x").has_idle() and "idle" not in parse_table(same, "x").to_json()["shapes"][0]
+    with pytest.raises(HarnessError, match="x shape 16x64 idle: path 'nope'"):
+        parse_table({**v2, "shapes": [{**v2["shapes"][0], "idle": [{"up_to": 8, "path": "nope"}]}]}, "x")
+
+
+def test_the_eager_call_runs_the_idle_choice_when_the_stream_has_drained(fake_gpu_dispatch, monkeypatch):
+    """With idle ranges (mocked stream test): eager, a drained stream runs the idle choice and a busy one the eager
+    choice; captured, the graph choice, and the stream is not asked; where idle equals eager it is never asked. The
+    C++ layer built without CUDA (IDLE_SIGNAL 0: no stream test) hands such a layer to the Python one."""
+    import torch
+    import torch.nn.functional as F
+
+    import dispatch
+    from dispatch import capture
+    _, calls, state = fake_gpu_dispatch
+    table = ThresholdTable("h200", "tinygemm", {"graph": (), "eager": ()},
+                           {(16, 64): {"graph": ((32, "flashinfer-lean:tinygemm"),), "eager": (),
+                                       "idle": ((8, "flashinfer-lean:tinygemm"),)},
+                            (32, 64): {"graph": (), "eager": ((8, "flashinfer-lean:tinygemm"),)}})
+    monkeypatch.setattr(dispatch, "_device", lambda index: (table, 90, True))
+    asked = []
+
+    def stream_idle(device):
+        asked.append(device)
+        return state["idle"]
+    monkeypatch.setattr(capture, "stream_idle", stream_idle)
+    dispatch.reset()
+    w, w32 = torch.randn(16, 64, dtype=torch.bfloat16), torch.randn(32, 64, dtype=torch.bfloat16)
+    x = torch.randn(2, 4, 64, dtype=torch.bfloat16)  # M = 8
+    layer = dispatch.bind(w)
+    assert dispatch.layer_kind(layer) == ("C++" if state.mod is not None and state.mod.IDLE_SIGNAL else "Python")
+    if dispatch.layer_kind(layer) == "C++":
+        return  # a CUDA build asks CUDA itself: tests/test_gpu_lean.py checks it on the GPU
+    for fn in (layer, lambda a: dispatch.linear(a, w)):
+        calls.clear(), asked.clear()
+        state["idle"] = False
+        assert torch.equal(fn(x), F.linear(x, w)) and calls == [] and asked == [-1]  # busy: eager, F.linear
+        state["idle"] = True
+        assert bool((fn(x) == 7).all()) and calls == [(8, 64)] and asked == [-1, -1]  # drained: idle, the kernel
+        x16 = torch.randn(16, 64, dtype=torch.bfloat16)
+        assert torch.equal(fn(x16), F.linear(x16, w)) and len(asked) == 2  # idle and eager agree: not asked
+        state["capturing"] = True
+        assert bool((fn(x16) == 7).all()) and bool((fn(x) == 7).all()) and len(asked) == 2  # graph: not asked
+        state["capturing"] = False
+    asked.clear()
+    plain = dispatch.bind(w32)  # no idle ranges for this shape: the eager choice, the stream never asked
+    assert bool((plain(x) == 7).all()) and asked == []
