@@ -15,7 +15,8 @@ from typing import Any, Callable
 import dispatch
 from bench.clocks import make_clock
 from bench.envinfo import ClockReader, nvml_clocks, run_info
-from bench.forward_paths import DISPATCH_PYTHON, LM_HEAD_RULE, NOT_SINGLE_PATHS, RULES, TABLE_DIRECT, path_for
+from bench.forward_paths import (DISPATCH_NO_IDLE, DISPATCH_PYTHON, LM_HEAD_RULE, NOT_SINGLE_PATHS, RULES, TABLE_DIRECT,
+                                 path_for)
 from bench.gpu import (REL_ERR_BOUND, capture_graph, check_output, records_since_last_window, replay_interleaved,
                        replay_seconds)
 from bench.paths import ATEN, DISPATCH, PATHS
@@ -24,7 +25,7 @@ from bench.stats import PhaseTimer, Window, attribute, kernel_digest, summary
 from bench.sustain import SUSTAIN_COLUMNS, SUSTAIN_FILE, summary_line, sustained
 from bench.sweep import _keep_tactics, _load_pinned_tactics, _progress, require_gpu, tune_shape
 from dispatch.profiles import GpuProfile
-from dispatch.table import load_table
+from dispatch.table import load_table, without_idle
 from harness.console import divert_noise, terminal
 from harness.errors import HarnessError, Interrupted, signal_of, signals_deferred
 from harness.io import atomic_write_text
@@ -126,18 +127,25 @@ def _weights(seq: list[ForwardLinear], seed: int):
 def _bind(rule: str, seq, weights, xs, m, sm, cfg: ForwardConfig, fns: dict[str, Callable],
           regime: str = "graph") -> Bound:
     bound = Bound()
-    for lin, w in zip(seq, weights):
-        path = path_for(rule, lin, m, sm, cfg.profile, cfg.table, regime)
-        fn, args = fns[path], (xs[lin.k], w)
-        if rule in (DISPATCH, DISPATCH_PYTHON) and lin.layer != "lm_head":
-            # the real dispatcher, bound per layer as a model does at load; `path` is its table's choice
-            fn, args = dispatch.bind(w, native=False if rule == DISPATCH_PYTHON else None), (xs[lin.k],)
-            eager = path_for(rule, lin, m, sm, cfg.profile, cfg.table, "eager")
-            idle = path_for(rule, lin, m, sm, cfg.profile, cfg.table, "idle")
-            path = path if eager == path else f"graph {path} / eager {eager}"
-            path = path if idle == eager else f"{path} / idle {idle}"
-        bound.calls.append((fn, args, w))
-        bound.used[path] = bound.used.get(path, 0) + 1
+    no_idle = rule == DISPATCH_NO_IDLE and cfg.table is not None
+    if no_idle:  # bound layers keep the rules they were bound with
+        dispatch.configure(without_idle(cfg.table))
+    try:
+        for lin, w in zip(seq, weights):
+            path = path_for(rule, lin, m, sm, cfg.profile, cfg.table, regime)
+            fn, args = fns[path], (xs[lin.k], w)
+            if rule in (DISPATCH, DISPATCH_PYTHON, DISPATCH_NO_IDLE) and lin.layer != "lm_head":
+                # the real dispatcher, bound per layer as a model does at load; `path` is its table's choice
+                fn, args = dispatch.bind(w, native=False if rule == DISPATCH_PYTHON else None), (xs[lin.k],)
+                eager = path_for(rule, lin, m, sm, cfg.profile, cfg.table, "eager")
+                idle = eager if no_idle else path_for(rule, lin, m, sm, cfg.profile, cfg.table, "idle")
+                path = path if eager == path else f"graph {path} / eager {eager}"
+                path = path if idle == eager else f"{path} / idle {idle}"
+            bound.calls.append((fn, args, w))
+            bound.used[path] = bound.used.get(path, 0) + 1
+    finally:
+        if no_idle:
+            dispatch.configure(cfg.table)
     return bound
 
 
@@ -396,7 +404,7 @@ def run_forward(cfg: ForwardConfig) -> Path:
                         (cfg.out / FORWARD_FILE, FORWARD_COLUMNS))
     if out_csv.exists() and not cfg.resume:
         raise HarnessError(f"{out_csv} exists; pass --resume to continue it or choose another --out")
-    dispatches = DISPATCH in cfg.rules or DISPATCH_PYTHON in cfg.rules
+    dispatches = any(r in cfg.rules for r in (DISPATCH, DISPATCH_PYTHON, DISPATCH_NO_IDLE))
     if cfg.table is None and (dispatches or TABLE_DIRECT in cfg.rules):
         cfg.table = load_table(cfg.profile.name)
     seqs = sequences(cfg)

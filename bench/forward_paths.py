@@ -18,7 +18,10 @@ TABLE_DIRECT = "table-direct"
 # The dispatcher with its Python bound layer, where `dispatch` runs the C++ one (dispatch/native.py): the two side
 # by side in one run
 DISPATCH_PYTHON = "dispatch-python"
-NOT_SINGLE_PATHS = (TABLE_DIRECT, DISPATCH_PYTHON)  # the dispatcher's twins: never the best single path
+# The dispatcher bound per layer with the table's idle ranges left out: beside `dispatch` in one run, what the
+# per-call stream test and the idle choices change
+DISPATCH_NO_IDLE = "dispatch-no-idle"
+NOT_SINGLE_PATHS = (TABLE_DIRECT, DISPATCH_PYTHON, DISPATCH_NO_IDLE)  # the dispatcher's twins: never the best single path
 RULES = {
     ATEN: "F.linear for every linear",
     VLLM_FLASHINFER: "FlashInfer as vLLM's FlashInfer-BF16 flag runs it: the low-M backend at M <= 32 where "
@@ -31,6 +34,8 @@ RULES = {
     TABLE_DIRECT: "the committed table's graph and eager choices called directly, without the bound layer: the "
                   "dispatcher's choices at no per-call cost (dispatch over it is the bound layer's own cost); it "
                   "never runs the idle ranges (those need the bound layer's per-call stream test)",
+    DISPATCH_NO_IDLE: "the dispatcher bound per layer as `dispatch`, with the table's idle ranges left out: an eager call "
+                      "runs the eager choice whether or not its stream has drained",
     DISPATCH_PYTHON: "the dispatcher bound per layer with its Python bound layer (dispatch.bind(w, native=False)); "
                      "`dispatch` runs the C++ layer where it is built (run.json: dispatch_layer)",
 }
@@ -90,7 +95,7 @@ def path_for(rule: str, linear: ForwardLinear, m: int, sm: int, profile: GpuProf
         return vllm_flag_choice(low, profile.low_m_backend, m, lambda p: runnable(p, sm, linear, m))
     if rule == SEED_FIX:
         return low if m <= SEED_FIX_M and runnable(low, sm, linear, m) else ATEN
-    if rule in (DISPATCH, TABLE_DIRECT, DISPATCH_PYTHON):
+    if rule in (DISPATCH, TABLE_DIRECT, DISPATCH_PYTHON, DISPATCH_NO_IDLE):
         if table is None:
             raise HarnessError(f"the {rule} path needs a threshold table for this GPU; fit one with python -m calibrate fit")
         chosen = table.choose(linear.n, linear.k, m, regime)

@@ -110,6 +110,13 @@ class ThresholdTable:
                 "source": self.source}
 
 
+def without_idle(table: ThresholdTable) -> ThresholdTable:
+    """The table with its idle ranges left out: eager calls run the eager choice whether or not the stream drained."""
+    def drop(own: dict[str, Ranges]) -> dict[str, Ranges]:
+        return {r: v for r, v in own.items() if r != IDLE}
+    return replace(table, default=drop(table.default), shapes={s: drop(own) for s, own in table.shapes.items()})
+
+
 def describe_ranges(ranges: Ranges) -> str:
     """'flashinfer-lean:tinygemm at M <= 8, aten above' and the like."""
     parts, lo = [], 1

@@ -939,3 +939,15 @@ def test_the_eager_call_runs_the_idle_choice_when_the_stream_has_drained(fake_gp
     asked.clear()
     plain = dispatch.bind(w32)  # no idle ranges for this shape: the eager choice, the stream never asked
     assert bool((plain(x) == 7).all()) and asked == []
+
+
+def test_without_idle_drops_only_the_idle_ranges_and_the_forward_rule_uses_it():
+    from bench.forward_paths import DISPATCH_NO_IDLE, NOT_SINGLE_PATHS, RULES
+    from dispatch.table import without_idle
+    t = load_table("h200")
+    assert t.has_idle() and not without_idle(t).has_idle()
+    bare = without_idle(t)
+    for (n, k), own in t.shapes.items():
+        assert {r: bare.shapes[(n, k)][r] for r in ("graph", "eager")} == {r: own[r] for r in ("graph", "eager")}
+        assert bare.choose(n, k, 8, "idle") == t.choose(n, k, 8, "eager")
+    assert DISPATCH_NO_IDLE in RULES and DISPATCH_NO_IDLE in NOT_SINGLE_PATHS
