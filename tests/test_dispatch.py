@@ -942,12 +942,36 @@ def test_the_eager_call_runs_the_idle_choice_when_the_stream_has_drained(fake_gp
 
 
 def test_without_idle_drops_only_the_idle_ranges_and_the_forward_rule_uses_it():
+    from dataclasses import replace
+
     from bench.forward_paths import DISPATCH_NO_IDLE, NOT_SINGLE_PATHS, RULES
     from dispatch.table import without_idle
-    t = load_table("h200")
+    committed = load_table("h200")
+    assert not committed.has_idle()  # measured no better with them (README: idle ranges)
+    t = replace(committed, shapes={**committed.shapes, (2560, 9216): {
+        **committed.shapes[(2560, 9216)], "idle": ((8, "flashinfer-lean:tinygemm"),)}})
     assert t.has_idle() and not without_idle(t).has_idle()
     bare = without_idle(t)
     for (n, k), own in t.shapes.items():
         assert {r: bare.shapes[(n, k)][r] for r in ("graph", "eager")} == {r: own[r] for r in ("graph", "eager")}
         assert bare.choose(n, k, 8, "idle") == t.choose(n, k, 8, "eager")
     assert DISPATCH_NO_IDLE in RULES and DISPATCH_NO_IDLE in NOT_SINGLE_PATHS
+
+
+def test_with_idle_sets_picks_per_shape_and_leaves_disagreements_and_other_shapes_alone():
+    from calibrate.analysis import with_idle
+    tg = "flashinfer-lean:tinygemm"
+    base = ThresholdTable("h200", "tinygemm", {"graph": (), "eager": ()},
+                          {(16, 64): {"graph": (), "eager": ((32, "flashinfer-lean:cublaslt"),)},
+                           (32, 64): {"graph": (), "eager": ()}, (48, 64): {"graph": (), "eager": ()}})
+    uses = {"A": [(16, 64, 1), (32, 64, 1)], "B": [(32, 64, 1), (48, 64, 1)]}
+    picks = {("A", 8): tg, ("B", 8): "aten", ("B", 1): tg}
+    runs_on = lambda path, n, k, m: not (path == tg and n == 48)  # noqa: E731  TinyGEMM cannot take 48x64 here
+    t, rows = with_idle(base, picks, uses, {"A": [1, 8, 32], "B": [1, 8]}, runs_on)
+    # A's pick at 8 holds for M 2..8 (1 was measured without one); above, the eager choice
+    assert [t.choose(16, 64, m, "idle") for m in (1, 2, 8, 9, 32)] == \
+        ["flashinfer-lean:cublaslt", tg, tg, "flashinfer-lean:cublaslt", "flashinfer-lean:cublaslt"]
+    # a shape of both models: they disagree at M = 8 (the eager choice stays); B's pick at M = 1 holds
+    assert [t.choose(32, 64, m, "idle") for m in (1, 2, 8)] == [tg, "aten", "aten"]
+    assert not t.has_idle(48, 64)  # B's picks there: aten (its eager choice) and TinyGEMM, which cannot run it
+    assert list(rows["n"]) == [16, 32]

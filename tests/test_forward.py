@@ -784,3 +784,76 @@ def test_fit_forward_tests_widened_by_the_forward_floor_drop_gains_inside_the_no
     assert picks_in_every_run([small], cands, 0.01, floor) == {}
     picked = picks_in_every_run([large], cands, 0.01, floor)
     assert len(picked) == 24 and all(p == "flashinfer-lean:cublaslt" and hi < 0.99 for p, _, hi in picked.values())
+
+
+def test_the_idle_switch_measured_against_the_same_layer_without_it():
+    """The README's figures for h200-idle-ab-1..3 (590687f's dispatcher with idle ranges at the 4B's four large
+    shapes, M 2..8, beside `dispatch-no-idle`, the committed table's layer; three fresh processes, 4B eager M = 1, 4,
+    8): where the idle ranges apply the profiled forward ran other kernels than without them (the switch fired), at
+    M = 1 the same; the paired dispatcher / no-idle medians stay near 1 but for one point (1.081, host-slow run 3);
+    the committed layer's ratio to the best single path, which the host phase moves (run 3: 1.051-1.063 of lean
+    TinyGEMM everywhere); no verdict fails with the forward floor."""
+    from calibrate.forward_model import _paired
+    from calibrate.forward_noise import load_forward_floor
+    floor = load_forward_floor("h200")
+    idle_over, committed_over = [], []
+    for n in (1, 2, 3):
+        df, info = load_forward(DATA / f"h200-idle-ab-{n}")
+        assert info["paths"][:3] == ["aten", "dispatch", "dispatch-no-idle"] and info["ms"] == [1, 4, 8]
+        assert forward_verdicts(df, 512, floor)["ok"].all()
+        eager = df[(df["regime"] == "eager") & (df["status"] == "ok")]
+        for m, g in eager.groupby("m"):
+            g = g.set_index("path")
+            fired = g.at["dispatch", "kernel_digest"] != g.at["dispatch-no-idle", "kernel_digest"]
+            assert fired == (m > 1), (n, m)
+            idle_over.append(round(_paired(g, "dispatch", "dispatch-no-idle")[0], 3))
+            best = min(("aten", "flashinfer-lean:tinygemm"), key=lambda p: g.at[p, "us"])
+            committed_over.append(round(_paired(g, "dispatch-no-idle", best)[0], 3))
+    assert idle_over == [0.996, 0.989, 0.996, 0.999, 1.001, 0.998, 1.001, 0.986, 1.081]
+    assert committed_over == [0.967, 0.973, 0.992, 0.971, 0.926, 0.961, 0.955, 1.063, 1.051]
+
+
+def test_the_committed_table_in_the_idle_forward_runs(capsys):
+    """h200-idle-forward-1 (4B) and -35b-1 (35B-A3B), every default M plus 1024, 2048, 8192: the committed table's
+    graph and eager choices everywhere but the 4B's eager M = 8, where 590687f's idle ranges ran; no verdict fails,
+    the points above 1.01 are all against lean cuBLASLt everywhere at M the table was not fitted on."""
+    from calibrate.forward_noise import load_forward_floor
+    floor = load_forward_floor("h200")
+    above = {}
+    for name in ("h200-idle-forward-1", "h200-idle-forward-35b-1"):
+        df, _ = load_forward(DATA / name)
+        v = forward_verdicts(df, 512, floor).set_index(["model", "m", "regime"])
+        assert v["ok"].all() and (v["aten_lo"] <= 1).all()
+        above[name] = sorted((m, r, round(x, 3)) for (_, m, r), x in v["dispatch_over_best"].items() if x > 1.01)
+        assert set(v.loc[v["dispatch_over_best"] > 1.01, "best"]) == {"flashinfer-lean:cublaslt"}
+    assert above["h200-idle-forward-1"] == [(1024, "eager", 1.024), (1024, "graph", 1.019), (2048, "eager", 1.024),
+                                            (2048, "graph", 1.027), (8192, "eager", 1.021), (8192, "graph", 1.018)]
+    assert above["h200-idle-forward-35b-1"] == [(1024, "eager", 1.015), (2048, "eager", 1.02), (8192, "eager", 1.028)]
+
+
+def test_fit_idle_forward_picks_idle_ranges_from_host_bound_runs(tmp_path, capsys):
+    """--idle-forward on runs 7-9 (forwards of the committed table): only 4B M = 8 passes (lean TinyGEMM everywhere
+    0.783x the table's choices over the two host-bound runs' rounds); the idle ranges go to the 4B's four shapes whose
+    eager choice there is F.linear, for M 2..8 (M = 1 was measured without a pick); graph and eager ranges stay the
+    committed ones. Run 8's 4B M = 1 table-direct forward was GPU-bound and is not evidence."""
+    import shlex
+
+    from calibrate.__main__ import main
+    from calibrate.forward_model import measured_groups, table_host_bound
+    committed = json.loads((Path(__file__).parent.parent / "dispatch" / "thresholds" / "h200.json").read_text())
+    argv = shlex.split(committed["source"]["fit_command"])[3:]
+    runs = [str(DATA / f"h200-settled-forward-{n}") for n in (7, 8, 9)]
+    assert main([*argv, "--idle-forward", *runs, "--out", str(tmp_path / "h200.json")]) == 0
+    out = capsys.readouterr().out
+    assert "idle, Qwen3.5-4B M=8: flashinfer-lean:tinygemm everywhere it runs measured 0.783x" in out
+    t = json.loads((tmp_path / "h200.json").read_text())
+    assert [(s["n"], s["k"]) for s in t["shapes"] if "idle" in s] == [(2560, 9216), (10240, 2560), (12288, 2560),
+                                                                      (18432, 2560)]
+    assert [{k: v for k, v in s.items() if k != "idle"} for s in t["shapes"]] == committed["shapes"]
+    table = load_table(path=tmp_path / "h200.json")
+    assert [table.choose(18432, 2560, m, "idle") for m in (1, 2, 8, 9)] == \
+        ["aten", "flashinfer-lean:tinygemm", "flashinfer-lean:tinygemm", "aten"]
+    assert list(t["source"]["idle_forwards"]["picks"]) == ["Qwen3.5-4B M=8"]
+    groups = measured_groups([load_forward(DATA / "h200-settled-forward-8")], load_table("h200"),
+                             get_profile("h200"), "eager")
+    assert not table_host_bound(groups[("Qwen3.5-4B", 1)][0]) and table_host_bound(groups[("Qwen3.5-4B", 8)][0])
