@@ -93,8 +93,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                        help="best achievable over every measured path (default) or the dispatcher's own candidates")
     p_val.add_argument("--csv", help="write the per-cell verdicts here")
     p_val.add_argument("--partial", **partial)
-    p_val.add_argument("--forward", help="a measured-forward folder (python -m bench forward): per-forward verdicts "
-                                         "use it where it has the (model, M), and the cell-sum model is set beside it")
+    p_val.add_argument("--forward", nargs="+", metavar="DIR",
+                       help="measured-forward folders (python -m bench forward), e.g. one per model: per-forward "
+                            "verdicts use them where they have the (model, M), and the cell-sum model is set beside "
+                            "them; two folders that both measured one (model, M) are refused")
     p_val.add_argument("--forward-replicate", metavar="DIR",
                        help="with --forward: a measured forward of the same models and M in a fresh process: how "
                             "often its ratios fall inside --forward's intervals (their coverage)")
@@ -250,18 +252,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unmeasured:
         raise HarnessError(f"the table chooses {', '.join(unmeasured)}, which {args.results} did not measure; judge it "
                            f"on a run that did (python -m bench run --paths ...)")
-    if args.forward_replicate and not args.forward:
-        raise HarnessError("--forward-replicate needs --forward: the run whose intervals it checks")
-    forward = replicate = None
-    if args.forward:  # checked before anything is printed: a bad file stops the command with its one line
-        forward = load_forward(args.forward, args.partial)
-        _check_gpu(forward[1], profile.name, args.forward, args.allow_mismatch)
+    if args.forward_replicate and len(args.forward or []) != 1:
+        raise HarnessError("--forward-replicate needs --forward with one folder: the run whose intervals it checks")
+    forwards, replicate = [], None
+    for folder in args.forward or []:  # checked before anything is printed: a bad file stops the command
+        fdf, finfo = load_forward(folder, args.partial)
+        _check_gpu(finfo, profile.name, folder, args.allow_mismatch)
+        forwards.append((folder, fdf, finfo))
+    _refuse_overlap(forwards)
     if args.forward_replicate:
         rep_df, rep_info = load_forward(args.forward_replicate, args.partial)
         _check_gpu(rep_info, profile.name, args.forward_replicate, args.allow_mismatch)
         replicate = (args.forward_replicate, rep_df)
     noise = load_noise(profile.name)
-    _print_provenance(table, args.results, info, args.forward)
+    _print_provenance(table, args.results, info, args.forward or [])
     verdicts = cell_verdicts(cells, table, args.margin, args.oracle, noise)
     totals = forward_totals(cells, table, model_uses(df), profile.capture_size, args.oracle)
     if csv_out:
@@ -284,9 +288,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(show.to_string(float_format=lambda v: f"{v:.4f}"))
     slower, over = failures(verdicts, totals)
     measured_over = pd.DataFrame()
-    if forward is not None:
-        measured_over, measured = _forward_report(args.forward, *forward, cells, table, profile, replicate)
-        over = over[[(m, mm) not in measured for m, mm in zip(over["model"], over["m"])]]
+    measured: set[tuple[str, int]] = set()
+    for folder, fdf, finfo in forwards:
+        fails, covered = _forward_report(folder, fdf, finfo, cells, table, profile, replicate)
+        measured_over, measured = pd.concat([measured_over, fails]), measured | covered
+    over = over[[(m, mm) not in measured for m, mm in zip(over["model"], over["m"])]]
     if not slower.empty:
         print(f"\nFAIL: the dispatcher is SLOWER than the best path beyond {args.margin:.0%} on {len(slower)} cell(s):")
         print(slower[["n", "k", "m", "chosen", "oracle", "chosen_us", "oracle_us", "regret", "ratio_lo", "ratio_hi"]]
@@ -317,12 +323,24 @@ def fitted_forwards(table: ThresholdTable) -> list[str]:
     return list(dict.fromkeys(str(f).rstrip("/") for f in ([picks] if isinstance(picks, str) else picks) + list(runs)))
 
 
-def _print_provenance(table: ThresholdTable, results: str, info: dict, forward: str | None = None) -> None:
+def _refuse_overlap(forwards: list[tuple[str, pd.DataFrame, dict]]) -> None:
+    """Several --forward folders must not share a (model, M): which one's verdict would stand is not defined."""
+    seen: dict[tuple[str, int], str] = {}
+    for folder, fdf, _ in forwards:
+        for key in set(zip(fdf["model"], fdf["m"].astype(int))):
+            if key in seen:
+                raise HarnessError(f"--forward {seen[key]} and {folder} both measured {key[0]} M={key[1]}; pass one "
+                                   f"folder per (model, M) (a replicate goes to --forward-replicate)")
+            seen[key] = folder
+
+
+def _print_provenance(table: ThresholdTable, results: str, info: dict, forwards: list[str] = ()) -> None:
     used = fitted_forwards(table)
     if used:
         print("measured forwards the table was fitted with: " + ", ".join(used))
-    if forward and str(forward).rstrip("/") in used:
-        print(f"{forward} is one of them: its forward verdicts below are in-sample")
+    for forward in forwards:
+        if str(forward).rstrip("/") in used:
+            print(f"{forward} is one of them: its forward verdicts below are in-sample")
     p = provenance(table, results, info.get("ms") or [])
     print(f"table fitted from {p.fitted_from or 'unknown'}"
           + (f" (M {', '.join(map(str, p.held_out))} held out)" if p.held_out else "")

@@ -829,6 +829,15 @@ def test_the_committed_table_in_the_idle_forward_runs(capsys):
     assert above["h200-idle-forward-1"] == [(1024, "eager", 1.024), (1024, "graph", 1.019), (2048, "eager", 1.024),
                                             (2048, "graph", 1.027), (8192, "eager", 1.021), (8192, "graph", 1.018)]
     assert above["h200-idle-forward-35b-1"] == [(1024, "eager", 1.015), (2048, "eager", 1.02), (8192, "eager", 1.028)]
+    # validate takes one folder per model; every (model, M) the cell-sum model flags is measured there, so PASS
+    from calibrate.__main__ import main
+    from harness.errors import run_cli
+    argv = ["validate", str(DATA / "h200-fit2-validate"), "--replicate", str(DATA / "h200-lean-validate")]
+    assert main([*argv, "--forward", str(DATA / "h200-idle-forward-35b-1"), str(DATA / "h200-idle-forward-1")]) == 0
+    assert "PASS" in capsys.readouterr().out
+    assert run_cli(main, "calibrate", [*argv, "--forward", str(DATA / "h200-idle-forward-1"),
+                                       str(DATA / "h200-idle-forward-2")]) == 2
+    assert "both measured Qwen3.5-4B M=1" in capsys.readouterr().err
 
 
 def test_fit_idle_forward_picks_idle_ranges_from_host_bound_runs(tmp_path, capsys):
