@@ -327,7 +327,7 @@ def _refuse_overlap(forwards: list[tuple[str, pd.DataFrame, dict]]) -> None:
     """Several --forward folders must not share a (model, M): which one's verdict would stand is not defined."""
     seen: dict[tuple[str, int], str] = {}
     for folder, fdf, _ in forwards:
-        for key in set(zip(fdf["model"], fdf["m"].astype(int))):
+        for key in sorted(set(zip(fdf["model"], fdf["m"].astype(int)))):  # the first overlap, reproducibly
             if key in seen:
                 raise HarnessError(f"--forward {seen[key]} and {folder} both measured {key[0]} M={key[1]}; pass one "
                                    f"folder per (model, M) (a replicate goes to --forward-replicate)")
