@@ -16,7 +16,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("results", nargs="+", help="results folder(s); the first is reported, the others compared with it")
     p.add_argument("--baseline", help="a stored baseline (tests/baselines/<profile>.json) to compare the first run with")
     p.add_argument("--anatomy", help="a host-anatomy results folder (python -m bench host-anatomy)")
-    p.add_argument("--forward", help="a measured-forward folder (python -m bench forward)")
+    p.add_argument("--forward", nargs="+", metavar="DIR",
+                   help="measured-forward folders (python -m bench forward), e.g. one per model; a section each")
     p.add_argument("--thresholds", help="threshold table (default: dispatch/thresholds/<profile>.json)")
     p.add_argument("-o", "--out", default="report.html", help="output file (default report.html)")
     p.add_argument("--partial", action="store_true",

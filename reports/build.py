@@ -317,7 +317,9 @@ def forward_section(run: Run, path: str, partial: bool) -> str:
 
 
 def build(results: list[str], out: Path, baseline: str | None = None, anatomy: str | None = None,
-          thresholds: str | None = None, partial: bool = False, forward: str | None = None) -> Path:
+          thresholds: str | None = None, partial: bool = False, forward: str | list[str] | None = None) -> Path:
+    """The report of results[0] (the others compared with it); `forward`: measured-forward folders, e.g. one per model
+    of one run, each its own section."""
     with progress(len(results) + 1, "report: loading") as bar:
         runs = []
         for r in results:
@@ -336,8 +338,12 @@ def build(results: list[str], out: Path, baseline: str | None = None, anatomy: s
             ("problems", "Failed and skipped cells", lambda: problems_section(rows))]
     if len(runs) > 1 or baseline:
         todo.append(("comparison", "Comparison", lambda: comparison_section(primary, rows, runs[1:], baseline)))
-    if forward:
-        todo.insert(3, ("forward", "Measured forward", lambda: forward_section(primary, forward, partial)))
+    folders = [forward] if isinstance(forward, str) else list(forward or [])
+    for i, folder in enumerate(reversed(folders)):  # in the order given, before the totals
+        n = len(folders) - i
+        todo.insert(3, ("forward" if len(folders) == 1 else f"forward-{n}",
+                        "Measured forward" + (f" ({Path(folder).name})" if len(folders) > 1 else ""),
+                        lambda folder=folder: forward_section(primary, folder, partial)))
     if anatomy:
         todo.append(("anatomy", "Host-time anatomy", lambda: anatomy_section(anatomy)))
     sections = []

@@ -132,3 +132,15 @@ def test_the_report_renders_in_headless_chromium(report, tmp_path):
     for heading in ("Verdict", "Per shape", "Per-forward totals (cell-sum model)", "Measured forward", "Every cell",
                     "Comparison", "Host-time anatomy"):
         assert f">{heading}</h2>" in dom
+
+
+def test_a_run_measured_in_two_folders_gets_a_forward_section_each(tmp_path):
+    """--forward DIR DIR (one folder per model of one run): one section per folder, in the order given, each named."""
+    out = tmp_path / "report.html"
+    assert reports_main(["build", str(DATA / "h200-fit2-validate"), "--forward", str(DATA / "h200-idle-forward-35b-1"),
+                         str(DATA / "h200-idle-forward-1"), "-o", str(out)]) == 0
+    html = out.read_text()
+    first, second = html.index('<section id="forward-1">'), html.index('<section id="forward-2">')
+    assert first < second and '<section id="forward">' not in html
+    assert "Qwen3.5-35B-A3B" in html[first:second] and "Qwen3.5-4B" in html[second:]
+    assert "Measured forward (h200-idle-forward-35b-1)" in html
