@@ -481,8 +481,8 @@ def _idle(args, profile, df, cells, base, hold_out, table, floor=None) -> tuple[
     """--idle-forward: the idle ranges (analysis.IDLE_RULE) from measured forwards of this table. Returns the table
     and the note for its source."""
     runs = _load_forwards(args.idle_forward, profile.name, args.partial)
-    candidates = [ATEN, *dispatch_candidates(cells, base)[1:]]
-    found = {key: o for key, o in overrides_over_the_table(runs, table, profile, candidates, args.min_gain, "eager",
+    found = {key: o for key, o in overrides_over_the_table(runs, table, profile, dispatch_candidates(cells, base),
+                                                           args.min_gain, "eager",
                                                            floor, host_bound_only=True).items()
              if key[1] not in hold_out}
     measured: dict[str, list[int]] = {}

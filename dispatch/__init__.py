@@ -149,7 +149,8 @@ class _ShapeRule:
         self.sm, self.device = sm, device
         limit = 0
         per: dict[str, tuple] = {}
-        for regime in (*REGIMES, IDLE):
+        # idle steps only where they differ from eager's: elsewhere no call asks whether the stream has drained
+        for regime in (*REGIMES, IDLE) if table is not None and table.has_idle(n, k) else REGIMES:
             steps = []
             for up_to, path in (table.ranges(n, k, regime) if table is not None else ()):
                 kernel = None if path == ATEN else _kernel(path, pdl)
@@ -160,9 +161,7 @@ class _ShapeRule:
                 if kernel is not None:
                     limit = max(limit, up_to)
             per[regime] = tuple(steps)
-        self.graph, self.eager = per["graph"], per["eager"]
-        # None where idle is eager's ranges: no call asks whether the stream has drained
-        self.idle = per[IDLE] if table is not None and table.has_idle(n, k) else None
+        self.graph, self.eager, self.idle = per["graph"], per["eager"], per.get(IDLE)
         self.limit_m = limit if limit else -1
         self.limit_numel = limit * k if limit else -1
         self.f_linear_shapes: dict = {}
@@ -262,7 +261,7 @@ def _layer_rule(device: int, weight: Any, bias: Any) -> tuple[dict, Callable, Ca
         return entries.setdefault(id(kernel), (kernel.into, backend.align_bytes))
 
     def at(steps: tuple, m: int) -> tuple | None:
-        return next((entry(kernel, backend) for up_to, kernel, backend in steps if m <= up_to), None)
+        return entry(*_at(steps, m))
 
     def entries_at(m: int) -> tuple[tuple | None, tuple | None, tuple | None]:
         """(graph, eager, idle) entries at M; idle is eager's entry (one object) where the shape has no idle ranges."""

@@ -4,8 +4,9 @@
 // eager forward where F.linear runs (tests/data/h200-probe-binding). Here the per-call work is a type test, the
 // activation's M, a lookup of the choice per M, a thread-local capture depth and at::linear, without the Python
 // argument parser F.linear goes through. Where the table's idle choice differs from its eager one, an eager call
-// also asks CUDA whether the current stream has drained (built with CUDA: BLB_CUDA; see dispatch/native.py). Where the choice is a FlashInfer kernel the activation's checks and the
-// output are done here too, and the kernel's Python `into(x, w, out)` is called (TVM-FFI functions).
+// also asks CUDA whether the current stream has drained (built with CUDA: BLB_CUDA; see dispatch/native.py). Where
+// the choice is a FlashInfer kernel the activation's checks and the output are done here too, and the kernel's
+// Python `into(x, w, out)` is called (TVM-FFI functions).
 //
 // Everything this layer does not decide itself goes to `fallback`, the Python bound layer with the same semantics:
 // keyword arguments, a tensor subclass or a torch function mode (which F.linear honours and at::linear would not).

@@ -70,7 +70,7 @@ class ThresholdTable:
     def has_idle(self, n: int | None = None, k: int | None = None) -> bool:
         """Whether idle ranges differ from eager's (for a shape, or anywhere): only then does a call ask CUDA."""
         owns = [self.shapes.get((n, k), self.default)] if n is not None else [self.default, *self.shapes.values()]
-        return any(IDLE in own and own[IDLE] != own["eager"] for own in owns)
+        return any(map(_idle_differs, owns))
 
     def choose(self, n: int, k: int, m: int, regime: str = "graph") -> str:
         """The path name the dispatcher runs for this cell in this regime (eligibility aside)."""
@@ -102,12 +102,17 @@ class ThresholdTable:
             return [{"up_to": up, "path": p} for up, p in ranges]
 
         def regimes(own: dict[str, Ranges]) -> dict[str, Any]:  # idle written only where it differs from eager
-            keep = (*REGIMES, IDLE) if IDLE in own and own[IDLE] != own["eager"] else REGIMES
+            keep = (*REGIMES, IDLE) if _idle_differs(own) else REGIMES
             return {r: enc(own[r]) for r in keep}
         return {"format": 2, "profile": self.profile, "low_m_backend": self.low_m_backend,
                 "default": regimes(self.default),
                 "shapes": [{"n": n, "k": k, **regimes(own)} for (n, k), own in sorted(self.shapes.items())],
                 "source": self.source}
+
+
+def _idle_differs(own: dict[str, Ranges]) -> bool:
+    """Whether one shape's (or the default's) regimes have idle ranges other than its eager ones."""
+    return IDLE in own and own[IDLE] != own["eager"]
 
 
 def without_idle(table: ThresholdTable) -> ThresholdTable:

@@ -339,11 +339,10 @@ def build(results: list[str], out: Path, baseline: str | None = None, anatomy: s
     if len(runs) > 1 or baseline:
         todo.append(("comparison", "Comparison", lambda: comparison_section(primary, rows, runs[1:], baseline)))
     folders = [forward] if isinstance(forward, str) else list(forward or [])
-    for i, folder in enumerate(reversed(folders)):  # in the order given, before the totals
-        n = len(folders) - i
-        todo.insert(3, ("forward" if len(folders) == 1 else f"forward-{n}",
-                        "Measured forward" + (f" ({Path(folder).name})" if len(folders) > 1 else ""),
-                        lambda folder=folder: forward_section(primary, folder, partial)))
+    several = len(folders) > 1
+    todo[3:3] = [(f"forward-{i}" if several else "forward",  # before the totals, in the order given
+                  "Measured forward" + (f" ({Path(f).name})" if several else ""),
+                  lambda f=f: forward_section(primary, f, partial)) for i, f in enumerate(folders, 1)]
     if anatomy:
         todo.append(("anatomy", "Host-time anatomy", lambda: anatomy_section(anatomy)))
     sections = []
