@@ -118,6 +118,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_fw.add_argument("--table", metavar="FILE",
                       help="the threshold table the dispatch and table-direct rules run (default: the GPU profile's "
                            "committed table), e.g. a table fitted without forward overrides, to fit them anew")
+    p_fw.add_argument("--idle-signal", choices=("pace", "stream"), default="pace",
+                      help="what runs the table's idle choices in the dispatch rules (dispatch.idle_signal; default "
+                           "pace: while the host runs slow; stream: where the stream has drained)")
     p_merge = sub.add_parser("merge", help="merge shards of one grid (bench run --shard, or several machines) into one run")
     p_merge.add_argument("shards", nargs="+", help="the shards' results folders")
     p_merge.add_argument("-o", "--out", required=True, help="the merged results folder (must not hold results)")
@@ -171,7 +174,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                             resume=args.resume, command=command, quiet=True, order_seed=args.order_seed,
                             settle_ms=0.0 if args.no_settle else args.settle_ms,
                             table=_table(args.table, profile.name) if args.table else None, table_file=args.table,
-                            sustain_ms=args.sustain_ms or 0.0, idle_ms=args.idle_ms, skip_slower=args.skip_slower)
+                            sustain_ms=args.sustain_ms or 0.0, idle_ms=args.idle_ms, skip_slower=args.skip_slower,
+                            idle_signal=args.idle_signal)
         if cfg.sustain_ms and args.resume:
             raise HarnessError("--sustain-ms runs cannot be resumed; run it again into a new --out")
         sequences(cfg)  # a config that cannot be derived stops here, before the GPU is touched

@@ -37,7 +37,7 @@ FORWARD_FILE = "forward.csv"
 FORWARD_COLUMNS = ("model", "tp", "m", "path", "regime", "status", "reason", "us", "us_p20", "us_p80", "submit_us",
                    "gpu_busy_us", "span_us", "event_us", "linears", "kernels", "kernel_digest", "decoder_layers",
                    "lm_head", "samples", "paths_used", "samples_us", "sm_mhz", "sm_mhz_samples", "power_w_samples",
-                   "clock_reasons_samples")
+                   "clock_reasons_samples", "submit_samples_us", "idle_share")
 # Each timed forward follows untimed runs of itself lasting at least this long (ms). On the H200 (700 W) a sustained
 # forward at M >= 512 runs 1.16-1.18x longer (4B) than its first replays after idle once NVML's SW power cap engages;
 # every trace of h200-sustain-1 reached its settled time within 2% by 142 ms of load (bench forward --sustain-ms).
@@ -80,6 +80,7 @@ class ForwardConfig:
     idle_ms: float = 1000.0
     skip_slower: float | None = None  # skip (both regimes) a rule whose graph replay takes > this x all-aten's
     table_file: str | None = None  # --table; None: the profile's committed table
+    idle_signal: str = "pace"  # dispatch.idle_signal for the dispatch rules
 
 
 def models_for(names: list[str] | None, config_path: str | None) -> dict[str, dict[str, Any]]:
@@ -206,7 +207,7 @@ def eager_forwards(clock, forwards: dict[Any, Bound], samples: int, seed: int = 
     import torch
     names = list(forwards)
     out: dict[Any, dict[str, list]] = {p: {"wall": [], "submit": [], "busy": [], "kernels": [], "digest": [],
-                                           "clocks": []} for p in names}
+                                           "clocks": [], "paced": []} for p in names}
 
     def settle(p: Any) -> None:
         t_settle = time.perf_counter()
@@ -230,13 +231,16 @@ def eager_forwards(clock, forwards: dict[Any, Bound], samples: int, seed: int = 
             for s, order in enumerate(round_orders(names, samples, seed)):
                 for p in order:
                     settle(p)
+                    c0 = dispatch.pace_counts()
                     t0 = time.perf_counter_ns()
                     forwards[p]()
                     t1 = time.perf_counter_ns()
                     torch.cuda.synchronize()
                     t2 = time.perf_counter_ns()
+                    c1 = dispatch.pace_counts()
                     out[p]["wall"].append((t2 - t0) / 1e3)
                     out[p]["submit"].append((t1 - t0) / 1e3)
+                    out[p]["paced"].append((c1[0] - c0[0], c1[1] - c0[1]))
                     if reader is not None:
                         out[p]["clocks"].append(reader.read())
         for p in names:  # profiled: what kept the GPU busy, and the kernels (each forward's count is checked)
@@ -364,13 +368,16 @@ def eager_rows(cfg: ForwardConfig, clock, model: str, n_linears: int, bound: dic
     rows = []
     for (m, rule), e in eager.items():
         us, p20, p80 = summary(e["wall"])
+        paced = sum(a + b for a, b in e["paced"])
         rows.append(_row(cfg, model, m, rule, "eager", n_linears, status="ok", reason="", us=us, us_p20=p20,
                          us_p80=p80, submit_us=summary(e["submit"])[0],
                          gpu_busy_us=summary(e["busy"])[0] if e["busy"] else None,
                          kernels=int(summary(e["kernels"])[0]) if e["kernels"] else None,
                          kernel_digest=e["digest"][0] if e["digest"] else None,
                          samples=len(e["wall"]), paths_used=bound[(m, rule)].describe(),
-                         samples_us=[round(v, 1) for v in e["wall"]], **clock_columns(e["clocks"])))
+                         samples_us=[round(v, 1) for v in e["wall"]], **clock_columns(e["clocks"]),
+                         submit_samples_us=[round(v, 1) for v in e["submit"]],
+                         idle_share=round(sum(b for _, b in e["paced"]) / paced, 4) if paced else None))
     return rows
 
 
@@ -419,6 +426,7 @@ def run_forward(cfg: ForwardConfig) -> Path:
         cfg.order_seed = random.SystemRandom().randrange(1, 2 ** 31)
     pinned = _load_pinned_tactics(cfg)
     dispatch.tactics_from_table(False)  # the dispatch rule runs this run's tactics, as every other rule does
+    dispatch.idle_signal(cfg.idle_signal)
     info = run_info(cfg.command, kind="forward", profile=cfg.profile.name, models=list(cfg.models), tp=cfg.tp,
                     ms=cfg.ms, paths=cfg.rules, regimes=list(REGIMES), samples=cfg.samples, pdl=cfg.profile.pdl,
                     decoder_layers=cfg.decoder_layers, lm_head=cfg.lm_head, lm_head_rule=LM_HEAD_RULE,
@@ -430,6 +438,7 @@ def run_forward(cfg: ForwardConfig) -> Path:
                     linears={m: len(s) for m, s in seqs.items()}, rules={r: RULES.get(r, "registry path") for r in cfg.rules},
                     table=getattr(cfg.table, "source", {}).get("fitted_from") if cfg.table else None,
                     dispatch_layer=_layer_of_dispatch() if DISPATCH in cfg.rules else None,
+                    idle_signal=dispatch.idle_signal() if dispatches else None,
                     clocks_start=nvml_clocks())
     cfg.out.mkdir(parents=True, exist_ok=True)
     rows = finished_rows(out_csv, ("model", "m", "path", "regime"), "forward table") if cfg.resume else []

@@ -19,7 +19,7 @@ TABLE_DIRECT = "table-direct"
 # by side in one run
 DISPATCH_PYTHON = "dispatch-python"
 # The dispatcher bound per layer with the table's idle ranges left out: beside `dispatch` in one run, what the
-# per-call stream test and the idle choices change
+# idle signal and the idle choices change
 DISPATCH_NO_IDLE = "dispatch-no-idle"
 NOT_SINGLE_PATHS = (TABLE_DIRECT, DISPATCH_PYTHON, DISPATCH_NO_IDLE)  # the dispatcher's twins: never the best single path
 RULES = {
@@ -29,13 +29,14 @@ RULES = {
     SEED_FIX: f"the seed PR's fix: the low-M backend at M <= {SEED_FIX_M} where eligible, F.linear above; "
                 "lm_head F.linear",
     DISPATCH: "the dispatcher bound per layer (dispatch.bind) with the committed table: its graph ranges while "
-              "capturing, eager ranges otherwise, and its idle ranges where an eager call finds its stream drained; "
+              "capturing, eager ranges otherwise, and its idle ranges where the idle signal says the GPU waits on the host "
+              "(default 'pace': while this thread's host runs slow; run.json: idle_signal); "
               "lm_head F.linear",
     TABLE_DIRECT: "the committed table's graph and eager choices called directly, without the bound layer: the "
                   "dispatcher's choices at no per-call cost (dispatch over it is the bound layer's own cost); it "
-                  "never runs the idle ranges (those need the bound layer's per-call stream test)",
+                  "never runs the idle ranges (those need the bound layer's per-call idle signal)",
     DISPATCH_NO_IDLE: "the dispatcher bound per layer as `dispatch`, with the table's idle ranges left out: an eager call "
-                      "runs the eager choice whether or not its stream has drained",
+                      "runs the eager choice whatever the idle signal says",
     DISPATCH_PYTHON: "the dispatcher bound per layer with its Python bound layer (dispatch.bind(w, native=False)); "
                      "`dispatch` runs the C++ layer where it is built (run.json: dispatch_layer)",
 }

@@ -449,7 +449,8 @@ def fit(cells: Cells, base: ThresholdTable, capture_size: int, min_gain: float =
     return table, pd.DataFrame(report)
 
 
-IDLE_RULE = ("idle (eager, and the call finds its stream drained: the GPU waits on the host): from --idle-forward, "
+IDLE_RULE = ("idle (eager, and the idle signal says the GPU waits on the host: the host runs slow, or the stream "
+             "has drained): from --idle-forward, "
              "measured forwards of the table's own choices, at each (model, M) where in every run whose table-direct "
              "forward was host-bound (its submission took at least its GPU busy time) one single path (all-aten "
              "included) beat those choices (point ratio below 1 in each such run, paired interval over their rounds "
@@ -466,10 +467,11 @@ def with_idle(table: ThresholdTable, picks: dict[tuple[str, int], str], uses: di
     Why: in an eager forward whose host is slower than its GPU every call's host time adds to the forward, so a path
     with less host time can win where its GPU time is longer; where the GPU is the bottleneck the eager choice wins.
     On the H200 the 4B's forward at M <= 8 was each of the two in different processes (tests/data/h200-settled-forward-4
-    and -7), and the cells' host times, measured in one process, cannot tell which a call will meet. Whether the
-    stream has drained when the call comes tells it, per call; `measured` (model -> forward M) bounds each pick's
-    range below (a pick at M holds above the next smaller measured M). Measured on the H200 against the same layer
-    without them (tests/data/h200-idle-ab-*), they changed nothing beyond the noise, so the committed table has none."""
+    and -7), and the cells' host times, measured in one process, cannot tell which a call will meet. The idle
+    signal tells it per call (dispatch.idle_signal); `measured` (model -> forward M) bounds each pick's range below
+    (a pick at M holds above the next smaller measured M). With the signal 'stream' (has the stream drained?), measured
+    on the H200 against the same layer without them (tests/data/h200-idle-ab-*), they changed nothing beyond the
+    noise; the default signal is 'pace' (README: idle ranges)."""
     shapes_out = dict(table.shapes)
     rows = []
     per_shape: dict[tuple[int, int], dict[int, str]] = {}

@@ -11,12 +11,14 @@
 The regime is read per call: while this thread is capturing a CUDA graph only GPU time counts (the `graph` ranges),
 otherwise host time counts too (the `eager` ranges). By default the capture test is a counter that torch's CUDA
 graph class keeps (dispatch/capture.py, hooked in at import); `capture_signal("query")` asks CUDA on every call
-instead. Where the table has `idle` ranges for a shape and M that differ from eager's, an eager call also asks
-whether the current stream has drained (capture.stream_idle): if it has, the GPU is waiting on the host, and the
-idle choice (less host time per call) runs.
+instead. Where the table has `idle` ranges for a shape and M that differ from eager's, an eager call runs the idle
+choice (less host time per call) while the idle signal says the GPU is waiting on the host: by default ('pace')
+while this thread's host runs slow, timed on those calls themselves (capture.pace_record); with
+`idle_signal("stream")` where CUDA says the current stream has drained (capture.stream_idle).
 """
 from __future__ import annotations
 
+import time
 from typing import Any, Callable
 
 import torch
@@ -28,7 +30,7 @@ from dispatch.profiles import detect_profile, this_gpu
 from dispatch.table import IDLE, REGIMES, ThresholdTable, load_table
 
 __all__ = ["bind", "layer_kind", "linear", "op", "ThresholdTable", "load_table", "configure", "reset",
-           "is_capturing", "capture_signal"]
+           "is_capturing", "capture_signal", "idle_signal", "pace_counts"]
 
 Kernel = Callable[[Any, Any, Any], Any]  # (x2d, weight, bias) -> y2d
 _FORCED: ThresholdTable | None = None
@@ -58,6 +60,34 @@ def capture_signal(name: str | None = None) -> str:
         _capturing = capture.signal(name)
         _SIGNAL[0] = name
     return _SIGNAL[0]
+
+
+_IDLE_SIGNAL = ["pace"]
+
+
+def idle_signal(name: str | None = None) -> str:
+    """What runs the table's idle choice where it differs from the eager one: 'pace' (default; this thread's host runs
+    slow, timed on those calls) or 'stream' (CUDA says the current stream has drained); with a name, switch to it.
+    Process-wide: every layer follows at once, bound before or after."""
+    if name is not None:
+        if name not in capture.IDLE_SIGNALS:
+            raise ValueError(f"unknown idle signal {name!r}; known: {', '.join(capture.IDLE_SIGNALS)}")
+        _IDLE_SIGNAL[0] = name
+        from dispatch import native
+        mod = native.module()
+        if mod is not None:
+            mod.set_idle_signal(capture.IDLE_SIGNALS.index(name))
+    return _IDLE_SIGNAL[0]
+
+
+def pace_counts() -> tuple[int, int]:
+    """This thread's paced calls so far (where idle and eager choices differed, signal 'pace'): (ran the eager
+    choice, ran the idle one), the C++ layer's and the Python layer's together."""
+    from dispatch import native
+    mod = native.module()
+    py = capture.PACE
+    cpp = mod.pace_state()[2:] if mod is not None else (0, 0)
+    return py.eager_calls + cpp[0], py.idle_calls + cpp[1]
 
 
 def configure(table: ThresholdTable | None) -> None:
@@ -143,7 +173,7 @@ class _ShapeRule:
     """What the dispatcher does for one weight shape on one device: per regime ((up_to, kernel, backend), ...), the
     activation size (M x K elements) above which every regime runs F.linear, and the activation shapes below it at
     which both regimes run F.linear (remembered as they come, at most CHOICES_KEPT)."""
-    __slots__ = ("limit_m", "limit_numel", "graph", "eager", "idle", "sm", "device", "f_linear_shapes")
+    __slots__ = ("limit_m", "limit_numel", "graph", "eager", "idle", "sm", "device", "f_linear_shapes", "fastest")
 
     def __init__(self, table: ThresholdTable | None, n: int, k: int, sm: int, pdl: bool, device: int = -1):
         self.sm, self.device = sm, device
@@ -165,16 +195,26 @@ class _ShapeRule:
         self.limit_m = limit if limit else -1
         self.limit_numel = limit * k if limit else -1
         self.f_linear_shapes: dict = {}
+        self.fastest: dict = {}  # the idle signal pace: the fastest paced call per kernel, ns
 
-    def pick(self, m: int) -> tuple[Kernel | None, Any]:
+    def pick(self, m: int) -> tuple[Kernel | None, Any, bool]:
+        """(kernel or None for F.linear, its backend, whether the call is paced: to be timed for the idle signal)."""
         if _capturing():
-            return _at(self.graph, m)
+            return (*_at(self.graph, m), False)
         eager = _at(self.eager, m)
         if self.idle is not None:
             idle = _at(self.idle, m)
-            if idle[0] is not eager[0] and capture.stream_idle(self.device):
-                return idle
-        return eager
+            if idle[0] is not eager[0]:
+                if _IDLE_SIGNAL[0] == "pace":
+                    pace = capture.PACE
+                    if pace.slow:
+                        pace.idle_calls += 1
+                        return (*idle, True)
+                    pace.eager_calls += 1
+                    return (*eager, True)
+                if capture.stream_idle(self.device):
+                    return (*idle, False)
+        return (*eager, False)
 
     def f_linear_in_both(self, m: int) -> bool:
         """Whether every regime (idle included) runs F.linear at M."""
@@ -223,12 +263,17 @@ def _below_limit(x: Any, weight: Any, bias: Any, rule: _ShapeRule, numel: int) -
             rule.f_linear_shapes.clear()
         rule.f_linear_shapes[x.shape] = True
         return _f_linear(x, weight, bias)
-    kernel, backend = rule.pick(m)
+    kernel, backend, paced = rule.pick(m)
+    t0 = time.perf_counter_ns() if paced else 0
     if kernel is None or not backend.accepts(x, weight, bias, rule.sm):
-        return _f_linear(x, weight, bias)
-    if x.dim() == 2:
-        return kernel(x, weight, bias)
-    return kernel(x.view(m, k), weight, bias).view(*x.shape[:-1], weight.shape[0])
+        y = _f_linear(x, weight, bias)
+    elif x.dim() == 2:
+        y = kernel(x, weight, bias)
+    else:
+        y = kernel(x.view(m, k), weight, bias).view(*x.shape[:-1], weight.shape[0])
+    if paced:
+        capture.pace_record(rule.fastest, id(kernel), time.perf_counter_ns() - t0)
+    return y
 
 
 _F_LINEAR = ("F.linear",)  # a remembered choice: F.linear in both regimes
@@ -300,8 +345,8 @@ def bind(weight: Any, bias: Any = None, native: bool | None = None) -> Callable[
     """The dispatcher for one layer, a callable x -> y. Everything that depends on the weight is resolved here: the
     table's ranges, the kernels, and which of them take this weight (one that does not becomes F.linear). Per call:
     the activation's M looks up the remembered choice; where it is F.linear, that is all; where it is a kernel, the
-    capture test where the two regimes differ, the stream test where idle ranges differ from eager's (an eager call
-    only), the activation's own checks (dtype, contiguity, alignment, device:
+    capture test where the two regimes differ, the idle signal where idle ranges differ from eager's (an eager call
+    only: the call timed for the pace, or the stream test), the activation's own checks (dtype, contiguity, alignment, device:
     backends.input_ok, inlined) and the kernel writing into an output of the remembered shape. The Python layer
     remembers choices per activation shape, shared by the layers of one weight shape; the C++ layer per M, its own.
 
@@ -320,13 +365,14 @@ def bind(weight: Any, bias: Any = None, native: bool | None = None) -> Callable[
            else f"the capture signal is {_SIGNAL[0]!r} (it keeps the hooks' counter)" if _SIGNAL[0] != "hooks"
            else "the weight or bias is a tensor subclass" if type(weight) not in _PLAIN
            or (bias is not None and type(bias) not in _PLAIN)
-           else "it was built without CUDA, and the table has idle choices for this layer (they need the stream "
-                "test; rebuild where a CUDA toolkit is)" if not getattr(mod, "IDLE_SIGNAL", 0)
-           and _rule(weight.get_device(), weight).idle is not None else None)
+           else "it was built without CUDA, and the table has idle choices for this layer (the idle signal 'stream' "
+                "needs CUDA's stream test; rebuild where a CUDA toolkit is)" if _IDLE_SIGNAL[0] == "stream"
+           and not mod.STREAM_TEST and _rule(weight.get_device(), weight).idle is not None else None)
     if why is not None:
         if native:
             raise RuntimeError(f"dispatch.bind(native=True): no C++ layer, {why}")
         return python_layer
+    mod.set_idle_signal(capture.IDLE_SIGNALS.index(_IDLE_SIGNAL[0]))  # a module loaded after idle_signal(name)
     return mod.BoundLinear(weight, bias, entries or _no_kernel, python_layer)
 
 
@@ -345,7 +391,9 @@ def _python_layer(weight: Any, bias: Any) -> tuple[Callable[[Any], Any], Callabl
         return f_linear_only, None
     choices, choose, entries_at = shared
     remembered, f_linear, capturing, once, bf16 = choices.get, _f_linear, _capturing, _F_LINEAR, torch.bfloat16
-    drained = capture.stream_idle
+    drained, signal, pace, record, clock = capture.stream_idle, _IDLE_SIGNAL, capture.PACE, capture.pace_record, \
+        time.perf_counter_ns
+    fastest: dict = {}  # the idle signal pace: this layer's fastest paced call per choice, ns
 
     # One function, no helper call on the way to the kernel: every step here is host time per call.
     def bound_linear(x: Any) -> Any:
@@ -354,16 +402,32 @@ def _python_layer(weight: Any, bias: Any) -> tuple[Callable[[Any], Any], Callabl
         if c is once:
             return f_linear(x, weight, bias)
         graph, eager, idle, flat, out_shape = c
-        use = (graph if graph is eager is idle else graph if capturing()
-               else eager if idle is eager or not drained(device) else idle)
+        t0 = 0
+        if graph is eager is idle or capturing():
+            use = graph
+        elif idle is eager:
+            use = eager
+        elif signal[0] == "pace":
+            t0 = clock()
+            if pace.slow:
+                use = idle
+                pace.idle_calls += 1
+            else:
+                use = eager
+                pace.eager_calls += 1
+        else:
+            use = idle if drained(device) else eager
         if (use is None or x.dtype is not bf16 or not x.is_contiguous() or x.data_ptr() % use[1]
                 or x.get_device() != device):
-            return f_linear(x, weight, bias)
-        out = x.new_empty(out_shape)
-        if flat is None:
-            use[0](x, weight, out)
+            out = f_linear(x, weight, bias)
         else:
-            use[0](x.view(flat[0]), weight, out.view(flat[1]))
+            out = x.new_empty(out_shape)
+            if flat is None:
+                use[0](x, weight, out)
+            else:
+                use[0](x.view(flat[0]), weight, out.view(flat[1]))
+        if t0:
+            record(fastest, id(use), clock() - t0)
         return out
     return bound_linear, entries_at
 

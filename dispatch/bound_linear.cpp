@@ -4,7 +4,8 @@
 // eager forward where F.linear runs (tests/data/h200-probe-binding). Here the per-call work is a type test, the
 // activation's M, a lookup of the choice per M, a thread-local capture depth and at::linear, without the Python
 // argument parser F.linear goes through. Where the table's idle choice differs from its eager one, an eager call
-// also asks CUDA whether the current stream has drained (built with CUDA: BLB_CUDA; see dispatch/native.py). Where
+// runs the idle choice while this thread's host runs slow (the idle signal "pace", below), or, with the signal
+// "stream", where CUDA says the current stream has drained (built with CUDA: BLB_CUDA; see dispatch/native.py). Where
 // the choice is a FlashInfer kernel the activation's checks and the output are done here too, and the kernel's
 // Python `into(x, w, out)` is called (TVM-FFI functions).
 //
@@ -27,6 +28,8 @@
 #include <cuda_runtime_api.h>
 #endif
 
+#include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
@@ -51,6 +54,7 @@ struct State {
   int64_t n = 0, k = 0, device = -1;
   std::vector<Kernel> kernels;                    // slot i + 1
   std::unordered_map<int64_t, uint64_t> choices;  // M -> graph slot << 32 | eager slot << 16 | idle slot (0: F.linear)
+  std::vector<int64_t> fastest = std::vector<int64_t>(1, 0);  // per slot: its fastest paced call so far, ns (0: none)
   bool release_gil = true;
 };
 
@@ -87,11 +91,55 @@ int64_t slot_of(State& s, PyObject* entry) {
   }
   Py_INCREF(entry);
   s.kernels.push_back(Kernel{entry, PyTuple_GET_ITEM(entry, 0), align});
+  s.fastest.push_back(0);
   return static_cast<int64_t>(s.kernels.size());
 }
 
+// ---- the idle signal ------------------------------------------------------------------------------------------
+//
+// "pace" (default): whether this thread's host runs slow now. The H200 machine's CPU ran the same host work at two
+// speeds 1.4-1.7x apart, switching within tens of ms and staying for seconds (tests/data/h200-host-phases), and the
+// 4B's small-M eager forward is host-bound only in the slow phase. Each call where the idle and eager choices differ
+// is timed; its time over the fastest this layer's slot has taken feeds a thread-local moving average, and the idle
+// choice runs from when it passes kSlowEnter until it falls below kSlowExit. A slot's first calls set its own
+// fastest, so a process that starts slow sees no slow phase until it has been fast once.
+// "stream": cudaStreamQuery (stream_idle below), measured no better (README: idle ranges).
+enum IdleSignal : int { kPace = 0, kStream = 1 };
+int idle_signal = kPace;
+constexpr double kPaceWeight = 1.0 / 16, kSlowEnter = 1.25, kSlowExit = 1.12, kRatioCap = 3.0;
+
+struct Pace {
+  double level = 1.0;
+  bool slow = false;
+  uint64_t eager_calls = 0, idle_calls = 0;  // paced calls that ran each choice
+};
+thread_local Pace pace;
+
+inline int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+void pace_record(int64_t& fastest, int64_t ns) {
+  if (ns <= 0) return;
+  if (fastest == 0 || ns < fastest) fastest = ns;
+  const double ratio = std::min(kRatioCap, static_cast<double>(ns) / static_cast<double>(fastest));
+  pace.level += kPaceWeight * (ratio - pace.level);
+  if (pace.slow ? pace.level < kSlowExit : pace.level > kSlowEnter) pace.slow = !pace.slow;
+}
+
+// Times one paced call (its destructor records it, an error's exit included); inert where fastest is null.
+struct PacedCall {
+  int64_t* fastest;
+  int64_t start;
+  explicit PacedCall(int64_t* f) : fastest(f), start(f ? now_ns() : 0) {}
+  ~PacedCall() {
+    if (fastest) pace_record(*fastest, now_ns() - start);
+  }
+};
+
 #ifdef BLB_CUDA
-constexpr bool kIdleSignal = true;
+constexpr bool kStreamTest = true;
 // Whether the device's current stream has nothing pending: the GPU waits on the host. Not asked of a capturing stream
 // (a capture torch's hooks do not see): a query would end that capture with an error; it counts as busy.
 bool stream_idle(int64_t device) {
@@ -106,7 +154,7 @@ bool stream_idle(int64_t device) {
   return err == cudaSuccess;
 }
 #else
-constexpr bool kIdleSignal = false;  // dispatch.bind does not hand this build a layer with idle choices
+constexpr bool kStreamTest = false;  // with the signal "stream", dispatch.bind hands idle layers to the Python layer
 bool stream_idle(int64_t) { return false; }
 #endif
 
@@ -166,11 +214,15 @@ PyObject* call(PyObject* callable, PyObject* const* args, size_t nargsf, PyObjec
   uint64_t code;
   if (!choice_at(self, m, &code)) return nullptr;
   const uint32_t graph = code >> 32, eager = (code >> 16) & 0xffff, idle = code & 0xffff;
+  const bool paced = idle != eager && capture_depth == 0 && idle_signal == kPace;
   const uint32_t use = graph == eager && eager == idle ? graph
                        : capture_depth > 0                ? graph
                        : idle == eager                    ? eager
+                       : paced                            ? (pace.slow ? idle : eager)
                        : stream_idle(s.device)            ? idle
                                                           : eager;
+  if (paced) ++(use == idle ? pace.idle_calls : pace.eager_calls);
+  PacedCall timed(paced ? &s.fastest[use] : nullptr);
   if (use == 0) return f_linear(s, x);
   const Kernel& kern = s.kernels[use - 1];
   if (x.scalar_type() != at::kBFloat16 || !x.is_contiguous() ||
@@ -273,6 +325,7 @@ int bound_clear(PyObject* obj) {
     for (auto& kern : self->state->kernels) Py_DECREF(kern.entry);
     self->state->kernels.clear();
     self->state->choices.clear();
+    self->state->fastest.assign(1, 0);
   }
   Py_CLEAR(self->decide);
   Py_CLEAR(self->fallback);
@@ -542,7 +595,32 @@ PyObject* stream_idle_now(PyObject*, PyObject* arg) {  // for tests: the stream 
   END_HANDLE_TH_ERRORS
 }
 
+PyObject* set_idle_signal(PyObject*, PyObject* arg) {  // 0: pace, 1: stream (dispatch.idle_signal)
+  const long v = PyLong_AsLong(arg);
+  if (v == -1 && PyErr_Occurred()) return nullptr;
+  if (v != kPace && v != kStream) {
+    PyErr_SetString(PyExc_ValueError, "set_idle_signal: 0 (pace) or 1 (stream)");
+    return nullptr;
+  }
+  idle_signal = static_cast<int>(v);
+  Py_RETURN_NONE;
+}
+
+PyObject* pace_state(PyObject*, PyObject*) {  // this thread's (level, slow, eager calls, idle calls)
+  return Py_BuildValue("(dOKK)", pace.level, pace.slow ? Py_True : Py_False,
+                       static_cast<unsigned long long>(pace.eager_calls),
+                       static_cast<unsigned long long>(pace.idle_calls));
+}
+
+PyObject* pace_reset(PyObject*, PyObject*) {
+  pace = Pace();
+  Py_RETURN_NONE;
+}
+
 PyMethodDef module_methods[] = {
+    {"set_idle_signal", set_idle_signal, METH_O, "the idle signal of every bound layer: 0 pace, 1 stream"},
+    {"pace_state", pace_state, METH_NOARGS, "this thread's host pace: (level, slow, eager calls, idle calls)"},
+    {"pace_reset", pace_reset, METH_NOARGS, "this thread's host pace back to its start (fast, no calls)"},
     {"capture_enter", capture_enter, METH_NOARGS, "a CUDA graph capture began in this thread"},
     {"capture_exit", capture_exit, METH_NOARGS, "a CUDA graph capture of this thread ended"},
     {"capture_depth", capture_depth_now, METH_NOARGS, "captures open in this thread, as this module counts them"},
@@ -585,7 +663,7 @@ PyMODINIT_FUNC PyInit_blb_bound_linear() {
   if (PyType_Ready(&LinearType) < 0) return nullptr;
   PyObject* m = PyModule_Create(&module_def);
   if (!m) return nullptr;
-  if (PyModule_AddIntConstant(m, "IDLE_SIGNAL", kIdleSignal ? 1 : 0) < 0) {  // built with the stream test
+  if (PyModule_AddIntConstant(m, "STREAM_TEST", kStreamTest ? 1 : 0) < 0) {  // built with the stream test
     Py_DECREF(m);
     return nullptr;
   }

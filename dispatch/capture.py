@@ -45,6 +45,36 @@ cuda_query: Callable[[], bool] = (torch._C._cuda_isCurrentStreamCapturing if tor
                                   else lambda: False)
 
 
+IDLE_SIGNALS = ("pace", "stream")
+# The pace's constants, the same as the C++ layer's (dispatch/bound_linear.cpp, where the why is)
+PACE_WEIGHT, SLOW_ENTER, SLOW_EXIT, RATIO_CAP = 1 / 16, 1.25, 1.12, 3.0
+
+
+class HostPace(threading.local):
+    """The idle signal "pace" of this thread: a moving average of paced calls' time over the fastest their layer's
+    choice has taken, and whether the host runs slow now (above SLOW_ENTER until below SLOW_EXIT)."""
+    level = 1.0
+    slow = False
+    eager_calls = 0
+    idle_calls = 0
+
+
+PACE = HostPace()
+
+
+def pace_record(fastest: dict, key: Any, ns: int) -> None:
+    """One paced call of `ns` nanoseconds; fastest: the layer's fastest per choice key, updated."""
+    if ns <= 0:
+        return
+    best = fastest.get(key)
+    if best is None or ns < best:
+        fastest[key] = best = ns
+    pace = PACE
+    pace.level += PACE_WEIGHT * (min(RATIO_CAP, ns / best) - pace.level)
+    if (pace.level < SLOW_EXIT) if pace.slow else (pace.level > SLOW_ENTER):
+        pace.slow = not pace.slow
+
+
 def stream_idle(device: int) -> bool:
     """Whether the device's current stream has nothing pending (cudaStreamQuery): the GPU is waiting on the host, the
     `idle` ranges' case. False while the stream is capturing, whatever the signal: a query of a capturing stream

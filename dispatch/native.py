@@ -28,9 +28,9 @@ def enabled() -> bool:
 
 
 def with_cuda() -> bool:
-    """Whether the build can use CUDA (a CUDA torch and a CUDA toolkit): the stream test of the idle ranges needs it.
-    Without it the layer is built without that test, and dispatch.bind gives a layer with idle choices the Python
-    layer instead."""
+    """Whether the build can use CUDA (a CUDA torch and a CUDA toolkit): the idle signal 'stream' needs it (CUDA's
+    stream test). Without it the layer is built without that test, and under that signal dispatch.bind gives a layer
+    with idle choices the Python layer instead (the default signal, 'pace', needs no CUDA)."""
     from torch.utils.cpp_extension import CUDA_HOME
     return torch.version.cuda is not None and CUDA_HOME is not None
 

@@ -56,12 +56,13 @@ def table_section(run: Run) -> str:
     rows.append({"shape": "any other shape", "graph": t.describe("graph"), "eager": t.describe("eager"),
                  "idle": "as eager"})
     cols = [("shape", "shape"), ("graph", "graph regime"), ("eager", "eager regime")]
-    cols += [("idle", "eager, stream drained (idle)")] if idle else []
+    cols += [("idle", "eager, GPU waiting on the host (idle)")] if idle else []
     return ('<div class="wrapkv">' + kv_table({k: v for k, v in meta.items() if v}) + "</div>"
             + "<p>graph: ranges used while a CUDA graph is being captured (GPU time counts); eager: otherwise (host "
               "and GPU time count). M above a shape's last range runs F.linear."
-            + (" idle: where it differs from eager, what an eager call runs when it finds its stream drained (the "
-               "GPU waiting on the host), from measured forwards whose eager run of the table was host-bound."
+            + (" idle: where it differs from eager, what an eager call runs while the dispatcher's idle signal says "
+               "the GPU waits on the host (default: this thread's host runs slow), from measured forwards whose eager "
+               "run of the table was host-bound."
                if idle else "") + "</p>"
             + table(pd.DataFrame(rows), cols, cls="wrap", left=tuple(c for c, _ in cols)))
 

@@ -898,11 +898,10 @@ def test_idle_ranges_load_default_to_eager_and_are_written_only_where_they_diffe
 
 
 def test_the_eager_call_runs_the_idle_choice_when_the_stream_has_drained(fake_gpu_dispatch, monkeypatch):
-    """With idle ranges (mocked stream test): eager, a drained stream runs the idle choice and a busy one the eager
-    choice; captured, the graph choice, and the stream is not asked; where idle equals eager it is never asked. The
-    C++ layer built without CUDA (IDLE_SIGNAL 0: no stream test) hands such a layer to the Python one."""
+    """With idle ranges and the idle signal 'stream' (mocked stream test): eager, a drained stream runs the idle
+    choice and a busy one the eager choice; captured, the graph choice, and the stream is not asked; where idle equals
+    eager it is never asked. The C++ layer built without CUDA (STREAM_TEST 0) hands such a layer to the Python one."""
     import torch
-    import torch.nn.functional as F
 
     import dispatch
     from dispatch import capture
@@ -918,11 +917,21 @@ def test_the_eager_call_runs_the_idle_choice_when_the_stream_has_drained(fake_gp
         asked.append(device)
         return state["idle"]
     monkeypatch.setattr(capture, "stream_idle", stream_idle)
+    dispatch.idle_signal("stream")
+    try:
+        _stream_signal_checks(dispatch, state, calls, asked)
+    finally:
+        dispatch.idle_signal("pace")
+
+
+def _stream_signal_checks(dispatch, state, calls, asked) -> None:
+    import torch
+    import torch.nn.functional as F
     dispatch.reset()
     w, w32 = torch.randn(16, 64, dtype=torch.bfloat16), torch.randn(32, 64, dtype=torch.bfloat16)
     x = torch.randn(2, 4, 64, dtype=torch.bfloat16)  # M = 8
     layer = dispatch.bind(w)
-    assert dispatch.layer_kind(layer) == ("C++" if state.mod is not None and state.mod.IDLE_SIGNAL else "Python")
+    assert dispatch.layer_kind(layer) == ("C++" if state.mod is not None and state.mod.STREAM_TEST else "Python")
     if dispatch.layer_kind(layer) == "C++":
         return  # a CUDA build asks CUDA itself: tests/test_gpu_lean.py checks it on the GPU
     for fn in (layer, lambda a: dispatch.linear(a, w)):
@@ -939,6 +948,86 @@ def test_the_eager_call_runs_the_idle_choice_when_the_stream_has_drained(fake_gp
     asked.clear()
     plain = dispatch.bind(w32)  # no idle ranges for this shape: the eager choice, the stream never asked
     assert bool((plain(x) == 7).all()) and asked == []
+
+
+def test_the_pace_runs_the_idle_choice_while_the_host_runs_slow(fake_gpu_dispatch, monkeypatch):
+    """The idle signal 'pace' (default), both layers and dispatch.linear: two fake kernels, the eager choice and the
+    idle one, each busy for a set time. While the eager kernel's calls take their first time, it runs; once they take
+    3x as long (a slow host), the idle kernel runs within a few calls and then most of the time; once they are fast
+    again, the eager kernel runs. Captured, the graph choice runs and nothing is timed; where idle and eager agree
+    nothing is timed either."""
+    import time
+
+    import torch
+
+    import dispatch
+    from dispatch import capture
+    _, calls, state = fake_gpu_dispatch
+    busy_us = {"flashinfer-lean:cublaslt": 300, "flashinfer-lean:tinygemm": 300}
+    ran: list[str] = []
+
+    def fake(path):
+        def into(x, w, out):
+            ran.append(path)
+            t_end = time.perf_counter() + busy_us[path] / 1e6
+            while time.perf_counter() < t_end:
+                pass
+            out.fill_(7.0)
+
+        def kernel(x, w, bias):
+            out = torch.empty(x.shape[0], w.shape[0], dtype=x.dtype)
+            into(x, w, out)
+            return out
+        kernel.into = into
+        return kernel
+    kernels = {p: fake(p) for p in busy_us}
+    monkeypatch.setattr(dispatch, "_kernel", lambda path, pdl: kernels[path])
+    cublaslt, tinygemm = busy_us
+    table = ThresholdTable("h200", "tinygemm", {"graph": (), "eager": ()},
+                           {(16, 64): {"graph": ((32, tinygemm),), "eager": ((32, cublaslt),),
+                                       "idle": ((8, tinygemm), (32, cublaslt))}})
+    monkeypatch.setattr(dispatch, "_device", lambda index: (table, 90, True))
+    dispatch.reset()
+    assert dispatch.idle_signal() == "pace"
+    w = torch.randn(16, 64, dtype=torch.bfloat16)
+    x, x16 = torch.randn(2, 4, 64, dtype=torch.bfloat16), torch.randn(16, 64, dtype=torch.bfloat16)
+    layer = dispatch.bind(w)
+    mod = state.mod if dispatch.layer_kind(layer) == "C++" else None
+    for fn, name in ((layer, dispatch.layer_kind(layer)), (lambda a: dispatch.linear(a, w), "dispatch.linear")):
+        if mod is not None and name != "dispatch.linear":
+            mod.pace_reset()
+        capture.PACE.__dict__.update(level=1.0, slow=False, eager_calls=0, idle_calls=0)
+        mod_now = mod if name != "dispatch.linear" else None  # dispatch.linear's kernel calls are the Python one's
+
+        def state_now():
+            p = capture.PACE
+            return mod_now.pace_state() if mod_now is not None else (p.level, p.slow, p.eager_calls, p.idle_calls)
+        busy_us[cublaslt] = 300
+        ran.clear()
+        for _ in range(30):
+            assert bool((fn(x) == 7).all())
+        assert ran.count(cublaslt) >= 27, f"{name}, fast host: {ran}"
+        idle_ran = ran.count(tinygemm)
+        busy_us[cublaslt] = 900  # the eager choice's calls now take 3x their fastest: the host runs slow
+        ran.clear()
+        for _ in range(60):
+            fn(x)
+        assert tinygemm in ran[:8], f"{name}: no switch to the idle choice within 8 slow calls: {ran[:8]}"
+        assert ran.count(tinygemm) >= 36, f"{name}, slow host: {ran.count(tinygemm)} idle calls of 60"
+        idle_ran += ran.count(tinygemm)
+        busy_us[cublaslt] = 300
+        ran.clear()
+        for _ in range(80):
+            fn(x)
+        assert ran[-30:].count(cublaslt) >= 27, f"{name}, fast again: {ran[-30:]}"
+        idle_ran += ran.count(tinygemm)
+        assert state_now()[2:] == (170 - idle_ran, idle_ran)  # every paced call counted, by the choice it ran
+        before = state_now()[2:]
+        ran.clear()
+        assert bool((fn(x16) == 7).all()) and ran == [cublaslt] and state_now()[2:] == before  # agree: not timed
+        state["capturing"] = True
+        assert bool((fn(x) == 7).all()) and ran == [cublaslt, tinygemm] and state_now()[2:] == before  # graph
+        state["capturing"] = False
 
 
 def test_without_idle_drops_only_the_idle_ranges_and_the_forward_rule_uses_it():
@@ -975,3 +1064,32 @@ def test_with_idle_sets_picks_per_shape_and_leaves_disagreements_and_other_shape
     assert [t.choose(32, 64, m, "idle") for m in (1, 2, 8)] == [tg, "aten", "aten"]
     assert not t.has_idle(48, 64)  # B's picks there: aten (its eager choice) and TinyGEMM, which cannot run it
     assert list(rows["n"]) == [16, 32]
+
+
+def test_pace_record_enters_the_slow_phase_and_leaves_it_with_hysteresis():
+    """capture.pace_record, fed by hand: calls at their fastest keep the host fast; at 2x the fastest the moving
+    average passes SLOW_ENTER on the 5th call; back at the fastest it falls below SLOW_EXIT on the 13th; a call never
+    counts more than RATIO_CAP; a call's first time is its own fastest. The C++ layer's constants are the same."""
+    import re
+
+    from dispatch import capture
+    capture.PACE.__dict__.update(level=1.0, slow=False)
+    fastest: dict = {}
+    for _ in range(10):
+        capture.pace_record(fastest, "eager", 1000)
+    assert not capture.PACE.slow and capture.PACE.level == 1.0
+    entered = next(i for i in range(1, 50) if (capture.pace_record(fastest, "eager", 2000), capture.PACE.slow)[1])
+    assert entered == 5 and fastest == {"eager": 1000}
+    capture.pace_record(fastest, "idle", 5000)  # a choice's first call: its own fastest, ratio 1
+    assert fastest["idle"] == 5000
+    left = next(i for i in range(2, 80) if not (capture.pace_record(fastest, "idle", 5000), capture.PACE.slow)[1])
+    assert left == 13
+    capture.PACE.__dict__.update(level=1.0, slow=False)
+    capture.pace_record(fastest, "eager", 10 ** 9)  # one call preempted for a second: counts as 3x, not 10^6x
+    assert capture.PACE.level == pytest.approx(1 + (capture.RATIO_CAP - 1) * capture.PACE_WEIGHT)
+    capture.PACE.__dict__.update(level=1.0, slow=False)
+    source = (Path(__file__).parent.parent / "dispatch" / "bound_linear.cpp").read_text()
+    cpp = re.search(r"kPaceWeight = 1\.0 / (\d+), kSlowEnter = ([\d.]+), kSlowExit = ([\d.]+), kRatioCap = ([\d.]+);",
+                    source)
+    assert cpp and (1 / int(cpp[1]), float(cpp[2]), float(cpp[3]), float(cpp[4])) == \
+        (capture.PACE_WEIGHT, capture.SLOW_ENTER, capture.SLOW_EXIT, capture.RATIO_CAP)

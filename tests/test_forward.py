@@ -531,7 +531,7 @@ def test_clock_columns_summarise_the_readings_and_skip_missing_ones():
     assert cols["power_w_samples"] == [512, 700, 650] and cols["clock_reasons_samples"] == [0, 4, 4]
     from bench.forward import FORWARD_COLUMNS
     from bench.results import rows_to_csv
-    assert rows_to_csv([cols], FORWARD_COLUMNS).splitlines()[1].endswith(",1830,1980;1755;1830,512;700;650,0;4;4")
+    assert rows_to_csv([cols], FORWARD_COLUMNS).splitlines()[1].endswith(",1830,1980;1755;1830,512;700;650,0;4;4,,")
 
 
 def test_sustain_summary_names_the_settled_time_and_when_it_was_reached():
@@ -576,11 +576,21 @@ def test_timed_eager_forwards_run_unprofiled_and_one_profiled_forward_each_follo
     import torch
 
     from bench.forward import eager_forwards
+    import dispatch
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     log: list = []
-    forwards = {(1, "aten"): lambda: log.append("f"), (1, "dispatch"): lambda: log.append("f")}
+    paced = [0, 0]  # the dispatcher's paced calls (eager choice, idle choice), as dispatch.pace_counts counts them
+
+    def dispatcher():
+        log.append("f")
+        paced[0] += 1
+        paced[1] += 2
+    monkeypatch.setattr(dispatch, "pace_counts", lambda: tuple(paced))
+    forwards = {(1, "aten"): lambda: log.append("f"), (1, "dispatch"): dispatcher}
     out = eager_forwards(_LoggingClock(log), forwards, samples=3, seed=1, settle_s=1e-9)
     assert all(len(v["wall"]) == len(v["submit"]) == 3 for v in out.values())
+    # each timed forward's own paced calls (its settle run's are not counted)
+    assert out[(1, "dispatch")]["paced"] == [(1, 2)] * 3 and out[(1, "aten")]["paced"] == [(0, 0)] * 3
     start, stop = log.index("pause"), log.index("resume")
     assert log[:start] == ["f", "f", "drain"]  # the allocator's first forwards, drained
     assert log[start + 1:stop] == ["f"] * 12  # 6 timed forwards, each after its settle run; no clock inside

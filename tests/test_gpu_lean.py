@@ -275,9 +275,9 @@ def test_the_hooked_capture_counter_agrees_with_cuda_in_every_capture(gpu_profil
 @pytest.mark.parametrize("kind", ["Python", "C++"])
 def test_the_dispatcher_runs_the_idle_choice_only_when_the_stream_has_drained(gpu_profile, kind, request,
                                                                                monkeypatch):
-    """Eager, with idle ranges: behind a long kernel on the stream the call runs its eager choice (F.linear's bits);
-    on a drained stream the idle one (the lean low-M kernel's bits); captured, the graph choice. The C++ layer here
-    is built with CUDA, so it makes the stream test itself (IDLE_SIGNAL)."""
+    """Eager, with idle ranges and the idle signal 'stream': behind a long kernel on the stream the call runs its eager
+    choice (F.linear's bits); on a drained stream the idle one (the lean low-M kernel's bits); captured, the graph
+    choice. The C++ layer here is built with CUDA, so it makes the stream test itself (STREAM_TEST)."""
     import torch
     import torch.nn.functional as F
 
@@ -287,7 +287,8 @@ def test_the_dispatcher_runs_the_idle_choice_only_when_the_stream_has_drained(gp
     from dispatch.table import ThresholdTable
     _layer_kind(request, monkeypatch, kind)
     if kind == "C++":
-        assert request.getfixturevalue("native_module").IDLE_SIGNAL == 1
+        assert request.getfixturevalue("native_module").STREAM_TEST == 1
+    dispatch.idle_signal("stream")  # after _layer_kind: the C++ module it patched in follows too
     n, k = 2048, 4096
     low_path = lean_path(gpu_profile.low_m_backend)
     dispatch.configure(ThresholdTable(gpu_profile.name, gpu_profile.low_m_backend, {"graph": (), "eager": ()},
@@ -317,4 +318,5 @@ def test_the_dispatcher_runs_the_idle_choice_only_when_the_stream_has_drained(gp
             torch.cuda.synchronize()
             assert torch.equal(y, low(x16, w))  # captured: the graph choice (idle and eager are F.linear at M = 16)
     finally:
+        dispatch.idle_signal("pace")
         dispatch.reset()
