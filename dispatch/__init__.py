@@ -80,6 +80,22 @@ def idle_signal(name: str | None = None) -> str:
     return _IDLE_SIGNAL[0]
 
 
+def pace_config(weight: float | None = None, enter: float | None = None, exit_: float | None = None,
+                cap: float | None = None) -> tuple[float, float, float, float]:
+    """The pace's (weight of a call in the moving average, level that enters the slow phase, level that leaves it,
+    cap of one call's ratio), both layers; with values, set those first. For measuring the signal, not for users."""
+    w, e, x, c = (capture.PACE_WEIGHT if weight is None else weight, capture.SLOW_ENTER if enter is None else enter,
+                  capture.SLOW_EXIT if exit_ is None else exit_, capture.RATIO_CAP if cap is None else cap)
+    if not (0 < w <= 1 and x <= e and c >= 1):
+        raise ValueError("pace_config: 0 < weight <= 1, exit <= enter, cap >= 1")
+    capture.PACE_WEIGHT, capture.SLOW_ENTER, capture.SLOW_EXIT, capture.RATIO_CAP = w, e, x, c
+    from dispatch import native
+    mod = native.module()
+    if mod is not None:
+        mod.pace_config(w, e, x, c)
+    return w, e, x, c
+
+
 def pace_counts() -> tuple[int, int]:
     """This thread's paced calls so far (where idle and eager choices differed, signal 'pace'): (ran the eager
     choice, ran the idle one), the C++ layer's and the Python layer's together."""

@@ -106,7 +106,8 @@ int64_t slot_of(State& s, PyObject* entry) {
 // "stream": cudaStreamQuery (stream_idle below), measured no better (README: idle ranges).
 enum IdleSignal : int { kPace = 0, kStream = 1 };
 int idle_signal = kPace;
-constexpr double kPaceWeight = 1.0 / 16, kSlowEnter = 1.25, kSlowExit = 1.12, kRatioCap = 3.0;
+// defaults; dispatch.capture.configure_pace sets them (the Python layer keeps the same ones)
+double kPaceWeight = 1.0 / 16, kSlowEnter = 1.25, kSlowExit = 1.12, kRatioCap = 3.0;
 
 struct Pace {
   double level = 1.0;
@@ -114,6 +115,16 @@ struct Pace {
   uint64_t eager_calls = 0, idle_calls = 0;  // paced calls that ran each choice
 };
 thread_local Pace pace;
+
+// An opt-in record of this thread's paced calls, for measuring the signal (pace_trace_start / pace_trace).
+struct PaceRecord {
+  int64_t end_ns, ns, fastest_ns;
+  const void* layer;
+  uint32_t slot;
+  double level;
+};
+thread_local std::vector<PaceRecord> pace_trace_records;
+thread_local size_t pace_trace_cap = 0;
 
 inline int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
@@ -132,9 +143,15 @@ void pace_record(int64_t& fastest, int64_t ns) {
 struct PacedCall {
   int64_t* fastest;
   int64_t start;
-  explicit PacedCall(int64_t* f) : fastest(f), start(f ? now_ns() : 0) {}
+  const void* layer;
+  uint32_t slot;
+  PacedCall(int64_t* f, const void* l, uint32_t s) : fastest(f), start(f ? now_ns() : 0), layer(l), slot(s) {}
   ~PacedCall() {
-    if (fastest) pace_record(*fastest, now_ns() - start);
+    if (!fastest) return;
+    const int64_t end = now_ns();
+    pace_record(*fastest, end - start);
+    if (pace_trace_records.size() < pace_trace_cap)
+      pace_trace_records.push_back(PaceRecord{end, end - start, *fastest, layer, slot, pace.level});
   }
 };
 
@@ -222,7 +239,7 @@ PyObject* call(PyObject* callable, PyObject* const* args, size_t nargsf, PyObjec
                        : stream_idle(s.device)            ? idle
                                                           : eager;
   if (paced) ++(use == idle ? pace.idle_calls : pace.eager_calls);
-  PacedCall timed(paced ? &s.fastest[use] : nullptr);
+  PacedCall timed(paced ? &s.fastest[use] : nullptr, self, use);
   if (use == 0) return f_linear(s, x);
   const Kernel& kern = s.kernels[use - 1];
   if (x.scalar_type() != at::kBFloat16 || !x.is_contiguous() ||
@@ -617,10 +634,53 @@ PyObject* pace_reset(PyObject*, PyObject*) {
   Py_RETURN_NONE;
 }
 
+PyObject* pace_config(PyObject*, PyObject* args) {  // (weight, enter, exit, cap): set them; () returns them
+  double w = kPaceWeight, enter = kSlowEnter, exit = kSlowExit, cap = kRatioCap;
+  if (!PyArg_ParseTuple(args, "|dddd", &w, &enter, &exit, &cap)) return nullptr;
+  if (!(w > 0 && w <= 1 && exit <= enter && cap >= 1)) {
+    PyErr_SetString(PyExc_ValueError, "pace_config: 0 < weight <= 1, exit <= enter, cap >= 1");
+    return nullptr;
+  }
+  kPaceWeight = w, kSlowEnter = enter, kSlowExit = exit, kRatioCap = cap;
+  return Py_BuildValue("(dddd)", kPaceWeight, kSlowEnter, kSlowExit, kRatioCap);
+}
+
+PyObject* pace_trace_start(PyObject*, PyObject* arg) {  // record this thread's next N paced calls (0: stop)
+  const long long n = PyLong_AsLongLong(arg);
+  if (n < 0 && !PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "pace_trace_start: N >= 0");
+  if (PyErr_Occurred()) return nullptr;
+  pace_trace_records.clear();
+  pace_trace_records.reserve(static_cast<size_t>(n));
+  pace_trace_cap = static_cast<size_t>(n);
+  Py_RETURN_NONE;
+}
+
+PyObject* pace_trace(PyObject*, PyObject*) {  // [(end ns, ns, fastest ns, layer id, slot, level)], then cleared
+  PyObject* out = PyList_New(static_cast<Py_ssize_t>(pace_trace_records.size()));
+  if (!out) return nullptr;
+  for (size_t i = 0; i < pace_trace_records.size(); ++i) {
+    const PaceRecord& r = pace_trace_records[i];
+    PyObject* t = Py_BuildValue("(LLLKId)", static_cast<long long>(r.end_ns), static_cast<long long>(r.ns),
+                                static_cast<long long>(r.fastest_ns),
+                                static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(r.layer)), r.slot,
+                                r.level);
+    if (!t) {
+      Py_DECREF(out);
+      return nullptr;
+    }
+    PyList_SET_ITEM(out, static_cast<Py_ssize_t>(i), t);
+  }
+  pace_trace_records.clear();
+  return out;
+}
+
 PyMethodDef module_methods[] = {
     {"set_idle_signal", set_idle_signal, METH_O, "the idle signal of every bound layer: 0 pace, 1 stream"},
     {"pace_state", pace_state, METH_NOARGS, "this thread's host pace: (level, slow, eager calls, idle calls)"},
     {"pace_reset", pace_reset, METH_NOARGS, "this thread's host pace back to its start (fast, no calls)"},
+    {"pace_config", pace_config, METH_VARARGS, "(weight, enter, exit, cap) of the pace: set, or () to read"},
+    {"pace_trace_start", pace_trace_start, METH_O, "record this thread's next N paced calls (0: stop)"},
+    {"pace_trace", pace_trace, METH_NOARGS, "the recorded paced calls: (end ns, ns, fastest ns, layer, slot, level)"},
     {"capture_enter", capture_enter, METH_NOARGS, "a CUDA graph capture began in this thread"},
     {"capture_exit", capture_exit, METH_NOARGS, "a CUDA graph capture of this thread ended"},
     {"capture_depth", capture_depth_now, METH_NOARGS, "captures open in this thread, as this module counts them"},

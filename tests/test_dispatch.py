@@ -1066,11 +1066,10 @@ def test_with_idle_sets_picks_per_shape_and_leaves_disagreements_and_other_shape
     assert list(rows["n"]) == [16, 32]
 
 
-def test_pace_record_enters_the_slow_phase_and_leaves_it_with_hysteresis():
+def test_pace_record_enters_the_slow_phase_and_leaves_it_with_hysteresis(native_module):
     """capture.pace_record, fed by hand: calls at their fastest keep the host fast; at 2x the fastest the moving
     average passes SLOW_ENTER on the 5th call; back at the fastest it falls below SLOW_EXIT on the 13th; a call never
     counts more than RATIO_CAP; a call's first time is its own fastest. The C++ layer's constants are the same."""
-    import re
 
     from dispatch import capture
     capture.PACE.__dict__.update(level=1.0, slow=False)
@@ -1088,8 +1087,5 @@ def test_pace_record_enters_the_slow_phase_and_leaves_it_with_hysteresis():
     capture.pace_record(fastest, "eager", 10 ** 9)  # one call preempted for a second: counts as 3x, not 10^6x
     assert capture.PACE.level == pytest.approx(1 + (capture.RATIO_CAP - 1) * capture.PACE_WEIGHT)
     capture.PACE.__dict__.update(level=1.0, slow=False)
-    source = (Path(__file__).parent.parent / "dispatch" / "bound_linear.cpp").read_text()
-    cpp = re.search(r"kPaceWeight = 1\.0 / (\d+), kSlowEnter = ([\d.]+), kSlowExit = ([\d.]+), kRatioCap = ([\d.]+);",
-                    source)
-    assert cpp and (1 / int(cpp[1]), float(cpp[2]), float(cpp[3]), float(cpp[4])) == \
-        (capture.PACE_WEIGHT, capture.SLOW_ENTER, capture.SLOW_EXIT, capture.RATIO_CAP)
+    assert native_module.pace_config() == (capture.PACE_WEIGHT, capture.SLOW_ENTER, capture.SLOW_EXIT,
+                                           capture.RATIO_CAP)  # the C++ layer starts with the same constants
