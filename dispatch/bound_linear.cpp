@@ -102,12 +102,16 @@ int64_t slot_of(State& s, PyObject* entry) {
 // 4B's small-M eager forward is host-bound only in the slow phase. Each call where the idle and eager choices differ
 // is timed; its time over the fastest this layer's slot has taken feeds a thread-local moving average, and the idle
 // choice runs from when it passes kSlowEnter until it falls below kSlowExit. A slot's first calls set its own
-// fastest, so a process that starts slow sees no slow phase until it has been fast once.
+// fastest, so a process that starts slow sees no slow phase until it has been fast once. The constants come from
+// tests/data/h200-pace-probe (4B, M = 8, 636480 calls): a call there took 1.29x its layer's fastest at the median in
+// the fast phase, so the first constants (1/16, 1.25, 1.12) ran the idle choice nearly always; the mean ratio over
+// a forward was 1.17-1.53 in fast forwards and 1.43-2.48 in slow ones, and these constants, replayed over the
+// recorded calls, run the idle choice on 1.8% of the fast forwards' paced calls and 96% of the slow ones'.
 // "stream": cudaStreamQuery (stream_idle below), measured no better (README: idle ranges).
 enum IdleSignal : int { kPace = 0, kStream = 1 };
 int idle_signal = kPace;
 // defaults; dispatch.capture.configure_pace sets them (the Python layer keeps the same ones)
-double kPaceWeight = 1.0 / 16, kSlowEnter = 1.25, kSlowExit = 1.12, kRatioCap = 3.0;
+double kPaceWeight = 1.0 / 32, kSlowEnter = 1.5, kSlowExit = 1.4, kRatioCap = 3.0;
 
 struct Pace {
   double level = 1.0;

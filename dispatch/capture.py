@@ -47,7 +47,7 @@ cuda_query: Callable[[], bool] = (torch._C._cuda_isCurrentStreamCapturing if tor
 
 IDLE_SIGNALS = ("pace", "stream")
 # The pace's constants, the same as the C++ layer's (dispatch/bound_linear.cpp, where the why is)
-PACE_WEIGHT, SLOW_ENTER, SLOW_EXIT, RATIO_CAP = 1 / 16, 1.25, 1.12, 3.0
+PACE_WEIGHT, SLOW_ENTER, SLOW_EXIT, RATIO_CAP = 1 / 32, 1.5, 1.4, 3.0
 
 
 class HostPace(threading.local):
