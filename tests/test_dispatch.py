@@ -1036,10 +1036,10 @@ def test_without_idle_drops_only_the_idle_ranges_and_the_forward_rule_uses_it():
     from bench.forward_paths import DISPATCH_NO_IDLE, NOT_SINGLE_PATHS, RULES
     from dispatch.table import without_idle
     committed = load_table("h200")
-    assert not committed.has_idle()  # measured no better with them (README: idle ranges)
-    t = replace(committed, shapes={**committed.shapes, (2560, 9216): {
-        **committed.shapes[(2560, 9216)], "idle": ((8, "flashinfer-lean:tinygemm"),)}})
-    assert t.has_idle() and not without_idle(t).has_idle()
+    assert committed.has_idle()  # the 4B's four large shapes, M 2-8 (README: idle ranges)
+    t = replace(committed, shapes={**committed.shapes, (64, 2048): {
+        **committed.shapes[(64, 2048)], "idle": ((8, "aten"),)}})
+    assert t.has_idle(64, 2048) and not without_idle(t).has_idle()
     bare = without_idle(t)
     for (n, k), own in t.shapes.items():
         assert {r: bare.shapes[(n, k)][r] for r in ("graph", "eager")} == {r: own[r] for r in ("graph", "eager")}

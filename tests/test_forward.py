@@ -851,10 +851,11 @@ def test_the_committed_table_in_the_idle_forward_runs(capsys):
 
 
 def test_fit_idle_forward_picks_idle_ranges_from_host_bound_runs(tmp_path, capsys):
-    """--idle-forward on runs 7-9 (forwards of the committed table): only 4B M = 8 passes (lean TinyGEMM everywhere
-    0.783x the table's choices over the two host-bound runs' rounds); the idle ranges go to the 4B's four shapes whose
-    eager choice there is F.linear, for M 2..8 (M = 1 was measured without a pick); graph and eager ranges stay the
-    committed ones. Run 8's 4B M = 1 table-direct forward was GPU-bound and is not evidence."""
+    """--idle-forward on runs 7-9 (forwards of the table without idle ranges): only 4B M = 8 passes (lean TinyGEMM
+    everywhere 0.783x the table's choices over the two host-bound runs' rounds); the idle ranges go to the 4B's four
+    shapes whose eager choice there is F.linear, for M 2..8 (M = 1 was measured without a pick); graph and eager
+    ranges stay those of the fit without it. Run 8's 4B M = 1 table-direct forward was GPU-bound and is not evidence.
+    The committed table is this fit (its command ends with these --idle-forward runs)."""
     import shlex
 
     from calibrate.__main__ import main
@@ -862,13 +863,18 @@ def test_fit_idle_forward_picks_idle_ranges_from_host_bound_runs(tmp_path, capsy
     committed = json.loads((Path(__file__).parent.parent / "dispatch" / "thresholds" / "h200.json").read_text())
     argv = shlex.split(committed["source"]["fit_command"])[3:]
     runs = [str(DATA / f"h200-settled-forward-{n}") for n in (7, 8, 9)]
-    assert main([*argv, "--idle-forward", *runs, "--out", str(tmp_path / "h200.json")]) == 0
+    cut = argv.index("--idle-forward")
+    assert [str(DATA.parent.parent / a) for a in argv[cut + 1:]] == runs
+    assert main([*argv[:cut], "--out", str(tmp_path / "plain.json")]) == 0
+    assert main([*argv[:cut], "--idle-forward", *runs, "--out", str(tmp_path / "h200.json")]) == 0
     out = capsys.readouterr().out
     assert "idle, Qwen3.5-4B M=8: flashinfer-lean:tinygemm everywhere it runs measured 0.783x" in out
     t = json.loads((tmp_path / "h200.json").read_text())
+    plain = json.loads((tmp_path / "plain.json").read_text())
     assert [(s["n"], s["k"]) for s in t["shapes"] if "idle" in s] == [(2560, 9216), (10240, 2560), (12288, 2560),
                                                                       (18432, 2560)]
-    assert [{k: v for k, v in s.items() if k != "idle"} for s in t["shapes"]] == committed["shapes"]
+    assert [{k: v for k, v in s.items() if k != "idle"} for s in t["shapes"]] == plain["shapes"]
+    assert t["shapes"] == committed["shapes"]
     table = load_table(path=tmp_path / "h200.json")
     assert [table.choose(18432, 2560, m, "idle") for m in (1, 2, 8, 9)] == \
         ["aten", "flashinfer-lean:tinygemm", "flashinfer-lean:tinygemm", "aten"]
@@ -876,3 +882,78 @@ def test_fit_idle_forward_picks_idle_ranges_from_host_bound_runs(tmp_path, capsy
     groups = measured_groups([load_forward(DATA / "h200-settled-forward-8")], load_table("h200"),
                              get_profile("h200"), "eager")
     assert not table_host_bound(groups[("Qwen3.5-4B", 1)][0]) and table_host_bound(groups[("Qwen3.5-4B", 8)][0])
+
+
+def _pace_replay(ratios, weight: float, enter: float, exit_: float, cap: float = 3.0) -> np.ndarray:
+    """capture.pace_record's moving average and hysteresis over recorded ratios: per call, whether it would run the
+    idle choice (the state after the call, as the next call reads it)."""
+    level, slow, out = 1.0, False, np.zeros(len(ratios), bool)
+    for i, r in enumerate(ratios):
+        level += weight * (min(cap, r) - level)
+        if (level < exit_) if slow else (level > enter):
+            slow = not slow
+        out[i] = slow
+    return out
+
+
+def test_the_pace_constants_replayed_over_the_h200_probe():
+    """h200-pace-probe (4B M = 8, 636480 paced calls, all running the eager choice): a table forward whose host
+    submission took more than 2400 µs ran in the host's slow phase (27% of them); the mean ratio of a call's time to
+    its layer's fastest over a forward is 1.17-1.53 in the fast phase and 1.43-2.48 in the slow one; the median call
+    takes 1.29x its layer's fastest. Replayed over the recorded calls, the first constants (1/16, 1.25, 1.12) would
+    run the idle choice on 99% of the fast forwards' paced calls, the committed ones (capture's) on 1.8%, and on 96%
+    of the slow forwards'."""
+    from dispatch import capture
+    probe = DATA / "h200-pace-probe"
+    trace = pd.read_parquet(probe / "pace-trace.parquet")
+    forwards = pd.read_csv(probe / "forwards.csv")
+    assert len(trace) == json.loads((probe / "probe.json").read_text())["paced_calls"] == 636480
+    table = forwards[forwards["forward"] == "table"].reset_index(drop=True)
+    fw = np.searchsorted(table["start_ns"].to_numpy(), trace["end_ns"].to_numpy(), side="right") - 1
+    ratios = (trace["ns"] / trace["fastest_ns"]).to_numpy()
+    slow = (table["submit_us"] > 2400).to_numpy()
+    assert round(slow.mean(), 2) == 0.27
+    assert round(float(np.median(trace["ns"] / trace.groupby("layer")["ns"].transform("min"))), 2) == 1.29
+    to_min = (trace["ns"] / trace.groupby("layer")["ns"].transform("min")).groupby(fw).mean()
+    fast_mean, slow_mean = to_min[~slow[to_min.index]], to_min[slow[to_min.index]]
+    assert (round(fast_mean.min(), 2), round(fast_mean.max(), 2)) == (1.17, 1.53)
+    assert (round(slow_mean.min(), 2), round(slow_mean.max(), 2)) == (1.43, 2.48)
+
+    def shares(weight, enter, exit_):
+        idle = pd.Series(_pace_replay(ratios, weight, enter, exit_)).groupby(fw).mean()
+        lab = slow[idle.index]
+        return round(idle[~lab].mean(), 3), round(idle[lab].mean(), 3)
+    assert shares(1 / 16, 1.25, 1.12)[0] >= 0.99
+    assert shares(capture.PACE_WEIGHT, capture.SLOW_ENTER, capture.SLOW_EXIT) == (0.018, 0.962)
+
+
+def test_the_pace_measured_against_the_same_layer_without_idle_ranges():
+    """h200-pace-ab-2..4 (cae2a5b, three fresh processes, 4B eager M = 1, 4, 8, 57f616a's table: idle lean TinyGEMM
+    at the four large shapes, M 2-8): the pace ran the idle choice on 8-39% of its paced calls; the paired medians
+    dispatcher / the same layer without idle ranges 0.970-1.005; the dispatcher / the best single path 0.925-0.978 at
+    every point, the layer without idle ranges 0.924-0.989. h200-pace-ab-1 (eab9286, the first constants, no run.json):
+    the idle choice on 88% and 61% of the paced calls and 1.08x / 1.03x the layer without them (point ratios)."""
+    from calibrate.forward_model import _paired
+    idle_over, over_best, no_idle_over_best, shares = [], [], [], []
+    for n in (2, 3, 4):
+        df, info = load_forward(DATA / f"h200-pace-ab-{n}")
+        assert info["idle_signal"] == "pace" and info["table_file"] == "tests/data/h200-table-57f616a.json"
+        eager = df[(df["regime"] == "eager") & (df["status"] == "ok")]
+        for m, g in eager.groupby("m"):
+            g = g.set_index("path")
+            share = g.at["dispatch", "idle_share"]
+            assert (m == 1) == pd.isna(share)  # at M = 1 idle and eager agree: no paced call
+            if m > 1:
+                shares.append(share)
+            idle_over.append(round(_paired(g, "dispatch", "dispatch-no-idle")[0], 3))
+            best = min(g.at[p, "us"] for p in ("aten", "flashinfer-lean:tinygemm"))
+            over_best.append(round(g.at["dispatch", "us"] / best, 3))
+            no_idle_over_best.append(round(g.at["dispatch-no-idle", "us"] / best, 3))
+    assert (round(min(shares), 2), round(max(shares), 2)) == (0.08, 0.39)
+    assert (min(idle_over), max(idle_over)) == (0.970, 1.005)
+    assert (min(over_best), max(over_best)) == (0.925, 0.978)
+    assert (min(no_idle_over_best), max(no_idle_over_best)) == (0.924, 0.989)
+    first = pd.read_csv(DATA / "h200-pace-ab-1" / "forward.csv").query("regime == 'eager'").set_index(["m", "path"])
+    assert [round(first.at[(m, "dispatch"), "idle_share"], 2) for m in (4, 8)] == [0.88, 0.61]
+    assert [round(first.at[(m, "dispatch"), "us"] / first.at[(m, "dispatch-no-idle"), "us"], 2)
+            for m in (4, 8)] == [1.08, 1.03]
