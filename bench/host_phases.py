@@ -17,6 +17,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from bench.paths import ATEN
 from shapes.catalog import model_configs
 from shapes.derive import forward_sequence, load_config
 
@@ -87,7 +88,7 @@ def run_blocks(phase):
         t_end = time.perf_counter() + block_s
         n = 0
         while time.perf_counter() < t_end:
-            order = ["py", "aten"]
+            order = ["py", ATEN]
             random.shuffle(order)
             for cond in order:
                 fn = py if cond == "py" else aten
@@ -127,7 +128,7 @@ json.dump(meta, open(f"{out}/host-phases.json", "w"), indent=1)
 import statistics as st
 for phase in ("no-cupti", "cupti-paused"):
     for pinned in (False, True):
-        for cond in ("py", "aten"):
+        for cond in ("py", ATEN):
             v = [r for r in rows if r["phase"] == phase and r["pinned"] == pinned and r["cond"] == cond]
             us = sorted(r["us"] for r in v)
             q = lambda p: us[int(p * (len(us) - 1))]
