@@ -17,6 +17,7 @@ import torch.nn.functional as F
 
 import dispatch
 from bench.forward import _weights
+from bench.paths import ATEN
 from dispatch import native
 from dispatch.table import load_table
 from shapes.catalog import model_configs
@@ -57,7 +58,7 @@ rows = []
 t_end = time.monotonic() + seconds
 rng = random.Random(0)
 while time.monotonic() < t_end:
-    order = [("table", table_forward), ("aten", aten_forward)]
+    order = [("table", table_forward), (ATEN, aten_forward)]
     rng.shuffle(order)
     for name, fn in order:
         t0 = time.monotonic_ns()
