@@ -957,3 +957,44 @@ def test_the_pace_measured_against_the_same_layer_without_idle_ranges():
     assert [round(first.at[(m, "dispatch"), "idle_share"], 2) for m in (4, 8)] == [0.88, 0.61]
     assert [round(first.at[(m, "dispatch"), "us"] / first.at[(m, "dispatch-no-idle"), "us"], 2)
             for m in (4, 8)] == [1.08, 1.03]
+
+
+def test_the_committed_table_with_the_pace_in_fresh_processes(capsys):
+    """h200-pace-forward-1 (4B, every default M plus 4, 4a3aafb: the committed table, idle ranges run by the pace)
+    and -2 (M = 1024, 2048, 8192, 7ef7a81, the next process): no verdict fails; dispatcher / best single path above
+    1.01 only at 4B eager M = 1 (1.010 of lean TinyGEMM everywhere; there idle and eager agree, and three forwards of
+    the same choices, dispatch, dispatch-no-idle and table-direct, measured 0.899, 0.942 and 0.872 of all-aten) and at
+    the non-default M against lean cuBLASLt everywhere; the pace ran the idle choice at eager M = 4 and 8, where the
+    dispatcher was the fastest forward; never above all-aten beyond the noise. validate with the 35B-A3B's idle-forward
+    folder (the same 35B-A3B choices) and these two says PASS."""
+    from calibrate.forward_noise import load_forward_floor
+    floor = load_forward_floor("h200")
+    above = []
+    for name in ("h200-pace-forward-1", "h200-pace-forward-2"):
+        df, info = load_forward(DATA / name)
+        assert info["idle_signal"] == "pace" and info["table_file"] is None  # the committed table
+        v = forward_verdicts(df, 512, floor).set_index(["model", "m", "regime"])
+        assert v["ok"].all() and (v["aten_lo"] <= 1).all()
+        above += sorted((m, r, v.at[(mo, m, r), "best"], round(x, 3))
+                        for (mo, m, r), x in v["dispatch_over_best"].items() if x > 1.01)
+        if name.endswith("-1"):
+            eager = df[df["regime"] == "eager"].set_index(["m", "path"])
+            assert [eager.at[(m, "dispatch"), "idle_share"] > 0 for m in (4, 8)] == [True, True]
+            assert pd.isna(eager.at[(1, "dispatch"), "idle_share"])
+            assert [v.at[("Qwen3.5-4B", m, "eager"), "best"] for m in (4, 8)] == ["dispatch", "dispatch"]
+            same = [round(eager.at[(1, p), "us"] / eager.at[(1, "aten"), "us"], 3)
+                    for p in ("dispatch", "dispatch-no-idle", "table-direct")]
+            assert same == [0.899, 0.942, 0.872]
+            assert [[round(eager.at[(m, p), "us"] / eager.at[(m, "aten"), "us"], 3)
+                     for p in ("dispatch", "dispatch-no-idle", "table-direct")] for m in (4, 8)] == \
+                [[0.861, 0.936, 1.01], [0.795, 0.847, 0.811]]
+    cublaslt = "flashinfer-lean:cublaslt"
+    assert above == [(1, "eager", "flashinfer-lean:tinygemm", 1.01), (1024, "eager", cublaslt, 1.019),
+                     (1024, "graph", cublaslt, 1.019), (2048, "eager", cublaslt, 1.017),
+                     (2048, "graph", cublaslt, 1.013), (8192, "eager", cublaslt, 1.011),
+                     (8192, "graph", cublaslt, 1.017)]
+    from calibrate.__main__ import main
+    assert main(["validate", str(DATA / "h200-fit2-validate"), "--replicate", str(DATA / "h200-lean-validate"),
+                 "--forward", str(DATA / "h200-idle-forward-35b-1"), str(DATA / "h200-pace-forward-1"),
+                 str(DATA / "h200-pace-forward-2")]) == 0
+    assert capsys.readouterr().out.rstrip().endswith("PASS")
