@@ -14,7 +14,7 @@ RESULTS ?= tests/data/h200-fit2-validate
 COMPARE ?= tests/data/h200-lean-fit
 BASELINE ?= tests/baselines/h200.json
 ANATOMY ?= tests/data/h200-host-anatomy
-FORWARD ?= tests/data/h200-settled-forward-8
+FORWARD ?= tests/data/h200-idle-forward-35b-1 tests/data/h200-pace-forward-1
 REPORT ?= report.html
 
 # --system-site-packages: a GPU machine's own CUDA build of torch (and FlashInfer, CUPTI) stays visible.
