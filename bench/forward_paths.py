@@ -29,8 +29,8 @@ RULES = {
     SEED_FIX: f"the seed PR's fix: the low-M backend at M <= {SEED_FIX_M} where eligible, F.linear above; "
                 "lm_head F.linear",
     DISPATCH: "the dispatcher bound per layer (dispatch.bind) with the committed table: its graph ranges while "
-              "capturing, eager ranges otherwise, and its idle ranges where the idle signal says the GPU waits on the host "
-              "(default 'pace': while this thread's host runs slow; run.json: idle_signal); "
+              "capturing, eager ranges otherwise, and its idle ranges where the idle signal says the GPU waits on "
+              "the host (default 'pace': while this thread's host runs slow; run.json: idle_signal); "
               "lm_head F.linear",
     TABLE_DIRECT: "the committed table's graph and eager choices called directly, without the bound layer: the "
                   "dispatcher's choices at no per-call cost (dispatch over it is the bound layer's own cost); it "

@@ -362,8 +362,8 @@ def bind(weight: Any, bias: Any = None, native: bool | None = None) -> Callable[
     table's ranges, the kernels, and which of them take this weight (one that does not becomes F.linear). Per call:
     the activation's M looks up the remembered choice; where it is F.linear, that is all; where it is a kernel, the
     capture test where the two regimes differ, the idle signal where idle ranges differ from eager's (an eager call
-    only: the call timed for the pace, or the stream test), the activation's own checks (dtype, contiguity, alignment, device:
-    backends.input_ok, inlined) and the kernel writing into an output of the remembered shape. The Python layer
+    only: the call timed for the pace, or the stream test), the activation's own checks (dtype, contiguity,
+    alignment, device: backends.input_ok, inlined) and the kernel writing into an output of the remembered shape. The Python layer
     remembers choices per activation shape, shared by the layers of one weight shape; the C++ layer per M, its own.
 
     native: None (default) returns the C++ layer where it is built (python -m dispatch build-native) and can serve

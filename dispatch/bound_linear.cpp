@@ -110,7 +110,7 @@ int64_t slot_of(State& s, PyObject* entry) {
 // "stream": cudaStreamQuery (stream_idle below), measured no better (README: idle ranges).
 enum IdleSignal : int { kPace = 0, kStream = 1 };
 int idle_signal = kPace;
-// defaults; dispatch.capture.configure_pace sets them (the Python layer keeps the same ones)
+// the defaults, which dispatch.pace_config may set (for measuring the signal); the Python layer keeps the same ones
 double kPaceWeight = 1.0 / 32, kSlowEnter = 1.5, kSlowExit = 1.4, kRatioCap = 3.0;
 
 struct Pace {

@@ -1028,6 +1028,15 @@ def test_the_pace_runs_the_idle_choice_while_the_host_runs_slow(fake_gpu_dispatc
         state["capturing"] = True
         assert bool((fn(x) == 7).all()) and ran == [cublaslt, tinygemm] and state_now()[2:] == before  # graph
         state["capturing"] = False
+        if mod_now is not None:  # the C++ layer's record of paced calls (bench/pace_probe.py reads it)
+            mod_now.pace_trace_start(2)
+            for _ in range(3):
+                fn(x)
+            trace = mod_now.pace_trace()
+            mod_now.pace_trace_start(0)
+            assert len(trace) == 2 and mod_now.pace_trace() == []
+            for end_ns, ns, fastest_ns, _, slot, level in trace:
+                assert end_ns > ns >= fastest_ns > 0 and slot in (1, 2) and level >= 1.0
 
 
 def test_without_idle_drops_only_the_idle_ranges_and_the_forward_rule_uses_it():
@@ -1066,10 +1075,11 @@ def test_with_idle_sets_picks_per_shape_and_leaves_disagreements_and_other_shape
     assert list(rows["n"]) == [16, 32]
 
 
-def test_pace_record_enters_the_slow_phase_and_leaves_it_with_hysteresis(native_module):
+def test_pace_record_enters_the_slow_phase_and_leaves_it_with_hysteresis(native_module, monkeypatch):
     """capture.pace_record, fed by hand: calls at their fastest keep the host fast; at 2x the fastest the moving
     average passes SLOW_ENTER on the 22nd call; back at the fastest it falls below SLOW_EXIT on the 8th; a call never
-    counts more than RATIO_CAP; a call's first time is its own fastest. The C++ layer's constants are the same."""
+    counts more than RATIO_CAP; a call's first time is its own fastest. The C++ layer starts with the same constants, and
+    dispatch.pace_config sets both (a bad set is refused by both)."""
 
     from dispatch import capture
     capture.PACE.__dict__.update(level=1.0, slow=False)
@@ -1087,5 +1097,18 @@ def test_pace_record_enters_the_slow_phase_and_leaves_it_with_hysteresis(native_
     capture.pace_record(fastest, "eager", 10 ** 9)  # one call preempted for a second: counts as 3x, not 10^6x
     assert capture.PACE.level == pytest.approx(1 + (capture.RATIO_CAP - 1) * capture.PACE_WEIGHT)
     capture.PACE.__dict__.update(level=1.0, slow=False)
-    assert native_module.pace_config() == (capture.PACE_WEIGHT, capture.SLOW_ENTER, capture.SLOW_EXIT,
-                                           capture.RATIO_CAP)  # the C++ layer starts with the same constants
+    defaults = (capture.PACE_WEIGHT, capture.SLOW_ENTER, capture.SLOW_EXIT, capture.RATIO_CAP)
+    assert native_module.pace_config() == defaults  # the C++ layer starts with the same constants
+    import dispatch
+    from dispatch import native
+    monkeypatch.setattr(native, "module", lambda: native_module)
+    try:
+        assert dispatch.pace_config(1 / 8, 2.0, 1.5) == (1 / 8, 2.0, 1.5, 3.0) == native_module.pace_config()
+        assert (capture.PACE_WEIGHT, capture.SLOW_ENTER, capture.SLOW_EXIT) == (1 / 8, 2.0, 1.5)
+        with pytest.raises(ValueError, match="exit <= enter"):
+            dispatch.pace_config(enter=1.2, exit_=1.3)
+        with pytest.raises(ValueError, match="exit <= enter"):
+            native_module.pace_config(0.5, 1.2, 1.3, 3.0)
+    finally:
+        dispatch.pace_config(*defaults)
+    assert native_module.pace_config() == defaults
