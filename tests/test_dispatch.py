@@ -1078,8 +1078,8 @@ def test_with_idle_sets_picks_per_shape_and_leaves_disagreements_and_other_shape
 def test_pace_record_enters_the_slow_phase_and_leaves_it_with_hysteresis(native_module, monkeypatch):
     """capture.pace_record, fed by hand: calls at their fastest keep the host fast; at 2x the fastest the moving
     average passes SLOW_ENTER on the 22nd call; back at the fastest it falls below SLOW_EXIT on the 8th; a call never
-    counts more than RATIO_CAP; a call's first time is its own fastest. The C++ layer starts with the same constants, and
-    dispatch.pace_config sets both (a bad set is refused by both)."""
+    counts more than RATIO_CAP; a call's first time is its own fastest. The C++ layer starts with the same
+    constants, and dispatch.pace_config sets both (a bad set is refused by both)."""
 
     from dispatch import capture
     capture.PACE.__dict__.update(level=1.0, slow=False)
