@@ -133,7 +133,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                        help="measured forwards of the table this fit makes: at each (model, M) where every run whose "
                             "eager table-direct forward was host-bound found one single path faster than the table's "
                             "own choices (as --table-forward tests it), that path becomes the idle choice there: what "
-                            "an eager call runs when it finds its stream drained")
+                            "an eager call runs while the idle signal says the GPU waits on the host")
     p_fit.add_argument("--out", help="table file to write (default dispatch/thresholds/<profile>.json)")
     p_fit.add_argument("--dry-run", action="store_true", help="print, write nothing")
     p_fit.add_argument("--partial", **partial)

@@ -441,7 +441,7 @@ def overrides_over_the_table(runs: list[tuple[pd.DataFrame, dict[str, Any]]], ta
     1 - min_gain. The fastest by pooled median is returned, with the runs it was measured in.
 
     host_bound_only (eager): only the runs whose table-direct forward was host-bound there (table_host_bound), the
-    evidence for the idle ranges: what to run when the stream has drained."""
+    evidence for the idle ranges: what to run while the GPU waits on the host."""
     per_key = measured_groups(runs, table, profile, regime)
     if host_bound_only:
         per_key = {key: kept for key, groups in per_key.items()

@@ -195,7 +195,7 @@ class _ShapeRule:
         self.sm, self.device = sm, device
         limit = 0
         per: dict[str, tuple] = {}
-        # idle steps only where they differ from eager's: elsewhere no call asks whether the stream has drained
+        # idle steps only where they differ from eager's: elsewhere no call asks the idle signal
         for regime in (*REGIMES, IDLE) if table is not None and table.has_idle(n, k) else REGIMES:
             steps = []
             for up_to, path in (table.ranges(n, k, regime) if table is not None else ()):
@@ -339,7 +339,8 @@ def _layer_rule(device: int, weight: Any, bias: Any) -> tuple[dict, Callable, Ca
             m = numel // k
             graph, eager, idle = entries_at(m)
             if graph is not None or eager is not None or idle is not None:
-                # where the regimes choose the same kernel entry (one object) the capture and stream tests are skipped
+                # where the regimes choose the same kernel entry (one object), the capture test and the idle signal
+                # are skipped
                 flat = None if len(shape) == 2 else ((m, k), (m, n))
                 c = (graph, eager, idle, flat, (*shape[:-1], n))
         if len(choices) >= CHOICES_KEPT:
@@ -363,8 +364,9 @@ def bind(weight: Any, bias: Any = None, native: bool | None = None) -> Callable[
     the activation's M looks up the remembered choice; where it is F.linear, that is all; where it is a kernel, the
     capture test where the two regimes differ, the idle signal where idle ranges differ from eager's (an eager call
     only: the call timed for the pace, or the stream test), the activation's own checks (dtype, contiguity,
-    alignment, device: backends.input_ok, inlined) and the kernel writing into an output of the remembered shape. The Python layer
-    remembers choices per activation shape, shared by the layers of one weight shape; the C++ layer per M, its own.
+    alignment, device: backends.input_ok, inlined) and the kernel writing into an output of the remembered shape.
+    The Python layer remembers choices per activation shape, shared by the layers of one weight shape; the C++ layer
+    per M, its own.
 
     native: None (default) returns the C++ layer where it is built (python -m dispatch build-native) and can serve
     (the capture signal is 'hooks', weight and bias are plain tensors), else the Python layer; False the Python

@@ -4,10 +4,10 @@ Two regimes, because what a call costs depends on how it runs:
 - graph: the call is being captured into a CUDA graph (vLLM's decode and small prefill steps): only GPU time counts;
 - eager: the call runs as issued (above vLLM's capture size, enforce_eager, any eager user): host and GPU time count.
 
-A third, optional set of ranges, `idle`, refines eager: the choice when the call finds the current stream with nothing
-pending, so that the GPU is waiting on the host (a host-bound eager forward) and the call's host time is what delays
-the result. Where a shape has none, idle is its eager ranges and the dispatcher asks nothing more; where it has, the
-eager call asks CUDA whether the stream has drained (cudaStreamQuery) and runs the idle choice if it has.
+A third, optional set of ranges, `idle`, refines eager: the choice while the GPU is waiting on the host (a host-bound
+eager forward), where the call's host time is what delays the result. Where a shape has none, idle is its eager
+ranges and the dispatcher asks nothing more; where it has, the eager call asks the dispatcher's idle signal
+(dispatch.idle_signal: by default whether this thread's host runs slow) and runs the idle choice if it says so.
 
 A regime's ranges are ((up_to, path), ...) with up_to increasing: M up to `up_to` (and above the previous range's)
 runs `path`; M above the last range runs F.linear. Paths are registry names: 'aten', 'flashinfer-lean:<backend>'
@@ -29,7 +29,7 @@ from shapes.grid import M_MAX
 
 TABLE_DIR = Path(__file__).parent / "thresholds"
 REGIMES = ("graph", "eager")
-IDLE = "idle"  # optional: eager, when the stream has drained (the GPU waits on the host); defaults to eager's ranges
+IDLE = "idle"  # optional: eager, while the GPU waits on the host (the idle signal); defaults to eager's ranges
 Range = tuple[int, str]
 Ranges = tuple[Range, ...]
 
@@ -68,7 +68,7 @@ class ThresholdTable:
         return own[regime] if regime != IDLE else own.get(IDLE, own["eager"])
 
     def has_idle(self, n: int | None = None, k: int | None = None) -> bool:
-        """Whether idle ranges differ from eager's (for a shape, or anywhere): only then does a call ask CUDA."""
+        """Whether idle ranges differ from eager's (for a shape, or anywhere): only then is the idle signal asked."""
         owns = [self.shapes.get((n, k), self.default)] if n is not None else [self.default, *self.shapes.values()]
         return any(map(_idle_differs, owns))
 
@@ -116,7 +116,7 @@ def _idle_differs(own: dict[str, Ranges]) -> bool:
 
 
 def without_idle(table: ThresholdTable) -> ThresholdTable:
-    """The table with its idle ranges left out: eager calls run the eager choice whether or not the stream drained."""
+    """The table with its idle ranges left out: eager calls run the eager choice whatever the idle signal says."""
     def drop(own: dict[str, Ranges]) -> dict[str, Ranges]:
         return {r: v for r, v in own.items() if r != IDLE}
     return replace(table, default=drop(table.default), shapes={s: drop(own) for s, own in table.shapes.items()})
