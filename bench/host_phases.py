@@ -21,9 +21,19 @@ from bench.paths import ATEN
 from shapes.catalog import model_configs
 from shapes.derive import forward_sequence, load_config
 
-out = sys.argv[1]
-block_s = float(sys.argv[2]) if len(sys.argv) > 2 else 2.0
-blocks = int(sys.argv[3]) if len(sys.argv) > 3 else 10
+if not 2 <= len(sys.argv) <= 4 or not torch.cuda.is_available():
+    why = "needs a CUDA GPU" if 2 <= len(sys.argv) <= 4 else "usage: python -m bench.host_phases OUT [BLOCK_S] [BLOCKS]"
+    print(f"python -m bench.host_phases: error: {why}", file=sys.stderr)
+    sys.exit(2)
+try:
+    out = sys.argv[1]
+    block_s = float(sys.argv[2]) if len(sys.argv) > 2 else 2.0
+    blocks = int(sys.argv[3]) if len(sys.argv) > 3 else 10
+    if not (block_s > 0 and blocks > 0):
+        raise ValueError
+except ValueError:
+    print("python -m bench.host_phases: error: BLOCK_S and BLOCKS must be positive numbers", file=sys.stderr)
+    sys.exit(2)
 
 
 def cpu_now():

@@ -8,6 +8,7 @@ fastest so far. The all-F.linear forwards beside them say which phase the host w
 A diagnostic script, not part of the measured grid."""
 import csv
 import json
+import os
 import random
 import sys
 import time
@@ -20,16 +21,36 @@ from bench.forward import _weights
 from bench.paths import ATEN
 from dispatch import native
 from dispatch.table import load_table
+from harness.errors import HarnessError
 from shapes.catalog import model_configs
 from shapes.derive import forward_sequence, load_config
 
+
+def _stop(why: str) -> None:
+    print(f"python -m bench.pace_probe: error: {why}", file=sys.stderr)
+    sys.exit(2)
+
+
+if len(sys.argv) not in (3, 4):
+    _stop("usage: python -m bench.pace_probe OUT TABLE [SECONDS]")
 out, table_file = sys.argv[1], sys.argv[2]
-seconds = float(sys.argv[3]) if len(sys.argv) > 3 else 40.0
+try:
+    seconds = float(sys.argv[3]) if len(sys.argv) > 3 else 40.0
+except ValueError:
+    seconds = float("nan")
+if not seconds > 0:
+    _stop(f"SECONDS must be a positive number, got {sys.argv[3]!r}")
+if not torch.cuda.is_available():
+    _stop("needs a CUDA GPU; run it on the GPU machine")
 mod = native.module()
 if mod is None:
-    sys.exit("pace_probe: the C++ layer is not built; python -m dispatch build-native first")
+    _stop("the C++ layer is not built; python -m dispatch build-native first")
+try:
+    table = load_table("h200", table_file)
+except HarnessError as exc:
+    _stop(str(exc))
 dispatch.tactics_from_table(False)
-dispatch.configure(load_table("h200", table_file))
+dispatch.configure(table)
 seq = forward_sequence(load_config(model_configs()["Qwen3.5-4B"]), "Qwen3.5-4B")
 weights = _weights(seq, 0)
 m = 8
@@ -70,6 +91,7 @@ while time.monotonic() < t_end:
 trace = mod.pace_trace()
 mod.pace_trace_start(0)
 dispatch.pace_config(*defaults)
+os.makedirs(out, exist_ok=True)
 ids = {lid: i for i, lid in enumerate(sorted({r[3] for r in trace}))}
 with open(f"{out}/pace-trace.csv", "w", newline="") as f:
     w = csv.writer(f)
