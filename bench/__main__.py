@@ -8,13 +8,14 @@ from typing import Sequence
 
 from bench.anatomy_gpu import run_anatomy
 from bench.forward import DEFAULT_SETTLE_MS, FORWARD_MS, ForwardConfig, models_for, run_forward, sequences
-from bench.forward_paths import DEFAULT_RULES, check_rules
+from bench.forward_paths import check_rules, default_rules
 from bench.gpu import L2_MODES
 from bench.paths import PATHS, paths_for
 from bench.merge import merge_shards
 from bench.multi import run_on_devices
 from bench.shard import assign, full_catalog, full_grid_ms, parse_shard
 from bench.sweep import SweepConfig, dry_run, require_gpu, run_sweep
+from dispatch import vllm
 from dispatch.backends import flashinfer_path
 from dispatch.profiles import PROFILES, get_profile
 from dispatch.table import load_table
@@ -88,8 +89,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_fw.add_argument("--tp", type=int_in(1, 64), default=1, help="tensor-parallel degree (default 1)")
     p_fw.add_argument("--m", default=",".join(map(str, FORWARD_MS)),
                       help=f"token counts (default {','.join(map(str, FORWARD_MS))})")
-    p_fw.add_argument("--paths", default=",".join(DEFAULT_RULES),
-                      help=f"forward paths (default {','.join(DEFAULT_RULES)}); any registry path is one too")
+    p_fw.add_argument("--paths", help="forward rules or registry paths (default: aten, vllm-default, vllm-flag, "
+                                      "seed-pr, vllm-op:<low-M backend>, dispatch; `python -m bench paths` lists "
+                                      "the registry)")
     p_fw.add_argument("--layers", type=int_in(1, 1000), help="only the first N decoder layers (memory); every row says so")
     p_fw.add_argument("--no-lm-head", action="store_true", help="leave lm_head out of the forward")
     p_fw.add_argument("--samples", type=int_in(3, 1000), default=10, help="forwards per path, regime and M (default 10)")
@@ -121,6 +123,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_fw.add_argument("--idle-signal", choices=("pace", "stream"), default="pace",
                       help="what runs the table's idle choices in the dispatch rules (dispatch.idle_signal; default "
                            "pace: while the host runs slow; stream: where the stream has drained)")
+    for p in (p_run, p_fw):
+        p.add_argument("--tuning", choices=("grid", "vllm"), default="grid",
+                       help="grid: FlashInfer's autotuner over the run's M values that are tuning buckets (default); "
+                            "vllm: as vLLM tunes at start-up, one call at --max-num-batched-tokens inside "
+                            "autotune(hybrid buckets up to it, round_up=True)")
+        p.add_argument("--max-num-batched-tokens", type=int_in(1, 1 << 20), metavar="N",
+                       help="with --tuning vllm: vLLM's max_num_batched_tokens (default: vLLM's server default on "
+                            "the profile's GPU)")
     p_merge = sub.add_parser("merge", help="merge shards of one grid (bench run --shard, or several machines) into one run")
     p_merge.add_argument("shards", nargs="+", help="the shards' results folders")
     p_merge.add_argument("-o", "--out", required=True, help="the merged results folder (must not hold results)")
@@ -143,10 +153,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.cmd == "profiles":
         for p in ([get_profile(args.name)] if args.name else PROFILES.values()):
             print(f"{p.name:6s} SM{p.sm} {p.name_pattern:6s} backends={','.join(p.flashinfer_backends)} "
-                  f"low-M={p.low_m_backend} capture={p.capture_size}")
+                  f"low-M={p.low_m_backend} capture={p.capture_size} "
+                  f"vllm-flag={'cute-dsl' if vllm.flag_supported(p.sm) else 'F.linear'}")
         return 0
 
     profile = get_profile(args.gpu)
+    vllm_tokens = _vllm_tokens(args, profile)
     command = ["python", "-m", "bench", *(argv if argv is not None else sys.argv[1:])]
     if args.cmd == "host-anatomy":
         backends = ([b.strip() for b in args.backends.split(",") if b.strip()] if args.backends
@@ -167,7 +179,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise HarnessError("--model and --config exclude each other; pass one")
         models = models_for([s.strip() for s in args.model.split(",") if s.strip()] if args.model else None, args.config)
         cfg = ForwardConfig(profile=profile, models=models, ms=parse_m(args.m),
-                            rules=check_rules([s.strip() for s in args.paths.split(",") if s.strip()]),
+                            rules=check_rules([s.strip() for s in args.paths.split(",") if s.strip()] if args.paths
+                                              else list(default_rules(profile))),
                             out=output_dir(args.out, "--out"), tp=args.tp, samples=args.samples,
                             decoder_layers=args.layers, lm_head=not args.no_lm_head, tune=not args.no_tune,
                             autotune_cache=_served(args), save_autotune_cache=_saved(args),
@@ -175,7 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                             settle_ms=0.0 if args.no_settle else args.settle_ms,
                             table=_table(args.table, profile.name) if args.table else None, table_file=args.table,
                             sustain_ms=args.sustain_ms or 0.0, idle_ms=args.idle_ms, skip_slower=args.skip_slower,
-                            idle_signal=args.idle_signal)
+                            idle_signal=args.idle_signal, vllm_tune_tokens=vllm_tokens)
         if cfg.sustain_ms and args.resume:
             raise HarnessError("--sustain-ms runs cannot be resumed; run it again into a new --out")
         sequences(cfg)  # a config that cannot be derived stops here, before the GPU is touched
@@ -208,7 +221,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                       out=output_dir(args.out, "--out"), timer=args.timer, samples=args.samples, l2=args.l2,
                       resume=args.resume, allow_mismatch=args.allow_mismatch, tune=not args.no_tune, tune_all=args.tune_all,
                       autotune_cache=_served(args), save_autotune_cache=_saved(args),
-                      max_rotations=args.max_rotations, command=command, quiet=True, shard=shard)
+                      max_rotations=args.max_rotations, command=command, quiet=True, shard=shard,
+                      vllm_tune_tokens=vllm_tokens)
     if args.dry_run:
         print(dry_run(cfg) + (f"\n  shard {shard['index']}/{shard['of']}: {len(shapes)} of {len(shard['grid_shapes'])}"
                              f" shapes" if shard else ""))
@@ -218,6 +232,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     run_sweep(cfg)  # stops first, writing nothing, when there is no CUDA GPU; prints its summary
     return 0
+
+
+def _vllm_tokens(args, profile) -> int | None:
+    """--tuning vllm: the max_num_batched_tokens to tune at; None for the grid's own tuning."""
+    if getattr(args, "tuning", "grid") != "vllm":
+        if getattr(args, "max_num_batched_tokens", None):
+            raise HarnessError("--max-num-batched-tokens is for --tuning vllm; pass both or neither")
+        return None
+    if args.no_tune or args.autotune_cache:
+        raise HarnessError("--tuning vllm tunes; it contradicts --no-tune and --autotune-cache; pass one of them")
+    return args.max_num_batched_tokens or profile.server.max_num_batched_tokens
 
 
 def _table(path: str, profile: str):

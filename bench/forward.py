@@ -23,7 +23,7 @@ from bench.paths import ATEN, DISPATCH, PATHS
 from bench.results import finished_rows, rows_to_csv, write_run_json
 from bench.stats import PhaseTimer, Window, attribute, kernel_digest, summary
 from bench.sustain import SUSTAIN_COLUMNS, SUSTAIN_FILE, summary_line, sustained
-from bench.sweep import _keep_tactics, _load_pinned_tactics, _progress, require_gpu, tune_shape
+from bench.sweep import _keep_tactics, _load_pinned_tactics, _progress, require_gpu, tune_shape, tuning_info
 from dispatch.profiles import GpuProfile
 from dispatch.table import load_table, without_idle
 from harness.console import divert_noise, terminal
@@ -64,6 +64,7 @@ class ForwardConfig:
     tune: bool = True
     autotune_cache: Path | None = None  # tactics to serve; None: tune
     save_autotune_cache: Path | None = None  # where to write the tuned tactics (besides <out>/autotune-cache.json)
+    vllm_tune_tokens: int | None = None  # tune as vLLM does, at this max_num_batched_tokens (None: the run's M values)
     resume: bool = False
     command: list[str] | None = None
     quiet: bool = False
@@ -110,6 +111,7 @@ class Bound:
     # harness's own sits in the dispatcher's per-call time; every other path takes (x, w)
     calls: list[tuple[Callable, tuple, Any]] = field(default_factory=list)
     used: dict[str, int] = field(default_factory=dict)
+    paths: list[str] = field(default_factory=list)  # per linear, in order
 
     def __call__(self) -> None:
         for fn, args, _ in self.calls:
@@ -144,6 +146,7 @@ def _bind(rule: str, seq, weights, xs, m, sm, cfg: ForwardConfig, fns: dict[str,
                 path = path if idle == eager else f"{path} / idle {idle}"
             bound.calls.append((fn, args, w))
             bound.used[path] = bound.used.get(path, 0) + 1
+            bound.paths.append(path)
     finally:
         if no_idle:
             dispatch.configure(cfg.table)
@@ -285,17 +288,44 @@ def too_slow(seconds: dict[str, float], factor: float) -> dict[str, float]:
     return {r: t / ref for r, t in seconds.items() if r not in kept and t > factor * ref}
 
 
+BOUND_LAYER_RULES = (DISPATCH, DISPATCH_PYTHON, DISPATCH_NO_IDLE)
+
+
+def twin_of(rule: str, bound: Bound, earlier: dict[str, Bound]) -> str | None:
+    """The earlier rule whose forward runs the same path on every linear (the same callables in the same order),
+    whose measurement this rule's is; None for the dispatcher's rules, which add a bound layer of their own."""
+    if rule in BOUND_LAYER_RULES or rule == TABLE_DIRECT:
+        return None
+    return next((r for r, b in earlier.items() if r not in BOUND_LAYER_RULES and r != TABLE_DIRECT
+                 and b.paths == bound.paths), None)
+
+
+def twin_rows(rows: list[dict[str, Any]], twins: dict[tuple[str, int, str], str]) -> list[dict[str, Any]]:
+    """For each (model, M, rule) that runs the same paths as an earlier rule: that rule's rows under its name."""
+    out = []
+    for (model, m, rule), first in twins.items():
+        for r in rows:
+            if r["model"] == model and int(r["m"]) == m and r["path"] == first:
+                out.append({**r, "path": rule, "reason": f"same paths as {first} on every linear: its measurement"})
+    return out
+
+
 def graph_m(cfg: ForwardConfig, clock, model: str, seq, weights, m: int, sm: int, fns, phase: PhaseTimer,
-            reader: ClockReader | None = None) -> tuple[list[dict[str, Any]], dict[str, Bound]]:
+            reader: ClockReader | None = None) -> tuple[list[dict[str, Any]], dict[str, Bound], dict[str, str]]:
     """Binds, checks and warms every rule's forward at one M, and times it captured; returns the graph rows (and
-    failures) and the bound forwards for the eager phase."""
+    failures), the bound forwards for the eager phase and the rules measured as an earlier rule's twin."""
     import torch
     rows: list[dict[str, Any]] = []
     xs = {k: torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for k in sorted({lin.k for lin in seq})}
     bound: dict[str, Bound] = {}
     eager_bound: dict[str, Bound] = {}
+    twins: dict[str, str] = {}
     for rule in cfg.rules:
         b = _bind(rule, seq, weights, xs, m, sm, cfg, fns)
+        first = twin_of(rule, b, bound)
+        if first is not None:
+            twins[rule] = first
+            continue
         # a rule that picks per regime at bind time gets a second forward for the eager phase
         e = _bind(rule, seq, weights, xs, m, sm, cfg, fns, "eager") if rule == TABLE_DIRECT else b
         try:
@@ -333,7 +363,7 @@ def graph_m(cfg: ForwardConfig, clock, model: str, seq, weights, m: int, sm: int
         for rule, records in traces.items():
             print(summary_line(rule, records), file=terminal(), flush=True)
             rows += [{"model": model, "m": m, "path": rule, "status": "ok", **r} for r in records]
-        return [{c: r.get(c) for c in SUSTAIN_COLUMNS} for r in rows], {}
+        return [{c: r.get(c) for c in SUSTAIN_COLUMNS} for r in rows], {}, twins
     if graphs:
         with phase("graph replay"):
             # shuffled like the eager rounds: in A B B A order the dispatcher always sat next to all-aten and
@@ -355,7 +385,7 @@ def graph_m(cfg: ForwardConfig, clock, model: str, seq, weights, m: int, sm: int
                              **clock_columns(t.clocks)))
     del graphs
     torch.cuda.empty_cache()
-    return rows, eager_bound
+    return rows, eager_bound, twins
 
 
 def eager_rows(cfg: ForwardConfig, clock, model: str, n_linears: int, bound: dict[tuple[int, str], Bound],
@@ -398,7 +428,7 @@ def _tune(cfg: ForwardConfig, seqs, sm: int, fns, bar, phase: PhaseTimer) -> dic
         bar.set_postfix_str(f"autotune {path} {n}x{k}")
         with phase("tune"):
             tuned[f"{path} {n}x{k}"] = tune_shape(PATHS[path], ForwardLinear(0, "", n, k), sorted(ms),
-                                                  cfg.profile.pdl)
+                                                  cfg.profile.pdl, cfg.vllm_tune_tokens)
     failed = {key: err for key, (_, err) in tuned.items() if err}
     if failed:
         raise HarnessError(f"FlashInfer's autotuner failed for {', '.join(failed)}: {next(iter(failed.values()))}")
@@ -435,7 +465,7 @@ def run_forward(cfg: ForwardConfig) -> Path:
                     settle_drain="before the settle", eager_profiler=EAGER_PROFILER,
                     sustain_ms=cfg.sustain_ms or None, idle_ms=cfg.idle_ms if cfg.sustain_ms else None,
                     table_file=cfg.table_file, skip_slower=cfg.skip_slower,
-                    linears={m: len(s) for m, s in seqs.items()}, rules={r: RULES.get(r, "registry path") for r in cfg.rules},
+                    tuning=tuning_info(cfg.vllm_tune_tokens), linears={m: len(s) for m, s in seqs.items()}, rules={r: RULES.get(r, "registry path") for r in cfg.rules},
                     table=getattr(cfg.table, "source", {}).get("fitted_from") if cfg.table else None,
                     dispatch_layer=_layer_of_dispatch() if DISPATCH in cfg.rules else None,
                     idle_signal=dispatch.idle_signal() if dispatches else None,
@@ -477,16 +507,18 @@ def run_forward(cfg: ForwardConfig) -> Path:
                 raise HarnessError(f"{model}: its {len(seq)} distinct weights do not fit in GPU memory; measure the "
                                    f"first N decoder layers with --layers N") from None
             bar.update(len(cfg.ms) - len(todo))
-            fresh, bound = [], {}
+            fresh, bound, twins = [], {}, {}
             for m in todo:
                 bar.set_postfix_str(f"{model} M={m} graph")
-                graph_rows, bound_m = graph_m(cfg, clock, model, seq, weights, m, sm, fns, phase, reader)
+                graph_rows, bound_m, twins_m = graph_m(cfg, clock, model, seq, weights, m, sm, fns, phase, reader)
                 fresh += graph_rows
                 bound.update({(m, rule): b for rule, b in bound_m.items()})
+                twins.update({(model, m, rule): first for rule, first in twins_m.items()})
                 bar.update(1)
             bar.set_postfix_str(f"{model} eager, every M interleaved")
             if not cfg.sustain_ms:
                 fresh += eager_rows(cfg, clock, model, len(seq), bound, phase, reader)
+                fresh += twin_rows(fresh, twins)
             rows = [r for r in rows if not (r["model"] == model and int(r["m"]) in todo)] + fresh
             atomic_write_text(out_csv, rows_to_csv(rows, columns))
             del weights, bound

@@ -4,14 +4,19 @@ from __future__ import annotations
 
 from typing import Callable, Protocol
 
-from bench.paths import ATEN, DISPATCH, PATHS, TUNED_CUBLASLT, low_m_path
+from bench.paths import ATEN, DISPATCH, PATHS, TUNED_CUBLASLT, low_m_path, vllm_op_path
+from dispatch import vllm
 from dispatch.profiles import GpuProfile
 from harness.errors import HarnessError
 from shapes.derive import ForwardLinear
 
-SEED_FIX_M = 32  # the seed PR's dispatcher, and vLLM's flag on SM90: FlashInfer's low-M backend at M <= 32
-VLLM_FLASHINFER = "vllm-flashinfer"
-SEED_FIX = "seed-fix"
+# What vLLM 0.33.0 runs (dispatch/vllm.py models it, docs/vllm.md cites each rule's source)
+VLLM_DEFAULT = "vllm-default"
+VLLM_FLAG = "vllm-flag"
+SEED_PR = "seed-pr"
+# Not a vLLM behaviour: FlashInfer on every linear, its low-M backend at M <= 32 and its tuned cuBLASLt above (what
+# the harness called vLLM's flag before it modelled vLLM per SM; on SM90 vLLM never runs it)
+FLASHINFER_EVERYWHERE = "flashinfer-everywhere"
 # The table's choices called straight through the registry's path functions, bound per regime: the dispatcher with
 # no per-call work of its own. dispatch over this, in the same forward, is what the bound layer itself costs.
 TABLE_DIRECT = "table-direct"
@@ -24,10 +29,16 @@ DISPATCH_NO_IDLE = "dispatch-no-idle"
 NOT_SINGLE_PATHS = (TABLE_DIRECT, DISPATCH_PYTHON, DISPATCH_NO_IDLE)  # the dispatcher's twins: never the best single path
 RULES = {
     ATEN: "F.linear for every linear",
-    VLLM_FLASHINFER: "FlashInfer as vLLM's FlashInfer-BF16 flag runs it: the low-M backend at M <= 32 where "
-                       "eligible, FlashInfer's cuBLASLt above (SM100: cute-dsl with its own fallback); lm_head F.linear",
-    SEED_FIX: f"the seed PR's fix: the low-M backend at M <= {SEED_FIX_M} where eligible, F.linear above; "
-                "lm_head F.linear",
+    VLLM_DEFAULT: f"what vLLM {vllm.VLLM_VERSION} runs by default: F.linear for every linear",
+    VLLM_FLAG: f"what vLLM {vllm.VLLM_VERSION} runs with --linear-backend {vllm.FLAG} on this SM: F.linear where "
+               f"the flag is unsupported (SM90); on SM {'/'.join(map(str, vllm.FLAG_SMS))} its custom op with "
+               f"FlashInfer's cute-dsl backend at every M (CuTe DSL kernels to M = {vllm.CUTE_DSL_MAX_M}, its "
+               f"cuBLASLt fallback above) where vLLM's per-call check passes; lm_head F.linear",
+    SEED_PR: f"the seed PR's rule as it runs on this SM: nothing changes where the flag is unsupported (F.linear); "
+             f"on SM100 vLLM's op with cute-dsl at M <= {vllm.SEED_PR_MAX_M}, F.linear above; lm_head F.linear",
+    FLASHINFER_EVERYWHERE: "a hypothetical no vLLM version runs on SM90: FlashInfer's public low-M backend at "
+                           "M <= 32 where eligible, its tuned cuBLASLt above (SM100: cute-dsl with its own "
+                           "fallback); lm_head F.linear",
     DISPATCH: "the dispatcher bound per layer (dispatch.bind) with the committed table: its graph ranges while "
               "capturing, eager ranges otherwise, and its idle ranges where the idle signal says the GPU waits on "
               "the host (default 'pace': while this thread's host runs slow; run.json: idle_signal); "
@@ -40,7 +51,25 @@ RULES = {
     DISPATCH_PYTHON: "the dispatcher bound per layer with its Python bound layer (dispatch.bind(w, native=False)); "
                      "`dispatch` runs the C++ layer where it is built (run.json: dispatch_layer)",
 }
-DEFAULT_RULES = (ATEN, VLLM_FLASHINFER, SEED_FIX, DISPATCH, TABLE_DIRECT)
+# Rules that forward runs measured before the vLLM rules were modelled per SM (docs/vllm.md): read, never run anew.
+# 'vllm-flashinfer' is flashinfer-everywhere under its old name; 'seed-fix' ran the public low-M backend at
+# M <= 32 and F.linear above, which vLLM does not run on SM90.
+LEGACY_RULES = {"vllm-flashinfer": FLASHINFER_EVERYWHERE, "seed-fix": "seed-fix"}
+
+
+def threshold_base(profile: GpuProfile) -> str:
+    """The registry path a single-threshold rule for vLLM runs at M <= T: the low-M backend through vLLM's op."""
+    return vllm_op_path(profile.low_m_backend)
+
+
+def default_rules(profile: GpuProfile) -> tuple[str, ...]:
+    """What `bench forward` measures by default: all-aten (every ratio's reference), the three vLLM rules (those
+    that run the same paths as an earlier one on every linear are measured once: bench/forward.py), the low-M
+    backend through vLLM's op everywhere it runs (the single-threshold rules are read off it and vllm-default), and
+    the dispatcher."""
+    return (ATEN, VLLM_DEFAULT, VLLM_FLAG, SEED_PR, threshold_base(profile), DISPATCH)
+
+
 # vLLM calls its LM head through dispatch_unquantized_gemm("auto"), which is F.linear on every GPU, so no rule a
 # dispatcher in vLLM could follow changes it: every rule, a registry path run everywhere included, runs it with
 # F.linear. Forward runs from before this (no `lm_head_rule` in run.json) ran registry paths on the LM head too.
@@ -68,14 +97,25 @@ def runnable(path: str, sm: int, linear: ForwardLinear, m: int) -> bool:
     return PATHS[path].skip_reason(sm, linear.n, linear.k, m) is None
 
 
-def vllm_flag_choice(low: str, low_m_backend: str, m: int, can_run: Callable[[str], bool]) -> str:
-    """What vLLM's FlashInfer-BF16 flag runs for one linear at M: `low` is the low-M backend's path; CuTe DSL (SM100)
-    is one runner set with its own cuBLASLt fallback above M = 32; otherwise FlashInfer's tuned cuBLASLt above."""
+def flashinfer_everywhere_choice(low: str, low_m_backend: str, m: int, can_run: Callable[[str], bool]) -> str:
+    """The all-FlashInfer hypothetical for one linear at M: `low` is the low-M backend's path; CuTe DSL (SM100) is
+    one runner set with its own cuBLASLt fallback above M = 32; otherwise FlashInfer's tuned cuBLASLt above."""
     if low_m_backend == "cute-dsl":
         return low if can_run(low) else ATEN
-    if m <= SEED_FIX_M and can_run(low):
+    if m <= vllm.CUTE_DSL_MAX_M and can_run(low):
         return low
     return TUNED_CUBLASLT if can_run(TUNED_CUBLASLT) else ATEN
+
+
+def vllm_choice(rule: str, m: int, sm: int, can_run: Callable[[str], bool]) -> str:
+    """What vLLM runs for one linear under vllm-default, vllm-flag or seed-pr (dispatch/vllm.py): F.linear, or the
+    flag's backend through vLLM's op where the flag is supported, the rule takes M, and vLLM's check passes."""
+    op = vllm_op_path(vllm.FLAG_BACKEND)
+    if rule == VLLM_FLAG and vllm.flag_supported(sm):
+        return op if can_run(op) else ATEN
+    if rule == SEED_PR and vllm.seed_pr_uses_flashinfer(sm, m):
+        return op if can_run(op) else ATEN
+    return ATEN
 
 
 def path_for(rule: str, linear: ForwardLinear, m: int, sm: int, profile: GpuProfile, table: Table | None,
@@ -84,6 +124,9 @@ def path_for(rule: str, linear: ForwardLinear, m: int, sm: int, profile: GpuProf
     and on the LM head (LM_HEAD_RULE; `paths_run_lm_head`: as forward runs before it ran registry paths). Only the
     dispatcher's choice depends on the regime."""
     low = low_m_path(profile)
+    if rule == "seed-fix":
+        return low if linear.layer != "lm_head" and m <= vllm.SEED_PR_MAX_M and runnable(low, sm, linear, m) else ATEN
+    rule = LEGACY_RULES.get(rule, rule)
     if rule not in RULES and rule not in PATHS:
         raise HarnessError(f"unknown forward path {rule!r}; known: {', '.join(known_rules())}")
     if linear.layer == "lm_head" and (rule in RULES or not paths_run_lm_head):
@@ -92,10 +135,10 @@ def path_for(rule: str, linear: ForwardLinear, m: int, sm: int, profile: GpuProf
         return rule if runnable(rule, sm, linear, m) else ATEN  # a registry path everywhere else it can run
     if rule == ATEN:
         return ATEN
-    if rule == VLLM_FLASHINFER:
-        return vllm_flag_choice(low, profile.low_m_backend, m, lambda p: runnable(p, sm, linear, m))
-    if rule == SEED_FIX:
-        return low if m <= SEED_FIX_M and runnable(low, sm, linear, m) else ATEN
+    if rule in (VLLM_DEFAULT, VLLM_FLAG, SEED_PR):
+        return vllm_choice(rule, m, sm, lambda p: runnable(p, sm, linear, m))
+    if rule == FLASHINFER_EVERYWHERE:
+        return flashinfer_everywhere_choice(low, profile.low_m_backend, m, lambda p: runnable(p, sm, linear, m))
     if rule in (DISPATCH, TABLE_DIRECT, DISPATCH_PYTHON, DISPATCH_NO_IDLE):
         if table is None:
             raise HarnessError(f"the {rule} path needs a threshold table for this GPU; fit one with python -m calibrate fit")

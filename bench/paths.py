@@ -5,6 +5,7 @@ A path turns (x [M, K], w [N, K]) into y [M, N]. Each has a role, and every cons
 - low-m: a FlashInfer backend for small M (TinyGEMM, CuTe DSL); which one a GPU uses is its profile's low_m_backend;
 - candidate: another FlashInfer backend (cuBLASLt, cuDNN); `flashinfer:cublaslt` is also what vLLM's FlashInfer flag
   runs above M = 32 on SM90 (TUNED_CUBLASLT);
+- a low-M backend also has `vllm-op:<backend>`: the public call inside vLLM's custom-op wrapper and per-call check;
 - dispatcher: `dispatch.linear`, which runs the baseline or a FlashInfer path by its table and the regime.
 
 Each FlashInfer backend has two paths: `flashinfer:<backend>`, FlashInfer's public mm_bf16 with every per-call check,
@@ -87,6 +88,13 @@ def _lean(backend: str) -> Callable[[bool], LinearFn]:
     return build
 
 
+def _vllm_op(backend: str) -> Callable[[bool], LinearFn]:
+    def build(pdl: bool) -> LinearFn:
+        from bench.vllm_op import op_call
+        return op_call(backend, BACKENDS[backend].pdl(pdl))
+    return build
+
+
 def _dispatch(pdl: bool) -> LinearFn:
     return dispatch.linear  # the dispatcher reads pdl from the GPU's profile itself
 
@@ -100,7 +108,16 @@ def _flashinfer_paths(b: Backend) -> list[GemmPath]:
     if b.name in LEAN_BACKENDS:
         paths.append(GemmPath(lean_path(b.name), _lean(b.name), _role(b), b,
                               f"{b.note}; lean call: runner and tactic resolved once (dispatch/lean.py)"))
+    if b.name in LOW_M_BACKENDS:
+        paths.append(GemmPath(vllm_op_path(b.name), _vllm_op(b.name), _role(b), b,
+                              f"{b.note}; through a custom op with vLLM's per-call check, as vLLM calls FlashInfer "
+                              f"(bench/vllm_op.py)"))
     return paths
+
+
+def vllm_op_path(backend: str) -> str:
+    """The registry name of a backend called the way vLLM calls FlashInfer (bench/vllm_op.py)."""
+    return f"vllm-op:{backend}"
 
 
 PATHS: dict[str, GemmPath] = {p.name: p for p in (

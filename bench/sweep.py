@@ -18,6 +18,7 @@ from bench.paths import GemmPath
 from bench.results import done_keys, write_parquet, write_results, write_run_json
 from bench.shard import SECONDS_PER_CELL, SECONDS_PER_TUNING
 from bench.stats import PhaseTimer, calls_per_graph, estimate_call_us, rotation_count, summary
+from dispatch import vllm
 from dispatch.profiles import GpuProfile, check_device, this_gpu
 from harness.console import divert_noise, log_path, terminal, third_party_stdout
 from harness.errors import HarnessError, Interrupted, signal_of, signals_deferred
@@ -47,6 +48,7 @@ class SweepConfig:
     tune_all: bool = False
     autotune_cache: Path | None = None  # FlashInfer tactics to serve (an existing file): no tuning in this run
     save_autotune_cache: Path | None = None  # where to write the tactics this run tuned (besides <out>/autotune-cache.json)
+    vllm_tune_tokens: int | None = None  # tune as vLLM does, at this max_num_batched_tokens (None: the grid's buckets)
     target_replay_us: float = 500.0
     max_rotations: int = 512
     command: list[str] | None = None
@@ -142,20 +144,35 @@ class _Silent:
         pass
 
 
-def tune_shape(path: GemmPath, shape: Shape, ms: list[int], pdl: bool) -> tuple[float | None, str | None]:
-    """FlashInfer's own autotuner over the bucket values of the grid, before any timing, through the path's public
-    call (a lean path reads the entries it leaves). (seconds, error)."""
+def tuning_info(vllm_tokens: int | None) -> dict[str, Any]:
+    """run.json's account of how FlashInfer was tuned."""
+    if vllm_tokens is None:
+        return {"mode": "grid", "buckets": "the grid's M values that are hybrid buckets"}
+    return {"mode": "vllm", "vllm": vllm.VLLM_VERSION, "max_num_batched_tokens": vllm_tokens,
+            "buckets": vllm.autotune_buckets(vllm_tokens), "round_up": True}
+
+
+def tune_shape(path: GemmPath, shape: Shape, ms: list[int], pdl: bool, vllm_tokens: int | None = None
+               ) -> tuple[float | None, str | None]:
+    """FlashInfer's own autotuner, before any timing, through the path's public call (a lean path reads the entries
+    it leaves): over the bucket values of the grid, or, with `vllm_tokens`, as vLLM tunes (dispatch/vllm.py
+    autotune_buckets: one call at M = vllm_tokens inside autotune(hybrid buckets up to it, round_up=True)).
+    (seconds, error)."""
     import flashinfer
     import torch
     fn = path.tuning_call(pdl)
-    buckets = tuple(sorted(set(ms) & set(hybrid_buckets())))
+    if vllm_tokens is not None:
+        buckets, rows, extra = tuple(vllm.autotune_buckets(vllm_tokens)), vllm_tokens, {"round_up": True}
+    else:
+        buckets, extra = tuple(sorted(set(ms) & set(hybrid_buckets()))), {}
+        rows = max(buckets) if buckets else 0
     if not buckets:
         return 0.0, None
-    x = torch.randn(max(buckets), shape.k, device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(rows, shape.k, device="cuda", dtype=torch.bfloat16)
     w = torch.randn(shape.n, shape.k, device="cuda", dtype=torch.bfloat16)
     t0 = time.perf_counter()
     try:
-        with flashinfer.autotune(True, tuning_buckets=buckets):
+        with flashinfer.autotune(True, tuning_buckets=buckets, **extra):
             fn(x, w)
         torch.cuda.synchronize()
     except Exception as exc:
@@ -354,7 +371,8 @@ def tune_group_paths(cfg: SweepConfig, shape: Shape, todo: list[int], sm: int, f
             if p.flashinfer_backend not in by_backend:
                 bar.set_postfix_str(f"{shape.name} autotune {p.flashinfer_backend}")
                 with phase("tune"), third_party_stdout():
-                    by_backend[p.flashinfer_backend] = tune_shape(p, shape, runnable, cfg.profile.pdl)
+                    by_backend[p.flashinfer_backend] = tune_shape(p, shape, runnable, cfg.profile.pdl,
+                                                                  cfg.vllm_tune_tokens)
             tune_info[p.name] = by_backend[p.flashinfer_backend]
     return tune_info
 
@@ -393,7 +411,8 @@ def run_sweep(cfg: SweepConfig) -> Path:
         extra["host_timing"] = cfg.host_timing
     info = run_info(cfg.command, profile=cfg.profile.name, timer=cfg.timer, l2=cfg.l2, warm_l2=cfg.l2 == "warm", **extra,
                     samples=cfg.samples, ms=cfg.ms, shapes=[s.name for s in cfg.shapes],
-                    paths=[p.name for p in cfg.paths], pdl=cfg.profile.pdl, clocks_start=nvml_clocks())
+                    paths=[p.name for p in cfg.paths], pdl=cfg.profile.pdl, tuning=tuning_info(cfg.vllm_tune_tokens),
+                    clocks_start=nvml_clocks())
     cfg.out.mkdir(parents=True, exist_ok=True)
     rows, done = done_keys(cfg.out) if cfg.resume else ([], set())
     if cfg.resume and (cfg.out / "run.json").is_file():

@@ -186,6 +186,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_base.add_argument("--retune", action="store_true",
                         help="tune FlashInfer afresh in run 1 instead of serving the committed <profile>.autotune.json")
     p_base.add_argument("--partial", **partial)
+    p_vllm = sub.add_parser("vllm", help="the answer in vLLM's terms from measured forwards: vLLM default, its flag, "
+                                         "the seed PR's rule, the best single threshold and the table")
+    p_vllm.add_argument("--forward", nargs="+", metavar="DIR", required=True,
+                        help="measured-forward folders of one GPU (python -m bench forward, default paths), e.g. one "
+                             "per model")
+    p_vllm.add_argument("--gpu", help="GPU profile (default: the runs')")
+    p_vllm.add_argument("--no-floor", action="store_true",
+                        help="intervals from the runs' paired rounds alone, not widened by the profile's forward "
+                             "noise floor")
+    p_vllm.add_argument("--partial", **partial)
     p_reg = sub.add_parser("regress", help="compare fresh (or given) measurements with the stored baseline")
     p_reg.add_argument("--gpu", required=True, help=f"GPU profile: {', '.join(PROFILES)}")
     p_reg.add_argument("--from", dest="source", help="results folder to compare (default: measure afresh, GPU)")
@@ -210,6 +220,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.cmd == "noise":
         return _noise_cmd(args)
 
+    if args.cmd == "vllm":
+        return _vllm_cmd(args)
     if args.cmd == "forward-noise":
         return _forward_noise_cmd(args)
 
@@ -552,6 +564,21 @@ def _overrides(args, profile, df, cells, base, noise, hold_out, cell_picks, shap
                                                    for k, v in o.items()}
                           for (regime, mo, m), o in sorted(found.items())}}
     return table, report, note
+
+
+def _vllm_cmd(args) -> int:
+    from calibrate.forward_noise import load_forward_floor
+    from calibrate.vllm_terms import text, vllm_terms
+    first = load_forward(args.forward[0], args.partial)[1]
+    profile = get_profile(_profile_of(first, args.gpu))
+    runs = _load_forwards(args.forward, profile.name, args.partial)
+    forwards = [(str(f), df, info) for f, (df, info) in zip(args.forward, runs)]
+    _refuse_overlap(forwards)
+    floor = None if args.no_floor else load_forward_floor(profile.name)
+    terms = vllm_terms(pd.concat([df for df, _ in runs], ignore_index=True), profile, floor)
+    print(text(terms))
+    print(f"\nintervals: {'paired rounds widened by the forward floor (' + floor.describe() + ')' if floor else 'paired rounds alone'}")
+    return 0
 
 
 def _noise_cmd(args) -> int:

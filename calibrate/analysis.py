@@ -9,7 +9,7 @@ from typing import Any, Callable
 import numpy as np
 import pandas as pd
 
-from bench.forward_paths import vllm_flag_choice
+from bench.forward_paths import flashinfer_everywhere_choice
 from dispatch.backends import ATEN, BACKENDS, DISPATCH, backend_of, is_flashinfer, is_lean, lean_path
 from dispatch.backends import flashinfer_path as public_path
 from dispatch.table import IDLE, REGIMES, ThresholdTable, compress, describe_ranges
@@ -181,8 +181,9 @@ def chosen_path(table: ThresholdTable, cells: Cells, n: int, k: int, m: int, reg
 
 
 def flashinfer_path(table: ThresholdTable, cells: Cells, n: int, k: int, m: int) -> str:
-    """'FlashInfer alone', as vLLM's flag runs it (bench.forward_paths.vllm_flag_choice), on the measured cells."""
-    return vllm_flag_choice(public_path(table.low_m_backend), table.low_m_backend, m,
+    """'FlashInfer alone' (bench.forward_paths.flashinfer_everywhere_choice: the all-FlashInfer hypothetical, not
+    what vLLM runs on SM90), on the measured cells."""
+    return flashinfer_everywhere_choice(public_path(table.low_m_backend), table.low_m_backend, m,
                             lambda p: cells.has(n, k, m, p))
 
 

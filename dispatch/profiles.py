@@ -4,6 +4,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from dispatch import vllm
 from harness.errors import HarnessError
 
 
@@ -14,23 +15,37 @@ class GpuProfile:
     name_pattern: str  # the model name as a whole word of torch.cuda.get_device_name() ("H200" is not "GH200")
     flashinfer_backends: tuple[str, ...]  # mm_bf16 backends measured on this GPU
     low_m_backend: str  # what the dispatcher uses at M <= threshold
-    capture_size: int  # vLLM's default max CUDA-graph capture size
+    memory_gb: float  # the GPU's memory (vendor figure, GB): vLLM's server defaults depend on it
     # A roofline guess of one GEMM's GPU time, only to size graphs and host-timing blocks (never reported): sustained
     # bf16 TFLOP/s and HBM GB/s. H100/H200 keep the figures every committed H200 run was sized with; the SM100
     # figures scale them by the B200's peaks (about 2.3x the math, 1.7x the memory bandwidth of an H200).
     sizing_tflops: float = 600.0
     sizing_gbps: float = 4000.0
-    # Programmatic dependent launch as vLLM sets it: pdl=current_platform.is_arch_support_pdl(), True on SM >= 90.
+    # Programmatic dependent launch as vLLM sets it (dispatch/vllm.py pdl): True on SM >= 90.
     # Every FlashInfer call of the harness passes it to the backends that take it (Backend.supports_pdl).
     pdl: bool = True
 
+    @property
+    def server(self) -> vllm.ServerDefaults:
+        """vLLM's OpenAI-server defaults on this GPU (max_num_seqs, max_num_batched_tokens)."""
+        return vllm.server_defaults(self.memory_gb * 1e9 / 2 ** 30)
+
+    @property
+    def capture_size(self) -> int:
+        """vLLM's default largest CUDA-graph capture size on this GPU (dispatch/vllm.py capture_size)."""
+        return self.capture_size_for()
+
+    def capture_size_for(self, max_num_seqs: int | None = None) -> int:
+        """The capture size vLLM derives from max_num_seqs (its server default on this GPU when None)."""
+        return vllm.capture_size(self.sm, max_num_seqs or self.server.max_num_seqs)
+
 
 PROFILES: dict[str, GpuProfile] = {p.name: p for p in (
-    GpuProfile("h100", 90, "H100", ("tinygemm", "cublaslt", "cudnn"), "tinygemm", 512),
-    GpuProfile("h200", 90, "H200", ("tinygemm", "cublaslt", "cudnn"), "tinygemm", 512),
+    GpuProfile("h100", 90, "H100", ("tinygemm", "cublaslt", "cudnn"), "tinygemm", 80),
+    GpuProfile("h200", 90, "H200", ("tinygemm", "cublaslt", "cudnn"), "tinygemm", 141),
     # TinyGEMM's SM list includes 100: measured beside cute-dsl, the low-M backend vLLM runs there
-    GpuProfile("b200", 100, "B200", ("cute-dsl", "tinygemm", "cublaslt", "cudnn"), "cute-dsl", 512, 1380.0, 6700.0),
-    GpuProfile("gb200", 100, "GB200", ("cute-dsl", "tinygemm", "cublaslt", "cudnn"), "cute-dsl", 512, 1380.0, 6700.0),
+    GpuProfile("b200", 100, "B200", ("cute-dsl", "tinygemm", "cublaslt", "cudnn"), "cute-dsl", 180, 1380.0, 6700.0),
+    GpuProfile("gb200", 100, "GB200", ("cute-dsl", "tinygemm", "cublaslt", "cudnn"), "cute-dsl", 186, 1380.0, 6700.0),
 )}
 
 

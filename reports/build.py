@@ -5,9 +5,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from bench.forward_paths import DEFAULT_RULES, DISPATCH_PYTHON, TABLE_DIRECT
+from bench.forward_paths import DISPATCH_PYTHON, RULES, TABLE_DIRECT
 from dispatch.backends import ATEN, is_flashinfer
 from dispatch.table import IDLE, describe_ranges
+from dispatch.vllm import VLLM_VERSION, flag_supported
 from harness.console import terminal
 from harness.io import atomic_write_text
 from reports import figures
@@ -238,7 +239,7 @@ def forward_section(run: Run, path: str, partial: bool) -> str:
     fdf, info = load_forward(path, partial)
     ratios = forward_ratios(fdf)
     measured = [c for c in ratios.columns if c not in ("model", "m", "regime", ATEN)]
-    paths = [c for c in DEFAULT_RULES if c in measured] + [c for c in measured if c not in DEFAULT_RULES]
+    paths = [c for c in RULES if c in measured] + [c for c in measured if c not in RULES]
     parts = [f"<p class='muted'>{esc(info.get('command', ''))} · {esc(info.get('started', ''))} · "
              f"{esc((info.get('fingerprint') or {}).get('gpu_name', ''))} · decoder layers: "
              f"{esc(info.get('decoder_layers') or 'all')} · lm_head: {esc(info.get('lm_head'))}"
@@ -257,9 +258,11 @@ def forward_section(run: Run, path: str, partial: bool) -> str:
              "as in a real eager step" + ("; timed with the profiler paused, busy time from one profiled forward "
                                           "after them" if info.get("eager_profiler") else
                                           "; timed with CUPTI recording, whose per-launch cost is in the host time")
-             + "). 'vllm-flashinfer' is FlashInfer as vLLM's flag runs it (low-M backend at "
-             "M <= 32, FlashInfer cuBLASLt above), 'seed-fix' the seed PR's rule (low-M backend at M <= 32, F.linear "
-             "above); lm_head is F.linear in both, as in vLLM." + (
+             + "). 'vllm-default', 'vllm-flag' and 'seed-pr' are what vLLM " + esc(VLLM_VERSION)
+             + " runs by default, with its FlashInfer flag, and under the seed PR's rule on this GPU (on SM90 all "
+             "three are F.linear everywhere: docs/vllm.md); runs older than these names measured 'vllm-flashinfer' "
+             "(FlashInfer everywhere, a hypothetical on SM90) and 'seed-fix' (TinyGEMM at M <= 32, F.linear above); "
+             "lm_head is F.linear in every rule, as in vLLM." + (
                  " 'table-direct' (dotted) runs the dispatcher's table choices called directly, without the bound "
                  "layer: the distance from it to 'dispatch' is what the dispatcher's per-call work costs."
                  if TABLE_DIRECT in ratios.columns else "") + (
@@ -317,6 +320,49 @@ def forward_section(run: Run, path: str, partial: bool) -> str:
     return "".join(parts)
 
 
+def vllm_section(run: Run, folders: list[str], partial: bool) -> str | None:
+    """The answer in vLLM's terms (calibrate/vllm_terms.py) from the forwards that measured vLLM's rules; None when
+    none did (older runs)."""
+    from calibrate.forward_model import load_forward
+    from calibrate.forward_noise import load_forward_floor
+    from calibrate.vllm_terms import COMPARED, LABELS, geomean, required_paths, vllm_terms
+    frames = [load_forward(f, partial)[0] for f in folders]
+    fdf = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    if run.profile is None or fdf.empty or not set(required_paths(run.profile)) <= set(fdf[fdf["status"] == "ok"]["path"]):
+        return None
+    floor = load_forward_floor(run.profile.name)
+    terms = vllm_terms(fdf, run.profile, floor)
+    r = terms.rows
+    summary = []
+    for (model, regime), g in r.groupby(["model", "regime"], sort=False):
+        mine = g[g["vllm_regime"]]
+        summary.append({"model": model, "regime": regime, "ms": ", ".join(map(str, mine["m"])) or "none",
+                        "T": terms.thresholds[regime],
+                        **{c: geomean(mine[c]) if len(mine) else float("nan") for c in COMPARED}})
+    cols = [("model", "model"), ("regime", "regime"), ("ms", "M (vLLM runs this regime)"), ("T", "best T")] + \
+        [(c, f"{LABELS[c]} / default") for c in COMPARED]
+    per_m = [("model", "model"), ("regime", "regime"), ("m", "M"), ("default_us", "vLLM default µs")] + \
+        [(c, f"{LABELS[c]} / default") for c in COMPARED] + [("table_over_threshold", "table / best threshold")]
+    cells = r.copy()
+    for c in [*COMPARED, "table_over_threshold"]:
+        lo, hi = (c + "_lo", c + "_hi") if c != "table_over_threshold" else ("tot_lo", "tot_hi")
+        cells[c] = [f"{v:.3f}" if a != a else f"{v:.3f} [{a:.3f}, {b:.3f}]" for v, a, b in zip(r[c], r[lo], r[hi])]
+    return (f"<p>What vLLM {esc(VLLM_VERSION)} runs on this GPU and what it could run, from measured forwards "
+            f"(per-forward linear time over vLLM's default, F.linear on every linear). On "
+            f"{esc(run.profile.name)} (SM{run.profile.sm}) vLLM's FlashInfer flag "
+            + ("is unsupported, so the flag and the seed PR's rule run F.linear too (docs/vllm.md). "
+               if not flag_supported(run.profile.sm) else
+               "runs FlashInfer's cute-dsl backend through its custom op at every M. ")
+            + f"The best single threshold runs the low-M backend through vLLM's op ({esc(terms.low_path)}) at "
+            f"M &lt;= T and F.linear above; T is chosen per regime from the measured M. Geometric means over the M "
+            f"at which vLLM runs each regime (capture size {run.profile.capture_size}):</p>"
+            + table(pd.DataFrame(summary), cols, fmt={c: "{:.3f}" for c in COMPARED}, left=("model", "regime", "ms"))
+            + "<details><summary>Every M, with 95% intervals"
+            + (f" widened by the forward noise floor ({esc(floor.describe())})" if floor else "")
+            + "</summary>" + table(cells, per_m, fmt={"default_us": "{:.0f}"}, left=("model", "regime"))
+            + "</details>")
+
+
 def build(results: list[str], out: Path, baseline: str | None = None, anatomy: str | None = None,
           thresholds: str | None = None, partial: bool = False, forward: str | list[str] | None = None) -> Path:
     """The report of results[0] (the others compared with it); `forward`: measured-forward folders, e.g. one per model
@@ -346,6 +392,9 @@ def build(results: list[str], out: Path, baseline: str | None = None, anatomy: s
                   lambda f=f: forward_section(primary, f, partial)) for i, f in enumerate(folders, 1)]
     if anatomy:
         todo.append(("anatomy", "Host-time anatomy", lambda: anatomy_section(anatomy)))
+    answer = vllm_section(primary, folders, partial)
+    if answer is not None:
+        todo.insert(0, ("vllm", "In vLLM's terms", lambda: answer))
     sections = []
     with progress(len(todo), "report: sections") as bar:
         for key, title, make in todo:

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from bench.forward_paths import SEED_FIX_M
+from dispatch.vllm import SEED_PR_MAX_M
 from bench.paths import TUNED_CUBLASLT
 from bench.results import load_results, load_run_info
 from calibrate.analysis import (Cells, cell_verdicts, crossover, failures, forward_totals, low_m_measured, model_uses,
@@ -150,10 +150,10 @@ def headline(run: Run) -> Headline:
                                                                    else ".")))
     if t.source.get("note"):
         s.insert(1, f"About this table: {t.source['note']}")
-    seed = ThresholdTable.from_thresholds(t.profile, t.low_m_backend, SEED_FIX_M, path=low_m_measured(c, t))
+    seed = ThresholdTable.from_thresholds(t.profile, t.low_m_backend, SEED_PR_MAX_M, path=low_m_measured(c, t))
     seed_slow = int((cell_verdicts(c, seed, MARGIN)["verdict"] == "SLOWER").sum())
-    s.insert(1, f"The seed PR's single rule (FlashInfer at M <= {SEED_FIX_M} on every shape) would be SLOWER beyond "
-                f"{MARGIN:.0%} in {seed_slow} cell(s) on this GPU.")
+    s.insert(1, f"A single threshold at M <= {SEED_PR_MAX_M} on every shape (the seed PR's split, applied to this "
+                f"GPU's low-M backend) would be SLOWER beyond {MARGIN:.0%} in {seed_slow} cell(s) on this GPU.")
     return Headline(holds, s, verdicts, totals)
 
 

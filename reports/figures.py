@@ -12,7 +12,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 
-from bench.forward_paths import SEED_FIX, TABLE_DIRECT, VLLM_FLASHINFER  # noqa: E402
+from bench.forward_paths import (FLASHINFER_EVERYWHERE, SEED_PR, TABLE_DIRECT, VLLM_DEFAULT,  # noqa: E402
+                                 VLLM_FLAG)
 from bench.paths import TUNED_CUBLASLT  # noqa: E402
 from dispatch.backends import ATEN, DISPATCH, flashinfer_path, is_flashinfer, lean_path  # noqa: E402
 
@@ -143,9 +144,9 @@ def compare_figure(comp: pd.DataFrame, label_a: str, label_b: str) -> str:
     return to_uri(fig)
 
 
-FORWARD_COLORS = {ATEN: "#333333", VLLM_FLASHINFER: "#1b9e77", SEED_FIX: "#d95f02", DISPATCH: "#66a61e",
-                  TABLE_DIRECT: "#66a61e"}
-FORWARD_STYLES = {SEED_FIX: "--", TABLE_DIRECT: ":"}
+FORWARD_COLORS = {ATEN: "#333333", VLLM_DEFAULT: "#333333", VLLM_FLAG: "#1b9e77", SEED_PR: "#d95f02",
+                  FLASHINFER_EVERYWHERE: "#7570b3", DISPATCH: "#66a61e", TABLE_DIRECT: "#66a61e"}
+FORWARD_STYLES = {SEED_PR: "--", TABLE_DIRECT: ":", VLLM_DEFAULT: ":"}
 FORWARD_YMAX = 1.6  # the dispatcher's range of interest; slower paths sit at the top edge with their ratio
 
 

@@ -535,7 +535,7 @@ def test_the_pdl_figures_of_the_readme_come_from_the_committed_runs():
 
 
 def test_flashinfer_alone_follows_vllms_flag_on_each_sm():
-    """'FlashInfer alone' in the cell-sum model is the forward's vllm-flashinfer rule: on SM90 the low-M kernel up to
+    """'FlashInfer alone' in the cell-sum model is the forward's flashinfer-everywhere rule: on SM90 the low-M kernel up to
     M = 32 and FlashInfer's cuBLASLt above; on SM100 CuTe DSL at every M (its runner set falls back to its own
     cuBLASLt above 32)."""
     from calibrate.analysis import flashinfer_path

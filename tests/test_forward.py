@@ -62,12 +62,14 @@ def test_forward_rules_on_the_h200():
     gate = ForwardLinear(0, "mlp.shared_expert_gate", 1, 2048)
     head = ForwardLinear(-1, "lm_head", 248320, 2560)
     table = load_table(path=DATA / "h200-table-format1.json")
-    assert path_for("vllm-flashinfer", lin, 8, 90, H200, table) == "flashinfer:tinygemm"
-    assert path_for("vllm-flashinfer", gate, 8, 90, H200, table) == "flashinfer:cublaslt"  # N = 1: no TinyGEMM
-    assert path_for("vllm-flashinfer", lin, 64, 90, H200, table) == "flashinfer:cublaslt"
-    assert path_for("vllm-flashinfer", head, 8, 90, H200, table) == "aten"  # vLLM's LM head is F.linear
-    assert path_for("seed-fix", lin, 32, 90, H200, table) == "flashinfer:tinygemm"
-    assert path_for("seed-fix", lin, 33, 90, H200, table) == "aten"
+    # vLLM 0.33 on SM90: the flag is unsupported, so the default, the flag and the seed PR all run F.linear
+    for rule in ("vllm-default", "vllm-flag", "seed-pr"):
+        assert {path_for(rule, x, m, 90, H200, table) for x in (lin, gate, head) for m in (1, 8, 32, 64)} == {"aten"}
+    assert path_for("flashinfer-everywhere", lin, 8, 90, H200, table) == "flashinfer:tinygemm"  # the hypothetical
+    assert path_for("flashinfer-everywhere", gate, 8, 90, H200, table) == "flashinfer:cublaslt"  # N = 1: no TinyGEMM
+    assert path_for("flashinfer-everywhere", lin, 64, 90, H200, table) == "flashinfer:cublaslt"
+    assert path_for("flashinfer-everywhere", head, 8, 90, H200, table) == "aten"  # vLLM's LM head is F.linear
+    assert path_for("vllm-op:tinygemm", lin, 8, 90, H200, table) == "vllm-op:tinygemm"
     t16 = ThresholdTable.from_thresholds("h200", "tinygemm", 16)
     assert path_for("dispatch", lin, 8, 90, H200, t16) == "flashinfer-lean:tinygemm"
     assert path_for("dispatch", gate, 8, 90, H200, t16) == "aten"
@@ -81,7 +83,15 @@ def test_forward_rules_on_the_h200():
     assert path_for("flashinfer:tinygemm", head, 8, 90, H200, table) == "aten"  # ...but not on vLLM's LM head
     assert path_for("flashinfer:tinygemm", head, 8, 90, H200, table, paths_run_lm_head=True) == "flashinfer:tinygemm"
     b200 = get_profile("b200")
-    assert path_for("vllm-flashinfer", lin, 4096, 100, b200, None) == "flashinfer:cute-dsl"  # its own fallback
+    assert path_for("flashinfer-everywhere", lin, 4096, 100, b200, None) == "flashinfer:cute-dsl"  # own fallback
+    # vLLM 0.33 on SM100: the flag runs its op with cute-dsl at every M; the seed PR only at M <= 32
+    assert path_for("vllm-flag", lin, 4096, 100, b200, None) == "vllm-op:cute-dsl"
+    assert path_for("vllm-flag", lin, 1, 100, b200, None) == "vllm-op:cute-dsl"
+    assert path_for("vllm-flag", head, 1, 100, b200, None) == "aten"
+    assert path_for("vllm-flag", ForwardLinear(0, "x", 2560, 4000), 1, 100, b200, None) == "aten"  # K % 128
+    assert path_for("seed-pr", lin, 32, 100, b200, None) == "vllm-op:cute-dsl"
+    assert path_for("seed-pr", lin, 33, 100, b200, None) == "aten"
+    assert path_for("vllm-default", lin, 8, 100, b200, None) == "aten"
     with pytest.raises(HarnessError, match="unknown forward path"):
         check_rules(["aten", "fast"])
 
@@ -196,7 +206,7 @@ def test_kernel_digest_tells_kernel_sequences_apart():
 
 def test_eager_rounds_shuffle_whole_m_blocks_and_the_paths_inside():
     from bench.forward import round_orders
-    keys = [(m, p) for m in (1, 8, 4096, 16384) for p in ("aten", "vllm-flashinfer", "seed-fix", "dispatch")]
+    keys = [(m, p) for m in (1, 8, 4096, 16384) for p in ("aten", "vllm-flag", "seed-pr", "dispatch")]
     orders = round_orders(keys, 10)
     assert all(sorted(o) == sorted(keys) for o in orders)
     for o in orders:  # each M's paths stay together
@@ -600,7 +610,7 @@ def test_timed_eager_forwards_run_unprofiled_and_one_profiled_forward_each_follo
 def test_skip_slower_drops_only_single_paths_far_slower_than_all_aten():
     from bench.forward import too_slow
     seconds = {"aten": 0.012, "flashinfer-lean:tinygemm": 0.268, "flashinfer-lean:cublaslt": 0.0121,
-               "vllm-flashinfer": 0.013, "dispatch": 0.9, "table-direct": 0.9, "dispatch-python": 0.9}
+               "flashinfer-everywhere": 0.013, "dispatch": 0.9, "table-direct": 0.9, "dispatch-python": 0.9}
     slow = too_slow(seconds, 3.0)
     assert list(slow) == ["flashinfer-lean:tinygemm"] and round(slow["flashinfer-lean:tinygemm"], 1) == 22.3
     assert too_slow(seconds, 25.0) == {}

@@ -8,11 +8,11 @@ pytestmark = pytest.mark.gpu
 @pytest.fixture(scope="module")
 def short_forward(tmp_path_factory, gpu_profile):
     from bench.forward import ForwardConfig, models_for, run_forward
-    from bench.forward_paths import DEFAULT_RULES
+    from bench.forward_paths import default_rules
     profile = gpu_profile
     out = tmp_path_factory.mktemp("forward")
     cfg = ForwardConfig(profile=profile, models=models_for(["Qwen3.5-35B-A3B"], None), ms=[8, 1031],
-                        rules=list(DEFAULT_RULES), out=out, samples=5, decoder_layers=2)
+                        rules=list(default_rules(profile)), out=out, samples=5, decoder_layers=2)
     run_forward(cfg)
     import pandas as pd
     return pd.read_csv(out / "forward.csv", dtype={"kernel_digest": str}), cfg, profile
@@ -32,6 +32,21 @@ def test_every_path_and_regime_is_measured(short_forward):
         assert (g["gpu_busy_us"] <= g["span_us"] * 1.0001).all()
     e = df[df["regime"] == "eager"]
     assert (e["submit_us"] <= e["us"]).all() and (e["gpu_busy_us"] > 0).all()
+
+
+def test_rules_that_run_the_same_paths_are_measured_once(short_forward):
+    """On SM90 vLLM's default, its flag and the seed PR's rule all run F.linear: one measurement, named thrice."""
+    df, cfg, _ = short_forward
+    if cfg.profile.sm != 90:
+        pytest.skip("the vLLM rules differ from all-aten on this SM")
+    key = ["m", "regime"]
+    aten = df[df["path"] == "aten"].set_index(key)
+    for rule in ("vllm-default", "vllm-flag", "seed-pr"):
+        twin = df[df["path"] == rule].set_index(key)
+        assert (twin["reason"].str.startswith("same paths as aten")).all()
+        assert (twin["samples_us"] == aten["samples_us"]).all()
+    op = df[df["path"] == "vllm-op:tinygemm"]
+    assert op["paths_used"].str.contains("vllm-op:tinygemm").all() and op["reason"].isna().all()
 
 
 def test_linears_counted_match_the_sequence(short_forward):

@@ -46,7 +46,7 @@ def test_the_verdict_in_words_agrees_with_validate(report, tmp_path, capsys):
     verdict = re.search(r'<div class="verdict (yes|no|unknown)">(.*?)</div>', report.read_text())
     assert verdict.group(1) == ("yes" if passes else "no")
     assert verdict.group(2).startswith("Yes, the dispatcher holds" if passes else "No, the dispatcher does not hold")
-    assert "The seed PR&#x27;s single rule" in report.read_text()
+    assert "the seed PR&#x27;s split" in report.read_text()
     seed = tmp_path / "seed.json"
     seed.write_text('{"profile": "h200", "low_m_backend": "tinygemm", "default_threshold": 32}')
     assert calibrate_main(["validate", str(DATA / "h200-sweep"), "--thresholds", str(seed)]) == 1
