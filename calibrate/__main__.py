@@ -195,6 +195,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_vllm.add_argument("--no-floor", action="store_true",
                         help="intervals from the runs' paired rounds alone, not widened by the profile's forward "
                              "noise floor")
+    p_vllm.add_argument("--markdown", action="store_true", help="print only the short answer as a Markdown table")
     p_vllm.add_argument("--partial", **partial)
     p_reg = sub.add_parser("regress", help="compare fresh (or given) measurements with the stored baseline")
     p_reg.add_argument("--gpu", required=True, help=f"GPU profile: {', '.join(PROFILES)}")
@@ -568,7 +569,7 @@ def _overrides(args, profile, df, cells, base, noise, hold_out, cell_picks, shap
 
 def _vllm_cmd(args) -> int:
     from calibrate.forward_noise import load_forward_floor
-    from calibrate.vllm_terms import text, vllm_terms
+    from calibrate.vllm_terms import markdown, text, vllm_terms
     first = load_forward(args.forward[0], args.partial)[1]
     profile = get_profile(_profile_of(first, args.gpu))
     runs = _load_forwards(args.forward, profile.name, args.partial)
@@ -576,6 +577,9 @@ def _vllm_cmd(args) -> int:
     _refuse_overlap(forwards)
     floor = None if args.no_floor else load_forward_floor(profile.name)
     terms = vllm_terms(pd.concat([df for df, _ in runs], ignore_index=True), profile, floor)
+    if args.markdown:
+        print(markdown(terms))
+        return 0
     print(text(terms))
     print(f"\nintervals: {'paired rounds widened by the forward floor (' + floor.describe() + ')' if floor else 'paired rounds alone'}")
     return 0

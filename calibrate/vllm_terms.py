@@ -30,7 +30,8 @@ LABELS = {VLLM_DEFAULT: "vLLM default", VLLM_FLAG: "vLLM flag", SEED_PR: "seed P
 @dataclass(frozen=True)
 class VllmTerms:
     rows: pd.DataFrame  # model, regime, m, vllm_regime, default_us, then <rule>, <rule>_lo, <rule>_hi per COMPARED
-    thresholds: dict[str, int]  # per regime: the best single T (0: F.linear at every M)
+    thresholds: dict[str, int]  # per regime: the best single T over every model (0: F.linear at every M)
+    per_model: dict[tuple[str, str], int]  # (model, regime): the best T for that model alone
     low_path: str
     profile: str
 
@@ -49,41 +50,59 @@ def _check(forward: pd.DataFrame, profile: GpuProfile) -> pd.DataFrame:
     return ok
 
 
+TWIN_REASON = "same paths as "  # bench/forward.py twin_rows: a row that is another rule's measurement
+
+
+def measured_as(g: pd.DataFrame, path: str) -> str:
+    """The rule whose measurement this row is: itself, or the rule its twin row names."""
+    reason = str(g.at[path, "reason"]) if "reason" in g.columns else ""
+    return reason[len(TWIN_REASON):].split(" ", 1)[0] if reason.startswith(TWIN_REASON) else path
+
+
 def _ratio(g: pd.DataFrame, path: str, regime: str, floor) -> tuple[float, float, float]:
+    if measured_as(g, path) == measured_as(g, VLLM_DEFAULT):
+        return 1.0, 1.0, 1.0  # one measurement under two names: the same forward, no noise between them
     r, lo, hi = _paired(g, path, VLLM_DEFAULT)
     lo, hi = _widened(regime, r, lo, hi, floor)
     return r, lo, hi
 
 
-def _groups(ok: pd.DataFrame, profile: GpuProfile) -> dict[tuple[str, str, int], pd.DataFrame]:
-    """(model, regime, M) -> its rows by path, where every required path was measured."""
-    need = set(required_paths(profile))
+def _groups(forward: pd.DataFrame, profile: GpuProfile) -> dict[tuple[str, str, int], pd.DataFrame]:
+    """(model, regime, M) -> its ok rows by path, where every required path was measured; the low-M backend may
+    instead be skipped as far slower than all-aten (bench forward --skip-slower), which no threshold then reaches."""
+    need, low = set(required_paths(profile)), threshold_base(profile)
     out = {}
-    for (model, regime, m), g in ok.groupby(["model", "regime", "m"]):
-        if need <= set(g["path"]):
-            out[(str(model), str(regime), int(m))] = g.set_index("path")
+    for (model, regime, m), g in forward.groupby(["model", "regime", "m"]):
+        ok = g[g["status"] == "ok"]
+        slow = ((g["path"] == low) & (g["status"] == "skipped")
+                & g["reason"].astype(str).str.contains("aten's graph replay time")).any()
+        if need <= set(ok["path"]) | ({low} if slow else set()):
+            out[(str(model), str(regime), int(m))] = ok.set_index("path")
     if not out:
         raise HarnessError("no (model, M, regime) of the forward runs measured every rule; pass a complete "
                            "bench forward run")
     return out
 
 
-def best_threshold(groups: dict[tuple[str, str, int], pd.DataFrame], low: str, regime: str) -> int:
+def best_threshold(groups: dict[tuple[str, str, int], pd.DataFrame], low: str, regime: str,
+                   model: str | None = None) -> int:
     """The T among 0 and the measured M with the lowest geometric-mean ratio to vllm-default over every (model, M)
-    of the regime; the smallest such T."""
-    keys = [k for k in groups if k[1] == regime]
+    of the regime (or one model's); the smallest such T."""
+    keys = [k for k in groups if k[1] == regime and model in (None, k[0])]
     candidates = sorted({0, *(k[2] for k in keys)})
-    log_low = {k: math.log(groups[k].at[low, "us"] / groups[k].at[VLLM_DEFAULT, "us"]) for k in keys}
+    log_low = {k: math.log(groups[k].at[low, "us"] / groups[k].at[VLLM_DEFAULT, "us"]) if low in groups[k].index
+               else math.inf for k in keys}
     scores = [(sum(log_low[k] for k in keys if k[2] <= t), t) for t in candidates]
     best = min(s for s, _ in scores)
     return min(t for s, t in scores if s <= best + 1e-12)
 
 
 def vllm_terms(forward: pd.DataFrame, profile: GpuProfile, floor=None) -> VllmTerms:
-    ok = _check(forward, profile)
+    _check(forward, profile)
     low = threshold_base(profile)
-    groups = _groups(ok, profile)
+    groups = _groups(forward, profile)
     thresholds = {r: best_threshold(groups, low, r) for r in REGIMES if any(k[1] == r for k in groups)}
+    per_model = {(mo, r): best_threshold(groups, low, r, mo) for mo, r in sorted({(k[0], k[1]) for k in groups})}
     rows = []
     for (model, regime, m), g in sorted(groups.items()):
         row = {"model": model, "regime": regime, "m": m, "vllm_regime": (regime == "graph") == (m <= profile.capture_size),
@@ -91,12 +110,13 @@ def vllm_terms(forward: pd.DataFrame, profile: GpuProfile, floor=None) -> VllmTe
         for rule in COMPARED:
             path = (low if m <= thresholds[regime] else VLLM_DEFAULT) if rule == "threshold" else rule
             row[rule], row[f"{rule}_lo"], row[f"{rule}_hi"] = _ratio(g, path, regime, floor)
+        row["low_m"] = float(g.at[low, "us"] / g.at[VLLM_DEFAULT, "us"]) if low in g.index else math.inf
         # the table beside the best threshold: dispatch over the threshold rule's forward, paired
         t_path = low if m <= thresholds[regime] else VLLM_DEFAULT
         r, lo, hi = _paired(g, DISPATCH, t_path)
         row["table_over_threshold"], row["tot_lo"], row["tot_hi"] = (r, *_widened(regime, r, lo, hi, floor))
         rows.append(row)
-    return VllmTerms(pd.DataFrame(rows), thresholds, low, profile.name)
+    return VllmTerms(pd.DataFrame(rows), thresholds, per_model, low, profile.name)
 
 
 def _cell(r: float, lo: float, hi: float) -> str:
@@ -114,7 +134,8 @@ def text(t: VllmTerms) -> str:
              f"linear), median of paired rounds [95% interval]; * = the regime vLLM runs that M in "
              f"(capture size {_capture(t)})"]
     for (model, regime), g in t.rows.groupby(["model", "regime"], sort=False):
-        lines.append(f"\n{model}, {regime} (best threshold T = {t.thresholds[regime]}):")
+        lines.append(f"\n{model}, {regime} (best threshold over every model T = {t.thresholds[regime]}; for this "
+                     f"model alone T = {t.per_model[(model, regime)]}):")
         head = f"  {'M':>6}  {'default µs':>10}  " + "  ".join(f"{LABELS[c]:>24}" for c in COMPARED)
         lines.append(head + f"  {'table / threshold':>24}")
         for d in g.to_dict("records"):
@@ -130,3 +151,21 @@ def text(t: VllmTerms) -> str:
 def _capture(t: VllmTerms) -> int:
     from dispatch.profiles import get_profile
     return get_profile(t.profile).capture_size
+
+
+def markdown(t: VllmTerms) -> str:
+    """The short answer: per model and regime, each rule over vLLM default at the smallest measured M and as the
+    geometric mean over the M at which vLLM runs that regime."""
+    head = ["model", "regime", "M", *[LABELS[c] for c in COMPARED]]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for (model, regime), g in t.rows.groupby(["model", "regime"], sort=False):
+        first = g.iloc[0]
+        lines.append(f"| {model} | {regime} | {first['m']} | " + " | ".join(f"{first[c]:.2f}" for c in COMPARED) + " |")
+        mine = g[g["vllm_regime"]]
+        if len(mine):
+            span = f"{mine['m'].min()}-{mine['m'].max()} (geo-mean)"
+            lines.append(f"| {model} | {regime} | {span} | " + " | ".join(f"{geomean(mine[c]):.2f}" for c in COMPARED)
+                         + " |")
+    lines.append("")
+    lines.append("Best single threshold T: " + ", ".join(f"{r} {v}" for r, v in t.thresholds.items()))
+    return "\n".join(lines)

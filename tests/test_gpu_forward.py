@@ -12,7 +12,7 @@ def short_forward(tmp_path_factory, gpu_profile):
     profile = gpu_profile
     out = tmp_path_factory.mktemp("forward")
     cfg = ForwardConfig(profile=profile, models=models_for(["Qwen3.5-35B-A3B"], None), ms=[8, 1031],
-                        rules=list(default_rules(profile)), out=out, samples=5, decoder_layers=2)
+                        rules=[*default_rules(profile), "table-direct"], out=out, samples=5, decoder_layers=2)
     run_forward(cfg)
     import pandas as pd
     return pd.read_csv(out / "forward.csv", dtype={"kernel_digest": str}), cfg, profile

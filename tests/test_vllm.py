@@ -112,11 +112,20 @@ def test_the_best_threshold_is_read_off_the_low_m_and_default_forwards():
     r = terms.rows.set_index(["regime", "m"])
     assert r.at[("graph", 1), "threshold"] == pytest.approx(0.6) and r.at[("graph", 32), "threshold"] == 1.0
     assert r.at[("graph", 1), "vllm-flag"] == 1.0 and r.at[("graph", 1), "seed-pr"] == 1.0
+    assert terms.per_model == {("A", "eager"): 8, ("A", "graph"): 8}
     assert r.at[("graph", 32), "dispatch"] == pytest.approx(125 / 130)
     assert r.at[("graph", 1), "table_over_threshold"] == pytest.approx(58 / 60)
     assert bool(r.at[("graph", 1), "vllm_regime"]) and not bool(r.at[("eager", 1), "vllm_regime"])
     out = text(terms)
     assert "T = 8" in out and "vLLM 0.33.0" in out
+
+
+def test_a_rule_measured_as_vllm_defaults_twin_has_no_interval():
+    df = _h200_forward()
+    df.loc[df["path"] == "vllm-flag", "reason"] = "same paths as vllm-default on every linear: its measurement"
+    df.loc[df["path"] == "vllm-flag", "samples_us"] = "1;2;3;4;5"  # would pair to a ratio far from 1
+    r = vllm_terms(df, H200).rows.set_index(["regime", "m"])
+    assert (r.at[("graph", 8), "vllm-flag"], r.at[("graph", 8), "vllm-flag_lo"]) == (1.0, 1.0)
 
 
 def test_no_threshold_when_the_low_m_backend_never_wins():
@@ -168,3 +177,13 @@ def test_the_report_leads_with_the_vllm_terms_where_the_forwards_measured_them(t
     old.mkdir()
     df = _h200_forward()
     assert vllm_section(run, [str(_forward_folder(old, df[df["path"] != "vllm-op:tinygemm"]))], False) is None
+
+
+def test_a_low_m_forward_skipped_as_far_slower_is_never_under_the_threshold():
+    df = _h200_forward()
+    slow = (df["path"] == "vllm-op:tinygemm") & (df["m"] == 128)
+    df.loc[slow, ["status", "reason"]] = ["skipped", "12.0x aten's graph replay time (--skip-slower 3)"]
+    df.loc[slow, "us"] = float("nan")
+    terms = vllm_terms(df, H200)
+    assert terms.thresholds["graph"] == 8 and 128 in set(terms.rows["m"])
+    assert terms.rows.set_index(["regime", "m"]).at[("graph", 128), "threshold"] == 1.0
