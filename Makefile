@@ -9,7 +9,7 @@ GPU ?=
 DEVICES ?=
 OUT ?= results/$(GPU)
 
-.PHONY: venv gpu-env bench forward baseline regress host-anatomy report test clean
+.PHONY: venv gpu-env bench forward baseline regress host-anatomy report test evidence clean
 RESULTS ?= tests/data/h200-fit2-validate
 COMPARE ?= tests/data/h200-lean-fit
 BASELINE ?= tests/baselines/h200.json
@@ -59,7 +59,10 @@ report: $(VENV)/.installed
 	  $(if $(ANATOMY),--anatomy $(ANATOMY)) $(if $(FORWARD),--forward $(FORWARD)) -o $(REPORT)
 
 test: $(VENV)/.installed
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -m "not evidence"
+
+evidence: $(VENV)/.installed
+	$(PY) -m pytest -q -m evidence
 
 clean:
 	rm -rf $(VENV) *.egg-info

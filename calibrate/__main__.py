@@ -37,7 +37,9 @@ from dispatch.table import REGIMES, TABLE_DIR, ThresholdTable, load_table
 from harness.cli import Parser, float_in, int_in
 from harness.console import terminal
 from harness.errors import HarnessError, run_cli
-from harness.io import atomic_write_text, claim_work_dir, output_file
+from harness.io import atomic_write_text, claim_work_dir, output_file, shipped_or_results
+
+RESULTS = Path("results")  # where a command writes by default: never a shipped file
 
 
 def _check_gpu(info: dict, profile_name: str, results: str, allow_mismatch: bool | None = None) -> None:
@@ -134,7 +136,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                             "eager table-direct forward was host-bound found one single path faster than the table's "
                             "own choices (as --table-forward tests it), that path becomes the idle choice there: what "
                             "an eager call runs while the idle signal says the GPU waits on the host")
-    p_fit.add_argument("--out", help="table file to write (default dispatch/thresholds/<profile>.json)")
+    p_fit.add_argument("--out", help="table file to write (default results/<profile>/table.json)")
+    p_fit.add_argument("--install", action="store_true",
+                       help="write the shipped dispatch/thresholds/<profile>.json (and its tactics file)")
     p_fit.add_argument("--dry-run", action="store_true", help="print, write nothing")
     p_fit.add_argument("--partial", **partial)
     p_agree = sub.add_parser("agree", help="how closely two runs of the same cells agree (GPU and host time)")
@@ -150,14 +154,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_noise = sub.add_parser("noise", help="measure the run-to-run noise floor of GPU-time ratios from replicate runs")
     p_noise.add_argument("runs", nargs="+", help="two or more runs of one grid, each in a fresh process")
     p_noise.add_argument("--gpu", required=True, help=f"GPU profile: {', '.join(PROFILES)}")
-    p_noise.add_argument("--out", help="floor file (default calibrate/noise/<profile>.json)")
+    p_noise.add_argument("--out", help="floor file (default results/<profile>/noise.json)")
+    p_noise.add_argument("--install", action="store_true", help="write the shipped calibrate/noise/<profile>.json")
     p_noise.add_argument("--partial", **partial)
     p_fnoise = sub.add_parser("forward-noise", help="measure the run-to-run noise of measured forwards' ratios from "
                                                      "runs in fresh processes")
     p_fnoise.add_argument("runs", nargs="+", help="two or more measured-forward folders (python -m bench forward); "
                                                   "each consecutive pair is a replicate pair")
     p_fnoise.add_argument("--gpu", required=True, help=f"GPU profile: {', '.join(PROFILES)}")
-    p_fnoise.add_argument("--out", help="floor file (default calibrate/noise/<profile>-forward.json)")
+    p_fnoise.add_argument("--out", help="floor file (default results/<profile>/forward-noise.json)")
+    p_fnoise.add_argument("--install", action="store_true",
+                          help="write the shipped calibrate/noise/<profile>-forward.json")
     p_fnoise.add_argument("--partial", **partial)
     p_host = sub.add_parser("host-cost", help="(GPU) host time of dispatch.linear against F.linear above the threshold")
     p_host.add_argument("--gpu", required=True)
@@ -179,7 +186,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_base.add_argument("--from", dest="sources", nargs="+",
                         help="existing results folders of one environment (default: measure afresh, GPU)")
     p_base.add_argument("--work", default="results/baseline", help="where a fresh run writes (default results/baseline)")
-    p_base.add_argument("--out", help="baseline file (default tests/baselines/<profile>.json)")
+    p_base.add_argument("--out", help="baseline file (default results/<profile>/baseline.json)")
+    p_base.add_argument("--install", action="store_true", help="write the shipped tests/baselines/<profile>.json")
     p_base.add_argument("--samples", type=int_in(3, 1000), default=10, help="graph replays per cell (default 10)")
     p_base.add_argument("--runs", type=int_in(1, 20), default=3,
                         help="fresh runs, each in a new process; the baseline holds their envelope (default 3)")
@@ -364,7 +372,8 @@ def _print_provenance(table: ThresholdTable, results: str, info: dict, forwards:
 
 
 def _fit_cmd(args, argv, profile, df, info, cells) -> int:
-    out = output_file(args.out, "--out") if args.out else TABLE_DIR / f"{profile.name}.json"
+    out = shipped_or_results(args.out, TABLE_DIR / f"{profile.name}.json", RESULTS / profile.name / "table.json",
+                             args.install)
     hold_out = _grid_ms(args.hold_out)
     if args.keep and not args.table_forward:
         raise HarnessError("--keep needs --table-forward: the measured forwards of that table")
@@ -601,7 +610,7 @@ def _noise_cmd(args) -> int:
         print(coverage_line(coverage(a, b, held), floor.level,
                             f"{args.runs[i + 1]} in {args.runs[i]}" + (", floor from the other pairs" if others else
                                                                       ", in-sample: one pair")))
-    out = output_file(args.out, "--out") if args.out else noise_path(profile.name)
+    out = shipped_or_results(args.out, noise_path(profile.name), RESULTS / profile.name / "noise.json", args.install)
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out, json.dumps(floor.to_json(), indent=2) + "\n")
     print(f"wrote {out}")
@@ -630,7 +639,8 @@ def _forward_noise_cmd(args) -> int:
             print(coverage_line(cov[cov["regime"] == regime], floor.level,
                                 f"{regime}, {args.runs[i + 1]} in {args.runs[i]}"
                                 + (", floor from the other pairs" if others else ", in-sample")))
-    out = output_file(args.out, "--out") if args.out else forward_noise_path(profile.name)
+    out = shipped_or_results(args.out, forward_noise_path(profile.name), RESULTS / profile.name / "forward-noise.json",
+                             args.install)
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out, json.dumps(floor.to_json(), indent=2) + "\n")
     print(f"wrote {out}")
@@ -741,7 +751,8 @@ def _baseline_cmd(args, argv) -> int:
     fi_paths = regression_paths(profile)[1:]
     fresh = not (args.sources if args.cmd == "baseline" else args.source)
     if args.cmd == "baseline":
-        out = output_file(args.out, "--out") if args.out else baseline_path(profile.name)
+        out = shipped_or_results(args.out, baseline_path(profile.name), RESULTS / profile.name / "baseline.json",
+                                 args.install)
         cache_file = autotune_cache_path(out)
         if args.sources:
             sources = list(args.sources)

@@ -12,6 +12,33 @@ from typing import Any, Callable
 from harness.errors import HarnessError
 
 WORK_MARKER = ".bf16-linear-bench-work"  # a folder holding this file was created by the harness and may be cleared
+ROOT = Path(__file__).resolve().parent.parent
+# Files the project ships: written only when the user asks for it by an explicit flag (--install)
+SHIPPED_DIRS = tuple(ROOT / d for d in ("dispatch/thresholds", "calibrate/noise", "tests/baselines"))
+
+
+def is_shipped(path: Path) -> bool:
+    real = Path(path).resolve()
+    return any(real == d or d in real.parents for d in SHIPPED_DIRS)
+
+
+def check_target(path: Path, option: str, install: bool = False) -> Path:
+    """An output file checked before any work: absent or a regular file (a symlink is followed to its target, never
+    replaced), its folder writable, and no shipped file unless `install`. Returns the path to write."""
+    path = Path(path)
+    real = path.resolve() if path.is_symlink() else path
+    if real.exists() and not real.is_file():
+        raise HarnessError(f"{option} {path} is not a regular file (a folder, device, FIFO or socket); name a "
+                           f"regular file to write")
+    folder = next((p for p in real.parents if p.exists()), Path("."))
+    if not folder.is_dir():
+        raise HarnessError(f"{option} {path}: {folder} is a file, not a folder; choose another path")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise HarnessError(f"{option} {path}: {folder} is not writable; choose a folder you can write")
+    if is_shipped(real) and not install:
+        raise HarnessError(f"{option} {path} is a file the project ships; pass --install to replace it, or write "
+                           f"elsewhere")
+    return real
 
 
 def read_json(path: str | Path, what: str, fix: str) -> Any:
@@ -46,10 +73,15 @@ def _umask() -> int:
 
 def atomic_write(path: Path, fill: Callable[[Path], object]) -> None:
     """fill(tmp) writes a temp file in the same folder, which is then renamed over `path`: a reader never sees half a
-    file, and a failed fill leaves nothing behind. The file gets the user's umask (mkstemp would leave it 0600)."""
+    file, and a failed fill leaves nothing behind. The file gets the user's umask (mkstemp would leave it 0600). A
+    symlink is written through (its target replaced, the link kept); a non-regular file is never replaced."""
     path = Path(path)
+    if path.is_symlink():
+        path = path.resolve()
     if path.is_dir():
         raise HarnessError(f"{path} is a folder; name a file to write")
+    if path.exists() and not path.is_file():
+        raise HarnessError(f"{path} is not a regular file (a device, FIFO or socket); nothing was written")
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     os.close(fd)
@@ -66,15 +98,26 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write(path, lambda tmp: tmp.write_text(text, newline=""))
 
 
-def output_file(value: str | Path, option: str) -> Path:
-    """An output file option, checked before any work: not a folder, and its parent not a file."""
+def output_file(value: str | Path, option: str, install: bool = False) -> Path:
+    """An output file option, checked before any work: not a folder, its parent not a file (check_target)."""
     path = Path(value)
+    if str(value) == "":
+        raise HarnessError(f"{option} is empty; name a file to write")
     if path.is_dir():
         raise HarnessError(f"{option} {path} is a folder; name a file to write (e.g. {path / 'out'})")
     for parent in path.parents:
         if parent.exists() and not parent.is_dir():
             raise HarnessError(f"{option} {path}: {parent} is a file, not a folder; choose another path")
+    check_target(path, option, install)
     return path
+
+
+def shipped_or_results(value: str | None, shipped: Path, results: Path, install: bool, option: str = "--out") -> Path:
+    """Where a command that makes a shipped kind of file writes: --out where given; else the shipped file with
+    --install, else under results/."""
+    if value is not None:
+        return output_file(value, option, install)
+    return output_file(shipped if install else results, "--install" if install else option, install)
 
 
 def output_dir(value: str | Path, option: str) -> Path:

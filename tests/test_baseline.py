@@ -187,6 +187,7 @@ def test_runs_of_two_environments_make_no_baseline(recorded):
         baseline_text("h200", [("a", info), ("b", other)], cells_from_results(df, FI))
 
 
+@pytest.mark.evidence
 def test_the_committed_h200_baseline_is_readable_and_from_real_runs():
     from calibrate.baseline import baseline_path
     b = load_baseline(baseline_path("h200"))

@@ -156,6 +156,7 @@ def test_bench_without_gpu_writes_nothing(tmp_path, capsys):
     assert not out.exists()
 
 
+@pytest.mark.evidence
 def test_committed_sweep_is_complete_and_consistent():
     df = load_results(DATA / "h200-sweep")
     info = json.load(open(DATA / "h200-sweep" / "run.json"))

@@ -219,6 +219,7 @@ def test_every_measured_path_is_the_oracle_by_default(capsys):
     assert "best of all" in out and "flashinfer:cublaslt" in out and "FAIL" in out
 
 
+@pytest.mark.evidence
 def test_the_seed_threshold_fails_on_h200(capsys):
     import os
     import tempfile
@@ -520,6 +521,7 @@ def test_interval_coverage_counts_replicate_ratios_inside_the_first_runs_interva
     assert floor.half_width(5.0) == pytest.approx(math.log(1.04), rel=1e-3)
 
 
+@pytest.mark.evidence
 def test_the_pdl_figures_of_the_readme_come_from_the_committed_runs():
     on = pd.read_csv(DATA / "h200-lean-fit" / "results.csv")
     off = pd.read_csv(DATA / "h200-pdl-off" / "results.csv")
@@ -549,6 +551,7 @@ def test_flashinfer_alone_follows_vllms_flag_on_each_sm():
     assert [flashinfer_path(sm100, cells, 2048, 4096, m) for m in (8, 64)] == ["flashinfer:cute-dsl"] * 2
 
 
+@pytest.mark.evidence
 def test_the_committed_h200_table_is_what_the_fit_makes_of_the_committed_runs(tmp_path, capsys):
     """dispatch/thresholds/h200.json names the command that made it; run on the committed data with today's fit it
     gives the same ranges (a fit change that would change the table shows here, before anyone measures it)."""
@@ -562,6 +565,7 @@ def test_the_committed_h200_table_is_what_the_fit_makes_of_the_committed_runs(tm
     assert again["shapes"] == committed["shapes"] and again["default"] == committed["default"]
 
 
+@pytest.mark.evidence
 def test_the_host_cost_figures_of_the_readme_come_from_the_committed_runs():
     """tests/data/h200-host-cost/host-cost-{7,8}: the bound layer at M = 8 over the lean TinyGEMM call it runs
     (median over the shapes whose eager choice is that call) fell from 1.19 to 0.44 µs with the hooked capture test,
@@ -810,6 +814,7 @@ def test_dispatch_linear_remembers_shapes_where_both_regimes_run_f_linear(fake_g
     assert len(rule.f_linear_shapes) <= 2 and len(calls) == 1
 
 
+@pytest.mark.evidence
 def test_the_cpp_layer_host_cost_figures_come_from_the_committed_runs():
     """tests/data/h200-host-cost/host-cost-{9,10,11} (the refitted table; 10 and 11 where both regimes run F.linear,
     its ranges reaching M = 16384): the C++ bound layer costs F.linear's host time (median 0.993 of it in 10 and 11),

@@ -218,6 +218,7 @@ def test_eager_rounds_shuffle_whole_m_blocks_and_the_paths_inside():
     assert round_orders(keys, 10, seed=7) != orders  # ...and another for another (bench forward draws one per run)
 
 
+@pytest.mark.evidence
 def test_the_committed_h200_forwards_are_complete_and_count_the_catalogs_linears():
     for name in ("h200-forward", "h200-forward-2"):
         df, info = load_forward(DATA / name)
@@ -263,6 +264,7 @@ def test_forward_picks_take_a_single_path_only_beyond_the_noise(tmp_path):
     assert picks[("graph", "Qwen3.5-4B", 1)][1] == pytest.approx(0.8)
 
 
+@pytest.mark.evidence
 def test_the_l2_command_on_the_committed_runs(capsys):
     """python -m calibrate l2 end to end on the committed H200 runs: the figures quoted in the README's L2 section."""
     from calibrate.__main__ import main
@@ -272,6 +274,7 @@ def test_the_l2_command_on_the_committed_runs(capsys):
     assert "decisions that flip with the L2 state: 4 of 20" in out and "rotate:" in out
 
 
+@pytest.mark.evidence
 def test_the_committed_table_on_its_out_of_sample_run_and_its_measured_forward(capsys):
     """The issue-15 figures of the README, recomputed: the committed table (fitted on h200-lean-fit) on a later
     fresh-process run with seven M it never saw, no SLOWER cell, interval coverage of a replicate within 10 points
@@ -700,6 +703,7 @@ def test_forward_noise_floor_is_the_replicates_spread_and_widens_the_verdicts():
     assert (widened["dispatch_over_best"] == alone["dispatch_over_best"]).all()  # the point estimate stays
 
 
+@pytest.mark.evidence
 def test_the_committed_forward_floor_is_the_committed_runs_and_covers_held_out_pairs(capsys, tmp_path):
     """calibrate/noise/h200-forward.json is what forward-noise computes from the committed forward runs, and each
     replicate pair's ratios fall inside the other's intervals, widened by the floor of the other pairs, at close to
@@ -744,6 +748,7 @@ def test_forward_floor_and_replicate_bad_input_get_one_line(tmp_path):
         main(["validate", str(DATA / "h200-fit2-validate"), "--gpu", "h100"])
 
 
+@pytest.mark.evidence
 def test_the_committed_table_out_of_sample_in_three_later_processes(capsys):
     """The README's figures for h200-settled-forward-7, -8 and -9 (the committed table, measured after every run it
     was fitted on): no verdict fails with the forward floor; which points stay above 1.01 by their point ratio; the
@@ -833,6 +838,7 @@ def test_the_idle_switch_measured_against_the_same_layer_without_it():
     assert committed_over == [0.967, 0.973, 0.992, 0.971, 0.926, 0.961, 0.955, 1.063, 1.051]
 
 
+@pytest.mark.evidence
 def test_the_committed_table_in_the_idle_forward_runs(capsys):
     """h200-idle-forward-1 (4B) and -35b-1 (35B-A3B), every default M plus 1024, 2048, 8192: the committed table's
     graph and eager choices everywhere but the 4B's eager M = 8, where 590687f's idle ranges ran; no verdict fails,
@@ -906,6 +912,7 @@ def _pace_replay(ratios, weight: float, enter: float, exit_: float, cap: float =
     return out
 
 
+@pytest.mark.evidence
 def test_the_pace_constants_replayed_over_the_h200_probe():
     """h200-pace-probe (4B M = 8, 636480 paced calls, all running the eager choice): a table forward whose host
     submission took more than 2400 µs ran in the host's slow phase (27% of them); the mean ratio of a call's time to
@@ -969,6 +976,7 @@ def test_the_pace_measured_against_the_same_layer_without_idle_ranges():
             for m in (4, 8)] == [1.08, 1.03]
 
 
+@pytest.mark.evidence
 def test_the_committed_table_with_the_pace_in_fresh_processes(capsys):
     """h200-pace-forward-1 (4B, every default M plus 4, 4a3aafb: the committed table, idle ranges run by the pace)
     and -2 (M = 1024, 2048, 8192, 7ef7a81, the next process): no verdict fails; dispatcher / best single path above

@@ -185,6 +185,7 @@ def test_devices_orchestration_hands_out_every_shape_once_and_merges(tmp_path):
     assert info_loose["host_timing"].startswith("concurrent") and not info_loose["worker_had_lock"]
 
 
+@pytest.mark.evidence
 def test_the_replicate_agreement_quoted_in_the_readme():
     """Two single-GPU runs in fresh processes on one H200 lease: the noise a run over several GPUs is set against."""
     from calibrate.agree import agreement, summary_lines
@@ -201,6 +202,7 @@ def test_the_replicate_agreement_quoted_in_the_readme():
 X1, X2 = DATA / "h200x1-sweep", DATA / "h200x2-sweep"
 
 
+@pytest.mark.evidence
 def test_the_two_gpu_run_agrees_with_the_one_gpu_run():
     """The committed default sweeps of one 2-GPU H200 lease, `--devices all` and then GPU 0 alone, same pinned
     tactics: per-cell GPU time within the issue's bounds (median |diff| <= 1%, p90 <= 3%), and the host-time shift
@@ -218,6 +220,7 @@ def test_the_two_gpu_run_agrees_with_the_one_gpu_run():
     assert host_shift <= abs(math.log(rep["host_ratio"].median()))
 
 
+@pytest.mark.evidence
 def test_the_two_gpu_sweep_ran_faster_and_merges_again_byte_for_byte(tmp_path):
     """Its shards merge again into exactly the committed results.csv; its wall time (the slower shard's) against
     the one-GPU run's: the >= 1.8x target."""
@@ -261,6 +264,7 @@ def test_a_worker_makes_visible_the_gpu_the_parent_calls_by_that_index():
         visible_entry(2, "2,3")
 
 
+@pytest.mark.evidence
 def test_the_committed_full_grid_ran_complete_on_two_gpus():
     """tests/data/h200x2-full: `--grid full --devices all` on a 2-GPU H200 in three legs (two SIGINTs, two
     --resume): every cell of the full grid present and validated by load_results against its run.json, none failed,
@@ -355,6 +359,7 @@ def test_two_shards_measured_as_two_machines_merge_into_one_run(tmp_path):
     assert len(df) == 188 and d.median() <= 0.01 and d.quantile(0.9) <= 0.03
 
 
+@pytest.mark.evidence
 def test_the_largest_two_gpu_difference_is_an_order_effect_seen_on_one_gpu():
     """The one cell where 2-GPU runs differ from 1-GPU runs by 20% (lean TinyGEMM at M = 1 on the 248320x2560
     lm_head): 508-509 µs in every 2-GPU run, where that shape was its worker's first, 420-426 µs in every 1-GPU run;

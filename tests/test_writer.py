@@ -1,0 +1,50 @@
+"""The one writer: targets checked before any work, shipped files only with --install, links followed, special files
+never replaced."""
+import os
+
+import pytest
+
+from harness.errors import HarnessError
+from harness.io import ROOT, atomic_write_text, check_target, output_file, shipped_or_results
+
+
+def test_a_shipped_file_needs_install(tmp_path):
+    shipped = ROOT / "dispatch" / "thresholds" / "h200.json"
+    with pytest.raises(HarnessError, match="--install"):
+        output_file(shipped, "--out")
+    assert output_file(shipped, "--out", install=True) == shipped
+    assert shipped_or_results(None, shipped, tmp_path / "results" / "table.json", False) == \
+        tmp_path / "results" / "table.json"
+    assert shipped_or_results(None, shipped, tmp_path / "t.json", True) == shipped
+
+
+def test_a_link_into_a_shipped_folder_is_refused_too(tmp_path):
+    link = tmp_path / "mine.json"
+    link.symlink_to(ROOT / "calibrate" / "noise" / "h200.json")
+    with pytest.raises(HarnessError, match="ships"):
+        output_file(link, "--out")
+
+
+def test_special_files_are_never_replaced(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    with pytest.raises(HarnessError, match="not a regular file"):
+        output_file(fifo, "--csv")
+    with pytest.raises(HarnessError, match="not a regular file"):
+        atomic_write_text(fifo, "x")
+    assert fifo.is_fifo()
+    with pytest.raises(HarnessError, match="not a regular file"):
+        check_target(os.devnull, "--csv")
+
+
+def test_a_symlink_is_written_through_and_kept(tmp_path):
+    target, link = tmp_path / "target.txt", tmp_path / "link.txt"
+    target.write_text("old")
+    link.symlink_to(target)
+    atomic_write_text(output_file(link, "--out"), "new")
+    assert link.is_symlink() and target.read_text() == "new"
+
+
+def test_an_empty_output_name_is_refused():
+    with pytest.raises(HarnessError, match="empty"):
+        output_file("", "--out")
