@@ -40,9 +40,9 @@ def test_rules_that_run_the_same_paths_are_measured_once(short_forward):
     if cfg.profile.sm != 90:
         pytest.skip("the vLLM rules differ from all-aten on this SM")
     key = ["m", "regime"]
-    aten = df[df["path"] == "aten"].set_index(key)
+    aten = df[df["path"] == "aten"].set_index(key).sort_index()
     for rule in ("vllm-default", "vllm-flag", "seed-pr"):
-        twin = df[df["path"] == rule].set_index(key)
+        twin = df[df["path"] == rule].set_index(key).sort_index()
         assert (twin["reason"].str.startswith("same paths as aten")).all()
         assert (twin["samples_us"] == aten["samples_us"]).all()
     op = df[df["path"] == "vllm-op:tinygemm"]
