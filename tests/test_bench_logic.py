@@ -252,7 +252,7 @@ def test_every_flashinfer_path_sends_its_own_backend_and_pdl(monkeypatch):
     x, w = torch.randn(4, 64), torch.randn(32, 64)
     takes_pdl = {"tinygemm", "cute-dsl", "tgv"}
     for path in PATHS.values():
-        if path.backend is None:
+        if path.backend is None or path.name.startswith("vllm-op:"):  # a CUDA-only op: tests/test_vllm.py
             continue
         for pdl in (False, True):
             sent.clear()

@@ -187,3 +187,26 @@ def test_a_low_m_forward_skipped_as_far_slower_is_never_under_the_threshold():
     terms = vllm_terms(df, H200)
     assert terms.thresholds["graph"] == 8 and 128 in set(terms.rows["m"])
     assert terms.rows.set_index(["regime", "m"]).at[("graph", 128), "threshold"] == 1.0
+
+
+def test_the_op_falls_back_to_f_linear_where_vllms_check_fails(monkeypatch):
+    """bench/vllm_op.py's impl: vLLM's check first, F.linear where it fails (CPU tensors always fail it), mm_bf16
+    with vLLM's arguments where it passes."""
+    import sys
+    import types
+
+    import torch
+
+    from bench import vllm_op
+    sent = []
+    monkeypatch.setitem(sys.modules, "flashinfer", types.SimpleNamespace(
+        mm_bf16=lambda a, b, **kw: sent.append(kw) or a @ b))
+    monkeypatch.setattr(vllm_op, "_SM", [100])
+    x, w = torch.randn(4, 256), torch.randn(32, 256)
+    assert torch.allclose(vllm_op._impl(x, w, None, True, "cute-dsl"), torch.nn.functional.linear(x, w))
+    assert sent == []
+    monkeypatch.setattr(vllm_op, "_check", lambda *a: True)
+    y = vllm_op._impl(x.view(2, 2, 256), w, None, True, "cute-dsl")
+    assert y.shape == (2, 2, 32) and sent == [{"bias": None, "pdl": True, "out_dtype": torch.bfloat16,
+                                               "backend": "cute-dsl"}]
+    assert vllm_op._fake(x, w, None, True, "cute-dsl").shape == (4, 32)
