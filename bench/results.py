@@ -79,6 +79,8 @@ def read_csv_table(path: Path | Any):
 
 
 TIME_COLUMNS = ("gpu_us", "gpu_us_p20", "gpu_us_p80", "event_us", "host_us")  # finite, >= 0 on every ok row
+OPTIONAL_TIMES = ("span_us", "host_us_p20", "host_us_p80")  # where given on an ok row: finite and >= 0
+REL_ERR_MAX = 2e-2  # bench.gpu.REL_ERR_BOUND: an ok row's output passed the fp32 check at this bound
 INT_COLUMNS = ("n", "k", "m")
 RUN_FIX = "it must be the run.json that `python -m bench run` wrote beside results.csv"
 
@@ -145,10 +147,38 @@ def validate_results(df, path: Path) -> None:
         broken = ok & ~(np.isfinite(num) & (num > 0 if col.startswith("gpu") else num >= 0))
         if broken.any():
             raise _bad(path, df, broken, col, "a missing, infinite, NaN or negative time on an ok row")
-    if "gpu_samples_us" in df.columns:
-        broken = ok & ~df["gpu_samples_us"].map(_samples_ok)
+    for col in OPTIONAL_TIMES:
+        if col not in df.columns:
+            continue
+        raw = df[col]
+        num = pd.to_numeric(raw, errors="coerce")
+        text = raw.astype(str).str.strip()
+        garbage = num.isna() & raw.notna() & (text != "") & (text.str.lower() != "nan")
+        broken = garbage | (ok & num.notna() & ~(np.isfinite(num) & (num >= 0)))
         if broken.any():
-            raise _bad(path, df, broken, "gpu_samples_us", "samples that are not ';'-separated positive numbers")
+            raise _bad(path, df, broken, col, "text, an infinite or a negative time")
+        df[col] = num
+    for col, lo, hi in (("gpu_us", "gpu_us_p20", "gpu_us_p80"), ("host_us", "host_us_p20", "host_us_p80")):
+        if lo in df.columns and hi in df.columns:
+            med, a, b = df[col], df[lo], df[hi]
+            broken = ok & a.notna() & b.notna() & med.notna() & ~((a <= med * 1.000001) & (med <= b * 1.000001))
+            if broken.any():
+                raise _bad(path, df, broken, f"{lo}, {col}, {hi}", "percentiles out of order (p20 <= median <= p80)")
+    err = pd.to_numeric(df["rel_err"], errors="coerce")
+    broken = ok & ~(err.notna() & (err >= 0) & (err <= REL_ERR_MAX))
+    if broken.any():
+        raise _bad(path, df, broken, "rel_err", f"an ok row whose error is missing or above {REL_ERR_MAX:g}")
+    if "shape" in df.columns:
+        names = "n" + df["n"].astype(str) + "_k" + df["k"].astype(str)
+        shape = df["shape"].astype(str)
+        broken = ~pd.Series([a == b or a.startswith(b + "_") for a, b in zip(shape, names)], index=df.index)
+        if broken.any():
+            raise _bad(path, df, broken, "shape, n, k", "a shape name that does not match n and k")
+    for col in ("gpu_samples_us", "span_samples_us"):
+        if col in df.columns:
+            broken = ok & ~df[col].map(_samples_ok)
+            if broken.any():
+                raise _bad(path, df, broken, col, "samples that are not ';'-separated positive numbers")
     dup = df.duplicated(list(KEY), keep=False)
     if dup.any():
         raise _bad(path, df, dup, "n, k, m, path", "a duplicated cell")
@@ -183,6 +213,8 @@ def check_grid(df, info: dict[str, Any], path: Path, partial: bool) -> list[str]
         problems.append(f"run.json says the run is {status!r}")
     want = expected_cells(info)
     missing: list[tuple[str, int, str]] = []
+    if want is None:
+        problems.append("run.json names no complete grid (shapes, ms and paths), so missing cells cannot be told")
     if want is not None and "shape" in df.columns:
         have = set(zip(df["shape"].astype(str), df["m"].astype(int), df["path"].astype(str)))
         missing = sorted(want - have)
@@ -193,6 +225,13 @@ def check_grid(df, info: dict[str, Any], path: Path, partial: bool) -> list[str]
     if problems and not partial:
         raise HarnessError(f"results {path}: {'; '.join(problems)}; no verdict on incomplete data: finish it with "
                            f"`python -m bench run ... --resume`, or pass --partial to judge only what was measured")
+    if want is not None and "shape" in df.columns:  # only the run's own grid is judged
+        inside = [(s, m, p) in want for s, m, p in zip(df["shape"].astype(str), df["m"].astype(int),
+                                                        df["path"].astype(str))]
+        outside = len(df) - sum(inside)
+        if outside:
+            df.drop(df.index[[not i for i in inside]], inplace=True)
+            problems.append(f"{outside} row(s) outside the run's grid left out") if partial else None
     return problems
 
 

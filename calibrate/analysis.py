@@ -99,15 +99,25 @@ class Cells:
             samples[(row.n, row.k, row.m, row.path)] = s if len(s) else np.array([float(row.gpu_us)])
         return cls(ok.set_index(["n", "k", "m", "path"]).sort_index(), samples)
 
+    def __post_init__(self) -> None:
+        # plain dicts for the per-cell lookups that verdicts, totals and the fit make by the thousand
+        keys = list(self.df.index)
+        self._gpu = dict(zip(keys, self.df["gpu_us"].astype(float)))
+        host = self.df["host_us"] if "host_us" in self.df.columns else pd.Series(np.nan, index=self.df.index)
+        self._host = dict(zip(keys, pd.to_numeric(host, errors="coerce").astype(float)))
+        self._ms: dict[tuple[int, int], list[int]] = {}
+        for n, k, m, _ in self.samples:
+            self._ms.setdefault((n, k), set()).add(m)
+        self._ms = {shape: sorted(ms) for shape, ms in self._ms.items()}
+
     def has(self, n: int, k: int, m: int, path: str) -> bool:
         return (n, k, m, path) in self.samples
 
     def gpu(self, n: int, k: int, m: int, path: str) -> float:
-        return float(self.df.loc[(n, k, m, path), "gpu_us"])
+        return self._gpu[(n, k, m, path)]
 
     def host(self, n: int, k: int, m: int, path: str) -> float:
-        v = self.df.loc[(n, k, m, path), "host_us"]
-        return float(v) if pd.notna(v) else float("nan")
+        return self._host[(n, k, m, path)]
 
     def cost(self, n: int, k: int, m: int, path: str, regime: str) -> float:
         """A call's cost: GPU time inside CUDA graphs, max(host, GPU) when eager (the host-bound model)."""
@@ -132,10 +142,10 @@ class Cells:
         return {p for *_, p in self.samples}
 
     def shapes(self) -> list[tuple[int, int]]:
-        return sorted({(n, k) for n, k, _, _ in self.samples})
+        return sorted(self._ms)
 
     def ms(self, n: int, k: int) -> list[int]:
-        return sorted({m for nn, kk, m, _ in self.samples if (nn, kk) == (n, k)})
+        return list(self._ms.get((n, k), ()))
 
 
 def _truthy(value: Any) -> bool:

@@ -39,6 +39,7 @@ def _scaled(df, n, k, m, path, factor):
     samples = np.array([float(v) for v in out.at[i, "gpu_samples_us"].split(";")]) * factor
     out.at[i, "gpu_samples_us"] = ";".join(f"{v:.4f}" for v in samples)
     out.at[i, "gpu_us"] = float(np.median(samples))
+    out.at[i, "gpu_us_p20"], out.at[i, "gpu_us_p80"] = (float(np.percentile(samples, q)) for q in (20, 80))
     return out
 
 
