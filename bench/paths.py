@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import dispatch
-from dispatch.backends import ATEN, BACKENDS, DISPATCH, Backend, flashinfer_path, lean_path
+from dispatch.backends import ATEN, BACKENDS, DISPATCH, LOW_M_BACKENDS, Backend, flashinfer_path, lean_path
 from dispatch.lean import LEAN_BACKENDS
 from harness.errors import HarnessError
 
@@ -28,7 +28,6 @@ LinearFn = Callable[[Any, Any], Any]
 
 
 ROLES = ("baseline", "low-m", "candidate", "dispatcher")
-LOW_M_BACKENDS = ("tinygemm", "cute-dsl")
 
 
 @dataclass(frozen=True)

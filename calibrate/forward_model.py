@@ -31,6 +31,55 @@ MODEL_MISS = 0.05  # a model that misses the measurement by more than this is fl
 FORWARD_MARGIN = 0.01  # the dispatcher's measured forward may exceed the best measured path by at most this
 
 
+FORWARD_STATUSES = ("ok", "failed", "skipped")
+
+
+def _bad_forward(csv: Path, df: pd.DataFrame, mask, column: str, what: str) -> HarnessError:
+    row = df[mask].iloc[0]
+    return HarnessError(f"{csv}: {int(mask.sum())} row(s) with {what} in {column} (first: {row.get('model')} "
+                        f"M={row.get('m')} {row.get('path')} {row.get('regime')}); re-run or restore it")
+
+
+def _check_forward_columns(df: pd.DataFrame, csv: Path) -> None:
+    """Every column a number is computed from: status known, M a positive integer, times finite and > 0 on ok rows,
+    the other time columns finite and >= 0 where given, samples parse as positive numbers."""
+    bad = sorted(set(map(str, df["status"])) - set(FORWARD_STATUSES))
+    if bad:
+        raise HarnessError(f"{csv}: unknown status values {bad}; expected {', '.join(FORWARD_STATUSES)}")
+    m = pd.to_numeric(df["m"], errors="coerce")
+    broken = ~(m.notna() & np.isfinite(m) & (m >= 1) & (m == np.floor(m)))
+    if broken.any():
+        raise _bad_forward(csv, df, broken, "m", "a value that is not a positive integer")
+    df["m"] = m.astype(int)
+    ok = df["status"] == "ok"
+    us = pd.to_numeric(df["us"], errors="coerce")
+    broken = ok & ~(np.isfinite(us) & (us > 0))
+    if broken.any():
+        raise _bad_forward(csv, df, broken, "us", "a missing, NaN or non-positive time on an ok row")
+    df["us"] = us
+    for col in ("us_p20", "us_p80", "submit_us", "gpu_busy_us", "span_us", "event_us"):
+        if col in df.columns:
+            raw = df[col]
+            num = pd.to_numeric(raw, errors="coerce")
+            text = raw.astype(str).str.strip()
+            broken = (num.isna() & raw.notna() & (text != "") & (text.str.lower() != "nan")) | \
+                (ok & num.notna() & ~(np.isfinite(num) & (num >= 0)))
+            if broken.any():
+                raise _bad_forward(csv, df, broken, col, "text, an infinite or a negative time")
+            df[col] = num
+    broken = ok & ~df["samples_us"].map(_samples_parse)
+    if broken.any():
+        raise _bad_forward(csv, df, broken, "samples_us", "samples that are not ';'-separated positive numbers")
+
+
+def _samples_parse(value) -> bool:
+    try:
+        xs = parse_samples(value)
+    except (TypeError, ValueError):
+        return False
+    return len(xs) > 0 and bool(np.all(np.isfinite(xs) & (xs > 0)))
+
+
 def load_forward(path: str | Path, partial: bool = False) -> tuple[pd.DataFrame, dict[str, Any]]:
     """forward.csv and its run.json, validated: columns, finite positive times on ok rows, no duplicate row, and
     every (model, M, path, regime) of the run present unless `partial`."""
@@ -46,14 +95,16 @@ def load_forward(path: str | Path, partial: bool = False) -> tuple[pd.DataFrame,
         df = pd.read_csv(csv, dtype={"kernel_digest": str})  # hex that may look like a number
     except Exception as exc:
         raise HarnessError(f"cannot read forward results {csv} ({type(exc).__name__}); re-run or restore it") from None
-    missing = [c for c in (*KEY, "status", "us", "linears") if c not in df.columns]
+    missing = [c for c in (*KEY, "status", "us", "linears", "samples_us") if c not in df.columns]
     if missing or df.empty:
-        raise HarnessError(f"{csv} lacks column(s) {', '.join(missing) or 'and rows'}; it was not written by bench forward")
-    ok = df["status"] == "ok"
-    us = pd.to_numeric(df["us"], errors="coerce")
-    if (ok & ~(np.isfinite(us) & (us > 0))).any():
-        raise HarnessError(f"{csv}: an ok row has a missing, NaN or non-positive time in us; re-run or restore it")
-    df["us"] = us
+        raise HarnessError(f"{csv} lacks column(s) {', '.join(missing) or 'and rows'}; it was not written by a "
+                           f"current bench forward: re-run it")
+    _check_forward_columns(df, csv)
+    grid = {k: info.get(k) for k in ("models", "ms", "paths", "regimes")}
+    empty = [k for k, v in grid.items() if not (isinstance(v, list) and v)]
+    if empty and not partial:
+        raise HarnessError(f"{csv.parent}/run.json names no {', '.join(empty)}, so missing rows cannot be told; "
+                           f"no verdict on it (pass --partial to judge what it holds)")
     if df.duplicated(list(KEY)).any():
         raise HarnessError(f"{csv}: a (model, tp, m, path, regime) row appears twice; re-run or restore it")
     want = {(mo, m, pa, r) for mo in info.get("models", []) for m in info.get("ms", []) for pa in info.get("paths", [])

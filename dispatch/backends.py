@@ -12,6 +12,9 @@ ATEN = "aten"
 DISPATCH = "dispatch"
 
 
+LOW_M_BACKENDS = ("tinygemm", "cute-dsl")  # the backends a GPU profile can name as its low-M backend
+
+
 def flashinfer_path(backend: str) -> str:
     return f"flashinfer:{backend}"
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from dispatch.backends import ATEN, BACKENDS, flashinfer_path, lean_path
+from dispatch.backends import ATEN, BACKENDS, LOW_M_BACKENDS, flashinfer_path, lean_path
 from harness.errors import HarnessError
 from harness.io import read_json
 from shapes.grid import M_MAX
@@ -152,9 +152,12 @@ def _parse_ranges(value: Any, where: str) -> Ranges:
     out: list[Range] = []
     for item in value:
         try:
-            up, path = int(item["up_to"]), str(item["path"])
-        except (KeyError, TypeError, ValueError) as exc:
+            up, path = item["up_to"], item["path"]
+        except (KeyError, TypeError) as exc:
             raise HarnessError(f"{where}: malformed range ({exc}); each range is {{up_to, path}}") from None
+        if not isinstance(up, int) or isinstance(up, bool) or not isinstance(path, str):
+            raise HarnessError(f"{where}: up_to {up!r} and path {path!r}: up_to must be an integer and path a name; "
+                               f"fix the table or refit it")
         if path not in known:
             raise HarnessError(f"{where}: path {path!r} is not one the dispatcher can run (known: {', '.join(known)})")
         if not 1 <= up <= M_MAX:
@@ -208,6 +211,8 @@ def parse_table(data: Any, where: str) -> ThresholdTable:
             raise HarnessError(f"{where}: default is an object of regimes ({', '.join(REGIMES)})")
         default = _parse_regimes(data["default"], f"{where} default")
         shapes = {}
+        if not isinstance(data.get("shapes", []), list):
+            raise HarnessError(f"{where}: shapes must be a list of {{n, k, graph, eager}} entries")
         for i, own in enumerate(data.get("shapes", [])):
             try:
                 key = (int(own["n"]), int(own["k"]))
@@ -216,6 +221,11 @@ def parse_table(data: Any, where: str) -> ThresholdTable:
             shapes[key] = _parse_regimes(own, f"{where} shape {key[0]}x{key[1]}")
     else:
         default, shapes = _parse_format1(data, where)
+    from dispatch.profiles import PROFILES
+    expected = PROFILES[data["profile"]].low_m_backend if data["profile"] in PROFILES else None
+    if expected is not None and backend != expected:
+        raise HarnessError(f"{where}: low_m_backend {backend!r} is not the {data['profile']} profile's "
+                           f"({expected!r}); fix the table or refit it")
     source = data.get("source", {})
     if not isinstance(source, dict):
         raise HarnessError(f"{where}: source must be an object (where the table came from)")
@@ -223,7 +233,7 @@ def parse_table(data: Any, where: str) -> ThresholdTable:
 
 
 def known_low_m_backends() -> list[str]:
-    return list(BACKENDS)
+    return list(LOW_M_BACKENDS)
 
 
 def load_table(profile: str | None = None, path: str | Path | None = None) -> ThresholdTable:

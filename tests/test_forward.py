@@ -123,7 +123,8 @@ def _rows(dispatch_factor=1.0):
         for regime in ("graph", "eager"):
             for path, f in (("aten", 1.0), ("dispatch", dispatch_factor)):
                 rows.append({"model": "Qwen3.5-4B", "tp": 1, "m": m, "path": path, "regime": regime, "status": "ok",
-                             "us": 1000.0 * f, "linears": 153})
+                             "us": 1000.0 * f, "linears": 153,
+                             "samples_us": ";".join(f"{1000.0 * f * (1 + d):.3f}" for d in (0, .001, -.001))})
     return rows
 
 
@@ -138,7 +139,9 @@ def test_measured_forward_verdicts_and_the_model_beside_them(tmp_path):
     assert not v["ok"].any() and (v["best"] == "aten").all()
     assert v["dispatch_over_aten"].tolist() == pytest.approx([1.02] * 4)
     # the dispatcher's choices called without the bound layer are no single path: never the verdict's best
-    direct = [{**r, "path": "table-direct", "us": 900.0} for r in _rows() if r["path"] == "aten"]
+    direct = [{**r, "path": "table-direct", "us": 900.0,
+               "samples_us": ";".join(f"{900 * (1 + d):.3f}" for d in (0, .001, -.001))}
+              for r in _rows() if r["path"] == "aten"]
     v2 = forward_verdicts(pd.concat([fdf, pd.DataFrame(direct)]), capture_size=512)
     assert (v2["best"] == "aten").all()
     # ...and it splits the ratio: the table's choices alone 0.9x the best, the binding 1.02 / 0.9 of them
