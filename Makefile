@@ -14,8 +14,11 @@ RESULTS ?= tests/data/h200-fit2-validate
 COMPARE ?= tests/data/h200-lean-fit
 BASELINE ?= tests/baselines/h200.json
 ANATOMY ?= tests/data/h200-host-anatomy
-FORWARD ?= tests/data/h200-idle-forward-35b-1 tests/data/h200-pace-forward-1
+FORWARD ?= evidence/h200-forward-20261201T1016-4d4993
 REPORT ?= report.html
+# Recipes read these from the environment, quoted ("$$GPU"): a value is never shell code (GPU='h200;rm x' is a name
+# the profile check refuses).
+export GPU DEVICES GRID OUT RESULTS COMPARE BASELINE ANATOMY FORWARD REPORT
 
 # --system-site-packages: a GPU machine's own CUDA build of torch (and FlashInfer, CUPTI) stays visible.
 $(VENV)/.installed: pyproject.toml
@@ -29,34 +32,34 @@ venv: $(VENV)/.installed
 
 # Every GPU target: GPU= set, a CUDA GPU visible, the [gpu] extra installed; one line and exit 2 otherwise.
 gpu-env: $(VENV)/.installed
-	@test -n "$(GPU)" || { echo "make: set GPU=<profile> (h100, h200, b200, gb200)" >&2; exit 2; }
-	@$(PY) -m bench profiles $(GPU) >/dev/null
+	@test -n "$$GPU" || { echo "make: set GPU=<profile> (h100, h200, b200, gb200)" >&2; exit 2; }
+	@$(PY) -m bench profiles "$$GPU" >/dev/null
 	@$(PY) -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" || \
 	  { echo "make: no CUDA GPU visible on this machine; run it on a GPU machine (nothing was written)" >&2; exit 2; }
 	$(PY) -m pip install -q -e ".[gpu]"
-	@if [ "$$($(PY) -m bench profiles $(GPU) | sed -n 's/^[a-z0-9]* *SM\([0-9]*\).*/\1/p')" -ge 100 ]; then \
+	@if [ "$$($(PY) -m bench profiles "$$GPU" | sed -n 's/^[a-z0-9]* *SM\([0-9]*\).*/\1/p')" -ge 100 ]; then \
 	  $(PY) -m pip install -q -e ".[gpu-sm100]" && \
 	  $(PY) -c "import cutlass.cute, cuda.bindings.driver" 2>/dev/null || \
 	  { echo "make: the SM100 paths need nvidia-cutlass-dsl[cu13] and cuda-python (cutlass.cute, cuda.bindings); pip install -e '.[gpu-sm100]'" >&2; exit 2; }; fi
 
 bench: gpu-env
-	$(PY) -m bench run --gpu $(GPU) --out $(OUT) $(if $(DEVICES),--devices $(DEVICES)) $(if $(GRID),--grid $(GRID))
+	$(PY) -m bench run --gpu "$$GPU" --out "$$OUT" $${DEVICES:+--devices "$$DEVICES"} $${GRID:+--grid "$$GRID"}
 
 baseline: gpu-env
-	$(PY) -m calibrate baseline --gpu $(GPU)
+	$(PY) -m calibrate baseline --gpu "$$GPU"
 
 regress: gpu-env
 	$(PY) -m pytest -q -m gpu tests/test_gpu_regression.py
 
 forward: gpu-env
-	$(PY) -m bench forward --gpu $(GPU) --out results/$(GPU)-forward
+	$(PY) -m bench forward --gpu "$$GPU" --skip-slower 3 --out "results/$$GPU-forward"
 
 host-anatomy: gpu-env
-	$(PY) -m bench host-anatomy --gpu $(GPU) --out results/$(GPU)-host-anatomy
+	$(PY) -m bench host-anatomy --gpu "$$GPU" --out "results/$$GPU-host-anatomy"
 
 report: $(VENV)/.installed
-	$(PY) -m reports build $(RESULTS) $(COMPARE) $(if $(BASELINE),--baseline $(BASELINE)) \
-	  $(if $(ANATOMY),--anatomy $(ANATOMY)) $(if $(FORWARD),--forward $(FORWARD)) -o $(REPORT)
+	set -f; $(PY) -m reports build $$RESULTS $$COMPARE $${BASELINE:+--baseline "$$BASELINE"} \
+	  $${ANATOMY:+--anatomy "$$ANATOMY"} $${FORWARD:+--forward $$FORWARD} -o "$$REPORT"
 
 test: $(VENV)/.installed
 	$(PY) -m pytest -q -m "not evidence"

@@ -1,6 +1,10 @@
 """python -m bench run | merge | forward | host-anatomy | paths | profiles"""
 from __future__ import annotations
 
+from harness.errors import quiet_interrupts
+
+quiet_interrupts("bench")  # Ctrl-C during the imports below: one line, no traceback
+
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -223,6 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                       autotune_cache=_served(args), save_autotune_cache=_saved(args),
                       max_rotations=args.max_rotations, command=command, quiet=True, shard=shard,
                       vllm_tune_tokens=vllm_tokens)
+    _check_before_gpu(cfg, args)
     if args.dry_run:
         print(dry_run(cfg) + (f"\n  shard {shard['index']}/{shard['of']}: {len(shapes)} of {len(shard['grid_shapes'])}"
                              f" shapes" if shard else ""))
@@ -232,6 +237,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     run_sweep(cfg)  # stops first, writing nothing, when there is no CUDA GPU; prints its summary
     return 0
+
+
+def _check_before_gpu(cfg: SweepConfig, args) -> None:
+    """What a real run would refuse, checked before any GPU is touched, so that --dry-run fails the same way."""
+    from bench import autotune_cache
+    from bench.multi import parse_devices
+    from bench.results import done_keys
+    if args.devices and args.devices.strip() != "all":
+        parse_devices(args.devices, 1 << 16)  # the syntax; the real run checks the indices against its GPUs
+    if cfg.autotune_cache is not None:
+        autotune_cache.read_entries(cfg.autotune_cache)
+    if cfg.resume:
+        done_keys(cfg.out)
 
 
 def _vllm_tokens(args, profile) -> int | None:

@@ -90,6 +90,9 @@ def check_rules(names: list[str]) -> list[str]:
     unknown = [n for n in names if n not in RULES and n not in PATHS]
     if unknown:
         raise HarnessError(f"unknown forward path(s) {', '.join(unknown)}; known: {', '.join(known_rules())}")
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise HarnessError(f"--paths names {', '.join(twice)} more than once; name each path once")
     return names
 
 

@@ -153,6 +153,9 @@ def paths_for(profile_backends: tuple[str, ...], spec: str | None = None) -> lis
         unknown = [n for n in names if n not in PATHS]
         if unknown:
             raise HarnessError(f"unknown path(s) {', '.join(unknown)}; known: {', '.join(PATHS)}")
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise HarnessError(f"--paths names {', '.join(twice)} more than once; name each path once")
         return [PATHS[n] for n in names]
     fi = [PATHS[f(b)] for b in profile_backends for f in (flashinfer_path, lean_path) if f(b) in PATHS]
     return [PATHS[ATEN], *fi, PATHS[DISPATCH]]

@@ -4,6 +4,10 @@
                    | regress --gpu PROFILE [--from RESULTS]"""
 from __future__ import annotations
 
+from harness.errors import quiet_interrupts
+
+quiet_interrupts("calibrate")  # Ctrl-C during the imports below: one line, no traceback
+
 import json
 import math
 import sys
@@ -37,7 +41,7 @@ from dispatch.table import REGIMES, TABLE_DIR, ThresholdTable, load_table
 from harness.cli import Parser, float_in, int_in
 from harness.console import terminal
 from harness.errors import HarnessError, run_cli
-from harness.io import atomic_write_text, claim_work_dir, output_file, shipped_or_results
+from harness.io import atomic_write_text, check_target, claim_work_dir, output_file, shipped_or_results
 
 RESULTS = Path("results")  # where a command writes by default: never a shipped file
 
@@ -145,12 +149,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_agree.add_argument("run_a")
     p_agree.add_argument("run_b")
     p_agree.add_argument("--partial", **partial)
+    p_agree.add_argument("--allow-mismatch", action="store_true", help="compare runs of different GPUs")
     p_shift = sub.add_parser("host-shift", help="whether arms of runs of the same cells (e.g. 1 GPU, 2 GPUs with and "
                                                  "without the host-timing lock) differ in host time beyond the "
                                                  "run-to-run noise")
     p_shift.add_argument("--arm", nargs="+", action="append", required=True, metavar=("NAME", "RUN"),
                          help="an arm: its name, then two or more runs (repeat --arm for each arm, two or more)")
     p_shift.add_argument("--partial", **partial)
+    p_shift.add_argument("--allow-mismatch", action="store_true", help="compare runs of different GPUs")
     p_noise = sub.add_parser("noise", help="measure the run-to-run noise floor of GPU-time ratios from replicate runs")
     p_noise.add_argument("runs", nargs="+", help="two or more runs of one grid, each in a fresh process")
     p_noise.add_argument("--gpu", required=True, help=f"GPU profile: {', '.join(PROFILES)}")
@@ -237,24 +243,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.cmd == "host-shift":
         arms: dict[str, dict[str, Cells]] = {}
         given = [r for _, *runs in args.arm for r in runs]
+        infos: list[tuple[str, dict]] = []
         names = [Path(r).name for r in given]  # a run's label: its folder name, or the path where names repeat
         for name, *runs in args.arm:
             if len(runs) < 2 or name in arms:
                 raise HarnessError(f"--arm {name}: an arm needs its own name and two or more runs "
                                    f"(got {len(runs)} run(s){', and the name twice' if name in arms else ''})")
-            arms[name] = {(Path(r).name if names.count(Path(r).name) == 1 else r):
-                          Cells.from_results(_load(r, args.partial)[0]) for r in runs}
+            loaded = {r: _load(r, args.partial) for r in runs}
+            infos += [(r, info) for r, (_, info) in loaded.items()]
+            arms[name] = {(Path(r).name if names.count(Path(r).name) == 1 else r): Cells.from_results(df)
+                          for r, (df, _) in loaded.items()}
         if len(arms) < 2:
             raise HarnessError("host-shift needs two or more --arm NAME RUN RUN...")
         twice = next((r for r in given if sum(Path(g).resolve() == Path(r).resolve() for g in given) > 1), None)
         if twice is not None:
             raise HarnessError(f"host-shift: {twice} is given twice; each run belongs to one arm, once")
+        _same_gpu(infos, args.allow_mismatch)
         print("\n".join(host_shift_lines(host_shift(arms))))
         return 0
 
     if args.cmd == "agree":
-        a, _ = _load(args.run_a, args.partial)
-        b, _ = _load(args.run_b, args.partial)
+        distinct([args.run_a, args.run_b], "agree")
+        a, ia = _load(args.run_a, args.partial)
+        b, ib = _load(args.run_b, args.partial)
+        _same_gpu([(args.run_a, ia), (args.run_b, ib)], args.allow_mismatch)
         print("\n".join(summary_lines(agreement(Cells.from_results(a), Cells.from_results(b)))))
         return 0
 
@@ -298,6 +310,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                            f"({noise.source.get('runs', '?')})" if noise else
                            "bootstrap alone (no noise floor for this profile: python -m calibrate noise)"))
     if args.replicate:
+        distinct([args.results, args.replicate], "--replicate")
         rep_df, _ = _load(args.replicate, args.partial, profile.name, args.allow_mismatch)
         cov = coverage(cells, Cells.from_results(rep_df), noise)
         print(coverage_line(cov, noise.level if noise else LEVEL, f"{args.replicate}'s ratios in {args.results}'s intervals"))
@@ -374,7 +387,12 @@ def _print_provenance(table: ThresholdTable, results: str, info: dict, forwards:
 def _fit_cmd(args, argv, profile, df, info, cells) -> int:
     out = shipped_or_results(args.out, TABLE_DIR / f"{profile.name}.json", RESULTS / profile.name / "table.json",
                              args.install)
+    _sibling_free(out.with_name(out.stem + ".autotune.json"), out, args.install)
     hold_out = _grid_ms(args.hold_out)
+    left = set(int(m) for m in df["m"]) - hold_out
+    if hold_out and len(left) < 2:
+        raise HarnessError(f"--hold-out leaves {len(left)} M value(s) of the run to fit; hold out fewer "
+                           f"(the run has {len(set(df['m']))})")
     if args.keep and not args.table_forward:
         raise HarnessError("--keep needs --table-forward: the measured forwards of that table")
     base = ThresholdTable(profile.name, profile.low_m_backend, {r: () for r in REGIMES})
@@ -594,10 +612,43 @@ def _vllm_cmd(args) -> int:
     return 0
 
 
+def _sibling_free(sibling: Path, out: Path, install: bool) -> None:
+    """A tactics file written beside a table or baseline: the user named only the table, so an existing file there
+    is replaced only inside results/ (the harness's own folder) or with --install."""
+    inside_results = RESULTS.resolve() in out.resolve().parents
+    if sibling.exists() and not (install or inside_results):
+        raise HarnessError(f"{sibling} exists and would be replaced by the tactics written beside {out}; remove it "
+                           f"or choose another --out")
+    if sibling.exists() or sibling.is_symlink():
+        check_target(sibling, "the tactics file", install)
+
+
+def distinct(runs: list[str], what: str) -> list[str]:
+    """Replicates must be different runs: one folder given twice (by any spelling) would measure no noise."""
+    seen: dict[Path, str] = {}
+    for r in runs:
+        key = Path(r).resolve()
+        if key in seen:
+            raise HarnessError(f"{what}: {r} and {seen[key]} are the same run; pass distinct runs from fresh processes")
+        seen[key] = r
+    return runs
+
+
+def _same_gpu(infos: list[tuple[str, dict]], allow: bool) -> None:
+    """Runs compared with each other must come from one kind of GPU, unless the user asks otherwise."""
+    names = {r: str((i.get("fingerprint") or {}).get("gpu_name", "?")) for r, i in infos}
+    if len(set(names.values())) > 1 and not allow:
+        shown = ", ".join(f"{r}: {g}" for r, g in names.items())
+        raise HarnessError(f"the runs come from different GPUs ({shown}); compare runs of one GPU, or pass "
+                           f"--allow-mismatch")
+
+
 def _noise_cmd(args) -> int:
     if len(args.runs) < 2:
         raise HarnessError("noise needs two or more replicate runs")
+    distinct(args.runs, "noise")
     profile = get_profile(args.gpu)
+    out = shipped_or_results(args.out, noise_path(profile.name), RESULTS / profile.name / "noise.json", args.install)
     cells = [Cells.from_results(_load(r, args.partial, profile.name)[0]) for r in args.runs]
     pairs = list(zip(cells, cells[1:]))
     floor = fit_floor(pairs, source={"runs": list(args.runs), "command": "python -m calibrate noise " + " ".join(args.runs)})
@@ -610,7 +661,6 @@ def _noise_cmd(args) -> int:
         print(coverage_line(coverage(a, b, held), floor.level,
                             f"{args.runs[i + 1]} in {args.runs[i]}" + (", floor from the other pairs" if others else
                                                                       ", in-sample: one pair")))
-    out = shipped_or_results(args.out, noise_path(profile.name), RESULTS / profile.name / "noise.json", args.install)
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out, json.dumps(floor.to_json(), indent=2) + "\n")
     print(f"wrote {out}")
@@ -620,7 +670,10 @@ def _noise_cmd(args) -> int:
 def _forward_noise_cmd(args) -> int:
     if len(args.runs) < 2:
         raise HarnessError("forward-noise needs two or more measured-forward runs")
+    distinct(args.runs, "forward-noise")
     profile = get_profile(args.gpu)
+    out = shipped_or_results(args.out, forward_noise_path(profile.name), RESULTS / profile.name / "forward-noise.json",
+                             args.install)
     runs = [fdf for fdf, _ in _load_forwards(args.runs, profile.name, args.partial)]
     pairs = list(zip(runs, runs[1:]))
     floor = fit_forward_floor(pairs, source={"runs": list(args.runs),
@@ -639,8 +692,6 @@ def _forward_noise_cmd(args) -> int:
             print(coverage_line(cov[cov["regime"] == regime], floor.level,
                                 f"{regime}, {args.runs[i + 1]} in {args.runs[i]}"
                                 + (", floor from the other pairs" if others else ", in-sample")))
-    out = shipped_or_results(args.out, forward_noise_path(profile.name), RESULTS / profile.name / "forward-noise.json",
-                             args.install)
     out.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out, json.dumps(floor.to_json(), indent=2) + "\n")
     print(f"wrote {out}")
@@ -755,7 +806,8 @@ def _baseline_cmd(args, argv) -> int:
                                  args.install)
         cache_file = autotune_cache_path(out)
         if args.sources:
-            sources = list(args.sources)
+            _sibling_free(cache_file, out, args.install)
+            sources = distinct(list(args.sources), "baseline --from")
         else:
             require_gpu(profile)  # before any file system change
             work = claim_work_dir(Path(args.work), "--work")

@@ -1,13 +1,33 @@
 """python -m dispatch build-native | native-status"""
 from __future__ import annotations
 
+from harness.errors import quiet_interrupts
+
+quiet_interrupts("dispatch")  # Ctrl-C during the imports below: one line, no traceback
+
+import os
 import shutil
 import sys
+from pathlib import Path
 from typing import Sequence
 
 from harness.cli import Parser
 from harness.console import divert_noise, terminal
 from harness.errors import HarnessError, run_cli
+
+
+def _check_native_root(root: Path) -> None:
+    """$BLB_NATIVE_DIR (or the default cache) must be a folder this user can write, or creatable."""
+    try:
+        real = root.resolve(strict=False)
+    except (OSError, RuntimeError):
+        raise HarnessError(f"the native build folder {root} is a symlink loop; point BLB_NATIVE_DIR at a folder") from None
+    existing = next((p for p in (real, *real.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        raise HarnessError(f"the native build folder {root}: {existing} is a file; point BLB_NATIVE_DIR at a folder")
+    if existing is not None and not os.access(existing, os.W_OK | os.X_OK):
+        raise HarnessError(f"the native build folder {root} is not writable; point BLB_NATIVE_DIR at a folder you "
+                           f"can write")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -21,13 +41,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "native-status":
         mod = native.module()
         state = "loads" if mod is not None else ("turned off (BLB_NATIVE=0)" if not native.enabled()
-                                                  else "not built" if not native.library().exists() else "does not load")
+                                                  else "not built: run python -m dispatch build-native" if not native.library().exists()
+                                                  else "does not load: rebuild it with python -m dispatch build-native")
         print(f"{native.library()}: {state}")
         return 0 if mod is not None else 1
     missing = [tool for tool in ("c++", "ninja") if shutil.which(tool) is None]
     if missing:
         raise HarnessError(f"building the C++ bound layer needs {' and '.join(missing)} on PATH; install them "
                            f"(e.g. apt install g++ ninja-build, or pip install ninja) and run this again")
+    _check_native_root(native.build_dir().parent)
     if not args.verbose:
         divert_noise(native.build_dir().parent / "build-log.txt")
     try:
@@ -44,4 +66,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_cli(main, "python -m dispatch"))
+    sys.exit(run_cli(main, "dispatch"))

@@ -57,12 +57,30 @@ def signals_deferred():
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
+def quiet_interrupts(prog: str) -> None:
+    """Ctrl-C or SIGTERM while a command's modules still import: one line and 130/143, no traceback. run_cli puts
+    the usual handlers back once it runs."""
+    def stop(signum, frame):
+        try:
+            print(f"{prog}: interrupted", file=sys.stderr, flush=True)
+        finally:
+            os._exit(128 + signum)
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, stop)
+        signal.signal(signal.SIGTERM, stop)
+
+
 def run_cli(main: Callable[[Sequence[str] | None], int], prog: str, argv: Sequence[str] | None = None) -> int:
     """Runs a command's main: bad input is one line `prog: error: ...` and exit 2, an interrupt exits 130 (SIGINT) or
-    143 (SIGTERM), a closed stdout (`| head`) ends quietly with 141, as for any Unix tool."""
+    143 (SIGTERM), a closed stdout (`| head`) ends quietly with 141, as for any Unix tool; a standard output that
+    cannot be written (a full disk, /dev/full) is one line and exit 2."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     raise_on_sigterm()
     try:
-        return main(argv)
+        code = main(argv)
+        sys.stdout.flush()
+        return code
     except HarnessError as exc:
         print(f"{prog}: error: {exc}", file=terminal(), flush=True)
         return exc.exit_code
@@ -70,10 +88,25 @@ def run_cli(main: Callable[[Sequence[str] | None], int], prog: str, argv: Sequen
         print(f"{prog}: interrupted", file=terminal(), flush=True)
         return 128 + signal_of(exc)
     except BrokenPipeError:
-        # Python would print a second error when it flushes stdout at exit; point stdout at /dev/null first.
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        try:
-            os.dup2(devnull, sys.stdout.fileno())
-        except (OSError, ValueError):
-            pass
+        _stdout_to_devnull()  # Python would print a second error when it flushes stdout at exit
         return 128 + signal.SIGPIPE
+    except OSError as exc:
+        if not _is_stdout_error(exc):
+            raise
+        _stdout_to_devnull()
+        print(f"{prog}: error: cannot write to standard output ({exc.strerror or exc}); redirect it elsewhere",
+              file=terminal(), flush=True)
+        return 2
+
+
+def _is_stdout_error(exc: OSError) -> bool:
+    import errno
+    return exc.errno in (errno.ENOSPC, errno.EIO, errno.EDQUOT, errno.EBADF)
+
+
+def _stdout_to_devnull() -> None:
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass

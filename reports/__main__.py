@@ -1,6 +1,10 @@
 """python -m reports build RESULTS [RESULTS...] [--baseline FILE] [--anatomy DIR] -o report.html"""
 from __future__ import annotations
 
+from harness.errors import quiet_interrupts
+
+quiet_interrupts("reports")  # Ctrl-C during the imports below: one line, no traceback
+
 import sys
 from typing import Sequence
 

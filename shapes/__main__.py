@@ -1,6 +1,10 @@
 """python -m shapes list | from-config PATH | grid"""
 from __future__ import annotations
 
+from harness.errors import quiet_interrupts
+
+quiet_interrupts("shapes")  # Ctrl-C during the imports below: one line, no traceback
+
 import csv
 import io
 import json

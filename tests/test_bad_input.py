@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data"
 SWEEP = DATA / "h200-sweep"
 SHARD = DATA / "h200x2-sweep" / "shards" / "gpu0"  # a shard of a --devices run, as bench merge takes it
+FORWARD = ROOT / "evidence" / "h200-forward-20261201T1016-4d4993"  # a forward of the current rules
 LEAN = DATA / "h200-lean-validate"  # a run that measured the lean paths the committed table chooses
 WATCHED = [ROOT / "dispatch" / "thresholds", ROOT / "tests" / "baselines", DATA, ROOT / "shapes" / "configs"]
 
@@ -54,7 +55,8 @@ def snapshot(*roots: Path) -> dict[str, tuple[int, str]]:
             out[dirpath] = (os.stat(dirpath).st_mode, "")
             for f in filenames:
                 p = os.path.join(dirpath, f)
-                out[p] = (os.stat(p).st_mode, hashlib.sha1(Path(p).read_bytes()).hexdigest())
+                regular = os.path.isfile(p)  # a FIFO or device is kept by its mode alone: reading it would block
+                out[p] = (os.stat(p).st_mode, hashlib.sha1(Path(p).read_bytes()).hexdigest() if regular else "")
     return out
 
 
@@ -237,6 +239,91 @@ CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
         gpu_name="NVIDIA GH200 480GB"))], "not on a h200"),
     ("results from a B200 judged as GB200", lambda t: ["calibrate", "validate", "--gpu", "gb200", run_folder(
         t, edit_info=lambda i: i["fingerprint"].update(gpu_name="NVIDIA B200", sm=100))], "not on a gb200"),
+    # round two: grids, columns that numbers are computed from, shipped and special output files
+    ("run.json without ms", lambda t: ["calibrate", "validate", run_folder(t, edit_info=lambda i: {
+        k: v for k, v in i.items() if k != "ms"})], "names no complete grid"),
+    ("run.json shapes null", lambda t: ["calibrate", "validate", run_folder(t, edit_info=lambda i: {**i, "shapes": None})],
+     "names no complete grid"),
+    ("run.json shapes empty", lambda t: ["calibrate", "validate", run_folder(t, edit_info=lambda i: {**i, "shapes": []})],
+     "names no complete grid"),
+    ("fit on a run without its grid", lambda t: ["calibrate", "fit", run_folder(t, edit_info=lambda i: {
+        k: v for k, v in i.items() if k != "paths"}), "--gpu", "h200", "--out", str(t / "t.json")], "no complete grid"),
+    ("results negative span_us", lambda t: ["calibrate", "validate", run_folder(t, set_cell("span_us", "-3"))], "span_us"),
+    ("results host p20 negative", lambda t: ["calibrate", "validate", run_folder(t, set_cell("host_us_p20", "-1"))],
+     "host_us_p20"),
+    ("results p20 above p80", lambda t: ["calibrate", "validate", run_folder(t, set_cell("gpu_us_p20", "99999"))],
+     "out of order"),
+    ("results rel_err 5", lambda t: ["calibrate", "validate", run_folder(t, set_cell("rel_err", "5.0"))], "rel_err"),
+    ("results n not the shape's", lambda t: ["calibrate", "validate", run_folder(t, set_cell("n", "7"))],
+     "does not match n and k"),
+    ("results span samples text", lambda t: ["calibrate", "validate", run_folder(t, set_cell("span_samples_us", "a;b"))],
+     "span_samples_us"),
+    ("forward without samples_us", lambda t: ["calibrate", "vllm", "--forward", run_folder(
+        t, source=FORWARD, edit_rows=lambda df: df.drop(columns=["samples_us"]))], "samples_us"),
+    ("forward samples text", lambda t: ["calibrate", "vllm", "--forward", run_folder(
+        t, source=FORWARD, edit_rows=lambda df: df.assign(samples_us="x;y"))], "samples_us"),
+    ("forward negative span_us", lambda t: ["calibrate", "vllm", "--forward", run_folder(
+        t, source=FORWARD, edit_rows=lambda df: df.assign(span_us="-5"))], "span_us"),
+    ("forward unknown status", lambda t: ["calibrate", "vllm", "--forward", run_folder(
+        t, source=FORWARD, edit_rows=lambda df: df.assign(status="great"))], "unknown status"),
+    ("forward m text", lambda t: ["calibrate", "vllm", "--forward", run_folder(
+        t, source=FORWARD, edit_rows=lambda df: df.assign(m="eight"))], "positive integer in m"),
+    ("forward run.json without paths", lambda t: ["calibrate", "vllm", "--forward", run_folder(
+        t, source=FORWARD, edit_info=lambda i: {**i, "paths": []})], "names no paths"),
+    ("table shapes an object", lambda t: ["calibrate", "validate", str(SWEEP), "--thresholds", thresholds(
+        t, {"shapes": {}}, v2=True)], "shapes must be a list"),
+    ("table up_to text", lambda t: ["calibrate", "validate", str(SWEEP), "--thresholds", thresholds(
+        t, {"default": {"graph": [{"up_to": "7", "path": "aten"}], "eager": []}}, v2=True)], "up_to must be an integer"),
+    ("table up_to fractional", lambda t: ["calibrate", "validate", str(SWEEP), "--thresholds", thresholds(
+        t, {"default": {"graph": [{"up_to": 7.5, "path": "aten"}], "eager": []}}, v2=True)], "up_to must be an integer"),
+    ("table low-M backend not low-M", lambda t: ["calibrate", "validate", str(SWEEP), "--thresholds", thresholds(
+        t, {"low_m_backend": "cublaslt"}, v2=True)], "low_m_backend"),
+    ("table low-M backend not the profile's", lambda t: ["calibrate", "validate", str(SWEEP), "--thresholds", thresholds(
+        t, {"low_m_backend": "cute-dsl"}, v2=True)], "profile's"),
+    ("fit --out a shipped table", lambda t: ["calibrate", "fit", str(SWEEP), "--gpu", "h200", "--out",
+                                             str(ROOT / "dispatch" / "thresholds" / "h200.json")], "--install"),
+    ("noise --out a shipped floor", lambda t: ["calibrate", "noise", str(SWEEP), str(LEAN), "--gpu", "h200", "--out",
+                                               str(ROOT / "calibrate" / "noise" / "h200.json")], "--install"),
+    ("fit --out empty", lambda t: ["calibrate", "fit", str(SWEEP), "--gpu", "h200", "--out", ""], "empty"),
+    ("validate --csv a FIFO", lambda t: (os.mkfifo(t / "f"), ["calibrate", "validate", str(SWEEP), "--csv", str(t / "f")])[1],
+     "not a regular file"),
+    ("validate --csv a device", lambda t: ["calibrate", "validate", str(SWEEP), "--csv", os.devnull], "not a regular file"),
+    ("noise one run twice", lambda t: ["calibrate", "noise", str(SWEEP), str(SWEEP) + "/", "--gpu", "h200", "--out",
+                                       str(t / "n.json")], "the same run"),
+    ("forward-noise one run twice", lambda t: ["calibrate", "forward-noise", str(FORWARD), str(FORWARD), "--gpu", "h200",
+                                               "--out", str(t / "n.json")], "the same run"),
+    ("baseline --from one run twice", lambda t: ["calibrate", "baseline", "--gpu", "h200", "--from", str(SWEEP),
+                                                 str(SWEEP), "--out", str(t / "b.json")], "the same run"),
+    ("validate --replicate itself", lambda t: ["calibrate", "validate", str(LEAN), "--replicate", str(LEAN)],
+     "the same run"),
+    ("agree a run with itself", lambda t: ["calibrate", "agree", str(SWEEP), str(SWEEP)], "the same run"),
+    ("agree runs of two GPUs", lambda t: ["calibrate", "agree", str(SWEEP), run_folder(
+        t, edit_info=lambda i: i["fingerprint"].update(gpu_name="NVIDIA H100 80GB HBM3"))], "different GPUs"),
+    ("fit --hold-out every M", lambda t: ["calibrate", "fit", str(SWEEP), "--gpu", "h200", "--out", str(t / "t.json"),
+                                          "--hold-out", ",".join(map(str, json.loads((SWEEP / "run.json").read_text())["ms"]))],
+     "hold out fewer"),
+    ("fit beside someone's tactics file", lambda t: ((t / "t.autotune.json").write_text("{}"),
+                                                     ["calibrate", "fit", str(SWEEP), "--gpu", "h200", "--out",
+                                                      str(t / "t.json")])[1], "would be replaced"),
+    ("merge into a folder with a run.json", lambda t: ((t / "m").mkdir(), (t / "m" / "run.json").write_text("{}"),
+                                                       ["bench", "merge", str(SHARD), "-o", str(t / "m")])[2],
+     "not empty"),
+    ("bench --paths twice", lambda t: ["bench", "run", "--gpu", "h200", "--paths", "aten,aten", "--dry-run"],
+     "more than once"),
+    ("forward --paths twice", lambda t: ["bench", "forward", "--gpu", "h200", "--paths", "aten,aten"], "more than once"),
+    ("dry run with --devices x,y", lambda t: ["bench", "run", "--gpu", "h200", "--devices", "x,y", "--dry-run"],
+     "GPU indices"),
+    ("dry run with --devices -1", lambda t: ["bench", "run", "--gpu", "h200", "--devices", "-1", "--dry-run"],
+     "distinct and below"),
+    ("dry run with a non-JSON tactics file", lambda t: ((t / "c.json").write_text("nope"),
+                                                        ["bench", "run", "--gpu", "h200", "--autotune-cache",
+                                                         str(t / "c.json"), "--dry-run"])[1], "not valid JSON"),
+    ("dry run with a list tactics file", lambda t: ((t / "c.json").write_text("[1, 2]"),
+                                                    ["bench", "run", "--gpu", "h200", "--autotune-cache",
+                                                     str(t / "c.json"), "--dry-run"])[1], "autotuner cache"),
+    ("dry run resuming a garbage results.csv", lambda t: ((t / "o").mkdir(), (t / "o" / "results.csv").write_text("x\n1\n"),
+                                                          ["bench", "run", "--gpu", "h200", "--resume", "--out",
+                                                           str(t / "o"), "--dry-run"])[2], "not a results table"),
     # threshold tables
     ("thresholds not UTF-8", lambda t: ["calibrate", "validate", str(SWEEP), "--thresholds", thresholds(t, raw=NOT_UTF8)], "not UTF-8"),
     ("thresholds not JSON", lambda t: ["calibrate", "validate", str(SWEEP), "--thresholds", thresholds(t, raw=b"{")], "not valid JSON"),
@@ -251,7 +338,7 @@ CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
                                                  thresholds(t, {"overrides": [{"n": 1}]})], "malformed"),
     ("thresholds missing", lambda t: ["calibrate", "validate", str(SWEEP), "--thresholds", str(t / "none.json")], "not found"),
     ("merge a folder that is no shard", lambda t: ["bench", "merge", str(t), "-o", str(t / "m")], "has no results.csv"),
-    ("merge into a folder with results", lambda t: ["bench", "merge", str(SWEEP), "-o", str(SWEEP)], "exists"),
+    ("merge into a folder with results", lambda t: ["bench", "merge", str(SWEEP), "-o", str(SWEEP)], "not empty"),
     ("merge a shard with a NaN time", lambda t: ["bench", "merge", run_folder(t, set_cell("gpu_us", "nan"), source=SHARD),
                                                  "-o", str(t / "m")], "gpu_us"),
     ("merge a shard whose table is cut", lambda t: ["bench", "merge", run_folder(t, csv_text=lambda s: s + '"cut',
@@ -491,6 +578,45 @@ def test_sigterm_exits_143_without_a_traceback(tmp_path):
     p.send_signal(signal.SIGTERM)
     out, err = p.communicate(timeout=30)
     assert p.returncode == 143 and err.strip() == "bench: interrupted", err
+
+
+def test_ctrl_c_while_the_modules_import_is_one_line():
+    p = subprocess.Popen([sys.executable, "-m", "calibrate", "--help"], cwd=ROOT, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    import time
+    time.sleep(0.4)  # inside the imports (pandas, numpy, torch take seconds)
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    if p.returncode == 0:
+        pytest.skip("the imports finished before the signal")
+    assert p.returncode == 130 and err.strip() == "calibrate: interrupted", err
+
+
+def test_a_full_standard_output_is_one_line():
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([sys.executable, "-m", "bench", "profiles"], cwd=ROOT, stdout=full, stderr=subprocess.PIPE,
+                           text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 2 and r.stderr.strip().startswith("bench: error: cannot write to standard output"), r.stderr
+
+
+def test_native_build_folder_must_be_a_folder(tmp_path):
+    (tmp_path / "file").write_text("x")
+    r = subprocess.run([sys.executable, "-m", "dispatch", "build-native"], cwd=ROOT, capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(ROOT), "BLB_NATIVE_DIR": str(tmp_path / "file")})
+    assert r.returncode == 2 and r.stderr.strip().startswith("dispatch: error:") and "is a file" in r.stderr, r.stderr
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    r = subprocess.run([sys.executable, "-m", "dispatch", "build-native"], cwd=ROOT, capture_output=True, text=True,
+                       env={**os.environ, "PYTHONPATH": str(ROOT), "BLB_NATIVE_DIR": str(tmp_path / "loop")})
+    assert r.returncode == 2 and "symlink loop" in r.stderr, r.stderr
+
+
+def test_make_never_runs_a_variable_as_shell_code(tmp_path):
+    if shutil.which("make") is None:
+        pytest.skip("no make")
+    (tmp_path / ".installed").touch()
+    planted = tmp_path / "planted"
+    r = _run(["make", "-s", "bench", f"GPU=h200;touch {planted}", f"VENV={tmp_path}", f"PY={sys.executable}"])
+    assert r.returncode != 0 and "unknown GPU profile" in r.stderr and not planted.exists(), r.stderr
 
 
 def test_third_party_output_goes_to_the_log_and_ours_to_the_terminal(tmp_path):
