@@ -41,7 +41,7 @@ from dispatch.table import REGIMES, TABLE_DIR, ThresholdTable, load_table
 from harness.cli import Parser, float_in, int_in
 from harness.console import terminal
 from harness.errors import HarnessError, run_cli
-from harness.io import atomic_write_text, check_target, claim_work_dir, output_file, shipped_or_results
+from harness.io import atomic_write_text, check_target, claim_work_dir, distinct, output_file, shipped_or_results
 
 RESULTS = Path("results")  # where a command writes by default: never a shipped file
 
@@ -621,17 +621,6 @@ def _sibling_free(sibling: Path, out: Path, install: bool) -> None:
                            f"or choose another --out")
     if sibling.exists() or sibling.is_symlink():
         check_target(sibling, "the tactics file", install)
-
-
-def distinct(runs: list[str], what: str) -> list[str]:
-    """Replicates must be different runs: one folder given twice (by any spelling) would measure no noise."""
-    seen: dict[Path, str] = {}
-    for r in runs:
-        key = Path(r).resolve()
-        if key in seen:
-            raise HarnessError(f"{what}: {r} and {seen[key]} are the same run; pass distinct runs from fresh processes")
-        seen[key] = r
-    return runs
 
 
 def _same_gpu(infos: list[tuple[str, dict]], allow: bool) -> None:

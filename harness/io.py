@@ -149,3 +149,14 @@ def clear_work_dir(path: Path) -> None:
         raise HarnessError(f"{path} was not created by this harness (no {WORK_MARKER} in it), so it is not removed; "
                            f"move it away or choose another work folder")
     shutil.rmtree(path)
+
+
+def distinct(runs: list[str], what: str) -> list[str]:
+    """Replicates must be different runs: one folder given twice (by any spelling) would measure no noise."""
+    seen: dict[Path, str] = {}
+    for r in runs:
+        key = Path(r).resolve()
+        if key in seen:
+            raise HarnessError(f"{what}: {r} and {seen[key]} are the same run; pass distinct runs from fresh processes")
+        seen[key] = r
+    return runs

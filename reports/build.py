@@ -10,6 +10,7 @@ from dispatch.backends import ATEN, is_flashinfer
 from dispatch.table import IDLE, describe_ranges
 from dispatch.vllm import VLLM_VERSION, flag_supported
 from harness.console import terminal
+from harness.errors import HarnessError, signals_deferred
 from harness.io import atomic_write_text
 from reports import figures
 from reports.data import Run, cell_rows, compare_runs, headline, load_anatomy, load_run, shape_crossovers
@@ -363,10 +364,43 @@ def vllm_section(run: Run, folders: list[str], partial: bool) -> str | None:
             + "</details>")
 
 
+def check_inputs(results: list[str], forward: list[str], anatomy: str | None, baseline: str | None,
+                 allow_mismatch: bool) -> None:
+    """What validate refuses, the report refuses too: a folder given twice, and data of another GPU than the first
+    run's (unless allow_mismatch)."""
+    from bench.results import load_run_info
+    from harness.io import distinct
+    distinct(list(results), "reports build")
+    distinct(list(forward), "reports build --forward")
+    def has_info(p: str) -> bool:  # without run.json the folder's own loader names what is wrong with it
+        return ((Path(p) if Path(p).is_dir() else Path(p).parent) / "run.json").is_file()
+    if not has_info(results[0]):
+        return
+    primary = load_run_info(results[0])
+    gpu = str((primary.get("fingerprint") or {}).get("gpu_name", "?"))
+    others = [*results[1:], *forward, *([anatomy] if anatomy else [])]
+    for other in others:
+        if not has_info(other):
+            continue
+        theirs = str((load_run_info(other).get("fingerprint") or {}).get("gpu_name", "?"))
+        if theirs != gpu and not allow_mismatch:
+            raise HarnessError(f"{other} was measured on {theirs!r}, {results[0]} on {gpu!r}; report one GPU's data, "
+                               f"or pass --allow-mismatch")
+    if baseline:
+        from calibrate.baseline import load_baseline
+        b = load_baseline(Path(baseline))
+        if b.profile != primary.get("profile") and not allow_mismatch:
+            raise HarnessError(f"--baseline {baseline} is the {b.profile} baseline, {results[0]} a "
+                               f"{primary.get('profile')} run; pass that GPU's baseline, or --allow-mismatch")
+
+
 def build(results: list[str], out: Path, baseline: str | None = None, anatomy: str | None = None,
-          thresholds: str | None = None, partial: bool = False, forward: str | list[str] | None = None) -> Path:
+          thresholds: str | None = None, partial: bool = False, forward: str | list[str] | None = None,
+          allow_mismatch: bool = False) -> Path:
     """The report of results[0] (the others compared with it); `forward`: measured-forward folders, e.g. one per model
     of one run, each its own section."""
+    check_inputs(results, [forward] if isinstance(forward, str) else list(forward or []), anatomy, baseline,
+                 allow_mismatch)
     with progress(len(results) + 1, "report: loading") as bar:
         runs = []
         for r in results:
@@ -403,7 +437,8 @@ def build(results: list[str], out: Path, baseline: str | None = None, anatomy: s
             bar.update()
     html = page(f"BF16 linear paths on {gpus}", f"{primary.info.get('command', '')} · run started "
                 f"{primary.info.get('started', '?')}", sections)
-    atomic_write_text(out, html)  # built in memory first: a failure above leaves no partial file
+    with signals_deferred():  # Ctrl-C here: the file is written whole, then the interrupt ends the command
+        atomic_write_text(out, html)  # built in memory first: a failure above leaves no partial file
     return out
 
 

@@ -197,4 +197,10 @@ def load_anatomy(path: str | Path) -> tuple[pd.DataFrame, dict[str, Any]]:
     missing = [c for c in ("path", "kind", "layer", "m", "n", "k", "host_us") if c not in df.columns]
     if missing:
         raise HarnessError(f"{csv} lacks column(s) {', '.join(missing)}; it was not written by bench host-anatomy")
+    host = pd.to_numeric(df["host_us"], errors="coerce")
+    bad = host.isna() | ~np.isfinite(host)  # a segment (a layer less its callees) may be slightly negative
+    if bad.any():
+        raise HarnessError(f"{csv}: {int(bad.sum())} row(s) whose host_us is not a finite number (first: "
+                           f"{df[bad].iloc[0]['path']} {df[bad].iloc[0]['layer']}); re-run or restore it")
+    df["host_us"] = host
     return df, load_run_info(csv)

@@ -324,6 +324,16 @@ CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
     ("dry run resuming a garbage results.csv", lambda t: ((t / "o").mkdir(), (t / "o" / "results.csv").write_text("x\n1\n"),
                                                           ["bench", "run", "--gpu", "h200", "--resume", "--out",
                                                            str(t / "o"), "--dry-run"])[2], "not a results table"),
+    ("report of two GPUs' runs", lambda t: ["reports", "build", str(SWEEP), run_folder(
+        t, edit_info=lambda i: i["fingerprint"].update(gpu_name="NVIDIA H100 80GB HBM3")), "-o", str(t / "r.html")],
+     "allow-mismatch"),
+    ("report with another GPU's forward", lambda t: ["reports", "build", str(SWEEP), "--forward", run_folder(
+        t, source=FORWARD, edit_info=lambda i: i["fingerprint"].update(gpu_name="NVIDIA B200")), "-o", str(t / "r.html")],
+     "allow-mismatch"),
+    ("report with one forward twice", lambda t: ["reports", "build", str(SWEEP), "--forward", str(FORWARD), str(FORWARD),
+                                                 "-o", str(t / "r.html")], "the same run"),
+    ("report with another GPU's baseline", lambda t: ["reports", "build", str(SWEEP), "--baseline", baseline(
+        t, lambda d: d.update(profile="h100")), "-o", str(t / "r.html")], "h100 baseline"),
     # threshold tables
     ("thresholds not UTF-8", lambda t: ["calibrate", "validate", str(SWEEP), "--thresholds", thresholds(t, raw=NOT_UTF8)], "not UTF-8"),
     ("thresholds not JSON", lambda t: ["calibrate", "validate", str(SWEEP), "--thresholds", thresholds(t, raw=b"{")], "not valid JSON"),
