@@ -17,7 +17,7 @@ from bench.gpu import L2_MODES
 from bench.paths import PATHS, paths_for
 from bench.merge import merge_shards
 from bench.multi import run_on_devices
-from bench.shard import assign, full_catalog, full_grid_ms, parse_shard
+from bench.shard import assign, full_catalog, full_grid_ms, parse_shard, shard_from_env
 from bench.sweep import SweepConfig, dry_run, require_gpu, run_sweep
 from dispatch import vllm
 from dispatch.backends import flashinfer_path
@@ -64,7 +64,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                        help="full: both models' catalogs at TP 1, 2, 4 and 8 and every vLLM capture size besides the "
                             "default M grid (excludes --shapes, --model, --tp and --m)")
     p_run.add_argument("--shard", metavar="I/N", help="measure shard I of N (I from 1): the shapes split longest first "
-                                                      "over N machines; merge the shards with python -m bench merge")
+                                                      "over N machines; 'auto' reads a Slurm array or torchrun's "
+                                                      "RANK/WORLD_SIZE; merge the shards with python -m bench merge")
     p_run.add_argument("--devices", metavar="LIST",
                        help="comma list of local GPU indices, or 'all': one worker process per GPU, shapes handed out "
                             "longest first, the shards merged into --out")
@@ -145,6 +146,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.cmd == "merge":
+        target = output_dir(args.out, "--out")
+        if target.is_dir() and any(target.iterdir()):  # a user's folder: nothing in it is ours to replace
+            raise HarnessError(f"{target} is not empty; merge into a new or empty folder (nothing was changed)")
         out = merge_shards([Path(d) for d in args.shards], output_dir(args.out, "--out"), args.partial)
         print(f"merged {len(args.shards)} shard(s) into {out}/results.csv and run.json\n"
               f"  next: python -m calibrate validate {out}")
@@ -229,8 +233,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                       vllm_tune_tokens=vllm_tokens)
     _check_before_gpu(cfg, args)
     if args.dry_run:
-        print(dry_run(cfg) + (f"\n  shard {shard['index']}/{shard['of']}: {len(shapes)} of {len(shard['grid_shapes'])}"
-                             f" shapes" if shard else ""))
+        where = f" ({shard_from_env()[2]})" if args.shard and args.shard.strip() == "auto" else ""
+        print(dry_run(cfg) + (f"\n  shard {shard['index']}/{shard['of']}{where}: {len(shapes)} of "
+                              f"{len(shard['grid_shapes'])} shapes" if shard else ""))
         return 0
     if args.devices:
         run_on_devices(cfg, args.devices, host_timing=args.host_timing)

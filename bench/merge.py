@@ -62,8 +62,8 @@ def _all_legs_s(info: dict[str, Any]) -> float:
 
 def merge_shards(shards: Sequence[Path], out: Path, partial: bool = False) -> Path:
     """One results.csv and run.json from the shards (rows unedited), each shard's run.json kept in run.json."""
-    if out.is_dir() and any(out.iterdir()):
-        raise HarnessError(f"{out} is not empty; merge into a new or empty folder (nothing was changed)")
+    if (out / "results.csv").exists():
+        raise HarnessError(f"{out}/results.csv exists; merge into a new folder")
     infos, tables, texts = [], [], []
     for d in shards:
         d = Path(d)

@@ -51,8 +51,45 @@ def assign(shapes: Sequence[Shape], n: int, ms: Sequence[int], paths: Sequence[A
     return bins
 
 
+def shard_from_env(env: dict[str, str] | None = None) -> tuple[int, int, str]:
+    """`--shard auto`: (I, N, where from) from a Slurm array (SLURM_ARRAY_TASK_ID and SLURM_ARRAY_TASK_COUNT, the
+    array's minimum index SLURM_ARRAY_TASK_MIN honoured, so --array=0-3 and --array=1-4 both give shards 1..4) or
+    from torchrun (RANK and WORLD_SIZE, RANK from 0)."""
+    import os
+    env = dict(os.environ) if env is None else env
+
+    def num(key: str) -> int:
+        try:
+            return int(env[key])
+        except ValueError:
+            raise HarnessError(f"--shard auto: {key}={env[key]!r} is not an integer") from None
+    if "SLURM_ARRAY_TASK_ID" in env:
+        if "SLURM_ARRAY_TASK_COUNT" not in env:
+            raise HarnessError("--shard auto: SLURM_ARRAY_TASK_ID is set but SLURM_ARRAY_TASK_COUNT is not; run it as "
+                               "an sbatch --array job, or pass --shard I/N")
+        task, count = num("SLURM_ARRAY_TASK_ID"), num("SLURM_ARRAY_TASK_COUNT")
+        low = num("SLURM_ARRAY_TASK_MIN") if "SLURM_ARRAY_TASK_MIN" in env else 0
+        i = task - low + 1
+        step = num("SLURM_ARRAY_TASK_STEP") if "SLURM_ARRAY_TASK_STEP" in env else 1
+        if step != 1:
+            raise HarnessError(f"--shard auto: the Slurm array steps by {step}; use a contiguous array (--array=1-N)")
+        where = f"Slurm array task {task} of {count} (min index {low})"
+    elif "RANK" in env and "WORLD_SIZE" in env:
+        i, count = num("RANK") + 1, num("WORLD_SIZE")
+        where = f"torchrun rank {i - 1} of {count}"
+    else:
+        raise HarnessError("--shard auto found no Slurm array (SLURM_ARRAY_TASK_ID, SLURM_ARRAY_TASK_COUNT) or "
+                           "torchrun (RANK, WORLD_SIZE) variables; pass --shard I/N")
+    if not 1 <= i <= count <= 1024:
+        raise HarnessError(f"--shard auto: {where} gives shard {i} of {count}; expected 1..N with N <= 1024")
+    return i, count, where
+
+
 def parse_shard(spec: str) -> tuple[int, int]:
-    """'2/4' -> (2, 4): shard 2 of 4, counted from 1 (a Slurm array index 1..N)."""
+    """'2/4' -> (2, 4): shard 2 of 4, counted from 1 (a Slurm array index 1..N); 'auto': from the scheduler's
+    environment (shard_from_env)."""
+    if spec.strip() == "auto":
+        return shard_from_env()[:2]
     try:
         i, n = (int(x) for x in spec.split("/"))
     except ValueError:

@@ -388,3 +388,32 @@ def test_host_shift_labels_runs_by_folder_name_or_by_path_where_names_repeat(tmp
                  str(HOST_TIMING / "conc-b")]) == 0
     out = capsys.readouterr().out
     assert all(p in out for p in same) and "conc-a" in out and str(HOST_TIMING) not in out
+
+
+def test_shard_auto_reads_a_slurm_array_or_torchrun():
+    from bench.shard import shard_from_env
+    from harness.errors import HarnessError
+    assert shard_from_env({"SLURM_ARRAY_TASK_ID": "0", "SLURM_ARRAY_TASK_COUNT": "4", "SLURM_ARRAY_TASK_MIN": "0"})[:2] \
+        == (1, 4)
+    assert shard_from_env({"SLURM_ARRAY_TASK_ID": "4", "SLURM_ARRAY_TASK_COUNT": "4", "SLURM_ARRAY_TASK_MIN": "1"})[:2] \
+        == (4, 4)
+    assert shard_from_env({"RANK": "2", "WORLD_SIZE": "3"})[:2] == (3, 3)
+    assert "Slurm" in shard_from_env({"SLURM_ARRAY_TASK_ID": "1", "SLURM_ARRAY_TASK_COUNT": "2",
+                                      "SLURM_ARRAY_TASK_MIN": "1"})[2]
+    for env, needle in (({}, "no Slurm"), ({"SLURM_ARRAY_TASK_ID": "1"}, "COUNT"),
+                        ({"SLURM_ARRAY_TASK_ID": "x", "SLURM_ARRAY_TASK_COUNT": "2"}, "not an integer"),
+                        ({"SLURM_ARRAY_TASK_ID": "9", "SLURM_ARRAY_TASK_COUNT": "2", "SLURM_ARRAY_TASK_MIN": "0"},
+                         "shard 10 of 2"),
+                        ({"SLURM_ARRAY_TASK_ID": "2", "SLURM_ARRAY_TASK_COUNT": "2", "SLURM_ARRAY_TASK_MIN": "0",
+                          "SLURM_ARRAY_TASK_STEP": "2"}, "steps by 2")):
+        with pytest.raises(HarnessError, match=needle):
+            shard_from_env(env)
+
+
+def test_dry_run_says_which_shard_auto_is(monkeypatch, capsys):
+    from bench.__main__ import main
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "2")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_COUNT", "3")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_MIN", "1")
+    assert main(["run", "--gpu", "h200", "--shard", "auto", "--dry-run"]) == 0
+    assert "shard 2/3 (Slurm array task 2 of 3 (min index 1))" in capsys.readouterr().out
