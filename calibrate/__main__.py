@@ -140,6 +140,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                             "eager table-direct forward was host-bound found one single path faster than the table's "
                             "own choices (as --table-forward tests it), that path becomes the idle choice there: what "
                             "an eager call runs while the idle signal says the GPU waits on the host")
+    p_fit.add_argument("--method", choices=("rules", "segments"), default="rules",
+                       help="rules: the per-cell fit with forward picks and overrides (default); segments: the "
+                            "fewest ranges within --tolerance of the per-M best (calibrate/segments.py)")
+    p_fit.add_argument("--tolerance", type=float_in(0, 0.5), default=0.02,
+                       help="with --method segments: a range's path may cost this much more than the per-M best "
+                            "(default 0.02)")
     p_fit.add_argument("--out", help="table file to write (default results/<profile>/table.json)")
     p_fit.add_argument("--install", action="store_true",
                        help="write the shipped dispatch/thresholds/<profile>.json (and its tactics file)")
@@ -434,8 +440,18 @@ def _fit_cmd(args, argv, profile, df, info, cells) -> int:
                         "picks": {f"{r} {mo} M={m}": p for (r, mo, m), (p, *_) in sorted(picks.items())},
                         "gpu_bound_from": {mo: (None if v == math.inf else int(v)) for mo, v in sorted(bound_m.items())},
                         "host_bound_until": {mo: int(v) for mo, v in sorted(host_m.items())}}
-    table, report = fit(cells, base, profile.capture_size, args.min_gain, noise, hold_out, cell_picks, shape_bound,
-                        host_bound_until=shape_host)
+    if args.method == "segments":
+        from calibrate.segments import RULE, fit_segments, range_counts
+        if args.forward or args.table_forward or args.idle_forward:
+            raise HarnessError("--method segments fits from the cells alone; check it with measured forwards "
+                               "(calibrate validate --forward) instead of --forward, --table-forward or --idle-forward")
+        table, report = fit_segments(cells, base, args.tolerance, args.min_gain, noise, hold_out)
+        counts = range_counts(table)
+        print(f"segments: {counts['mean_ranges']:.2f} ranges per shape and regime on average (at most "
+              f"{counts['max_ranges']}), the narrowest {counts['narrowest_share']:.0%} of its upper M")
+    else:
+        table, report = fit(cells, base, profile.capture_size, args.min_gain, noise, hold_out, cell_picks, shape_bound,
+                            host_bound_until=shape_host)
     override_note = None
     if args.table_forward:
         table, report, override_note = _overrides(args, profile, df, cells, base, noise, hold_out, cell_picks,
@@ -467,6 +483,9 @@ def _fit_cmd(args, argv, profile, df, info, cells) -> int:
                       "two paths' costs, interpolated linearly in M, cross (a model of unmeasured M); shapes not "
                       "measured and M above the last range run F.linear",
               "noise_floor": noise.source if noise else None, "measured_forwards": forward_note}
+    if args.method == "segments":
+        source["rule"] = f"{RULE}; tolerance {args.tolerance:g}, min_gain {args.min_gain:g}"
+        source["method"] = "segments"
     if floor is not None:
         source["forward_noise_floor"] = {**floor.to_json(), "file": forward_noise_path(profile.name).name}
         source["rule"] += ("; with --forward-noise, every forward test's paired interval is widened by the forward "

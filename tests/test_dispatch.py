@@ -1117,3 +1117,23 @@ def test_pace_record_enters_the_slow_phase_and_leaves_it_with_hysteresis(native_
     finally:
         dispatch.pace_config(*defaults)
     assert native_module.pace_config() == defaults
+
+
+def test_the_segment_fit_prefers_few_ranges_within_the_tolerance():
+    from calibrate.segments import segment
+    ms = [1, 2, 4, 8, 16, 32]
+    # TinyGEMM 20% faster up to 8, then slower; a one-M dip of cuBLASLt at 16 worth 1.5% (inside a 2% tolerance)
+    cost = {}
+    for m in ms:
+        cost[(m, "aten")] = 10.0
+        cost[(m, "tiny")] = 8.0 if m <= 8 else 14.0
+        cost[(m, "cublaslt")] = 9.85 if m == 16 else 10.5
+    upper = {(m, p): cost[(m, p)] / 10.0 * 1.005 for m, p in cost}
+    choices = segment(ms, cost, upper, ["aten", "tiny", "cublaslt"], tolerance=0.02, min_gain=0.01)
+    assert choices == [(1, "tiny"), (2, "tiny"), (4, "tiny"), (8, "tiny"), (16, "aten"), (32, "aten")]
+    # without the tolerance the dip is its own range
+    tight = segment(ms, cost, upper, ["aten", "tiny", "cublaslt"], tolerance=0.0, min_gain=0.01)
+    assert tight[4] == (16, "cublaslt")
+    # a gain inside the noise never leaves F.linear
+    flat = {(m, p): 1.0 for m, p in upper}
+    assert {p for _, p in segment(ms, cost, flat, ["aten", "tiny", "cublaslt"], 0.5, 0.01)} == {"aten"}
