@@ -475,3 +475,10 @@ def op():
     implementation, for code under torch.compile (dispatch/compiled.py)."""
     from dispatch.compiled import register
     return register()
+
+
+def patch(model: Any, lm_head: bool = False, compiled: bool = False):
+    """Every eligible bias-free bf16 nn.Linear of a torch module served by the dispatcher (dispatch/patching.py);
+    returns a handle whose remove() restores the module."""
+    from dispatch.patching import patch as _patch
+    return _patch(model, lm_head, compiled)
