@@ -75,6 +75,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_run.add_argument("--pdl", choices=("profile", "on", "off"), default="profile",
                        help="programmatic dependent launch for the backends that take it: the profile's (vLLM's: on "
                             "for SM >= 90; default), or forced on/off to measure what it changes; run.json records it")
+    p_run.add_argument("--all", action="store_true",
+                       help="time every cell (default: a low-M backend is skipped on a shape above an M where its GPU "
+                            "time exceeded 2x F.linear's cost in both regimes)")
     p_run.add_argument("--dry-run", action="store_true",
                        help="print the plan (paths, skips with reasons, tuning buckets, cells, estimated time); no GPU")
     p_an = sub.add_parser("host-anatomy", help="where a FlashInfer call's host time goes, layer by layer, vs F.linear")
@@ -230,7 +233,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                       resume=args.resume, allow_mismatch=args.allow_mismatch, tune=not args.no_tune, tune_all=args.tune_all,
                       autotune_cache=_served(args), save_autotune_cache=_saved(args),
                       max_rotations=args.max_rotations, command=command, quiet=True, shard=shard,
-                      vllm_tune_tokens=vllm_tokens)
+                      vllm_tune_tokens=vllm_tokens, hopeless_factor=None if args.all else 2.0)
     _check_before_gpu(cfg, args)
     if args.dry_run:
         where = f" ({shard_from_env()[2]})" if args.shard and args.shard.strip() == "auto" else ""

@@ -14,7 +14,7 @@ from bench.envinfo import nvml_clocks, run_info
 from bench.gpu import (REL_ERR_BOUND, L2Flush, capture, check_output, flashinfer_choices, make_operands,
                        replay_interleaved)
 from bench.hosttime import host_times
-from bench.paths import GemmPath
+from bench.paths import ATEN, PATHS, GemmPath
 from bench.results import done_keys, write_parquet, write_results, write_run_json
 from bench.shard import SECONDS_PER_CELL, SECONDS_PER_TUNING
 from bench.stats import PhaseTimer, calls_per_graph, estimate_call_us, rotation_count, summary
@@ -41,6 +41,10 @@ class SweepConfig:
     host_rounds: int = 5
     gpu_bound_us: float = 100.0  # a call estimated this long on the GPU is host-timed with 5 calls x 3 rounds
     write_every_s: float = 5.0  # results are rewritten at most this often (and always at the end or on interrupt)
+    # A low-M backend is no longer timed on a shape from the M after one where its GPU time exceeded this many times
+    # F.linear's cost there in either regime (GPU time, and max(host, GPU)): it only grows with M, so it cannot win
+    # above. None (--all): every cell is timed.
+    hopeless_factor: float | None = None  # bench run sets 2.0 unless --all; baselines time every cell
     l2: str = "rotate"  # rotate | flush | warm (bench.gpu.L2_MODES)
     resume: bool = False
     allow_mismatch: bool = False
@@ -377,14 +381,37 @@ def tune_group_paths(cfg: SweepConfig, shape: Shape, todo: list[int], sm: int, f
     return tune_info
 
 
-def split_runnable(paths: list[GemmPath], shape: Shape, m: int, sm: int, done: set[tuple], timer: str
-                   ) -> tuple[list[GemmPath], list[dict[str, Any]]]:
-    """The paths still to measure at (shape, M), and the rows of those that cannot run here, with the reason."""
+def hopeless_after(rows: list[dict[str, Any]], m: int, factor: float | None) -> dict[str, str]:
+    """Low-M paths whose GPU time at this (shape, M) exceeded `factor` x F.linear's cost in both regimes: the reason
+    their later M of the shape are skipped."""
+    if factor is None:
+        return {}
+    aten = next((r for r in rows if r.get("path") == ATEN and r.get("status") == "ok"), None)
+    if aten is None:
+        return {}
+    eager_cost = max(float(aten["gpu_us"]), float(aten.get("host_us") or 0.0))
+    out = {}
+    for r in rows:
+        name = r.get("path")
+        if r.get("status") != "ok" or name not in PATHS or PATHS[name].role != "low-m":
+            continue
+        ratio = float(r["gpu_us"]) / float(aten["gpu_us"])
+        if float(r["gpu_us"]) > factor * eager_cost and ratio > factor:
+            out[name] = (f"{name} took {ratio:.1f}x F.linear's GPU time at M = {m} on this shape (above {factor:g}x "
+                         f"its cost in both regimes); a low-M kernel only falls further behind at larger M "
+                         f"(--all times it)")
+    return out
+
+
+def split_runnable(paths: list[GemmPath], shape: Shape, m: int, sm: int, done: set[tuple], timer: str,
+                   hopeless: dict[str, str] | None = None) -> tuple[list[GemmPath], list[dict[str, Any]]]:
+    """The paths still to measure at (shape, M), and the rows of those that cannot run here or cannot matter, with
+    the reason."""
     live, skipped = [], []
     for p in paths:
         if (shape.n, shape.k, m, p.name) in done:
             continue
-        reason = p.skip_reason(sm, shape.n, shape.k, m)
+        reason = p.skip_reason(sm, shape.n, shape.k, m) or (hopeless or {}).get(p.name)
         if reason:
             skipped.append({**_shape_fields(shape), "m": m, "path": p.name, "status": "skipped", "reason": reason,
                             "timer": timer})
@@ -412,6 +439,8 @@ def run_sweep(cfg: SweepConfig) -> Path:
     info = run_info(cfg.command, profile=cfg.profile.name, timer=cfg.timer, l2=cfg.l2, warm_l2=cfg.l2 == "warm", **extra,
                     samples=cfg.samples, ms=cfg.ms, shapes=[s.name for s in cfg.shapes],
                     paths=[p.name for p in cfg.paths], pdl=cfg.profile.pdl, tuning=tuning_info(cfg.vllm_tune_tokens),
+                    skip_hopeless=(f"low-M paths above {cfg.hopeless_factor:g}x F.linear's cost at a smaller M of the "
+                                   f"shape are skipped" if cfg.hopeless_factor else "off (--all)"),
                     clocks_start=nvml_clocks())
     cfg.out.mkdir(parents=True, exist_ok=True)
     rows, done = done_keys(cfg.out) if cfg.resume else ([], set())
@@ -437,15 +466,19 @@ def run_sweep(cfg: SweepConfig) -> Path:
             t_shape = time.perf_counter()
             todo = [m for m in cfg.ms if any((shape.n, shape.k, m, p.name) not in done for p in cfg.paths)]
             tune_info = tune_group_paths(cfg, shape, todo, sm, fns, bar, phase) if cfg.tune and not pinned else {}
+            hopeless: dict[str, str] = {}
             for m in cfg.ms:
                 bar.set_postfix_str(f"{shape.name} M={m}")
                 if m not in todo:
                     bar.update(1)
                     continue
-                live, skipped = split_runnable(cfg.paths, shape, m, sm, done, clock.name)
+                live, skipped = split_runnable(cfg.paths, shape, m, sm, done, clock.name, hopeless)
                 rows.extend(skipped)
-                rows.extend(measure_group(cfg, clock, shape, m, live, fns, props.L2_cache_size, tune_info, phase,
-                                          flush, flush_names))
+                measured = measure_group(cfg, clock, shape, m, live, fns, props.L2_cache_size, tune_info, phase,
+                                         flush, flush_names)
+                rows.extend(measured)
+                for name, reason in hopeless_after(measured, m, cfg.hopeless_factor).items():
+                    hopeless.setdefault(name, reason)
                 if time.perf_counter() - last_write >= cfg.write_every_s:
                     with phase("write"):
                         write_results(cfg.out, rows)

@@ -316,3 +316,21 @@ def test_flashinfer_choices_records_the_runner_that_ran_not_the_autotuners_answe
         assert gemm() == "fallback"
     assert seen == [("Fallback", -1)]
     assert TunableRunner.__call__.__name__ == "__call__"  # restored
+
+
+def test_a_low_m_path_far_behind_f_linear_is_skipped_above_that_m():
+    from bench.sweep import hopeless_after, split_runnable
+    from bench.paths import PATHS
+    from shapes.catalog import catalog
+    rows = [{"path": "aten", "status": "ok", "gpu_us": 10.0, "host_us": 15.0},
+            {"path": "flashinfer-lean:tinygemm", "status": "ok", "gpu_us": 40.0},
+            {"path": "flashinfer:tinygemm", "status": "ok", "gpu_us": 25.0},  # 2.5x GPU but under 2x the eager cost
+            {"path": "flashinfer-lean:cublaslt", "status": "ok", "gpu_us": 90.0}]  # not a low-M path: never skipped
+    hopeless = hopeless_after(rows, 64, 2.0)
+    assert list(hopeless) == ["flashinfer-lean:tinygemm"] and "M = 64" in hopeless["flashinfer-lean:tinygemm"]
+    assert hopeless_after(rows, 64, None) == {}
+    shape = next(s for s in catalog() if s.n % 16 == 0)
+    paths = [PATHS[p] for p in ("aten", "flashinfer-lean:tinygemm", "flashinfer:tinygemm")]
+    live, skipped = split_runnable(paths, shape, 128, 90, set(), "cupti", hopeless)
+    assert [p.name for p in live] == ["aten", "flashinfer:tinygemm"]
+    assert skipped[0]["path"] == "flashinfer-lean:tinygemm" and "--all" in skipped[0]["reason"]
