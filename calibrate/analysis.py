@@ -379,6 +379,14 @@ def host_ratios(cells: Cells, paths: list[str]) -> dict[str, float]:
     return out
 
 
+def shapes_to_fit(cells: Cells, hold_out: set[int] | frozenset[int]):
+    """(n, k, the M a fit may use) per shape: M not held out where F.linear was measured ok."""
+    for n, k in cells.shapes():
+        ms = [m for m in cells.ms(n, k) if m not in hold_out and cells.has(n, k, m, ATEN)]
+        if ms:
+            yield n, k, ms
+
+
 def fit(cells: Cells, base: ThresholdTable, capture_size: int, min_gain: float = FIT_MIN_GAIN, noise: Any = None,
         hold_out: set[int] | frozenset[int] = frozenset(),
         forward_picks: dict[tuple[str, int, int, int], str] | None = None,
@@ -421,10 +429,7 @@ def fit(cells: Cells, base: ThresholdTable, capture_size: int, min_gain: float =
                            + ", ".join(among[1:]) + ") both measured ok; measure them with python -m bench run")
     shapes_out: dict[tuple[int, int], dict[str, tuple]] = {}
     report = []
-    for n, k in cells.shapes():
-        ms = [m for m in cells.ms(n, k) if m not in hold_out and cells.has(n, k, m, ATEN)]
-        if not ms:
-            continue
+    for n, k, ms in shapes_to_fit(cells, hold_out):
         own, graph_choice = {}, {}
         bound_from = (gpu_bound_from or {}).get((n, k))
         host_until = (host_bound_until or {}).get((n, k))

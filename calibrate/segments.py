@@ -14,7 +14,7 @@ from typing import Any
 
 import pandas as pd
 
-from calibrate.analysis import Cells, calibrated_ratio, dispatch_candidates
+from calibrate.analysis import Cells, calibrated_ratio, dispatch_candidates, shapes_to_fit
 from dispatch.backends import ATEN
 from dispatch.table import REGIMES, ThresholdTable, compress, describe_ranges
 from harness.errors import HarnessError
@@ -79,10 +79,7 @@ def fit_segments(cells: Cells, base: ThresholdTable, tolerance: float = DEFAULT_
     among = dispatch_candidates(cells, base)
     shapes_out: dict[tuple[int, int], dict[str, tuple]] = {}
     report = []
-    for n, k in cells.shapes():
-        ms = [m for m in cells.ms(n, k) if m not in hold_out and cells.has(n, k, m, ATEN)]
-        if not ms:
-            continue
+    for n, k, ms in shapes_to_fit(cells, hold_out):
         own = {}
         for regime in REGIMES:
             cost, upper = {}, {}

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from harness.errors import quiet_interrupts
 
-quiet_interrupts("dispatch")  # Ctrl-C during the imports below: one line, no traceback
+quiet_interrupts(__package__)  # Ctrl-C during the imports below: one line, no traceback
 
 import os
 import shutil
@@ -66,4 +66,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(run_cli(main, "dispatch"))
+    sys.exit(run_cli(main, __package__))
