@@ -134,8 +134,9 @@ def headline(run: Run) -> Headline:
         where = ", ".join(f"{r.n}x{r.k} M={r.m}" for r in slower.head(8).itertuples())
         s.insert(0, f"No, the dispatcher does not hold everywhere on this {run.gpu} ({rule}): it is SLOWER than the "
                     f"best choice beyond {MARGIN:.0%} in {len(slower)} cell(s)" + (f" ({where})" if where else "") +
-                    (f" and its per-forward total exceeds the best by more than 1% at {len(over)} (model, M) points"
-                     if len(over) else "") + ".")
+                    (f" and, in the cell-sum model (a sum of isolated cells, not a measurement; measured forwards "
+                     f"overrule it where they exist), its per-forward total exceeds the best by more than 1% at "
+                     f"{len(over)} (model, M) points" if len(over) else "") + ".")
     if run.incomplete:  # no verdict on incomplete data: say what the measured cells show, and that it is not one
         s[0] = (f"No verdict: this run is incomplete ({'; '.join(run.incomplete)}), judged with --partial. On the "
                 f"measured cells alone: " + s[0])

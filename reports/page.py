@@ -17,12 +17,12 @@ main{padding:8px 28px 40px;max-width:1500px}section{margin:22px 0}h2{border-bott
 .verdict{font-size:16px;padding:12px 16px;border-radius:6px;margin:10px 0}.yes{background:#e3f4e1;border:1px solid #7cbf74}
 .no{background:#fbe3e1;border:1px solid #d9837a}.unknown{background:#f3f0dc;border:1px solid #c9b96a}
 table{border-collapse:collapse;font-size:12.5px;background:#fff}th,td{border:1px solid #ddd;padding:3px 7px;
-text-align:right;white-space:nowrap}th{background:#eef1f4;position:sticky;top:34px}td.l,th.l{text-align:left}
+text-align:right;white-space:nowrap}th{background:#eef1f4;position:sticky;top:34px}td.l,th.l{text-align:left}main{overflow-x:auto}section{overflow-x:auto}
 td.k{max-width:260px;overflow:hidden;text-overflow:ellipsis;text-align:left;font-family:monospace;font-size:11px}
 .v-FASTER{background:#c9ebc5}.v-SAME{background:#eceff1}.v-SLOWER{background:#f6c4bf}.v-AMBIGUOUS{background:#fbe7b5}
 .st-failed{background:#f6c4bf}.st-skipped{color:#888}details{margin:6px 0;background:#fff;border:1px solid #ddd;
 border-radius:4px;padding:4px 10px}summary{cursor:pointer;font-weight:600}img{max-width:100%}
-.muted{color:#666;font-size:12.5px}table.cells td:last-child{white-space:normal;max-width:260px;text-align:left}table.wrap td{white-space:normal;max-width:600px}.wrapkv td{white-space:normal;max-width:1100px}.kv td{text-align:left}#filter{font-size:14px;padding:4px 8px;width:420px}
+.muted{color:#666;font-size:12.5px}table.cells td:last-child{white-space:normal;max-width:260px;text-align:left}table.wrap td{white-space:normal;max-width:600px}.wrapkv td{white-space:normal;max-width:1100px}.kv td{text-align:left;white-space:normal;overflow-wrap:anywhere;max-width:1100px}#filter{font-size:14px;padding:4px 8px;width:420px}
 """
 
 FILTER_JS = """
