@@ -3,8 +3,8 @@
 A path turns (x [M, K], w [N, K]) into y [M, N]. Each has a role, and every consumer asks the registry by role:
 - baseline: F.linear (`aten`), what every ratio is taken against;
 - low-m: a FlashInfer backend for small M (TinyGEMM, CuTe DSL); which one a GPU uses is its profile's low_m_backend;
-- candidate: another FlashInfer backend (cuBLASLt, cuDNN); `flashinfer:cublaslt` is also what vLLM's FlashInfer flag
-  runs above M = 32 on SM90 (TUNED_CUBLASLT);
+- candidate: another FlashInfer backend (cuBLASLt, cuDNN); `flashinfer:cublaslt` is also what the all-FlashInfer
+  hypothetical (flashinfer-everywhere) runs above M = 32 on SM90 (TUNED_CUBLASLT);
 - a low-M backend also has `vllm-op:<backend>`: the public call inside vLLM's custom-op wrapper and per-call check;
 - dispatcher: `dispatch.linear`, which runs the baseline or a FlashInfer path by its table and the regime.
 
@@ -125,7 +125,7 @@ PATHS: dict[str, GemmPath] = {p.name: p for p in (
     GemmPath(DISPATCH, _dispatch, "dispatcher", note="dispatch.linear: its table's path for the shape, M and regime "
                                                      "(graph while capturing, eager otherwise)"),
 )}
-TUNED_CUBLASLT = flashinfer_path("cublaslt")  # FlashInfer's autotuned cuBLASLt: vLLM's flag above M = 32 on SM90
+TUNED_CUBLASLT = flashinfer_path("cublaslt")  # FlashInfer's autotuned cuBLASLt: flashinfer-everywhere above M = 32
 
 
 def low_m_path(profile) -> str:

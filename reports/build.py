@@ -103,7 +103,8 @@ def totals_section(head) -> str:
             "layers (lm_head excluded) of GPU time per call in the CUDA-graph regime and of max(host, GPU) per call in "
             "the eager regime. It leaves out the gaps, clocks and L2 state of a real sequence and the overlap of host "
             "and GPU across layers; the Measured forward section (bench forward, where given) is the ground truth. "
-            "'FlashInfer' is the low-M backend at M <= 32 and FlashInfer's cuBLASLt above, as vLLM's flag runs it.</p>"
+            "'FlashInfer' is the low-M backend at M <= 32 and FlashInfer's cuBLASLt above (flashinfer-everywhere: a "
+            "hypothetical on SM90, where vLLM runs F.linear; docs/vllm.md).</p>"
             f"<details><summary>Table ({len(show)} rows)</summary>"
             f"{table(show.sort_values(['model', 'regime', 'm']), cols, fmt=fmt, left=('model', 'regime'))}</details>")
 

@@ -220,7 +220,7 @@ def test_every_measured_path_is_the_oracle_by_default(capsys):
 
 
 @pytest.mark.evidence
-def test_the_seed_threshold_fails_on_h200(capsys):
+def test_a_single_threshold_at_32_fails_on_h200(capsys):
     import os
     import tempfile
 
@@ -536,7 +536,7 @@ def test_the_pdl_figures_of_the_readme_come_from_the_committed_runs():
     assert (round(r.min(), 2), round(r.median(), 2), round(r.max(), 2)) == (0.56, 0.94, 1.02)
 
 
-def test_flashinfer_alone_follows_vllms_flag_on_each_sm():
+def test_flashinfer_alone_is_the_flashinfer_everywhere_rule_on_each_sm():
     """'FlashInfer alone' in the cell-sum model is the forward's flashinfer-everywhere rule: on SM90 the low-M kernel up to
     M = 32 and FlashInfer's cuBLASLt above; on SM100 CuTe DSL at every M (its runner set falls back to its own
     cuBLASLt above 32)."""
