@@ -442,10 +442,16 @@ def _fit_cmd(args, argv, profile, df, info, cells) -> int:
                         "host_bound_until": {mo: int(v) for mo, v in sorted(host_m.items())}}
     if args.method == "segments":
         from calibrate.segments import RULE, fit_segments, range_counts
-        if args.forward or args.table_forward or args.idle_forward:
-            raise HarnessError("--method segments fits from the cells alone; check it with measured forwards "
-                               "(calibrate validate --forward) instead of --forward, --table-forward or --idle-forward")
-        table, report = fit_segments(cells, base, args.tolerance, args.min_gain, noise, hold_out)
+        if args.table_forward or args.idle_forward:
+            raise HarnessError("--method segments takes from measured forwards (--forward) only where eager forwards "
+                               "are host- or GPU-bound; check the table with calibrate validate --forward instead "
+                               "of --table-forward or --idle-forward")
+        seg_picks = {}
+        if args.forward:
+            from calibrate.segments import eager_picks
+            seg_picks = eager_picks(picks, model_uses(df), cells, hold_out)
+        table, report = fit_segments(cells, base, args.tolerance, args.min_gain, noise, hold_out, shape_bound,
+                                     shape_host, seg_picks)
         counts = range_counts(table)
         print(f"segments: {counts['mean_ranges']:.2f} ranges per shape and regime on average (at most "
               f"{counts['max_ranges']}), the narrowest {counts['narrowest_share']:.0%} of its upper M")

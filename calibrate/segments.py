@@ -23,7 +23,10 @@ DEFAULT_TOLERANCE = 0.02
 RULE = ("fewest M ranges per shape and regime such that at every measured M the range's path costs at most "
         "(1 + tolerance) x the cheapest there of F.linear and the paths that beat it beyond the noise, and every FlashInfer range's geometric-mean ratio to "
         "F.linear over its span (each M at the top of its noise-widened interval) lies below 1 - min_gain; "
-        "graph cost: GPU time, eager cost: max(host, GPU) per call; ties to the lower total cost, then F.linear")
+        "graph cost: GPU time; eager cost: max(host, GPU) per call, and with --forward GPU time from the M where "
+        "the shape's models' measured eager forwards were GPU-bound (both between that and the host-bound M), and "
+        "at a (model, M) where a single path's whole forward beat all-aten beyond the noise in every run, that path "
+        "as the best at the model's cells with the forward's ratio; ties to the lower total cost, then F.linear")
 
 
 def _upper_ratio(cells: Cells, n: int, k: int, m: int, path: str, regime: str, noise: Any) -> float:
@@ -33,6 +36,22 @@ def _upper_ratio(cells: Cells, n: int, k: int, m: int, path: str, regime: str, n
         return calibrated_ratio(cells, n, k, m, path, ATEN, noise, m)[2]
     floor = math.exp(noise.half_width(cells.gpu(n, k, m, ATEN))) if noise is not None else 1.0
     return cells.cost_bound(n, k, m, path, "p80") * floor / cells.cost_bound(n, k, m, ATEN, "p20")
+
+
+def eager_model(m: int, gpu_bound_from: float | None, host_bound_until: float | None) -> tuple[str, ...]:
+    """How an eager call at M is judged, from measured forwards of the shape's models: from the M where they were
+    GPU-bound, by GPU time ('graph'); up to the M where they were host-bound, or without forwards, by max(host, GPU)
+    of the cell ('eager'); between (balanced), by both."""
+    if gpu_bound_from is not None and m >= gpu_bound_from:
+        return ("graph",)
+    if gpu_bound_from is not None and (host_bound_until is None or m > host_bound_until):
+        return ("graph", "eager")
+    return ("eager",)
+
+
+def _cost(cells: Cells, n: int, k: int, m: int, path: str, how: tuple[str, ...]) -> float:
+    parts = {"graph": lambda: cells.gpu(n, k, m, path), "eager": lambda: cells.cost(n, k, m, path, "eager")}
+    return max(parts[h]() for h in how)
 
 
 def segment(ms: list[int], cost: dict[tuple[int, str], float], upper: dict[tuple[int, str], float],
@@ -73,9 +92,17 @@ def segment(ms: list[int], cost: dict[tuple[int, str], float], upper: dict[tuple
 
 
 def fit_segments(cells: Cells, base: ThresholdTable, tolerance: float = DEFAULT_TOLERANCE, min_gain: float = 0.01,
-                 noise: Any = None, hold_out: set[int] | frozenset[int] = frozenset()
+                 noise: Any = None, hold_out: set[int] | frozenset[int] = frozenset(),
+                 gpu_bound_from: dict[tuple[int, int], float] | None = None,
+                 host_bound_until: dict[tuple[int, int], float] | None = None,
+                 picks: dict[tuple[str, int, int, int], tuple[str, float, float]] | None = None
                  ) -> tuple[ThresholdTable, pd.DataFrame]:
-    """The table of the fewest-range fit (RULE) from measured cells, and per shape what it chose."""
+    """The table of the fewest-range fit (RULE) from measured cells, and per shape what it chose. The boundness maps
+    (n, k) -> M come from measured forwards (calibrate.forward_model) and say how eager cells are judged
+    (eager_model). `picks` (regime, n, k, m) -> (path, its ratio to all-aten, the top of that ratio's interval): a
+    single path whose whole measured forward beat all-aten beyond the noise there (forward_model.picks_in_every_run);
+    a forward measures what a cell cannot (host and GPU overlap across layers), so at its cells the path costs
+    F.linear's cost times the forward's ratio, and its span test uses the interval's top."""
     among = dispatch_candidates(cells, base)
     shapes_out: dict[tuple[int, int], dict[str, tuple]] = {}
     report = []
@@ -84,10 +111,18 @@ def fit_segments(cells: Cells, base: ThresholdTable, tolerance: float = DEFAULT_
         for regime in REGIMES:
             cost, upper = {}, {}
             for m in ms:
+                how = ("graph",) if regime == "graph" else eager_model(
+                    m, (gpu_bound_from or {}).get((n, k)), (host_bound_until or {}).get((n, k)))
                 for p in among:
-                    if cells.has(n, k, m, p):
-                        cost[(m, p)] = cells.cost(n, k, m, p, regime)
-                        upper[(m, p)] = 1.0 if p == ATEN else _upper_ratio(cells, n, k, m, p, regime, noise)
+                    if not cells.has(n, k, m, p) or math.isnan(_cost(cells, n, k, m, p, how)):
+                        continue  # a cell without the host time its regime is judged by cannot cover this M
+                    cost[(m, p)] = _cost(cells, n, k, m, p, how)
+                    upper[(m, p)] = 1.0 if p == ATEN else max(_upper_ratio(cells, n, k, m, p, h, noise) for h in how)
+                picked = (picks or {}).get((regime, n, k, m))
+                if picked is not None and (m, picked[0]) in cost and (m, ATEN) in cost:
+                    path, ratio, hi = picked  # the forward's ratio to all-aten stands for the cell's
+                    cost[(m, path)] = min(cost[(m, ATEN)] * ratio, *(cost[(m, q)] for q in among if (m, q) in cost))
+                    upper[(m, path)] = hi
             own[regime] = compress(segment(ms, cost, upper, among, tolerance, min_gain))
         shapes_out[(n, k)] = own
         report.append({"n": n, "k": k, "graph": describe_ranges(own["graph"]), "eager": describe_ranges(own["eager"])})
@@ -95,6 +130,32 @@ def fit_segments(cells: Cells, base: ThresholdTable, tolerance: float = DEFAULT_
         raise HarnessError("nothing to fit: no shape has F.linear measured ok")
     table = ThresholdTable(base.profile, base.low_m_backend, {r: () for r in REGIMES}, shapes_out)
     return table, pd.DataFrame(report)
+
+
+def eager_picks(picks: dict[tuple[str, str, int], tuple[str, float, float]],
+                uses: dict[str, list[tuple[int, int, int]]], cells: Cells, hold_out: set[int] | frozenset[int]
+                ) -> dict[tuple[str, int, int, int], tuple[str, float, float]]:
+    """The eager forward picks (regime, model, M) -> (path, ratio, top of interval) as (regime, n, k, m) for the
+    model's cells, and for the cells' M between two picked M of the same path (a forward measured at M = 1 and 8
+    speaks for 2 and 4 as ranges do for unmeasured M; the worse of the two ratios stands there). The captured
+    regime's cost adds up cell by cell, so graph picks are left out."""
+    out: dict[tuple[str, int, int, int], tuple[str, float, float]] = {}
+    by_model: dict[str, list[tuple[int, tuple[str, float, float]]]] = {}
+    for (regime, model, m), pick in picks.items():
+        if regime == "eager" and m not in hold_out:
+            by_model.setdefault(model, []).append((m, pick))
+    for model, ms in by_model.items():
+        ms.sort()
+        for n, k, _ in uses.get(model, []):
+            for i, (m, pick) in enumerate(ms):
+                out[("eager", n, k, m)] = pick
+                if i + 1 < len(ms) and ms[i + 1][1][0] == pick[0]:
+                    nxt = ms[i + 1][1]
+                    worse = (pick[0], max(pick[1], nxt[1]), max(pick[2], nxt[2]))
+                    for between in cells.ms(n, k):
+                        if m < between < ms[i + 1][0] and between not in hold_out:
+                            out[("eager", n, k, between)] = worse
+    return out
 
 
 def range_counts(table: ThresholdTable) -> dict[str, float]:
