@@ -132,6 +132,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                       help="what runs the table's idle choices in the dispatch rules (dispatch.idle_signal; default "
                            "pace: while the host runs slow; stream: where the stream has drained)")
     for p in (p_run, p_fw):
+        p.add_argument("--layout", choices=("vllm", "transformers"), default="vllm",
+                       help="the model's linears as vLLM fuses them (default) or as transformers builds them")
         p.add_argument("--tuning", choices=("grid", "vllm"), default="grid",
                        help="grid: FlashInfer's autotuner over the run's M values that are tuning buckets (default); "
                             "vllm: as vLLM tunes at start-up, one call at --max-num-batched-tokens inside "
@@ -199,7 +201,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                             settle_ms=0.0 if args.no_settle else args.settle_ms,
                             table=_table(args.table, profile.name) if args.table else None, table_file=args.table,
                             sustain_ms=args.sustain_ms or 0.0, idle_ms=args.idle_ms, skip_slower=args.skip_slower,
-                            idle_signal=args.idle_signal, vllm_tune_tokens=vllm_tokens)
+                            idle_signal=args.idle_signal, vllm_tune_tokens=vllm_tokens, layout=args.layout)
         if cfg.sustain_ms and args.resume:
             raise HarnessError("--sustain-ms runs cannot be resumed; run it again into a new --out")
         sequences(cfg)  # a config that cannot be derived stops here, before the GPU is touched
@@ -212,7 +214,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise HarnessError(f"--grid full names its own shapes and M values; leave out {', '.join(given)}")
         shapes, ms = full_catalog(), full_grid_ms()
     else:
-        shapes, ms = select(catalog(args.model, args.tp), args.shapes), parse_m(args.m)
+        shapes, ms = select(catalog(args.model, args.tp, args.layout), args.shapes), parse_m(args.m)
     if args.pdl != "profile":
         profile = replace(profile, pdl=args.pdl == "on")
     paths = paths_for(profile.flashinfer_backends, args.paths)
@@ -233,7 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                       resume=args.resume, allow_mismatch=args.allow_mismatch, tune=not args.no_tune, tune_all=args.tune_all,
                       autotune_cache=_served(args), save_autotune_cache=_saved(args),
                       max_rotations=args.max_rotations, command=command, quiet=True, shard=shard,
-                      vllm_tune_tokens=vllm_tokens, hopeless_factor=None if args.all else 2.0)
+                      vllm_tune_tokens=vllm_tokens, hopeless_factor=None if args.all else 2.0, layout=args.layout)
     _check_before_gpu(cfg, args)
     if args.dry_run:
         where = f" ({shard_from_env()[2]})" if args.shard and args.shard.strip() == "auto" else ""

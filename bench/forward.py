@@ -65,6 +65,7 @@ class ForwardConfig:
     autotune_cache: Path | None = None  # tactics to serve; None: tune
     save_autotune_cache: Path | None = None  # where to write the tuned tactics (besides <out>/autotune-cache.json)
     vllm_tune_tokens: int | None = None  # tune as vLLM does, at this max_num_batched_tokens (None: the run's M values)
+    layout: str = "vllm"  # the model's linears as vLLM fuses them, or as transformers builds them
     resume: bool = False
     command: list[str] | None = None
     quiet: bool = False
@@ -99,7 +100,7 @@ def models_for(names: list[str] | None, config_path: str | None) -> dict[str, di
 def sequences(cfg: ForwardConfig) -> dict[str, list[ForwardLinear]]:
     out = {}
     for name, hf in cfg.models.items():
-        seq = forward_sequence(hf, name, cfg.tp, cfg.decoder_layers)
+        seq = forward_sequence(hf, name, cfg.tp, cfg.decoder_layers, cfg.layout)
         out[name] = seq if cfg.lm_head else [lin for lin in seq if lin.layer != "lm_head"]
     return out
 
@@ -465,7 +466,7 @@ def run_forward(cfg: ForwardConfig) -> Path:
                     settle_drain="before the settle", eager_profiler=EAGER_PROFILER,
                     sustain_ms=cfg.sustain_ms or None, idle_ms=cfg.idle_ms if cfg.sustain_ms else None,
                     table_file=cfg.table_file, skip_slower=cfg.skip_slower,
-                    tuning=tuning_info(cfg.vllm_tune_tokens), linears={m: len(s) for m, s in seqs.items()}, rules={r: RULES.get(r, "registry path") for r in cfg.rules},
+                    tuning=tuning_info(cfg.vllm_tune_tokens), layout=cfg.layout, linears={m: len(s) for m, s in seqs.items()}, rules={r: RULES.get(r, "registry path") for r in cfg.rules},
                     table=getattr(cfg.table, "source", {}).get("fitted_from") if cfg.table else None,
                     dispatch_layer=_layer_of_dispatch() if DISPATCH in cfg.rules else None,
                     idle_signal=dispatch.idle_signal() if dispatches else None,

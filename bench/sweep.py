@@ -53,6 +53,7 @@ class SweepConfig:
     autotune_cache: Path | None = None  # FlashInfer tactics to serve (an existing file): no tuning in this run
     save_autotune_cache: Path | None = None  # where to write the tactics this run tuned (besides <out>/autotune-cache.json)
     vllm_tune_tokens: int | None = None  # tune as vLLM does, at this max_num_batched_tokens (None: the grid's buckets)
+    layout: str = "vllm"  # which layout's catalog the shapes come from (shapes.derive.LAYOUTS), for run.json
     target_replay_us: float = 500.0
     max_rotations: int = 512
     command: list[str] | None = None
@@ -438,7 +439,7 @@ def run_sweep(cfg: SweepConfig) -> Path:
         extra["host_timing"] = cfg.host_timing
     info = run_info(cfg.command, profile=cfg.profile.name, timer=cfg.timer, l2=cfg.l2, warm_l2=cfg.l2 == "warm", **extra,
                     samples=cfg.samples, ms=cfg.ms, shapes=[s.name for s in cfg.shapes],
-                    paths=[p.name for p in cfg.paths], pdl=cfg.profile.pdl, tuning=tuning_info(cfg.vllm_tune_tokens),
+                    paths=[p.name for p in cfg.paths], pdl=cfg.profile.pdl, tuning=tuning_info(cfg.vllm_tune_tokens), layout=cfg.layout,
                     skip_hopeless=(f"low-M paths above {cfg.hopeless_factor:g}x F.linear's cost at a smaller M of the "
                                    f"shape are skipped" if cfg.hopeless_factor else "off (--all)"),
                     clocks_start=nvml_clocks())

@@ -471,7 +471,7 @@ def _fit_cmd(args, argv, profile, df, info, cells) -> int:
               "harness_sha": fp.get("harness_sha"), "fingerprint": fp, "pdl": info.get("pdl"),
               "fit_command": "python -m calibrate " + " ".join(argv if argv is not None else sys.argv[1:]),
               "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-              "fitted_ms": fitted_ms, "held_out_m": sorted(hold_out),
+              "fitted_ms": fitted_ms, "held_out_m": sorted(hold_out), "layout": info.get("layout", "vllm"),
               "rule": "per shape, regime and measured M, the cheapest of " + ", ".join(dispatch_candidates(cells, base))
                       + " in the regime's cost (graph: GPU time; eager: max(host, GPU) per call) replaces F.linear "
                       f"where it beats F.linear beyond the noise by more than {args.min_gain:.0%} (graph: the "

@@ -15,7 +15,7 @@ from typing import Sequence
 from harness.cli import Parser, int_in
 from harness.errors import run_cli
 from shapes.catalog import dedup, model_configs, model_layers
-from shapes.derive import LinearLayer, derive_layers, load_config
+from shapes.derive import LAYOUTS, LinearLayer, derive_layers, load_config
 from shapes.grid import hybrid_buckets, parse_m
 
 FORMATS = ("table", "csv", "json")
@@ -66,6 +66,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_cfg.add_argument("--name", help="model name for the rows (default: the file's _model or stem)")
     p_cfg.add_argument("--shapes", action="store_true", help="deduplicate into distinct shapes")
     p_cfg.add_argument("--format", choices=FORMATS, default="table")
+    for p in (p_list, p_cfg):
+        p.add_argument("--layout", choices=LAYOUTS, default="vllm",
+                       help="vllm: vLLM's fused layers and TP splits (default); transformers: the modules as "
+                            "transformers builds them (unfused, one rank)")
 
     p_grid = sub.add_parser("grid", help="the M grid (default or --m), with FlashInfer tuning-bucket membership")
     p_grid.add_argument("--m", help="e.g. 1,8,32 or 1-16384 (powers of two) or 64:512:64")
@@ -73,12 +77,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = parser.parse_args(argv)
     if args.cmd == "list":
-        layers = model_layers(args.model, args.tp)
+        layers = model_layers(args.model, args.tp, args.layout)
         rows = _layer_rows(layers) if args.layers else _shape_rows(layers)
     elif args.cmd == "from-config":
         cfg = load_config(args.path)
         name = args.name or cfg.get("_model") or Path(args.path).stem
-        layers = derive_layers(cfg, name, args.tp)
+        layers = derive_layers(cfg, name, args.tp, args.layout)
         rows = _shape_rows(layers) if args.shapes else _layer_rows(layers)
     else:
         buckets = set(hybrid_buckets())

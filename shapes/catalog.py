@@ -62,12 +62,12 @@ def model_configs() -> dict[str, Path]:
     return found
 
 
-def model_layers(model: str | None = None, tp: int = 1) -> list[LinearLayer]:
+def model_layers(model: str | None = None, tp: int = 1, layout: str = "vllm") -> list[LinearLayer]:
     configs = model_configs()
     if model is not None and model not in configs:
         raise HarnessError(f"unknown model {model!r}; known: {', '.join(configs)} (add a config under {CONFIG_DIR})")
     names = [model] if model else list(configs)
-    return [layer for name in names for layer in derive_layers(load_config(configs[name]), name, tp)]
+    return [layer for name in names for layer in derive_layers(load_config(configs[name]), name, tp, layout)]
 
 
 def dedup(layers: list[LinearLayer]) -> list[Shape]:
@@ -78,9 +78,10 @@ def dedup(layers: list[LinearLayer]) -> list[Shape]:
     return [Shape(n, k, tp, tuple(uses)) for (n, k, tp), uses in groups.items()]
 
 
-def catalog(model: str | None = None, tp: int = 1) -> list[Shape]:
-    """The default catalog: both Qwen3.5 models at TP1 gives 16 shapes."""
-    return dedup(model_layers(model, tp))
+def catalog(model: str | None = None, tp: int = 1, layout: str = "vllm") -> list[Shape]:
+    """The default catalog: both Qwen3.5 models at TP1 gives 16 shapes (vLLM's layout; `layout` 'transformers':
+    the modules as transformers builds them)."""
+    return dedup(model_layers(model, tp, layout))
 
 
 def select(shapes: list[Shape], spec: str | None) -> list[Shape]:

@@ -22,10 +22,22 @@ COMMON_FIELDS = (
 TP_DEGREES = (1, 2, 4, 8)
 LM_HEAD_PAD = 64
 LAYER_ORDER = (
-    "linear_attn.in_proj_qkvz", "linear_attn.in_proj_ba", "linear_attn.out_proj", "self_attn.qkv_proj",
-    "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj", "mlp.shared_expert.gate_up_proj",
-    "mlp.shared_expert.down_proj", "mlp.gate", "mlp.shared_expert_gate",
-)  # vLLM pads the vocab of ParallelLMHead/VocabParallelEmbedding to a multiple of 64
+    "linear_attn.in_proj_qkvz", "linear_attn.in_proj_qkv", "linear_attn.in_proj_z", "linear_attn.in_proj_ba",
+    "linear_attn.in_proj_b", "linear_attn.in_proj_a", "linear_attn.out_proj", "self_attn.qkv_proj",
+    "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_up_proj",
+    "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj", "mlp.shared_expert.gate_up_proj",
+    "mlp.shared_expert.gate_proj", "mlp.shared_expert.up_proj", "mlp.shared_expert.down_proj", "mlp.gate",
+    "mlp.shared_expert_gate",
+)
+LAYOUTS = ("vllm", "transformers")
+# transformers' modules for each of vLLM's fused linears (Qwen3.5 / Qwen3-Next): (name, share of the fused N)
+UNFUSED = {
+    "linear_attn.in_proj_qkvz": ("linear_attn.in_proj_qkv", "linear_attn.in_proj_z"),
+    "linear_attn.in_proj_ba": ("linear_attn.in_proj_b", "linear_attn.in_proj_a"),
+    "self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+    "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj"),
+    "mlp.shared_expert.gate_up_proj": ("mlp.shared_expert.gate_proj", "mlp.shared_expert.up_proj"),
+}  # vLLM pads the vocab of ParallelLMHead/VocabParallelEmbedding to a multiple of 64
 
 
 @dataclass(frozen=True)
@@ -127,10 +139,10 @@ class ForwardLinear:
     k: int
 
 
-def derive_layers(cfg: dict[str, Any], model: str, tp: int = 1) -> list[LinearLayer]:
-    """Every unquantized BF16 linear of one forward pass (plus lm_head), with vLLM's fusions and TP splits; a row
-    per distinct layer name with its count per forward."""
-    steps, shapes, lm_head = _plan(cfg, model, tp)
+def derive_layers(cfg: dict[str, Any], model: str, tp: int = 1, layout: str = "vllm") -> list[LinearLayer]:
+    """Every unquantized BF16 linear of one forward pass (plus lm_head), with vLLM's fusions and TP splits (or as
+    transformers' modules are laid out: `layout`); a row per distinct layer name with its count per forward."""
+    steps, shapes, lm_head = _plan(cfg, model, tp, layout)
     counts: dict[str, int] = {}
     for _, name in steps:
         counts[name] = counts.get(name, 0) + 1
@@ -144,20 +156,25 @@ def derive_layers(cfg: dict[str, Any], model: str, tp: int = 1) -> list[LinearLa
     return layers
 
 
-def forward_sequence(cfg: dict[str, Any], model: str, tp: int = 1, decoder_layers: int | None = None
-                     ) -> list[ForwardLinear]:
+def forward_sequence(cfg: dict[str, Any], model: str, tp: int = 1, decoder_layers: int | None = None,
+                     layout: str = "vllm") -> list[ForwardLinear]:
     """Every BF16 linear of one forward in the order it runs: decoder layer by decoder layer (attention or
     linear-attention projections, then the dense MLP or the MoE's dense parts), then lm_head. decoder_layers: only
     the first N decoder layers (a GPU without memory for every distinct weight)."""
-    steps, shapes, lm_head = _plan(cfg, model, tp)
+    steps, shapes, lm_head = _plan(cfg, model, tp, layout)
     if decoder_layers is not None:
         steps = [(i, name) for i, name in steps if i < decoder_layers]
     return [ForwardLinear(i, name, *shapes[name][:2]) for i, name in steps] + [ForwardLinear(-1, "lm_head", *lm_head)]
 
 
-def _plan(cfg: dict[str, Any], model: str, tp: int
+def _plan(cfg: dict[str, Any], model: str, tp: int, layout: str = "vllm"
           ) -> tuple[list[tuple[int, str]], dict[str, tuple[int, int, str]], tuple[int, int]]:
-    """(decoder layer index, linear name) in execution order, each name's (n, k, style), lm_head's (n, k)."""
+    """(decoder layer index, linear name) in execution order, each name's (n, k, style), lm_head's (n, k): vLLM's
+    fused layers, or transformers' modules (`layout`: each fused layer unfused, one rank, the vocab unpadded)."""
+    if layout not in LAYOUTS:
+        raise HarnessError(f"unknown layout {layout!r}; known: {', '.join(LAYOUTS)}")
+    if layout == "transformers" and tp != 1:
+        raise HarnessError("the transformers layout is one rank (transformers shards no linear); use --tp 1")
     if tp < 1:
         raise HarnessError(f"TP degree must be >= 1, got {tp}")
     tc = text_config(cfg)
@@ -229,5 +246,18 @@ def _plan(cfg: dict[str, Any], model: str, tp: int
         shapes["mlp.shared_expert.gate_up_proj"] = (_split(2 * si, tp, "2 x shared_expert_intermediate_size"), hidden, "column")
         shapes["mlp.shared_expert.down_proj"] = (hidden, _split(si, tp, "shared_expert_intermediate_size"), "row")
 
+    if layout == "transformers":
+        parts = {"linear_attn.in_proj_qkv": 2 * key_dim + value_dim, "linear_attn.in_proj_z": value_dim,
+                 "linear_attn.in_proj_b": v_heads, "linear_attn.in_proj_a": v_heads,
+                 "self_attn.q_proj": q_per_rank * gate * head_dim, "self_attn.k_proj": kv_per_rank * head_dim,
+                 "self_attn.v_proj": kv_per_rank * head_dim}
+        for fused, names in UNFUSED.items():
+            if fused not in shapes:
+                continue
+            n, k, style = shapes.pop(fused)
+            for name in names:
+                shapes[name] = (parts.get(name, n // 2), k, style)  # gate and up: half of gate_up each
+        steps = [(i, name) for i, fused in steps for name in UNFUSED.get(fused, (fused,))]
+        return steps, shapes, (vocab, hidden)
     padded_vocab = math.ceil(vocab / LM_HEAD_PAD) * LM_HEAD_PAD
     return steps, shapes, (math.ceil(padded_vocab / tp), hidden)

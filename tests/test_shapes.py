@@ -170,3 +170,26 @@ def test_cli_list_csv(capsys):
     lines = capsys.readouterr().out.strip().splitlines()
     header = lines[0].split(",")
     assert "n" in header and "k" in header and len(lines) == 17
+
+
+def test_the_transformers_layout_unfuses_vllms_layers():
+    """transformers' Qwen3.5 modules: the GDN projections, attention and MLP unfused, one rank, the vocab unpadded."""
+    from shapes.derive import derive_layers, forward_sequence, load_config
+    from shapes.catalog import CONFIG_DIR
+    cfg = load_config(CONFIG_DIR / "qwen3.5-4b.json")
+    got = {layer.layer: (layer.n, layer.k, layer.count) for layer in derive_layers(cfg, "4B", layout="transformers")}
+    assert got["linear_attn.in_proj_qkv"][:2] == (8192, 2560) and got["linear_attn.in_proj_z"][:2] == (4096, 2560)
+    assert got["linear_attn.in_proj_b"][:2] == got["linear_attn.in_proj_a"][:2] == (32, 2560)
+    assert got["self_attn.q_proj"][:2] == (8192, 2560) and got["self_attn.k_proj"][:2] == (1024, 2560)
+    assert got["mlp.gate_proj"][:2] == got["mlp.up_proj"][:2] == (9216, 2560)
+    assert "linear_attn.in_proj_qkvz" not in got and "mlp.gate_up_proj" not in got
+    vllm = {layer.layer: (layer.n, layer.k) for layer in derive_layers(cfg, "4B")}
+    # the unfused parts add up to vLLM's fused layers
+    assert got["linear_attn.in_proj_qkv"][0] + got["linear_attn.in_proj_z"][0] == vllm["linear_attn.in_proj_qkvz"][0]
+    assert got["mlp.gate_proj"][0] * 2 == vllm["mlp.gate_up_proj"][0]
+    seq = forward_sequence(cfg, "4B", layout="transformers")
+    assert [lin.layer for lin in seq[:5]] == ["linear_attn.in_proj_qkv", "linear_attn.in_proj_z",
+                                              "linear_attn.in_proj_b", "linear_attn.in_proj_a", "linear_attn.out_proj"]
+    assert len(seq) == len(forward_sequence(cfg, "4B")) + 24 * 2 + 8 * 2 + 32  # the extra modules per layer kind
+    with pytest.raises(HarnessError, match="one rank"):
+        derive_layers(cfg, "4B", tp=2, layout="transformers")
