@@ -1033,7 +1033,7 @@ def test_the_pace_runs_the_idle_choice_while_the_host_runs_slow(fake_gpu_dispatc
         state["capturing"] = True
         assert bool((fn(x) == 7).all()) and ran == [cublaslt, tinygemm] and state_now()[2:] == before  # graph
         state["capturing"] = False
-        if mod_now is not None:  # the C++ layer's record of paced calls (bench/pace_probe.py reads it)
+        if mod_now is not None:  # the C++ layer's record of paced calls (tools/pace_probe.py reads it)
             mod_now.pace_trace_start(2)
             for _ in range(3):
                 fn(x)

@@ -3,7 +3,7 @@ forward's 153 F.linear submissions (M = 8), with each sample's thread context sw
 machine-wide CPU use of its block; blocks alternate unpinned / pinned to one core, first without CUPTI, then with
 CUPTI set up and paused as bench forward has it in its timed eager forwards.
 
-    python -m bench.host_phases OUT [BLOCK_S] [BLOCKS]    -> OUT/host-phases.csv, OUT/host-phases.json
+    python -m tools.host_phases OUT [BLOCK_S] [BLOCKS]    -> OUT/host-phases.csv, OUT/host-phases.json
 
 A diagnostic script, not part of the measured grid: tests/data/h200-host-phases holds its H200 run."""
 import csv
@@ -22,8 +22,8 @@ from shapes.catalog import model_configs
 from shapes.derive import forward_sequence, load_config
 
 if not 2 <= len(sys.argv) <= 4 or not torch.cuda.is_available():
-    why = "needs a CUDA GPU" if 2 <= len(sys.argv) <= 4 else "usage: python -m bench.host_phases OUT [BLOCK_S] [BLOCKS]"
-    print(f"python -m bench.host_phases: error: {why}", file=sys.stderr)
+    why = "needs a CUDA GPU" if 2 <= len(sys.argv) <= 4 else "usage: python -m tools.host_phases OUT [BLOCK_S] [BLOCKS]"
+    print(f"python -m tools.host_phases: error: {why}", file=sys.stderr)
     sys.exit(2)
 try:
     out = sys.argv[1]
@@ -32,7 +32,7 @@ try:
     if not (block_s > 0 and blocks > 0):
         raise ValueError
 except ValueError:
-    print("python -m bench.host_phases: error: BLOCK_S and BLOCKS must be positive numbers", file=sys.stderr)
+    print("python -m tools.host_phases: error: BLOCK_S and BLOCKS must be positive numbers", file=sys.stderr)
     sys.exit(2)
 
 

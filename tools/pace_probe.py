@@ -3,7 +3,7 @@ its eager forwards interleaved with all-F.linear ones for a while, the pace neve
 set out of reach), and every paced call recorded by the C++ layer (pace_trace_start): its end, its time, its layer's
 fastest so far. The all-F.linear forwards beside them say which phase the host was in.
 
-    python -m bench.pace_probe OUT TABLE [SECONDS]   -> OUT/pace-trace.csv, OUT/forwards.csv, OUT/probe.json
+    python -m tools.pace_probe OUT TABLE [SECONDS]   -> OUT/pace-trace.csv, OUT/forwards.csv, OUT/probe.json
 
 A diagnostic script, not part of the measured grid."""
 import csv
@@ -27,12 +27,12 @@ from shapes.derive import forward_sequence, load_config
 
 
 def _stop(why: str) -> None:
-    print(f"python -m bench.pace_probe: error: {why}", file=sys.stderr)
+    print(f"python -m tools.pace_probe: error: {why}", file=sys.stderr)
     sys.exit(2)
 
 
 if len(sys.argv) not in (3, 4):
-    _stop("usage: python -m bench.pace_probe OUT TABLE [SECONDS]")
+    _stop("usage: python -m tools.pace_probe OUT TABLE [SECONDS]")
 out, table_file = sys.argv[1], sys.argv[2]
 try:
     seconds = float(sys.argv[3]) if len(sys.argv) > 3 else 40.0

@@ -7,7 +7,7 @@ submission time of whole forwards (paired rounds, shuffled order, gc off) for: a
 the bound dispatcher, and a bare closure around F.linear per layer, before and after a CUDA graph of the
 dispatcher's forward was captured and freed; and the per-call host time of one such layer.
 
-python -m calibrate.probe_binding [MODEL] [M] [ROUNDS]
+python -m tools.probe_binding [MODEL] [M] [ROUNDS]
 """
 from __future__ import annotations
 
