@@ -127,5 +127,15 @@ def main(model: str = "Qwen3.5-35B-A3B", m: int = 512, rounds: int = 30) -> None
 
 
 if __name__ == "__main__":
+    import torch
     args = sys.argv[1:]
-    main(*(args[:1] or ["Qwen3.5-35B-A3B"]), *(int(a) for a in args[1:3]))
+    if not torch.cuda.is_available():
+        print("python -m tools.probe_binding: error: needs a CUDA GPU", file=sys.stderr)
+        sys.exit(2)
+    try:
+        numbers = [int(a) for a in args[1:3]]
+    except ValueError:
+        print("python -m tools.probe_binding: error: usage: python -m tools.probe_binding [MODEL] [M] [ROUNDS]",
+              file=sys.stderr)
+        sys.exit(2)
+    main(*(args[:1] or ["Qwen3.5-35B-A3B"]), *numbers)
