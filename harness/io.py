@@ -17,8 +17,16 @@ ROOT = Path(__file__).resolve().parent.parent
 SHIPPED_DIRS = tuple(ROOT / d for d in ("dispatch/thresholds", "calibrate/noise", "tests/baselines"))
 
 
+def resolved(path: Path, option: str = "the output") -> Path:
+    """The path with its links followed; one line, not a traceback, for a symlink loop."""
+    try:
+        return Path(path).resolve()
+    except (OSError, RuntimeError):
+        raise HarnessError(f"{option} {path} runs through a symlink loop; name a file that exists or can") from None
+
+
 def is_shipped(path: Path) -> bool:
-    real = Path(path).resolve()
+    real = resolved(path)
     return any(real == d or d in real.parents for d in SHIPPED_DIRS)
 
 
@@ -26,7 +34,8 @@ def check_target(path: Path, option: str, install: bool = False) -> Path:
     """An output file checked before any work: absent or a regular file (a symlink is followed to its target, never
     replaced), its folder writable, and no shipped file unless `install`. Returns the path to write."""
     path = Path(path)
-    real = path.resolve() if path.is_symlink() else path
+    real = resolved(path, option) if path.is_symlink() else path
+    resolved(real, option)  # a loop further up the path
     if real.exists() and not real.is_file():
         raise HarnessError(f"{option} {path} is not a regular file (a folder, device, FIFO or socket); name a "
                            f"regular file to write")
@@ -77,7 +86,7 @@ def atomic_write(path: Path, fill: Callable[[Path], object]) -> None:
     symlink is written through (its target replaced, the link kept); a non-regular file is never replaced."""
     path = Path(path)
     if path.is_symlink():
-        path = path.resolve()
+        path = resolved(path)
     if path.is_dir():
         raise HarnessError(f"{path} is a folder; name a file to write")
     if path.exists() and not path.is_file():

@@ -48,3 +48,12 @@ def test_a_symlink_is_written_through_and_kept(tmp_path):
 def test_an_empty_output_name_is_refused():
     with pytest.raises(HarnessError, match="empty"):
         output_file("", "--out")
+
+
+def test_a_symlink_loop_is_one_error(tmp_path):
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    with pytest.raises(HarnessError, match="symlink loop"):
+        output_file(loop, "--out")
+    with pytest.raises(HarnessError, match="symlink loop"):
+        output_file(loop / "x.json", "--out")
