@@ -75,7 +75,11 @@ def merge_shards(shards: Sequence[Path], out: Path, partial: bool = False) -> Pa
             raise HarnessError(f"shard {d} did not finish (status {info.get('status')!r}); finish it with --resume, "
                                f"or pass --partial")
         infos.append((d, info))
-        texts.append(csv.read_text())  # read once: parsed here, its lines copied byte for byte below
+        try:
+            texts.append(csv.read_text())  # read once: parsed here, its lines copied byte for byte below
+        except (UnicodeDecodeError, OSError) as exc:
+            raise HarnessError(f"shard {d}: its results.csv is not a text table ({type(exc).__name__}); re-run or "
+                               f"restore that shard") from None
         try:
             table = read_csv_table(io.StringIO(texts[-1]))
         except Exception as exc:

@@ -308,6 +308,8 @@ CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
     ("merge into a folder with a run.json", lambda t: ((t / "m").mkdir(), (t / "m" / "run.json").write_text("{}"),
                                                        ["bench", "merge", str(SHARD), "-o", str(t / "m")])[2],
      "not empty"),
+    ("merge a binary shard", lambda t: (shutil.copytree(SHARD, t / "s"), (t / "s" / "results.csv").write_bytes(
+        b"\xad\xff" * 500), ["bench", "merge", str(t / "s"), "-o", str(t / "m")])[2], "not a text table"),
     ("bench --paths twice", lambda t: ["bench", "run", "--gpu", "h200", "--paths", "aten,aten", "--dry-run"],
      "more than once"),
     ("forward --paths twice", lambda t: ["bench", "forward", "--gpu", "h200", "--paths", "aten,aten"], "more than once"),
