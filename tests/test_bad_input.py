@@ -501,6 +501,12 @@ def test_bad_input_is_one_line_and_changes_nothing(setup, needle, tmp_path, caps
     if "no CUDA GPU" in needle and not _no_gpu():
         pytest.skip("this machine has a GPU")
     prog, *args = argv
+    # beside every case's outputs: a file, a FIFO and a symlink that nothing may touch
+    planted = tmp_path / "planted"
+    planted.mkdir(exist_ok=True)
+    (planted / "sentinel.txt").write_text("the user's\n")
+    os.mkfifo(planted / "fifo")
+    (planted / "link").symlink_to(planted / "sentinel.txt")
     before = snapshot(tmp_path, *WATCHED)
     code = run_cli(_mains()[prog], prog, args)
     captured = capsys.readouterr()
@@ -511,6 +517,7 @@ def test_bad_input_is_one_line_and_changes_nothing(setup, needle, tmp_path, caps
     assert last.startswith(f"{prog}: error: ") and all(n.startswith("note (--partial)") for n in notes), err
     assert re.search(needle, last), err
     assert snapshot(tmp_path, *WATCHED) == before, "a file changed"
+    assert (planted / "fifo").is_fifo() and (planted / "link").is_symlink()
 
 
 def test_the_table_covers_at_least_a_hundred_cases():
