@@ -44,6 +44,7 @@ from harness.errors import HarnessError, run_cli
 from harness.io import atomic_write_text, check_target, claim_work_dir, distinct, output_file, shipped_or_results
 
 RESULTS = Path("results")  # where a command writes by default: never a shipped file
+MANIFEST_NAME = "manifest.json"
 
 
 def _check_gpu(info: dict, profile_name: str, results: str, allow_mismatch: bool | None = None) -> None:
@@ -217,6 +218,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "noise floor")
     p_vllm.add_argument("--markdown", action="store_true", help="print only the short answer as a Markdown table")
     p_vllm.add_argument("--partial", **partial)
+    p_table = sub.add_parser("table", help="(GPU) a table from one command: sweep, forward, fit, out-of-sample "
+                                           "check, baseline, report, in legs that resume")
+    p_table.add_argument("--gpu", required=True, help=f"GPU profile: {', '.join(PROFILES)}")
+    p_table.add_argument("--run-id", help="the run's folder under results/<profile>/ (default: a new UTC time stamp)")
+    p_table.add_argument("--resume", action="store_true", help="continue the legs of --run-id that are not done")
+    p_table.add_argument("--dry-run", action="store_true", help="print the legs and write nothing (any machine)")
+    p_table.add_argument("--install", action="store_true",
+                         help="install the table, its tactics and the baseline of --run-id as the shipped files "
+                              "(a complete run whose check passed)")
     p_reg = sub.add_parser("regress", help="compare fresh (or given) measurements with the stored baseline")
     p_reg.add_argument("--gpu", required=True, help=f"GPU profile: {', '.join(PROFILES)}")
     p_reg.add_argument("--from", dest="source", help="results folder to compare (default: measure afresh, GPU)")
@@ -243,6 +253,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if args.cmd == "vllm":
         return _vllm_cmd(args)
+    if args.cmd == "table":
+        return _table_cmd(args)
     if args.cmd == "forward-noise":
         return _forward_noise_cmd(args)
 
@@ -617,6 +629,29 @@ def _overrides(args, profile, df, cells, base, noise, hold_out, cell_picks, shap
                                                    for k, v in o.items()}
                           for (regime, mo, m), o in sorted(found.items())}}
     return table, report, note
+
+
+def _table_cmd(args) -> int:
+    from calibrate.table_pipeline import install, plan_text, run_pipeline
+    profile = get_profile(args.gpu)
+    if (args.resume or args.install) and not args.run_id:
+        raise HarnessError("--resume and --install name a run: pass --run-id")
+    run_id = args.run_id or datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+    if not run_id.replace("-", "").replace("_", "").replace(".", "").isalnum():
+        raise HarnessError(f"--run-id {run_id!r}: letters, digits, '-', '_' and '.' only")
+    run = RESULTS / profile.name / run_id
+    if args.dry_run:
+        print(plan_text(profile, run))
+        return 0
+    if args.install:
+        for path in install(profile, run):
+            print(f"installed {path}")
+        return 0
+    from bench.sweep import require_gpu
+    require_gpu(profile)  # before any file system change
+    manifest = run_pipeline(profile, run, args.resume)
+    print(f"table: {run}/table.json, verdict {manifest.get('verdict')}; legs and times in {run}/{MANIFEST_NAME}")
+    return 0
 
 
 def _vllm_cmd(args) -> int:

@@ -1,0 +1,148 @@
+"""`python -m calibrate table --gpu P`: a table from one command, in legs that resume.
+
+sweep -> measured forward -> fit (fewest ranges, eager boundness and picks from the forward) -> out-of-sample check
+(a fresh-process sweep that includes M the fit never saw, and a fresh forward of the table) -> validate -> regression
+baseline from both sweeps -> report. Every artifact lives under results/<profile>/<run-id>/ with manifest.json (each
+leg's command, status, seconds and the harness sha). Each leg is its own process, so a leg that fails or is
+interrupted is run again by the same command with --resume, the finished legs kept.
+"""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+from dispatch.profiles import GpuProfile
+from harness.errors import HarnessError
+from harness.io import atomic_write_text
+
+MANIFEST = "manifest.json"
+# M values the out-of-sample sweep adds to the default grid: none of them is a grid value the fit sees
+UNSEEN_M = (12, 20, 80, 160, 640, 3000)
+
+
+@dataclass(frozen=True)
+class Leg:
+    name: str
+    argv: list[str]
+    gpu: bool  # needs the GPU machine
+    verdict: bool = False  # exit 1 is a FAIL verdict to record, not a failed leg
+
+
+def legs(profile: GpuProfile, run: Path) -> list[Leg]:
+    p, low = profile.name, profile.low_m_backend
+    py = [sys.executable, "-m"]
+    from shapes.grid import default_grid
+    check_ms = ",".join(map(str, sorted(set(default_grid(profile.capture_size)) | set(UNSEEN_M))))
+    table, sweep, forward = run / "table.json", run / "sweep", run / "forward"
+    check_sweep, check_forward = run / "check-sweep", run / "check-forward"
+    return [
+        Leg("sweep", [*py, "bench", "run", "--gpu", p, "--out", str(sweep)], True),
+        Leg("forward", [*py, "bench", "forward", "--gpu", p, "--skip-slower", "3",
+                        "--paths", f"aten,flashinfer-lean:{low},flashinfer-lean:cublaslt", "--out", str(forward)],
+            True),
+        Leg("fit", [*py, "calibrate", "fit", str(sweep), "--gpu", p, "--method", "segments", "--forward",
+                    str(forward), "--out", str(table)], False),
+        Leg("check-sweep", [*py, "bench", "run", "--gpu", p, "--m", check_ms, "--out", str(check_sweep)], True),
+        Leg("check-forward", [*py, "bench", "forward", "--gpu", p, "--skip-slower", "3", "--table", str(table),
+                              "--paths", f"aten,flashinfer-lean:{low},flashinfer-lean:cublaslt,dispatch,table-direct",
+                              "--out", str(check_forward)], True),
+        Leg("validate", [*py, "calibrate", "validate", str(check_sweep), "--thresholds", str(table), "--forward",
+                         str(check_forward)], False, verdict=True),
+        Leg("baseline", [*py, "calibrate", "baseline", "--gpu", p, "--from", str(sweep), str(check_sweep),
+                         "--out", str(run / "baseline.json")], False),
+        Leg("report", [*py, "reports", "build", str(check_sweep), "--thresholds", str(table), "--forward",
+                       str(check_forward), "-o", str(run / "report.html")], False),
+    ]
+
+
+def plan_text(profile: GpuProfile, run: Path) -> str:
+    lines = [f"calibrate table --gpu {profile.name}: {run}/ (manifest.json beside the artifacts)"]
+    for i, leg in enumerate(legs(profile, run), 1):
+        lines.append(f"  leg {i} {leg.name:14s} {'GPU' if leg.gpu else 'CPU'}  {' '.join(leg.argv[1:])}")
+    return "\n".join(lines)
+
+
+def _sha() -> str | None:
+    try:
+        root = Path(__file__).resolve().parent.parent
+        return subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def _default_exec(leg: Leg, log: Path) -> int:
+    with log.open("w") as fh:
+        return subprocess.run(leg.argv, stdout=fh, stderr=subprocess.STDOUT).returncode
+
+
+def run_pipeline(profile: GpuProfile, run: Path, resume: bool, execute: Callable[[Leg, Path], int] = _default_exec
+                 ) -> dict:
+    """Runs the legs not yet done, in order; stops at the first that fails. Returns the manifest."""
+    manifest_file = run / MANIFEST
+    if run.exists() and any(run.iterdir()) and not resume:
+        raise HarnessError(f"{run} exists; pass --resume to continue it, or choose another --run-id")
+    if resume and not manifest_file.is_file():
+        raise HarnessError(f"{run} has no {MANIFEST}; it is not a table run to resume")
+    run.mkdir(parents=True, exist_ok=True)
+    manifest = json.loads(manifest_file.read_text()) if resume else {
+        "profile": profile.name, "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "harness_sha": _sha(), "legs": {}}
+    for leg in legs(profile, run):
+        done = manifest["legs"].get(leg.name, {})
+        if done.get("status") == "done":
+            continue
+        print(f"table: leg {leg.name} ...", file=sys.stderr, flush=True)
+        t0 = time.perf_counter()
+        code = execute(leg, run / f"{leg.name}.log")
+        ok = code == 0 or (leg.verdict and code == 1)
+        manifest["legs"][leg.name] = {"command": " ".join(leg.argv[1:]), "seconds": round(time.perf_counter() - t0, 1),
+                                      "status": "done" if ok else f"failed (exit {code})", "log": f"{leg.name}.log",
+                                      **({"verdict": "PASS" if code == 0 else "FAIL"} if leg.verdict and ok else {})}
+        atomic_write_text(manifest_file, json.dumps(manifest, indent=1) + "\n")
+        if not ok:
+            raise HarnessError(f"leg {leg.name} failed (exit {code}); its output is in {run / (leg.name + '.log')}; "
+                               f"fix it and run the same command with --resume")
+    manifest["status"] = "complete"
+    manifest["verdict"] = manifest["legs"]["validate"].get("verdict")
+    manifest["fitted_on"] = ["sweep", "forward"]
+    manifest["validated_on"] = ["check-sweep", "check-forward"]
+    atomic_write_text(manifest_file, json.dumps(manifest, indent=1) + "\n")
+    return manifest
+
+
+def install(profile: GpuProfile, run: Path) -> list[Path]:
+    """The run's table (with its tactics) and baseline as the shipped files: only from a complete run whose
+    out-of-sample verdict is PASS."""
+    import shutil
+
+    from calibrate.baseline import autotune_cache_path, baseline_path
+    from dispatch.table import TABLE_DIR
+    manifest_file = run / MANIFEST
+    if not manifest_file.is_file():
+        raise HarnessError(f"{run} has no {MANIFEST}; run python -m calibrate table first")
+    manifest = json.loads(manifest_file.read_text())
+    if manifest.get("status") != "complete" or manifest.get("verdict") != "PASS":
+        raise HarnessError(f"{run}: status {manifest.get('status')!r}, verdict {manifest.get('verdict')!r}; only a "
+                           f"complete run whose out-of-sample check passed is installed")
+    pairs = [(run / "table.json", TABLE_DIR / f"{profile.name}.json"),
+             (run / "table.autotune.json", TABLE_DIR / f"{profile.name}.autotune.json"),
+             (run / "baseline.json", baseline_path(profile.name)),
+             (autotune_cache_path(run / "baseline.json"), autotune_cache_path(baseline_path(profile.name)))]
+    written = []
+    for src, dst in pairs:
+        if src.is_file():
+            data = json.loads(src.read_text())
+            if dst.name == f"{profile.name}.json" and isinstance(data, dict) and dst.parent == TABLE_DIR:
+                data.setdefault("source", {})["manifest"] = str(manifest_file)
+                atomic_write_text(dst, json.dumps(data, indent=2) + "\n")
+            else:
+                shutil.copyfile(src, dst)
+            written.append(dst)
+    return written
