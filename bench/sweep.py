@@ -439,7 +439,8 @@ def run_sweep(cfg: SweepConfig) -> Path:
         extra["host_timing"] = cfg.host_timing
     info = run_info(cfg.command, profile=cfg.profile.name, timer=cfg.timer, l2=cfg.l2, warm_l2=cfg.l2 == "warm", **extra,
                     samples=cfg.samples, ms=cfg.ms, shapes=[s.name for s in cfg.shapes],
-                    paths=[p.name for p in cfg.paths], pdl=cfg.profile.pdl, tuning=tuning_info(cfg.vllm_tune_tokens), layout=cfg.layout,
+                    paths=[p.name for p in cfg.paths], pdl=cfg.profile.pdl, tuning=tuning_info(cfg.vllm_tune_tokens),
+                    layout=cfg.layout,
                     skip_hopeless=(f"low-M paths above {cfg.hopeless_factor:g}x F.linear's cost at a smaller M of the "
                                    f"shape are skipped" if cfg.hopeless_factor else "off (--all)"),
                     clocks_start=nvml_clocks())

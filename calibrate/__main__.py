@@ -668,7 +668,8 @@ def _vllm_cmd(args) -> int:
         print(markdown(terms))
         return 0
     print(text(terms))
-    print(f"\nintervals: {'paired rounds widened by the forward floor (' + floor.describe() + ')' if floor else 'paired rounds alone'}")
+    where = f"paired rounds widened by the forward floor ({floor.describe()})" if floor else "paired rounds alone"
+    print(f"\nintervals: {where}")
     return 0
 
 

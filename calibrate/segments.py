@@ -3,9 +3,10 @@ stays within a tolerance of the per-M best, where every range that is not F.line
 over its span. Dynamic programming over the measured M, not a stack of rules.
 
 Rule, in a sentence: at every measured M a range's path costs at most (1 + tolerance) x the cheapest there of
-F.linear and the paths that beat F.linear beyond the noise at that M; a FlashInfer range's cost over its span (geometric mean of its per-M ratios to F.linear, each judged at
-the upper end of its interval widened by the noise floor) lies below 1 - min_gain; among the segmentations with the
-fewest ranges, the one with the lowest total cost; F.linear wins ties.
+F.linear and the paths that beat F.linear beyond the noise at that M; a FlashInfer range's cost over its span
+(geometric mean of its per-M ratios to F.linear, each judged at the upper end of its interval widened by the noise
+floor) lies below 1 - min_gain; among the segmentations with the fewest ranges, the one with the lowest total cost;
+F.linear wins ties.
 """
 from __future__ import annotations
 
@@ -21,8 +22,9 @@ from harness.errors import HarnessError
 
 DEFAULT_TOLERANCE = 0.02
 RULE = ("fewest M ranges per shape and regime such that at every measured M the range's path costs at most "
-        "(1 + tolerance) x the cheapest there of F.linear and the paths that beat it beyond the noise, and every FlashInfer range's geometric-mean ratio to "
-        "F.linear over its span (each M at the top of its noise-widened interval) lies below 1 - min_gain; "
+        "(1 + tolerance) x the cheapest there of F.linear and the paths that beat it beyond the noise, and every "
+        "FlashInfer range's geometric-mean ratio to F.linear over its span (each M at the top of its noise-widened "
+        "interval) lies below 1 - min_gain; "
         "graph cost: GPU time; eager cost: max(host, GPU) per call, and with --forward GPU time from the M where "
         "the shape's models' measured eager forwards were GPU-bound (both between that and the host-bound M), and "
         "at a (model, M) where a single path's whole forward beat all-aten beyond the noise in every run, that path "

@@ -105,7 +105,8 @@ def vllm_terms(forward: pd.DataFrame, profile: GpuProfile, floor=None) -> VllmTe
     per_model = {(mo, r): best_threshold(groups, low, r, mo) for mo, r in sorted({(k[0], k[1]) for k in groups})}
     rows = []
     for (model, regime, m), g in sorted(groups.items()):
-        row = {"model": model, "regime": regime, "m": m, "vllm_regime": (regime == "graph") == (m <= profile.capture_size),
+        captured = m <= profile.capture_size
+        row = {"model": model, "regime": regime, "m": m, "vllm_regime": (regime == "graph") == captured,
                "default_us": float(g.at[VLLM_DEFAULT, "us"])}
         for rule in COMPARED:
             path = (low if m <= thresholds[regime] else VLLM_DEFAULT) if rule == "threshold" else rule

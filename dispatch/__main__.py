@@ -21,7 +21,8 @@ def _check_native_root(root: Path) -> None:
     try:
         real = root.resolve(strict=False)
     except (OSError, RuntimeError):
-        raise HarnessError(f"the native build folder {root} is a symlink loop; point BLB_NATIVE_DIR at a folder") from None
+        raise HarnessError(f"the native build folder {root} is a symlink loop; point BLB_NATIVE_DIR at a "
+                           f"folder") from None
     existing = next((p for p in (real, *real.parents) if p.exists()), None)
     if existing is not None and not existing.is_dir():
         raise HarnessError(f"the native build folder {root}: {existing} is a file; point BLB_NATIVE_DIR at a folder")
@@ -40,9 +41,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from dispatch import native
     if args.command == "native-status":
         mod = native.module()
-        state = "loads" if mod is not None else ("turned off (BLB_NATIVE=0)" if not native.enabled()
-                                                  else "not built: run python -m dispatch build-native" if not native.library().exists()
-                                                  else "does not load: rebuild it with python -m dispatch build-native")
+        build = "python -m dispatch build-native"
+        state = ("loads" if mod is not None else "turned off (BLB_NATIVE=0)" if not native.enabled()
+                 else f"not built: run {build}" if not native.library().exists()
+                 else f"does not load: rebuild it with {build}")
         print(f"{native.library()}: {state}")
         return 0 if mod is not None else 1
     missing = [tool for tool in ("c++", "ninja") if shutil.which(tool) is None]
