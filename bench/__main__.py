@@ -154,7 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         target = output_dir(args.out, "--out")
         if target.is_dir() and any(target.iterdir()):  # a user's folder: nothing in it is ours to replace
             raise HarnessError(f"{target} is not empty; merge into a new or empty folder (nothing was changed)")
-        out = merge_shards([Path(d) for d in args.shards], output_dir(args.out, "--out"), args.partial)
+        out = merge_shards([Path(d) for d in args.shards], target, args.partial)
         print(f"merged {len(args.shards)} shard(s) into {out}/results.csv and run.json\n"
               f"  next: python -m calibrate validate {out}")
         return 0

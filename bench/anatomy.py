@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from bench.stats import summary
+from dispatch.vllm import cutedsl_tensors_ok
 
 LIBRARY = "blb_anatomy"  # our own fragment, so vLLM's "vllm" namespace is never touched
 
@@ -99,24 +100,6 @@ def inductor_style(op_default: Callable, args: tuple, size: tuple[int, ...], str
     return call
 
 
-def can_use_flashinfer(x, weight, bias, k_multiple: int = 128) -> bool:
-    """vLLM's per-call eligibility test for its FlashInfer BF16 GEMM (utils.py _can_use_flashinfer_cutedsl_bf16),
-    minus the platform check, which vLLM caches; the same ~20 tensor attribute reads."""
-    import torch
-    if x.ndim < 1 or weight.ndim != 2:
-        return False
-    if not (x.is_cuda and weight.is_cuda) or x.device != weight.device:
-        return False
-    if x.dtype != torch.bfloat16 or weight.dtype != torch.bfloat16:
-        return False
-    if not (x.is_contiguous() and weight.is_contiguous()):
-        return False
-    k, n = x.shape[-1], weight.shape[0]
-    if k <= 0 or n <= 0 or x.numel() == 0 or weight.shape[1] != k or k % k_multiple:
-        return False
-    if x.data_ptr() % 32 or weight.data_ptr() % 32:
-        return False
-    if bias is not None and not (bias.is_cuda and bias.device == x.device and bias.dtype == torch.bfloat16
-                                 and bias.ndim == 1 and bias.shape[0] == n and bias.is_contiguous()):
-        return False
-    return True
+# vLLM's per-call eligibility test for its FlashInfer BF16 GEMM (utils.py _can_use_flashinfer_cutedsl_bf16), minus
+# the platform check, which vLLM caches; the same ~20 tensor attribute reads (one function, no wrapper frame)
+can_use_flashinfer = cutedsl_tensors_ok

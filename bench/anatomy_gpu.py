@@ -11,6 +11,7 @@ from typing import Any, Callable
 from bench.anatomy import (FLASHINFER_SEGMENTS, FLASHINFER_TOTAL, NULL_OP_SEGMENT, can_use_flashinfer, inductor_style,
                            segment_costs)
 from bench.anatomy_ops import make_vllm_impl, register_gemm_op, register_null_op
+from bench.vllm_op import flashinfer_bf16_mm
 from bench.envinfo import run_info
 from bench.hosttime import sleep_guard, time_blocks
 from bench.paths import PATHS
@@ -72,8 +73,7 @@ def flashinfer_layers(backend: str, x, w, pdl: bool = False) -> tuple[dict[str, 
     mm_bf16 = flashinfer.mm_bf16
     m, n = x.shape[0], w.shape[0]
 
-    def vllm_mm(a, b, bias, pdl, be):
-        return mm_bf16(a, b, bias=bias, pdl=pdl, out_dtype=torch.bfloat16, backend=be)
+    vllm_mm = flashinfer_bf16_mm(mm_bf16)
     op = register_gemm_op(vllm_mm)
     impl = make_vllm_impl(vllm_mm)  # the same Python kernel the op runs, called directly
     body = inspect.unwrap(mm_bf16)  # below backend_requirement and flashinfer_api

@@ -15,8 +15,8 @@ from typing import Any, Callable
 import dispatch
 from bench.clocks import make_clock
 from bench.envinfo import ClockReader, nvml_clocks, run_info
-from bench.forward_paths import (DISPATCH_NO_IDLE, DISPATCH_PYTHON, LM_HEAD_RULE, NOT_SINGLE_PATHS, RULES, TABLE_DIRECT,
-                                 path_for)
+from bench.forward_paths import (BOUND_LAYER_RULES, DISPATCH_NO_IDLE, DISPATCH_PYTHON, DISPATCHER_RULES, LM_HEAD_RULE,
+                                 RULES, TABLE_DIRECT, path_for)
 from bench.gpu import (REL_ERR_BOUND, capture_graph, check_output, records_since_last_window, replay_interleaved,
                        replay_seconds)
 from bench.paths import ATEN, DISPATCH, PATHS
@@ -138,7 +138,7 @@ def _bind(rule: str, seq, weights, xs, m, sm, cfg: ForwardConfig, fns: dict[str,
         for lin, w in zip(seq, weights):
             path = path_for(rule, lin, m, sm, cfg.profile, cfg.table, regime)
             fn, args = fns[path], (xs[lin.k], w)
-            if rule in (DISPATCH, DISPATCH_PYTHON, DISPATCH_NO_IDLE) and lin.layer != "lm_head":
+            if rule in BOUND_LAYER_RULES and lin.layer != "lm_head":
                 # the real dispatcher, bound per layer as a model does at load; `path` is its table's choice
                 fn, args = dispatch.bind(w, native=False if rule == DISPATCH_PYTHON else None), (xs[lin.k],)
                 eager = path_for(rule, lin, m, sm, cfg.profile, cfg.table, "eager")
@@ -285,20 +285,17 @@ def too_slow(seconds: dict[str, float], factor: float) -> dict[str, float]:
     """The rules whose forward took more than `factor` x all-aten's (by one replay of each), with that ratio: never
     the best path, and their forwards take long (TinyGEMM everywhere: 17-21x all-aten at M = 1031 on the H200)."""
     ref = seconds[ATEN]
-    kept = (ATEN, DISPATCH, *NOT_SINGLE_PATHS)  # the dispatcher and its twins are what a run is for
+    kept = (ATEN, *DISPATCHER_RULES)  # the dispatcher and its twins are what a run is for
     return {r: t / ref for r, t in seconds.items() if r not in kept and t > factor * ref}
-
-
-BOUND_LAYER_RULES = (DISPATCH, DISPATCH_PYTHON, DISPATCH_NO_IDLE)
 
 
 def twin_of(rule: str, bound: Bound, earlier: dict[str, Bound]) -> str | None:
     """The earlier rule whose forward runs the same path on every linear (the same callables in the same order),
-    whose measurement this rule's is; None for the dispatcher's rules, which add a bound layer of their own."""
-    if rule in BOUND_LAYER_RULES or rule == TABLE_DIRECT:
+    whose measurement this rule's is; None for the dispatcher's rules, which add a layer or per-regime binding of
+    their own."""
+    if rule in DISPATCHER_RULES:
         return None
-    return next((r for r, b in earlier.items() if r not in BOUND_LAYER_RULES and r != TABLE_DIRECT
-                 and b.paths == bound.paths), None)
+    return next((r for r, b in earlier.items() if r not in DISPATCHER_RULES and b.paths == bound.paths), None)
 
 
 def twin_rows(rows: list[dict[str, Any]], twins: dict[tuple[str, int, str], str]) -> list[dict[str, Any]]:
@@ -442,7 +439,7 @@ def run_forward(cfg: ForwardConfig) -> Path:
                         (cfg.out / FORWARD_FILE, FORWARD_COLUMNS))
     if out_csv.exists() and not cfg.resume:
         raise HarnessError(f"{out_csv} exists; pass --resume to continue it or choose another --out")
-    dispatches = any(r in cfg.rules for r in (DISPATCH, DISPATCH_PYTHON, DISPATCH_NO_IDLE))
+    dispatches = any(r in cfg.rules for r in BOUND_LAYER_RULES)
     if cfg.table is None and (dispatches or TABLE_DIRECT in cfg.rules):
         cfg.table = load_table(cfg.profile.name)
     seqs = sequences(cfg)

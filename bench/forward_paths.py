@@ -27,6 +27,8 @@ DISPATCH_PYTHON = "dispatch-python"
 # idle signal and the idle choices change
 DISPATCH_NO_IDLE = "dispatch-no-idle"
 NOT_SINGLE_PATHS = (TABLE_DIRECT, DISPATCH_PYTHON, DISPATCH_NO_IDLE)  # the dispatcher's twins: never the best single path
+BOUND_LAYER_RULES = (DISPATCH, DISPATCH_PYTHON, DISPATCH_NO_IDLE)  # the dispatcher bound per layer (dispatch.bind)
+DISPATCHER_RULES = (DISPATCH, *NOT_SINGLE_PATHS)  # every rule that runs the table's choices
 RULES = {
     ATEN: "F.linear for every linear",
     VLLM_DEFAULT: f"what vLLM {vllm.VLLM_VERSION} runs by default: F.linear for every linear",
@@ -70,7 +72,8 @@ def default_rules(profile: GpuProfile) -> tuple[str, ...]:
     return (ATEN, VLLM_DEFAULT, VLLM_FLAG, SEED_PR, threshold_base(profile), DISPATCH)
 
 
-# vLLM calls its LM head through dispatch_unquantized_gemm("auto"), which is F.linear on every GPU, so no rule a
+# vLLM calls its LM head through dispatch_unquantized_gemm("auto") (vllm/model_executor/layers/
+# vocab_parallel_embedding.py, UnquantizedEmbeddingMethod.apply), which is F.linear on every GPU, so no rule a
 # dispatcher in vLLM could follow changes it: every rule, a registry path run everywhere included, runs it with
 # F.linear. Forward runs from before this (no `lm_head_rule` in run.json) ran registry paths on the LM head too.
 LM_HEAD_RULE = "F.linear under every rule"
@@ -142,7 +145,7 @@ def path_for(rule: str, linear: ForwardLinear, m: int, sm: int, profile: GpuProf
         return vllm_choice(rule, m, sm, lambda p: runnable(p, sm, linear, m))
     if rule == FLASHINFER_EVERYWHERE:
         return flashinfer_everywhere_choice(low, profile.low_m_backend, m, lambda p: runnable(p, sm, linear, m))
-    if rule in (DISPATCH, TABLE_DIRECT, DISPATCH_PYTHON, DISPATCH_NO_IDLE):
+    if rule in DISPATCHER_RULES:
         if table is None:
             raise HarnessError(f"the {rule} path needs a threshold table for this GPU; fit one with python -m calibrate fit")
         chosen = table.choose(linear.n, linear.k, m, regime)

@@ -137,10 +137,7 @@ def validate_results(df, path: Path) -> None:
     df["path"] = df["path"].astype(str)
     ok = df["status"] == "ok"
     for col in TIME_COLUMNS:
-        raw = df[col]
-        num = pd.to_numeric(raw, errors="coerce")
-        text = raw.astype(str).str.strip()
-        garbage = num.isna() & raw.notna() & (text != "") & (text.str.lower() != "nan")
+        num, garbage = numeric(df[col])
         if garbage.any():
             raise _bad(path, df, garbage, col, "non-numeric text")
         df[col] = num
@@ -150,10 +147,7 @@ def validate_results(df, path: Path) -> None:
     for col in OPTIONAL_TIMES:
         if col not in df.columns:
             continue
-        raw = df[col]
-        num = pd.to_numeric(raw, errors="coerce")
-        text = raw.astype(str).str.strip()
-        garbage = num.isna() & raw.notna() & (text != "") & (text.str.lower() != "nan")
+        num, garbage = numeric(df[col])
         broken = garbage | (ok & num.notna() & ~(np.isfinite(num) & (num >= 0)))
         if broken.any():
             raise _bad(path, df, broken, col, "text, an infinite or a negative time")
@@ -176,7 +170,7 @@ def validate_results(df, path: Path) -> None:
             raise _bad(path, df, broken, "shape, n, k", "a shape name that does not match n and k")
     for col in ("gpu_samples_us", "span_samples_us"):
         if col in df.columns:
-            broken = ok & ~df[col].map(_samples_ok)
+            broken = ok & ~df[col].map(samples_ok)
             if broken.any():
                 raise _bad(path, df, broken, col, "samples that are not ';'-separated positive numbers")
     dup = df.duplicated(list(KEY), keep=False)
@@ -184,10 +178,25 @@ def validate_results(df, path: Path) -> None:
         raise _bad(path, df, dup, "n, k, m, path", "a duplicated cell")
 
 
-def _samples_ok(value: Any) -> bool:
+def numeric(raw):
+    """A column as numbers, and the mask of its cells that hold text which is no number (blank and 'nan' count as
+    missing, not as text)."""
+    import pandas as pd
+    num = pd.to_numeric(raw, errors="coerce")
+    text = raw.astype(str).str.strip()
+    return num, num.isna() & raw.notna() & (text != "") & (text.str.lower() != "nan")
+
+
+def samples_missing(value: Any) -> bool:
     import math
-    if value is None or (isinstance(value, float) and math.isnan(value)) or str(value).strip() == "":
-        return True  # older tables: the median stands in for the samples
+    return value is None or (isinstance(value, float) and math.isnan(value)) or str(value).strip() == ""
+
+
+def samples_ok(value: Any) -> bool:
+    """';'-separated finite positive numbers, or nothing (older tables: the median stands in for the samples)."""
+    import math
+    if samples_missing(value):
+        return True
     try:
         xs = [float(v) for v in str(value).split(";") if v.strip()]
     except ValueError:

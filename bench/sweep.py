@@ -42,7 +42,7 @@ class SweepConfig:
     gpu_bound_us: float = 100.0  # a call estimated this long on the GPU is host-timed with 5 calls x 3 rounds
     write_every_s: float = 5.0  # results are rewritten at most this often (and always at the end or on interrupt)
     # A low-M backend is no longer timed on a shape from the M after one where its GPU time exceeded this many times
-    # F.linear's cost there in either regime (GPU time, and max(host, GPU)): it only grows with M, so it cannot win
+    # F.linear's cost there in both regimes (GPU time, and max(host, GPU)): it only grows with M, so it cannot win
     # above. None (--all): every cell is timed.
     hopeless_factor: float | None = None  # bench run sets 2.0 unless --all; baselines time every cell
     l2: str = "rotate"  # rotate | flush | warm (bench.gpu.L2_MODES)

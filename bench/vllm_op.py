@@ -6,65 +6,45 @@ impl for torch.compile). Its impl, cuda_flashinfer_bf16_gemm_impl, runs the back
 where it fails, else `flashinfer_bf16_mm` (mm_bf16 with out_dtype bf16) on the 2-D view. Public mm_bf16 called
 directly leaves the dispatcher hop and the check out, which understates vLLM's eager host cost.
 
-The op here is that op, under the harness's own library name. For cute-dsl its check is vLLM's
-(dispatch.vllm.can_use_cutedsl); for another backend, which vLLM has no entry for (TinyGEMM on SM90: the mechanism a
-vLLM change would use), the check is that backend's own rule (dispatch/backends.py).
+The op is the host anatomy's model of that op (bench/anatomy_ops.py register_gemm_op), registered once per backend
+with its check: for cute-dsl vLLM's (dispatch.vllm.can_use_cutedsl, on this GPU's SM); for another backend, which
+vLLM has no entry for (TinyGEMM on SM90: the mechanism a vLLM change would use), that backend's own rule
+(dispatch/backends.py).
 """
 from __future__ import annotations
 
 from typing import Any, Callable
 
-import torch
-import torch.nn.functional as F
-
 from dispatch.backends import BACKENDS
 from dispatch.vllm import FLAG_BACKEND, can_use_cutedsl
 
-OP_LIB = "blb_vllm"
-OP_NAME = "cuda_flashinfer_bf16_gemm"
-_LIB: Any = None
-_SM: list[int] = []  # the SM the op's checks ask about, read once when the op is registered
 
-
-def _check(backend: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> bool:
+def vllm_check(backend: str, sm: int) -> Callable[[Any, Any, Any], bool]:
+    """The per-call check the op runs for a backend on an SM (F.linear where it fails)."""
     if backend == FLAG_BACKEND:
-        return can_use_cutedsl(_SM[0], x, weight, bias)
-    return x.ndim >= 1 and x.shape[-1] == weight.shape[-1] and BACKENDS[backend].accepts(x, weight, bias, _SM[0])
+        return lambda x, weight, bias: can_use_cutedsl(sm, x, weight, bias)
+    rule = BACKENDS[backend]
+    return lambda x, weight, bias: (x.ndim >= 1 and x.shape[-1] == weight.shape[-1]
+                                    and rule.accepts(x, weight, bias, sm))
 
 
-def _impl(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pdl: bool,
-          vllm_backend: str) -> torch.Tensor:
-    if not _check(vllm_backend, x, weight, bias):
-        return F.linear(x, weight, bias)
-    import flashinfer
-    k, n = x.shape[-1], weight.shape[0]
-    out = flashinfer.mm_bf16(x.view(-1, k), weight.t(), bias=bias, pdl=pdl, out_dtype=torch.bfloat16,
-                             backend=vllm_backend)
-    return out.view(*x.shape[:-1], n)
+def flashinfer_bf16_mm(mm_bf16: Callable[..., Any]) -> Callable[..., Any]:
+    """vllm/utils/flashinfer.py flashinfer_bf16_mm over a given mm_bf16: (a, b, bias, pdl, backend) -> out."""
+    import torch
 
-
-def _fake(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, pdl: bool,
-          vllm_backend: str) -> torch.Tensor:
-    return x.new_empty((*x.shape[:-1], weight.shape[0]))
-
-
-def _register() -> None:
-    global _LIB
-    if _LIB is not None:
-        return
-    from dispatch.profiles import sm_of
-    _SM.append(sm_of())
-    lib = torch.library.Library(OP_LIB, "FRAGMENT")
-    lib.define(f"{OP_NAME}(Tensor x, Tensor weight, Tensor? bias, bool pdl, str vllm_backend) -> Tensor")
-    lib.impl(OP_NAME, _impl, dispatch_key="CUDA")
-    lib._register_fake(OP_NAME, _fake)
-    _LIB = lib
+    def mm(a, b, bias, pdl, backend):
+        return mm_bf16(a, b, bias=bias, pdl=pdl, out_dtype=torch.bfloat16, backend=backend)
+    return mm
 
 
 def op_call(backend: str, pdl: bool) -> Callable[[Any, Any], Any]:
     """(x, w) -> y through the registered op, as vLLM's cuda_flashinfer_bf16_gemm calls it."""
-    _register()
-    op = getattr(getattr(torch.ops, OP_LIB), OP_NAME)
+    from flashinfer import mm_bf16
+
+    from bench.anatomy_ops import register_gemm_op
+    from dispatch.profiles import sm_of
+    op = register_gemm_op(flashinfer_bf16_mm(mm_bf16), name=f"vllm_bf16_gemm_{backend.replace('-', '_')}",
+                          eligible=vllm_check(backend, sm_of()))
 
     def linear(x, w):
         return op(x, w, None, pdl, backend)

@@ -41,10 +41,10 @@ from dispatch.table import REGIMES, TABLE_DIR, ThresholdTable, load_table
 from harness.cli import Parser, float_in, int_in
 from harness.console import terminal
 from harness.errors import HarnessError, run_cli
-from harness.io import atomic_write_text, check_target, claim_work_dir, distinct, output_file, shipped_or_results
+from harness.io import (atomic_write_text, check_target, claim_work_dir, distinct, output_file, same_gpu,
+                        shipped_or_results)
 
 RESULTS = Path("results")  # where a command writes by default: never a shipped file
-MANIFEST_NAME = "manifest.json"
 
 
 def _check_gpu(info: dict, profile_name: str, results: str, allow_mismatch: bool | None = None) -> None:
@@ -276,7 +276,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         twice = next((r for r in given if sum(Path(g).resolve() == Path(r).resolve() for g in given) > 1), None)
         if twice is not None:
             raise HarnessError(f"host-shift: {twice} is given twice; each run belongs to one arm, once")
-        _same_gpu(infos, args.allow_mismatch)
+        same_gpu(infos, args.allow_mismatch)
         print("\n".join(host_shift_lines(host_shift(arms))))
         return 0
 
@@ -284,7 +284,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         distinct([args.run_a, args.run_b], "agree")
         a, ia = _load(args.run_a, args.partial)
         b, ib = _load(args.run_b, args.partial)
-        _same_gpu([(args.run_a, ia), (args.run_b, ib)], args.allow_mismatch)
+        same_gpu([(args.run_a, ia), (args.run_b, ib)], args.allow_mismatch)
         print("\n".join(summary_lines(agreement(Cells.from_results(a), Cells.from_results(b)))))
         return 0
 
@@ -632,7 +632,7 @@ def _overrides(args, profile, df, cells, base, noise, hold_out, cell_picks, shap
 
 
 def _table_cmd(args) -> int:
-    from calibrate.table_pipeline import install, plan_text, run_pipeline
+    from calibrate.table_pipeline import MANIFEST, install, plan_text, run_pipeline
     profile = get_profile(args.gpu)
     if (args.resume or args.install) and not args.run_id:
         raise HarnessError("--resume and --install name a run: pass --run-id")
@@ -650,7 +650,7 @@ def _table_cmd(args) -> int:
     from bench.sweep import require_gpu
     require_gpu(profile)  # before any file system change
     manifest = run_pipeline(profile, run, args.resume)
-    print(f"table: {run}/table.json, verdict {manifest.get('verdict')}; legs and times in {run}/{MANIFEST_NAME}")
+    print(f"table: {run}/table.json, verdict {manifest.get('verdict')}; legs and times in {run}/{MANIFEST}")
     return 0
 
 
@@ -682,15 +682,6 @@ def _sibling_free(sibling: Path, out: Path, install: bool) -> None:
                            f"or choose another --out")
     if sibling.exists() or sibling.is_symlink():
         check_target(sibling, "the tactics file", install)
-
-
-def _same_gpu(infos: list[tuple[str, dict]], allow: bool) -> None:
-    """Runs compared with each other must come from one kind of GPU, unless the user asks otherwise."""
-    names = {r: str((i.get("fingerprint") or {}).get("gpu_name", "?")) for r, i in infos}
-    if len(set(names.values())) > 1 and not allow:
-        shown = ", ".join(f"{r}: {g}" for r, g in names.items())
-        raise HarnessError(f"the runs come from different GPUs ({shown}); compare runs of one GPU, or pass "
-                           f"--allow-mismatch")
 
 
 def _noise_cmd(args) -> int:

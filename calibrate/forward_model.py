@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from bench.forward_paths import NOT_SINGLE_PATHS, TABLE_DIRECT, path_for
-from bench.results import load_run_info
+from bench.results import load_run_info, numeric, samples_missing, samples_ok
 from calibrate.analysis import Cells, paired_ratio_ci, parse_samples
 from dispatch.backends import ATEN, DISPATCH
 from dispatch.profiles import GpuProfile
@@ -59,25 +59,14 @@ def _check_forward_columns(df: pd.DataFrame, csv: Path) -> None:
     df["us"] = us
     for col in ("us_p20", "us_p80", "submit_us", "gpu_busy_us", "span_us", "event_us"):
         if col in df.columns:
-            raw = df[col]
-            num = pd.to_numeric(raw, errors="coerce")
-            text = raw.astype(str).str.strip()
-            broken = (num.isna() & raw.notna() & (text != "") & (text.str.lower() != "nan")) | \
-                (ok & num.notna() & ~(np.isfinite(num) & (num >= 0)))
+            num, garbage = numeric(df[col])
+            broken = garbage | (ok & num.notna() & ~(np.isfinite(num) & (num >= 0)))
             if broken.any():
                 raise _bad_forward(csv, df, broken, col, "text, an infinite or a negative time")
             df[col] = num
-    broken = ok & ~df["samples_us"].map(_samples_parse)
+    broken = ok & df["samples_us"].map(lambda v: samples_missing(v) or not samples_ok(v))  # required here
     if broken.any():
         raise _bad_forward(csv, df, broken, "samples_us", "samples that are not ';'-separated positive numbers")
-
-
-def _samples_parse(value) -> bool:
-    try:
-        xs = parse_samples(value)
-    except (TypeError, ValueError):
-        return False
-    return len(xs) > 0 and bool(np.all(np.isfinite(xs) & (xs > 0)))
 
 
 def load_forward(path: str | Path, partial: bool = False) -> tuple[pd.DataFrame, dict[str, Any]]:

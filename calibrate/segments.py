@@ -19,6 +19,7 @@ from calibrate.analysis import Cells, calibrated_ratio, dispatch_candidates, sha
 from dispatch.backends import ATEN
 from dispatch.table import REGIMES, ThresholdTable, compress, describe_ranges
 from harness.errors import HarnessError
+from shapes.grid import M_MAX
 
 DEFAULT_TOLERANCE = 0.02
 RULE = ("fewest M ranges per shape and regime such that at every measured M the range's path costs at most "
@@ -116,9 +117,10 @@ def fit_segments(cells: Cells, base: ThresholdTable, tolerance: float = DEFAULT_
                 how = ("graph",) if regime == "graph" else eager_model(
                     m, (gpu_bound_from or {}).get((n, k)), (host_bound_until or {}).get((n, k)))
                 for p in among:
-                    if not cells.has(n, k, m, p) or math.isnan(_cost(cells, n, k, m, p, how)):
-                        continue  # a cell without the host time its regime is judged by cannot cover this M
-                    cost[(m, p)] = _cost(cells, n, k, m, p, how)
+                    value = _cost(cells, n, k, m, p, how) if cells.has(n, k, m, p) else math.nan
+                    if math.isnan(value):
+                        continue  # unmeasured, or without the host time its regime is judged by: cannot cover M
+                    cost[(m, p)] = value
                     upper[(m, p)] = 1.0 if p == ATEN else max(_upper_ratio(cells, n, k, m, p, h, noise) for h in how)
                 picked = (picks or {}).get((regime, n, k, m))
                 if picked is not None and (m, picked[0]) in cost and (m, ATEN) in cost:
@@ -172,6 +174,6 @@ def range_counts(table: ThresholdTable) -> dict[str, float]:
             for up, _ in ranges:
                 narrow = min(narrow, (up - lo + 1) / up)
                 lo, pieces = up + 1, pieces + 1
-            counts.append(pieces + (1 if not ranges or lo <= 16384 else 0))
+            counts.append(pieces + (1 if not ranges or lo <= M_MAX else 0))
     return {"mean_ranges": sum(counts) / len(counts) if counts else 0.0, "max_ranges": max(counts, default=0),
             "narrowest_share": narrow}

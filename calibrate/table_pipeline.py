@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
+from bench.envinfo import git_sha
 from dispatch.profiles import GpuProfile
 from harness.errors import HarnessError
 from harness.io import atomic_write_text
@@ -68,15 +69,6 @@ def plan_text(profile: GpuProfile, run: Path) -> str:
     return "\n".join(lines)
 
 
-def _sha() -> str | None:
-    try:
-        root = Path(__file__).resolve().parent.parent
-        return subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
 def _default_exec(leg: Leg, log: Path) -> int:
     with log.open("w") as fh:
         return subprocess.run(leg.argv, stdout=fh, stderr=subprocess.STDOUT).returncode
@@ -93,7 +85,7 @@ def run_pipeline(profile: GpuProfile, run: Path, resume: bool, execute: Callable
     run.mkdir(parents=True, exist_ok=True)
     manifest = json.loads(manifest_file.read_text()) if resume else {
         "profile": profile.name, "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "harness_sha": _sha(), "legs": {}}
+        "harness_sha": git_sha(), "legs": {}}
     for leg in legs(profile, run):
         done = manifest["legs"].get(leg.name, {})
         if done.get("status") == "done":

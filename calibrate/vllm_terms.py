@@ -34,6 +34,7 @@ class VllmTerms:
     per_model: dict[tuple[str, str], int]  # (model, regime): the best T for that model alone
     low_path: str
     profile: str
+    capture_size: int
 
 
 def required_paths(profile: GpuProfile) -> list[str]:
@@ -117,7 +118,7 @@ def vllm_terms(forward: pd.DataFrame, profile: GpuProfile, floor=None) -> VllmTe
         r, lo, hi = _paired(g, DISPATCH, t_path)
         row["table_over_threshold"], row["tot_lo"], row["tot_hi"] = (r, *_widened(regime, r, lo, hi, floor))
         rows.append(row)
-    return VllmTerms(pd.DataFrame(rows), thresholds, per_model, low, profile.name)
+    return VllmTerms(pd.DataFrame(rows), thresholds, per_model, low, profile.name, profile.capture_size)
 
 
 def _cell(r: float, lo: float, hi: float) -> str:
@@ -133,7 +134,7 @@ def text(t: VllmTerms) -> str:
     """The vLLM-terms table as plain text: a block per model and regime, then the thresholds."""
     lines = [f"vLLM {vllm.VLLM_VERSION} on {t.profile}: per-forward linear time over vLLM default's (F.linear on every "
              f"linear), median of paired rounds [95% interval]; * = the regime vLLM runs that M in "
-             f"(capture size {_capture(t)})"]
+             f"(capture size {t.capture_size})"]
     for (model, regime), g in t.rows.groupby(["model", "regime"], sort=False):
         lines.append(f"\n{model}, {regime} (best threshold over every model T = {t.thresholds[regime]}; for this "
                      f"model alone T = {t.per_model[(model, regime)]}):")
@@ -143,15 +144,11 @@ def text(t: VllmTerms) -> str:
             cells = "  ".join(f"{_cell(d[c], d[c + '_lo'], d[c + '_hi']):>24}" for c in COMPARED)
             lines.append(f"  {d['m']:>5}{'*' if d['vllm_regime'] else ' '}  {d['default_us']:>10.1f}  {cells}  "
                          f"{_cell(d['table_over_threshold'], d['tot_lo'], d['tot_hi']):>24}")
-        lines.append(f"  geometric mean over M: " + ", ".join(f"{LABELS[c]} {geomean(g[c]):.3f}" for c in COMPARED))
+        lines.append("  geometric mean over M: " + ", ".join(f"{LABELS[c]} {geomean(g[c]):.3f}" for c in COMPARED))
     lines.append("\nthe single threshold a vLLM change should use on this GPU (low-M backend through vLLM's op at "
                  "M <= T, F.linear above): " + ", ".join(f"{r} T = {v}" for r, v in t.thresholds.items()))
     return "\n".join(lines)
 
-
-def _capture(t: VllmTerms) -> int:
-    from dispatch.profiles import get_profile
-    return get_profile(t.profile).capture_size
 
 
 def markdown(t: VllmTerms) -> str:

@@ -65,29 +65,26 @@ def pdl(sm: int) -> bool:
 
 def can_use_cutedsl(sm: int, x: Any, weight: Any, bias: Any) -> bool:
     """vllm/model_executor/layers/utils.py _can_use_flashinfer_cutedsl_bf16, the per-call check inside the custom
-    op: the SM 10.x family, bf16 CUDA tensors on one device, both contiguous, K % 128 == 0, 32-byte aligned data
-    pointers, non-empty; a bias bf16, 1-D of length N, contiguous, on that device, or none. F.linear otherwise."""
+    op: the SM 10.x family (is_device_capability_family(100)), then the tensors' half (cutedsl_tensors_ok)."""
+    return sm // 10 == 10 and cutedsl_tensors_ok(x, weight, bias)
+
+
+def cutedsl_tensors_ok(x: Any, weight: Any, bias: Any, k_multiple: int = 128) -> bool:
+    """The tensors' half of _can_use_flashinfer_cutedsl_bf16: bf16 CUDA tensors on one device, both contiguous,
+    K % 128 == 0, 32-byte aligned data pointers, non-empty; a bias bf16, 1-D of length N, contiguous, on that device,
+    or none. F.linear otherwise."""
     import torch
-    if sm // 10 != 10 or x.ndim < 1 or weight.ndim != 2:
+    if x.ndim < 1 or weight.ndim != 2:
         return False
     if (not x.is_cuda or not weight.is_cuda or x.device != weight.device or x.dtype != torch.bfloat16
             or weight.dtype != torch.bfloat16 or not x.is_contiguous() or not weight.is_contiguous()):
         return False
     k, n = x.shape[-1], weight.shape[0]
-    if (k <= 0 or n <= 0 or x.numel() == 0 or weight.shape[1] != k or k % 128 != 0 or x.data_ptr() % 32
+    if (k <= 0 or n <= 0 or x.numel() == 0 or weight.shape[1] != k or k % k_multiple != 0 or x.data_ptr() % 32
             or weight.data_ptr() % 32):
         return False
     return bias is None or (bias.is_cuda and bias.device == x.device and bias.dtype == torch.bfloat16
                             and bias.ndim == 1 and bias.shape[0] == n and bias.is_contiguous())
-
-
-def flag_backend_at(sm: int, m: int) -> str | None:
-    """The kernel family the flag runs at M on this SM: None where vLLM runs F.linear (an unsupported SM), else
-    FlashInfer's cute-dsl backend at every M, which itself runs its CuTe DSL kernels at M <= CUTE_DSL_MAX_M and its
-    cuBLASLt fallback above (flashinfer/gemm/gemm_base.py)."""
-    if not flag_supported(sm):
-        return None
-    return "cute-dsl" if m <= CUTE_DSL_MAX_M else "cute-dsl (cuBLASLt fallback)"
 
 
 def seed_pr_uses_flashinfer(sm: int, m: int) -> bool:
@@ -103,8 +100,3 @@ def autotune_buckets(max_num_batched_tokens: int) -> list[int]:
     from shapes.grid import hybrid_buckets
     return hybrid_buckets(max_num_batched_tokens)
 
-
-def lm_head_is_f_linear() -> bool:
-    """vllm/model_executor/layers/vocab_parallel_embedding.py: the LM head's UnquantizedEmbeddingMethod calls
-    dispatch_unquantized_gemm() with the default backend ('auto'), which is F.linear on CUDA, flag or no flag."""
-    return True

@@ -169,3 +169,13 @@ def distinct(runs: list[str], what: str) -> list[str]:
             raise HarnessError(f"{what}: {r} and {seen[key]} are the same run; pass distinct runs from fresh processes")
         seen[key] = r
     return runs
+
+
+def same_gpu(infos: list[tuple[str, dict]], allow: bool) -> None:
+    """Runs compared with each other (their run.json) must come from one kind of GPU, unless the user asks
+    otherwise."""
+    names = {r: str((i.get("fingerprint") or {}).get("gpu_name", "?")) for r, i in infos}
+    if len(set(names.values())) > 1 and not allow:
+        shown = ", ".join(f"{r}: {g}" for r, g in names.items())
+        raise HarnessError(f"the runs come from different GPUs ({shown}); compare runs of one GPU, or pass "
+                           f"--allow-mismatch")

@@ -234,11 +234,12 @@ def anatomy_section(path: str) -> str:
             + table(first, cols, fmt=fmt, left=("path", "layer")) + "</details>")
 
 
-def forward_section(run: Run, path: str, partial: bool) -> str:
+def forward_section(run: Run, path: str, loaded: tuple[pd.DataFrame, dict]) -> str:
+    """One measured-forward folder's section; `loaded`: its (forward.csv, run.json) as load_forward read them."""
     from calibrate.forward_noise import load_forward_floor
     from calibrate.forward_model import (EAGER_VOID, MODEL_MISS, eager_void, forward_ratios, forward_verdicts,
-                                         load_forward, model_vs_measured)
-    fdf, info = load_forward(path, partial)
+                                         model_vs_measured)
+    fdf, info = loaded
     ratios = forward_ratios(fdf)
     measured = [c for c in ratios.columns if c not in ("model", "m", "regime", ATEN)]
     paths = [c for c in RULES if c in measured] + [c for c in measured if c not in RULES]
@@ -322,13 +323,11 @@ def forward_section(run: Run, path: str, partial: bool) -> str:
     return "".join(parts)
 
 
-def vllm_section(run: Run, folders: list[str], partial: bool) -> str | None:
-    """The answer in vLLM's terms (calibrate/vllm_terms.py) from the forwards that measured vLLM's rules; None when
-    none did (older runs)."""
-    from calibrate.forward_model import load_forward
+def vllm_section(run: Run, frames: list[pd.DataFrame]) -> str | None:
+    """The answer in vLLM's terms (calibrate/vllm_terms.py) from the forwards (their forward.csv tables) that
+    measured vLLM's rules; None when none did (older runs)."""
     from calibrate.forward_noise import load_forward_floor
     from calibrate.vllm_terms import COMPARED, LABELS, geomean, required_paths, vllm_terms
-    frames = [load_forward(f, partial)[0] for f in folders]
     fdf = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     if run.profile is None or fdf.empty or not set(required_paths(run.profile)) <= set(fdf[fdf["status"] == "ok"]["path"]):
         return None
@@ -370,23 +369,17 @@ def check_inputs(results: list[str], forward: list[str], anatomy: str | None, ba
     """What validate refuses, the report refuses too: a folder given twice, and data of another GPU than the first
     run's (unless allow_mismatch)."""
     from bench.results import load_run_info
-    from harness.io import distinct
+    from harness.io import distinct, same_gpu
     distinct(list(results), "reports build")
     distinct(list(forward), "reports build --forward")
+
     def has_info(p: str) -> bool:  # without run.json the folder's own loader names what is wrong with it
         return ((Path(p) if Path(p).is_dir() else Path(p).parent) / "run.json").is_file()
     if not has_info(results[0]):
         return
     primary = load_run_info(results[0])
-    gpu = str((primary.get("fingerprint") or {}).get("gpu_name", "?"))
-    others = [*results[1:], *forward, *([anatomy] if anatomy else [])]
-    for other in others:
-        if not has_info(other):
-            continue
-        theirs = str((load_run_info(other).get("fingerprint") or {}).get("gpu_name", "?"))
-        if theirs != gpu and not allow_mismatch:
-            raise HarnessError(f"{other} was measured on {theirs!r}, {results[0]} on {gpu!r}; report one GPU's data, "
-                               f"or pass --allow-mismatch")
+    others = [o for o in [*results[1:], *forward, *([anatomy] if anatomy else [])] if has_info(o)]
+    same_gpu([(results[0], primary), *((o, load_run_info(o)) for o in others)], allow_mismatch)
     if baseline:
         from calibrate.baseline import load_baseline
         b = load_baseline(Path(baseline))
@@ -421,13 +414,15 @@ def build(results: list[str], out: Path, baseline: str | None = None, anatomy: s
     if len(runs) > 1 or baseline:
         todo.append(("comparison", "Comparison", lambda: comparison_section(primary, rows, runs[1:], baseline)))
     folders = [forward] if isinstance(forward, str) else list(forward or [])
+    from calibrate.forward_model import load_forward
+    loaded = {f: load_forward(f, partial) for f in folders}  # read once: its own section and the vLLM terms
     several = len(folders) > 1
     todo[3:3] = [(f"forward-{i}" if several else "forward",  # before the totals, in the order given
                   "Measured forward" + (f" ({Path(f).name})" if several else ""),
-                  lambda f=f: forward_section(primary, f, partial)) for i, f in enumerate(folders, 1)]
+                  lambda f=f: forward_section(primary, f, loaded[f])) for i, f in enumerate(folders, 1)]
     if anatomy:
         todo.append(("anatomy", "Host-time anatomy", lambda: anatomy_section(anatomy)))
-    answer = vllm_section(primary, folders, partial)
+    answer = vllm_section(primary, [fdf for fdf, _ in loaded.values()])
     if answer is not None:
         todo.insert(0, ("vllm", "In vLLM's terms", lambda: answer))
     sections = []

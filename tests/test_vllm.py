@@ -17,8 +17,11 @@ H200, B200, GB200 = get_profile("h200"), get_profile("b200"), get_profile("gb200
 
 def test_the_flag_runs_only_on_the_sm100_family():
     assert not vllm.flag_supported(90) and vllm.flag_supported(100) and vllm.flag_supported(103)
-    assert vllm.flag_backend_at(90, 1) is None
-    assert vllm.flag_backend_at(100, 32) == "cute-dsl" and "fallback" in vllm.flag_backend_at(100, 33)
+    lin = ForwardLinear(0, "linear_attn.out_proj", 2560, 4096)
+    assert path_for("vllm-flag", lin, 1, 90, H200, None) == "aten"
+    assert path_for("vllm-flag", lin, 32, 100, B200, None) == path_for("vllm-flag", lin, 33, 100, B200, None) \
+        == "vllm-op:cute-dsl"  # one backend at every M: FlashInfer splits at CUTE_DSL_MAX_M itself
+    assert vllm.CUTE_DSL_MAX_M == 32
     assert not vllm.seed_pr_uses_flashinfer(90, 1)
     assert vllm.seed_pr_uses_flashinfer(100, 32) and not vllm.seed_pr_uses_flashinfer(100, 33)
 
@@ -38,7 +41,11 @@ def test_server_defaults_by_memory():
 
 def test_pdl_and_the_lm_head():
     assert vllm.pdl(90) and vllm.pdl(100) and not vllm.pdl(80)
-    assert vllm.lm_head_is_f_linear()
+    from dispatch.profiles import PROFILES
+    assert all(p.pdl == vllm.pdl(p.sm) for p in PROFILES.values())  # every profile passes pdl as vLLM does
+    head = ForwardLinear(-1, "lm_head", 248320, 2560)
+    for rule in ("vllm-default", "vllm-flag", "seed-pr", "vllm-op:cute-dsl"):
+        assert path_for(rule, head, 1, 100, B200, None) == "aten"  # F.linear whatever the flag
 
 
 def test_autotune_buckets_are_the_hybrid_buckets_up_to_the_token_budget():
@@ -169,14 +176,15 @@ def _forward_folder(path, df):
 
 
 def test_the_report_leads_with_the_vllm_terms_where_the_forwards_measured_them(tmp_path):
+    from calibrate.forward_model import load_forward
     from reports.build import vllm_section
     run = SimpleNamespace(profile=H200)
-    html = vllm_section(run, [str(_forward_folder(tmp_path, _h200_forward()))], False)
+    html = vllm_section(run, [load_forward(_forward_folder(tmp_path, _h200_forward()))[0]])
     assert "vLLM 0.33.0" in html and "is unsupported" in html and "best T" in html
     old = tmp_path / "old"
     old.mkdir()
     df = _h200_forward()
-    assert vllm_section(run, [str(_forward_folder(old, df[df["path"] != "vllm-op:tinygemm"]))], False) is None
+    assert vllm_section(run, [load_forward(_forward_folder(old, df[df["path"] != "vllm-op:tinygemm"]))[0]]) is None
 
 
 def test_a_low_m_forward_skipped_as_far_slower_is_never_under_the_threshold():
@@ -189,24 +197,21 @@ def test_a_low_m_forward_skipped_as_far_slower_is_never_under_the_threshold():
     assert terms.rows.set_index(["regime", "m"]).at[("graph", 128), "threshold"] == 1.0
 
 
-def test_the_op_falls_back_to_f_linear_where_vllms_check_fails(monkeypatch):
-    """bench/vllm_op.py's impl: vLLM's check first, F.linear where it fails (CPU tensors always fail it), mm_bf16
-    with vLLM's arguments where it passes."""
-    import sys
-    import types
-
+def test_the_op_falls_back_to_f_linear_where_vllms_check_fails():
+    """bench/vllm_op.py's op (the anatomy's model of vLLM's, bench/anatomy_ops.py): vLLM's check first, F.linear
+    where it fails (CPU tensors always fail it), mm_bf16 with vLLM's arguments on the 2-D view where it passes."""
     import torch
 
-    from bench import vllm_op
+    from bench.anatomy_ops import _fake, make_vllm_impl
+    from bench.vllm_op import flashinfer_bf16_mm, vllm_check
     sent = []
-    monkeypatch.setitem(sys.modules, "flashinfer", types.SimpleNamespace(
-        mm_bf16=lambda a, b, **kw: sent.append(kw) or a @ b))
-    monkeypatch.setattr(vllm_op, "_SM", [100])
+    mm = flashinfer_bf16_mm(lambda a, b, **kw: sent.append(kw) or a @ b)
     x, w = torch.randn(4, 256), torch.randn(32, 256)
-    assert torch.allclose(vllm_op._impl(x, w, None, True, "cute-dsl"), torch.nn.functional.linear(x, w))
+    impl = make_vllm_impl(mm, vllm_check("cute-dsl", 100))
+    assert torch.allclose(impl(x, w, None, True, "cute-dsl"), torch.nn.functional.linear(x, w))
     assert sent == []
-    monkeypatch.setattr(vllm_op, "_check", lambda *a: True)
-    y = vllm_op._impl(x.view(2, 2, 256), w, None, True, "cute-dsl")
+    assert not vllm_check("tinygemm", 90)(x, w, None)  # CPU tensors fail the backend's own rule too
+    y = make_vllm_impl(mm, lambda *a: True)(x.view(2, 2, 256), w, None, True, "cute-dsl")
     assert y.shape == (2, 2, 32) and sent == [{"bias": None, "pdl": True, "out_dtype": torch.bfloat16,
                                                "backend": "cute-dsl"}]
-    assert vllm_op._fake(x, w, None, True, "cute-dsl").shape == (4, 32)
+    assert _fake(x, w, None, True, "cute-dsl").shape == (4, 32)
