@@ -128,9 +128,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_fw.add_argument("--table", metavar="FILE",
                       help="the threshold table the dispatch and table-direct rules run (default: the GPU profile's "
                            "committed table), e.g. a table fitted without forward overrides, to fit them anew")
-    p_fw.add_argument("--idle-signal", choices=("pace", "stream"), default="pace",
-                      help="what runs the table's idle choices in the dispatch rules (dispatch.idle_signal; default "
-                           "pace: while the host runs slow; stream: where the stream has drained)")
     for p in (p_run, p_fw):
         p.add_argument("--layout", choices=("vllm", "transformers"), default="vllm",
                        help="the model's linears as vLLM fuses them (default) or as transformers builds them")
@@ -201,7 +198,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                             settle_ms=0.0 if args.no_settle else args.settle_ms,
                             table=_table(args.table, profile.name) if args.table else None, table_file=args.table,
                             sustain_ms=args.sustain_ms or 0.0, idle_ms=args.idle_ms, skip_slower=args.skip_slower,
-                            idle_signal=args.idle_signal, vllm_tune_tokens=vllm_tokens, layout=args.layout)
+                            vllm_tune_tokens=vllm_tokens, layout=args.layout)
         if cfg.sustain_ms and args.resume:
             raise HarnessError("--sustain-ms runs cannot be resumed; run it again into a new --out")
         sequences(cfg)  # a config that cannot be derived stops here, before the GPU is touched

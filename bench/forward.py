@@ -15,7 +15,7 @@ from typing import Any, Callable
 import dispatch
 from bench.clocks import make_clock
 from bench.envinfo import ClockReader, nvml_clocks, run_info
-from bench.forward_paths import (BOUND_LAYER_RULES, DISPATCH_NO_IDLE, DISPATCH_PYTHON, DISPATCHER_RULES, LM_HEAD_RULE,
+from bench.forward_paths import (BOUND_LAYER_RULES, DISPATCH_PYTHON, DISPATCHER_RULES, LM_HEAD_RULE,
                                  RULES, TABLE_DIRECT, path_for)
 from bench.gpu import (REL_ERR_BOUND, capture_graph, check_output, records_since_last_window, replay_interleaved,
                        replay_seconds)
@@ -25,7 +25,7 @@ from bench.stats import PhaseTimer, Window, attribute, kernel_digest, summary
 from bench.sustain import SUSTAIN_COLUMNS, SUSTAIN_FILE, summary_line, sustained
 from bench.sweep import _keep_tactics, _load_pinned_tactics, _progress, require_gpu, tune_shape, tuning_info
 from dispatch.profiles import GpuProfile
-from dispatch.table import load_table, without_idle
+from dispatch.table import load_table
 from harness.console import divert_noise, terminal
 from harness.errors import HarnessError, Interrupted, signal_of, signals_deferred
 from harness.io import atomic_write_text
@@ -37,7 +37,7 @@ FORWARD_FILE = "forward.csv"
 FORWARD_COLUMNS = ("model", "tp", "m", "path", "regime", "status", "reason", "us", "us_p20", "us_p80", "submit_us",
                    "gpu_busy_us", "span_us", "event_us", "linears", "kernels", "kernel_digest", "decoder_layers",
                    "lm_head", "samples", "paths_used", "samples_us", "sm_mhz", "sm_mhz_samples", "power_w_samples",
-                   "clock_reasons_samples", "submit_samples_us", "idle_share")
+                   "clock_reasons_samples", "submit_samples_us")
 # Each timed forward follows untimed runs of itself lasting at least this long (ms). On the H200 (700 W) a sustained
 # forward at M >= 512 runs 1.16-1.18x longer (4B) than its first replays after idle once NVML's SW power cap engages;
 # every trace of h200-sustain-1 reached its settled time within 2% by 142 ms of load (bench forward --sustain-ms).
@@ -82,7 +82,6 @@ class ForwardConfig:
     idle_ms: float = 1000.0
     skip_slower: float | None = None  # skip (both regimes) a rule whose graph replay takes > this x all-aten's
     table_file: str | None = None  # --table; None: the profile's committed table
-    idle_signal: str = "pace"  # dispatch.idle_signal for the dispatch rules
 
 
 def models_for(names: list[str] | None, config_path: str | None) -> dict[str, dict[str, Any]]:
@@ -131,26 +130,17 @@ def _weights(seq: list[ForwardLinear], seed: int):
 def _bind(rule: str, seq, weights, xs, m, sm, cfg: ForwardConfig, fns: dict[str, Callable],
           regime: str = "graph") -> Bound:
     bound = Bound()
-    no_idle = rule == DISPATCH_NO_IDLE and cfg.table is not None
-    if no_idle:  # bound layers keep the rules they were bound with
-        dispatch.configure(without_idle(cfg.table))
-    try:
-        for lin, w in zip(seq, weights):
-            path = path_for(rule, lin, m, sm, cfg.profile, cfg.table, regime)
-            fn, args = fns[path], (xs[lin.k], w)
-            if rule in BOUND_LAYER_RULES and lin.layer != "lm_head":
-                # the real dispatcher, bound per layer as a model does at load; `path` is its table's choice
-                fn, args = dispatch.bind(w, native=False if rule == DISPATCH_PYTHON else None), (xs[lin.k],)
-                eager = path_for(rule, lin, m, sm, cfg.profile, cfg.table, "eager")
-                idle = eager if no_idle else path_for(rule, lin, m, sm, cfg.profile, cfg.table, "idle")
-                path = path if eager == path else f"graph {path} / eager {eager}"
-                path = path if idle == eager else f"{path} / idle {idle}"
-            bound.calls.append((fn, args, w))
-            bound.used[path] = bound.used.get(path, 0) + 1
-            bound.paths.append(path)
-    finally:
-        if no_idle:
-            dispatch.configure(cfg.table)
+    for lin, w in zip(seq, weights):
+        path = path_for(rule, lin, m, sm, cfg.profile, cfg.table, regime)
+        fn, args = fns[path], (xs[lin.k], w)
+        if rule in BOUND_LAYER_RULES and lin.layer != "lm_head":
+            # the real dispatcher, bound per layer as a model does at load; `path` is its table's choice
+            fn, args = dispatch.bind(w, native=False if rule == DISPATCH_PYTHON else None), (xs[lin.k],)
+            eager = path_for(rule, lin, m, sm, cfg.profile, cfg.table, "eager")
+            path = path if eager == path else f"graph {path} / eager {eager}"
+        bound.calls.append((fn, args, w))
+        bound.used[path] = bound.used.get(path, 0) + 1
+        bound.paths.append(path)
     return bound
 
 
@@ -211,7 +201,7 @@ def eager_forwards(clock, forwards: dict[Any, Bound], samples: int, seed: int = 
     import torch
     names = list(forwards)
     out: dict[Any, dict[str, list]] = {p: {"wall": [], "submit": [], "busy": [], "kernels": [], "digest": [],
-                                           "clocks": [], "paced": []} for p in names}
+                                           "clocks": []} for p in names}
 
     def settle(p: Any) -> None:
         t_settle = time.perf_counter()
@@ -235,16 +225,13 @@ def eager_forwards(clock, forwards: dict[Any, Bound], samples: int, seed: int = 
             for s, order in enumerate(round_orders(names, samples, seed)):
                 for p in order:
                     settle(p)
-                    c0 = dispatch.pace_counts()
                     t0 = time.perf_counter_ns()
                     forwards[p]()
                     t1 = time.perf_counter_ns()
                     torch.cuda.synchronize()
                     t2 = time.perf_counter_ns()
-                    c1 = dispatch.pace_counts()
                     out[p]["wall"].append((t2 - t0) / 1e3)
                     out[p]["submit"].append((t1 - t0) / 1e3)
-                    out[p]["paced"].append((c1[0] - c0[0], c1[1] - c0[1]))
                     if reader is not None:
                         out[p]["clocks"].append(reader.read())
         for p in names:  # profiled: what kept the GPU busy, and the kernels (each forward's count is checked)
@@ -396,7 +383,6 @@ def eager_rows(cfg: ForwardConfig, clock, model: str, n_linears: int, bound: dic
     rows = []
     for (m, rule), e in eager.items():
         us, p20, p80 = summary(e["wall"])
-        paced = sum(a + b for a, b in e["paced"])
         rows.append(_row(cfg, model, m, rule, "eager", n_linears, status="ok", reason="", us=us, us_p20=p20,
                          us_p80=p80, submit_us=summary(e["submit"])[0],
                          gpu_busy_us=summary(e["busy"])[0] if e["busy"] else None,
@@ -404,8 +390,7 @@ def eager_rows(cfg: ForwardConfig, clock, model: str, n_linears: int, bound: dic
                          kernel_digest=e["digest"][0] if e["digest"] else None,
                          samples=len(e["wall"]), paths_used=bound[(m, rule)].describe(),
                          samples_us=[round(v, 1) for v in e["wall"]], **clock_columns(e["clocks"]),
-                         submit_samples_us=[round(v, 1) for v in e["submit"]],
-                         idle_share=round(sum(b for _, b in e["paced"]) / paced, 4) if paced else None))
+                         submit_samples_us=[round(v, 1) for v in e["submit"]]))
     return rows
 
 
@@ -454,7 +439,6 @@ def run_forward(cfg: ForwardConfig) -> Path:
         cfg.order_seed = random.SystemRandom().randrange(1, 2 ** 31)
     pinned = _load_pinned_tactics(cfg)
     dispatch.tactics_from_table(False)  # the dispatch rule runs this run's tactics, as every other rule does
-    dispatch.idle_signal(cfg.idle_signal)
     info = run_info(cfg.command, kind="forward", profile=cfg.profile.name, models=list(cfg.models), tp=cfg.tp,
                     ms=cfg.ms, paths=cfg.rules, regimes=list(REGIMES), samples=cfg.samples, pdl=cfg.profile.pdl,
                     decoder_layers=cfg.decoder_layers, lm_head=cfg.lm_head, lm_head_rule=LM_HEAD_RULE,
@@ -468,7 +452,6 @@ def run_forward(cfg: ForwardConfig) -> Path:
                     rules={r: RULES.get(r, "registry path") for r in cfg.rules},
                     table=getattr(cfg.table, "source", {}).get("fitted_from") if cfg.table else None,
                     dispatch_layer=_layer_of_dispatch() if DISPATCH in cfg.rules else None,
-                    idle_signal=dispatch.idle_signal() if dispatches else None,
                     clocks_start=nvml_clocks())
     cfg.out.mkdir(parents=True, exist_ok=True)
     rows = finished_rows(out_csv, ("model", "m", "path", "regime"), "forward table") if cfg.resume else []

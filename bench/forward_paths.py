@@ -23,11 +23,8 @@ TABLE_DIRECT = "table-direct"
 # The dispatcher with its Python bound layer, where `dispatch` runs the C++ one (dispatch/native.py): the two side
 # by side in one run
 DISPATCH_PYTHON = "dispatch-python"
-# The dispatcher bound per layer with the table's idle ranges left out: beside `dispatch` in one run, what the
-# idle signal and the idle choices change
-DISPATCH_NO_IDLE = "dispatch-no-idle"
-NOT_SINGLE_PATHS = (TABLE_DIRECT, DISPATCH_PYTHON, DISPATCH_NO_IDLE)  # the dispatcher's twins: never the best single path
-BOUND_LAYER_RULES = (DISPATCH, DISPATCH_PYTHON, DISPATCH_NO_IDLE)  # the dispatcher bound per layer (dispatch.bind)
+NOT_SINGLE_PATHS = (TABLE_DIRECT, DISPATCH_PYTHON)  # the dispatcher's twins: never the best single path
+BOUND_LAYER_RULES = (DISPATCH, DISPATCH_PYTHON)  # the dispatcher bound per layer (dispatch.bind)
 DISPATCHER_RULES = (DISPATCH, *NOT_SINGLE_PATHS)  # every rule that runs the table's choices
 RULES = {
     ATEN: "F.linear for every linear",
@@ -42,21 +39,17 @@ RULES = {
                            "M <= 32 where eligible, its tuned cuBLASLt above (SM100: cute-dsl with its own "
                            "fallback); lm_head F.linear",
     DISPATCH: "the dispatcher bound per layer (dispatch.bind) with the committed table: its graph ranges while "
-              "capturing, eager ranges otherwise, and its idle ranges where the idle signal says the GPU waits on "
-              "the host (default 'pace': while this thread's host runs slow; run.json: idle_signal); "
-              "lm_head F.linear",
+              "capturing, eager ranges otherwise; lm_head F.linear",
     TABLE_DIRECT: "the committed table's graph and eager choices called directly, without the bound layer: the "
-                  "dispatcher's choices at no per-call cost (dispatch over it is the bound layer's own cost); it "
-                  "never runs the idle ranges (those need the bound layer's per-call idle signal)",
-    DISPATCH_NO_IDLE: "the dispatcher bound per layer as `dispatch`, with the table's idle ranges left out: an eager call "
-                      "runs the eager choice whatever the idle signal says",
+                  "dispatcher's choices at no per-call cost (dispatch over it is the bound layer's own cost)",
     DISPATCH_PYTHON: "the dispatcher bound per layer with its Python bound layer (dispatch.bind(w, native=False)); "
                      "`dispatch` runs the C++ layer where it is built (run.json: dispatch_layer)",
 }
 # Rules that forward runs measured before the vLLM rules were modelled per SM (docs/vllm.md): read, never run anew.
 # 'vllm-flashinfer' is flashinfer-everywhere under its old name; 'seed-fix' ran the public low-M backend at
 # M <= 32 and F.linear above, which vLLM does not run on SM90.
-LEGACY_RULES = {"vllm-flashinfer": FLASHINFER_EVERYWHERE, "seed-fix": "seed-fix"}
+# 'dispatch-no-idle' was the dispatcher with its table's idle ranges left out, which is what `dispatch` is now.
+LEGACY_RULES = {"vllm-flashinfer": FLASHINFER_EVERYWHERE, "seed-fix": "seed-fix", "dispatch-no-idle": DISPATCH}
 
 
 def threshold_base(profile: GpuProfile) -> str:

@@ -20,12 +20,11 @@ import pandas as pd
 from bench.autotune_cache import copy as copy_atomic
 from bench.autotune_cache import sha256
 from bench.envinfo import fingerprint
-from bench.paths import ATEN, PATHS
 from bench.results import load_results, load_run_info
 from bench.sweep import require_gpu
 from calibrate.agree import agreement, host_shift, host_shift_lines, summary_lines
-from calibrate.analysis import (FIT_MIN_GAIN, IDLE_RULE, Cells, cell_verdicts, dispatch_candidates, failures, fit,
-                                forward_totals, low_m_measured, model_uses, provenance, with_idle)
+from calibrate.analysis import (FIT_MIN_GAIN, Cells, cell_verdicts, dispatch_candidates, failures, fit,
+                                forward_totals, low_m_measured, model_uses, provenance)
 from calibrate.baseline import fingerprint_mismatch, fingerprint_of
 from calibrate.forward_model import (GPU_BOUND_MARGIN, MODEL_MISS, forward_ratios, forward_verdicts,
                                     gpu_bound_in_every_run, host_bound_in_every_run, load_forward, null_pair_spread,
@@ -136,11 +135,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                        help="widen every forward test of the fit (--forward picks, --table-forward overrides, --keep) "
                             "by the profile's forward noise floor (python -m calibrate forward-noise), so that a "
                             "choice made on one run's forwards holds for a fresh process's")
-    p_fit.add_argument("--idle-forward", nargs="+", metavar="DIR",
-                       help="measured forwards of the table this fit makes: at each (model, M) where every run whose "
-                            "eager table-direct forward was host-bound found one single path faster than the table's "
-                            "own choices (as --table-forward tests it), that path becomes the idle choice there: what "
-                            "an eager call runs while the idle signal says the GPU waits on the host")
     p_fit.add_argument("--method", choices=("rules", "segments"), default="rules",
                        help="rules: the per-cell fit with forward picks and overrides (default); segments: the "
                             "fewest ranges within --tolerance of the per-M best (calibrate/segments.py)")
@@ -454,10 +448,10 @@ def _fit_cmd(args, argv, profile, df, info, cells) -> int:
                         "host_bound_until": {mo: int(v) for mo, v in sorted(host_m.items())}}
     if args.method == "segments":
         from calibrate.segments import RULE, fit_segments, range_counts
-        if args.table_forward or args.idle_forward:
+        if args.table_forward:
             raise HarnessError("--method segments takes from measured forwards (--forward) only where eager forwards "
                                "are host- or GPU-bound; check the table with calibrate validate --forward instead "
-                               "of --table-forward or --idle-forward")
+                               "of --table-forward")
         seg_picks = {}
         if args.forward:
             from calibrate.segments import eager_picks
@@ -474,9 +468,6 @@ def _fit_cmd(args, argv, profile, df, info, cells) -> int:
     if args.table_forward:
         table, report, override_note = _overrides(args, profile, df, cells, base, noise, hold_out, cell_picks,
                                                   shape_bound, shape_host, table, report, floor)
-    idle_note = None
-    if args.idle_forward:
-        table, idle_note = _idle(args, profile, df, cells, base, hold_out, table, floor)
     fp = info.get("fingerprint", {})
     fitted_ms = sorted(set(int(m) for m in df["m"]) - hold_out)
     source = {"fitted_from": str(args.results), "run_command": info.get("command"), "gpu": fp.get("gpu_name"),
@@ -517,9 +508,6 @@ def _fit_cmd(args, argv, profile, df, info, cells) -> int:
                                f"; with --keep, where they measured the choices of {args.keep} faster than all-aten "
                                "beyond the noise in every run and no single path beat them, those choices are kept "
                                "at that model's cells" if args.keep else ""))
-    if idle_note is not None:
-        source["idle_forwards"] = idle_note
-        source["rule"] += "; " + IDLE_RULE
     if args.forward and len(args.forward) > 1:
         source["rule"] += ("; with several --forward runs, a pick must beat all-aten beyond the noise in every one of "
                            "them, and the eager boundness starts where it starts in the latest of them")
@@ -552,37 +540,6 @@ def _load_forwards(folders: list[str], profile_name: str, partial: bool) -> list
         _check_gpu(finfo, profile_name, folder)
         runs.append((fdf, finfo))
     return runs
-
-
-def _idle(args, profile, df, cells, base, hold_out, table, floor=None) -> tuple[ThresholdTable, dict]:
-    """--idle-forward: the idle ranges (analysis.IDLE_RULE) from measured forwards of this table. Returns the table
-    and the note for its source."""
-    runs = _load_forwards(args.idle_forward, profile.name, args.partial)
-    found = {key: o for key, o in overrides_over_the_table(runs, table, profile, dispatch_candidates(cells, base),
-                                                           args.min_gain, "eager",
-                                                           floor, host_bound_only=True).items()
-             if key[1] not in hold_out}
-    measured: dict[str, list[int]] = {}
-    for fdf, _ in runs:
-        for model, m in fdf.loc[fdf["regime"] == "eager", ["model", "m"]].itertuples(index=False):
-            measured.setdefault(str(model), []).append(int(m))
-    sm = profile.sm
-    table, rows = with_idle(table, {key: o["path"] for key, o in found.items()}, model_uses(df),
-                            {mo: sorted(set(ms)) for mo, ms in measured.items()},
-                            lambda path, n, k, m: path == ATEN or PATHS[path].skip_reason(sm, n, k, m) is None)
-    for (model, m), o in sorted(found.items()):
-        print(f"idle, {model} M={m}: {o['path']} everywhere it runs measured {o['ratio']:.3f}x this table's own "
-              f"choices [{o['lo']:.3f}, {o['hi']:.3f}] over {o['runs']} host-bound runs' rounds pooled (worst run "
-              f"{o['worst_run']:.3f}); it is the idle choice at the model's cells")
-    if not found:
-        print("no single path beat this table's own choices in every --idle-forward run where they were host-bound: "
-              "no idle ranges")
-    elif not rows.empty:
-        print(rows.to_string(index=False))
-    note = {"runs": list(args.idle_forward),
-            "picks": {f"{mo} M={m}": {k: (round(v, 4) if isinstance(v, float) else v) for k, v in o.items()}
-                      for (mo, m), o in sorted(found.items())}}
-    return table, note
 
 
 def _overrides(args, profile, df, cells, base, noise, hold_out, cell_picks, shape_bound, shape_host, table, report,

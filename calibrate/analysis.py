@@ -2,9 +2,9 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -12,7 +12,7 @@ import pandas as pd
 from bench.forward_paths import flashinfer_everywhere_choice
 from dispatch.backends import ATEN, BACKENDS, DISPATCH, backend_of, is_flashinfer, is_lean, lean_path
 from dispatch.backends import flashinfer_path as public_path
-from dispatch.table import IDLE, REGIMES, ThresholdTable, compress, describe_ranges
+from dispatch.table import REGIMES, ThresholdTable, compress, describe_ranges
 from harness.errors import HarnessError
 
 VERDICTS = ("FASTER", "SAME", "SLOWER", "AMBIGUOUS")
@@ -463,59 +463,6 @@ def fit(cells: Cells, base: ThresholdTable, capture_size: int, min_gain: float =
                        "crossover_m": crossover(cells, base, n, k)})
     table = ThresholdTable(base.profile, base.low_m_backend, {r: () for r in REGIMES}, shapes_out)
     return table, pd.DataFrame(report)
-
-
-IDLE_RULE = ("idle (eager, and the idle signal says the GPU waits on the host: the host runs slow, or the stream "
-             "has drained): from --idle-forward, "
-             "measured forwards of the table's own choices, at each (model, M) where in every run whose table-direct "
-             "forward was host-bound (its submission took at least its GPU busy time) one single path (all-aten "
-             "included) beat those choices (point ratio below 1 in each such run, paired interval over their rounds "
-             "pooled below 1, gain above min_gain), that path at the model's cells where it runs, the eager choice "
-             "elsewhere; M between two measured values take the larger one's choice; idle ranges only for shapes "
-             "with such a pick")
-
-
-def with_idle(table: ThresholdTable, picks: dict[tuple[str, int], str], uses: dict[str, list[tuple[int, int, int]]],
-              measured: dict[str, list[int]], runnable: Callable[[str, int, int, int], bool]
-              ) -> tuple[ThresholdTable, pd.DataFrame]:
-    """The table with idle ranges (IDLE_RULE) from the picks (model, M) -> path, and per shape what they are.
-
-    Why: in an eager forward whose host is slower than its GPU every call's host time adds to the forward, so a path
-    with less host time can win where its GPU time is longer; where the GPU is the bottleneck the eager choice wins.
-    On the H200 the 4B's forward at M <= 8 was each of the two in different processes (tests/data/h200-settled-forward-4
-    and -7), and the cells' host times, measured in one process, cannot tell which a call will meet. The idle
-    signal tells it per call (dispatch.idle_signal); `measured` (model -> forward M) bounds each pick's range below
-    (a pick at M holds above the next smaller measured M). With the signal 'stream' (has the stream drained?), measured
-    on the H200 against the same layer without them (tests/data/h200-idle-ab-*), they changed nothing beyond the
-    noise; the default signal is 'pace' (README: idle ranges)."""
-    shapes_out = dict(table.shapes)
-    rows = []
-    per_shape: dict[tuple[int, int], dict[int, str]] = {}
-    conflict: set[tuple[int, int, int]] = set()
-    for (model, m), path in sorted(picks.items()):
-        for n, k, _ in uses.get(model, []):
-            if (n, k) not in table.shapes:
-                continue
-            want = path if runnable(path, n, k, m) else table.choose(n, k, m, "eager")
-            have = per_shape.setdefault((n, k), {}).setdefault(m, want)
-            if have != want:  # two models sharing a shape picked differently: the eager choice stays
-                conflict.add((n, k, m))
-    for (n, k), at in sorted(per_shape.items()):
-        at = {m: p for m, p in at.items() if (n, k, m) not in conflict}
-        if all(p == table.choose(n, k, m, "eager") for m, p in at.items()):
-            continue
-        grid = sorted({*at, *(m for model, ms in measured.items() for nn, kk, _ in uses.get(model, [])
-                              if (nn, kk) == (n, k) for m in ms)})
-
-        def idle_at(mm: int) -> str:
-            above = next((m for m in grid if m >= mm), None)
-            return at[above] if above in at else table.choose(n, k, mm, "eager")
-        top = max(table.threshold(n, k, "eager"), max(at))
-        own = table.shapes[(n, k)]
-        shapes_out[(n, k)] = {**own, IDLE: compress([(mm, idle_at(mm)) for mm in range(1, top + 1)])}
-        rows.append({"n": n, "k": k, "eager": describe_ranges(own["eager"]),
-                     "idle": describe_ranges(shapes_out[(n, k)][IDLE])})
-    return replace(table, shapes=shapes_out), pd.DataFrame(rows)
 
 
 def low_m_measured(cells: Cells, table: ThresholdTable) -> str:

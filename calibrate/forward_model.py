@@ -460,17 +460,9 @@ def kept_choices(runs: list[tuple[pd.DataFrame, dict[str, Any]]], table: Thresho
     return out
 
 
-def table_host_bound(g: pd.DataFrame) -> bool:
-    """Whether a run's eager forward of the table's own choices (table-direct) was host-bound: its host took at least
-    as long to submit it as its kernels kept the GPU busy, so the stream drained along the way."""
-    sub, busy = (pd.to_numeric(g.at[TABLE_DIRECT, c], errors="coerce") for c in ("submit_us", "gpu_busy_us"))
-    return bool(sub >= busy)
-
-
 def overrides_over_the_table(runs: list[tuple[pd.DataFrame, dict[str, Any]]], table: ThresholdTable,
                              profile: GpuProfile, candidates: list[str], min_gain: float, regime: str = "graph",
-                             floor: "ForwardFloor | None" = None, host_bound_only: bool = False
-                             ) -> dict[tuple[str, int], dict[str, Any]]:
+                             floor: "ForwardFloor | None" = None) -> dict[tuple[str, int], dict[str, Any]]:
     """Per (model, M) in one regime: a single path (all-aten included) whose whole forward beat the table's own
     choices (table-direct rows that ran exactly what `table` chooses there, checked by their paths_used) in every
     run, and by more than `min_gain` over the rounds of all runs pooled. What the cell test cannot see (gains of
@@ -478,14 +470,8 @@ def overrides_over_the_table(runs: list[tuple[pd.DataFrame, dict[str, Any]]], ta
 
     A path qualifies when (1) its point ratio to table-direct is below 1 in every run that measured the table here,
     (2) the paired ratio over all those runs' rounds pooled has its interval wholly below 1 and its median at most
-    1 - min_gain. The fastest by pooled median is returned, with the runs it was measured in.
-
-    host_bound_only (eager): only the runs whose table-direct forward was host-bound there (table_host_bound), the
-    evidence for the idle ranges: what to run while the GPU waits on the host."""
+    1 - min_gain. The fastest by pooled median is returned, with the runs it was measured in."""
     per_key = measured_groups(runs, table, profile, regime)
-    if host_bound_only:
-        per_key = {key: kept for key, groups in per_key.items()
-                   if (kept := [g for g in groups if table_host_bound(g)])}
     out = {}
     for key, groups in sorted(per_key.items()):
         best = None

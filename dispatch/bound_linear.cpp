@@ -1,13 +1,10 @@
 // The bound layer of dispatch.bind in C++ (dispatch/native.py builds and loads it).
 //
-// Why C++: on the H200 host a Python bound layer costs 0.6-1.2 us per call over F.linear's 15-20 us, 3-10% of an
-// eager forward where F.linear runs (tests/data/h200-probe-binding). Here the per-call work is a type test, the
-// activation's M, a lookup of the choice per M, a thread-local capture depth and at::linear, without the Python
-// argument parser F.linear goes through. Where the table's idle choice differs from its eager one, an eager call
-// runs the idle choice while this thread's host runs slow (the idle signal "pace", below), or, with the signal
-// "stream", where CUDA says the current stream has drained (built with CUDA: BLB_CUDA; see dispatch/native.py). Where
-// the choice is a FlashInfer kernel the activation's checks and the output are done here too, and the kernel's
-// Python `into(x, w, out)` is called (TVM-FFI functions).
+// Why C++: a Python bound layer costs about 1 us per call over F.linear's host time (docs/design.md). Here the
+// per-call work is a type test, the activation's M, a lookup of the choice per M (asked of Python once per M: the
+// same ShapeRule.choice the Python layer runs), a thread-local capture depth and at::linear, without the Python
+// argument parser F.linear goes through. Where the choice is a FlashInfer kernel the activation's checks and the
+// output are done here too, and the kernel's Python `into(x, w, out)` is called (TVM-FFI functions).
 //
 // Everything this layer does not decide itself goes to `fallback`, the Python bound layer with the same semantics:
 // keyword arguments, a tensor subclass or a torch function mode (which F.linear honours and at::linear would not).
@@ -23,13 +20,7 @@
 #include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 
-#ifdef BLB_CUDA
-#include <c10/cuda/CUDAStream.h>
-#include <cuda_runtime_api.h>
-#endif
-
 #include <algorithm>
-#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
@@ -53,8 +44,7 @@ struct State {
   c10::optional<at::Tensor> bias;
   int64_t n = 0, k = 0, device = -1;
   std::vector<Kernel> kernels;                    // slot i + 1
-  std::unordered_map<int64_t, uint64_t> choices;  // M -> graph slot << 32 | eager slot << 16 | idle slot (0: F.linear)
-  std::vector<int64_t> fastest = std::vector<int64_t>(1, 0);  // per slot: its fastest paced call so far, ns (0: none)
+  std::unordered_map<int64_t, uint32_t> choices;  // M -> graph slot << 16 | eager slot (0: F.linear)
   bool release_gil = true;
 };
 
@@ -62,7 +52,7 @@ struct BoundLinear {
   PyObject_HEAD
   vectorcallfunc vectorcall;
   PyObject* weight_obj;  // owned: passed to the kernels' into
-  PyObject* decide;      // owned: M -> (graph, eager, idle entry), each None for F.linear
+  PyObject* decide;      // owned: M -> (graph, eager entry), each None for F.linear
   PyObject* fallback;    // owned: the Python bound layer
   State* state;
 };
@@ -91,96 +81,11 @@ int64_t slot_of(State& s, PyObject* entry) {
   }
   Py_INCREF(entry);
   s.kernels.push_back(Kernel{entry, PyTuple_GET_ITEM(entry, 0), align});
-  s.fastest.push_back(0);
   return static_cast<int64_t>(s.kernels.size());
 }
 
-// ---- the idle signal ------------------------------------------------------------------------------------------
-//
-// "pace" (default): whether this thread's host runs slow now. The H200 machine's CPU ran the same host work at two
-// speeds 1.4-1.7x apart, switching within tens of ms and staying for seconds (tests/data/h200-host-phases), and the
-// 4B's small-M eager forward is host-bound only in the slow phase. Each call where the idle and eager choices differ
-// is timed; its time over the fastest this layer's slot has taken feeds a thread-local moving average, and the idle
-// choice runs from when it passes kSlowEnter until it falls below kSlowExit. A slot's first calls set its own
-// fastest, so a process that starts slow sees no slow phase until it has been fast once. The constants come from
-// tests/data/h200-pace-probe (4B, M = 8, 636480 calls): a call there took 1.29x its layer's fastest at the median in
-// the fast phase, so the first constants (1/16, 1.25, 1.12) ran the idle choice nearly always; the mean ratio over
-// a forward was 1.17-1.53 in fast forwards and 1.43-2.48 in slow ones, and these constants, replayed over the
-// recorded calls, run the idle choice on 1.8% of the fast forwards' paced calls and 96% of the slow ones'.
-// "stream": cudaStreamQuery (stream_idle below), measured no better (README: idle ranges).
-enum IdleSignal : int { kPace = 0, kStream = 1 };
-int idle_signal = kPace;
-// the defaults, which dispatch.pace_config may set (for measuring the signal); the Python layer keeps the same ones
-double kPaceWeight = 1.0 / 32, kSlowEnter = 1.5, kSlowExit = 1.4, kRatioCap = 3.0;
-
-struct Pace {
-  double level = 1.0;
-  bool slow = false;
-  uint64_t eager_calls = 0, idle_calls = 0;  // paced calls that ran each choice
-};
-thread_local Pace pace;
-
-// An opt-in record of this thread's paced calls, for measuring the signal (pace_trace_start / pace_trace).
-struct PaceRecord {
-  int64_t end_ns, ns, fastest_ns;
-  const void* layer;
-  uint32_t slot;
-  double level;
-};
-thread_local std::vector<PaceRecord> pace_trace_records;
-thread_local size_t pace_trace_cap = 0;
-
-inline int64_t now_ns() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
-}
-
-void pace_record(int64_t& fastest, int64_t ns) {
-  if (ns <= 0) return;
-  if (fastest == 0 || ns < fastest) fastest = ns;
-  const double ratio = std::min(kRatioCap, static_cast<double>(ns) / static_cast<double>(fastest));
-  pace.level += kPaceWeight * (ratio - pace.level);
-  if (pace.slow ? pace.level < kSlowExit : pace.level > kSlowEnter) pace.slow = !pace.slow;
-}
-
-// Times one paced call (its destructor records it, an error's exit included); inert where fastest is null.
-struct PacedCall {
-  int64_t* fastest;
-  int64_t start;
-  const void* layer;
-  uint32_t slot;
-  PacedCall(int64_t* f, const void* l, uint32_t s) : fastest(f), start(f ? now_ns() : 0), layer(l), slot(s) {}
-  ~PacedCall() {
-    if (!fastest) return;
-    const int64_t end = now_ns();
-    pace_record(*fastest, end - start);
-    if (pace_trace_records.size() < pace_trace_cap)
-      pace_trace_records.push_back(PaceRecord{end, end - start, *fastest, layer, slot, pace.level});
-  }
-};
-
-#ifdef BLB_CUDA
-constexpr bool kStreamTest = true;
-// Whether the device's current stream has nothing pending: the GPU waits on the host. Not asked of a capturing stream
-// (a capture torch's hooks do not see): a query would end that capture with an error; it counts as busy.
-bool stream_idle(int64_t device) {
-  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
-  cudaStreamCaptureStatus status;
-  if (cudaStreamIsCapturing(stream, &status) != cudaSuccess || status != cudaStreamCaptureStatusNone) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  const cudaError_t err = cudaStreamQuery(stream);
-  if (err != cudaSuccess) (void)cudaGetLastError();  // cudaErrorNotReady is recorded as the last error: clear it
-  return err == cudaSuccess;
-}
-#else
-constexpr bool kStreamTest = false;  // with the signal "stream", dispatch.bind hands idle layers to the Python layer
-bool stream_idle(int64_t) { return false; }
-#endif
-
 // The choice at M, asked of Python once per M and remembered; returns false with a Python error set.
-bool choice_at(BoundLinear* self, int64_t m, uint64_t* code) {
+bool choice_at(BoundLinear* self, int64_t m, uint32_t* code) {
   State& s = *self->state;
   auto it = s.choices.find(m);
   if (it != s.choices.end()) {
@@ -192,18 +97,17 @@ bool choice_at(BoundLinear* self, int64_t m, uint64_t* code) {
   PyObject* r = PyObject_CallOneArg(self->decide, pm);
   Py_DECREF(pm);
   if (!r) return false;
-  if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) != 3) {
+  if (!PyTuple_Check(r) || PyTuple_GET_SIZE(r) != 2) {
     Py_DECREF(r);
-    PyErr_SetString(PyExc_TypeError, "decide(m) must return (graph, eager, idle entry), each None for F.linear");
+    PyErr_SetString(PyExc_TypeError, "decide(m) must return (graph, eager entry), each None for F.linear");
     return false;
   }
   const int64_t g = slot_of(s, PyTuple_GET_ITEM(r, 0));
   const int64_t e = g < 0 ? -1 : slot_of(s, PyTuple_GET_ITEM(r, 1));
-  const int64_t i = e < 0 ? -1 : slot_of(s, PyTuple_GET_ITEM(r, 2));
   Py_DECREF(r);
-  if (i < 0) return false;
+  if (e < 0) return false;
   if (s.choices.size() >= kChoicesKept) s.choices.clear();
-  *code = s.choices[m] = static_cast<uint64_t>(g) << 32 | static_cast<uint64_t>(e) << 16 | static_cast<uint64_t>(i);
+  *code = s.choices[m] = static_cast<uint32_t>(g) << 16 | static_cast<uint32_t>(e);
   return true;
 }
 
@@ -232,18 +136,10 @@ PyObject* call(PyObject* callable, PyObject* const* args, size_t nargsf, PyObjec
   const int64_t numel = x.numel();
   if (dim == 0 || numel == 0 || x.size(-1) != s.k) return f_linear(s, x);  // F.linear's answer, an error maybe
   const int64_t m = numel / s.k;
-  uint64_t code;
+  uint32_t code;
   if (!choice_at(self, m, &code)) return nullptr;
-  const uint32_t graph = code >> 32, eager = (code >> 16) & 0xffff, idle = code & 0xffff;
-  const bool paced = idle != eager && capture_depth == 0 && idle_signal == kPace;
-  const uint32_t use = graph == eager && eager == idle ? graph
-                       : capture_depth > 0                ? graph
-                       : idle == eager                    ? eager
-                       : paced                            ? (pace.slow ? idle : eager)
-                       : stream_idle(s.device)            ? idle
-                                                          : eager;
-  if (paced) ++(use == idle ? pace.idle_calls : pace.eager_calls);
-  PacedCall timed(paced ? &s.fastest[use] : nullptr, self, use);
+  const uint32_t graph = code >> 16, eager = code & 0xffff;
+  const uint32_t use = graph == eager || capture_depth > 0 ? graph : eager;
   if (use == 0) return f_linear(s, x);
   const Kernel& kern = s.kernels[use - 1];
   if (x.scalar_type() != at::kBFloat16 || !x.is_contiguous() ||
@@ -346,21 +242,19 @@ int bound_clear(PyObject* obj) {
     for (auto& kern : self->state->kernels) Py_DECREF(kern.entry);
     self->state->kernels.clear();
     self->state->choices.clear();
-    self->state->fastest.assign(1, 0);
   }
   Py_CLEAR(self->decide);
   Py_CLEAR(self->fallback);
   return 0;
 }
 
-PyObject* bound_remembered(PyObject* obj, PyObject*) {  // {M: (graph slot, eager slot, idle slot)}, for tests
+PyObject* bound_remembered(PyObject* obj, PyObject*) {  // {M: (graph slot, eager slot)}, for tests
   auto* self = reinterpret_cast<BoundLinear*>(obj);
   PyObject* d = PyDict_New();
   if (!d || !self->state) return d;
   for (auto& [m, code] : self->state->choices) {
     PyObject* key = PyLong_FromLongLong(m);
-    PyObject* val = Py_BuildValue("(III)", static_cast<unsigned>(code >> 32), static_cast<unsigned>((code >> 16) & 0xffff),
-                                  static_cast<unsigned>(code & 0xffff));
+    PyObject* val = Py_BuildValue("(II)", static_cast<unsigned>(code >> 16), static_cast<unsigned>(code & 0xffff));
     if (!key || !val || PyDict_SetItem(d, key, val) < 0) {
       Py_XDECREF(key);
       Py_XDECREF(val);
@@ -375,7 +269,7 @@ PyObject* bound_remembered(PyObject* obj, PyObject*) {  // {M: (graph slot, eage
 
 PyMethodDef bound_methods[] = {
     {"remembered", bound_remembered, METH_NOARGS,
-     "the remembered choices: {M: (graph slot, eager slot, idle slot)}, 0 = F.linear"},
+     "the remembered choices: {M: (graph slot, eager slot)}, 0 = F.linear"},
     {nullptr, nullptr, 0, nullptr}};
 
 PyTypeObject BoundLinearType = {PyVarObject_HEAD_INIT(nullptr, 0)};
@@ -608,87 +502,10 @@ PyObject* capture_exit(PyObject*, PyObject*) {
 
 PyObject* capture_depth_now(PyObject*, PyObject*) { return PyLong_FromLongLong(capture_depth); }
 
-PyObject* stream_idle_now(PyObject*, PyObject* arg) {  // for tests: the stream test the bound layer makes
-  const int64_t device = PyLong_AsLongLong(arg);
-  if (device == -1 && PyErr_Occurred()) return nullptr;
-  HANDLE_TH_ERRORS
-  return PyBool_FromLong(stream_idle(device));
-  END_HANDLE_TH_ERRORS
-}
-
-PyObject* set_idle_signal(PyObject*, PyObject* arg) {  // 0: pace, 1: stream (dispatch.idle_signal)
-  const long v = PyLong_AsLong(arg);
-  if (v == -1 && PyErr_Occurred()) return nullptr;
-  if (v != kPace && v != kStream) {
-    PyErr_SetString(PyExc_ValueError, "set_idle_signal: 0 (pace) or 1 (stream)");
-    return nullptr;
-  }
-  idle_signal = static_cast<int>(v);
-  Py_RETURN_NONE;
-}
-
-PyObject* pace_state(PyObject*, PyObject*) {  // this thread's (level, slow, eager calls, idle calls)
-  return Py_BuildValue("(dOKK)", pace.level, pace.slow ? Py_True : Py_False,
-                       static_cast<unsigned long long>(pace.eager_calls),
-                       static_cast<unsigned long long>(pace.idle_calls));
-}
-
-PyObject* pace_reset(PyObject*, PyObject*) {
-  pace = Pace();
-  Py_RETURN_NONE;
-}
-
-PyObject* pace_config(PyObject*, PyObject* args) {  // (weight, enter, exit, cap): set them; () returns them
-  double w = kPaceWeight, enter = kSlowEnter, exit = kSlowExit, cap = kRatioCap;
-  if (!PyArg_ParseTuple(args, "|dddd", &w, &enter, &exit, &cap)) return nullptr;
-  if (!(w > 0 && w <= 1 && exit <= enter && cap >= 1)) {
-    PyErr_SetString(PyExc_ValueError, "pace_config: 0 < weight <= 1, exit <= enter, cap >= 1");
-    return nullptr;
-  }
-  kPaceWeight = w, kSlowEnter = enter, kSlowExit = exit, kRatioCap = cap;
-  return Py_BuildValue("(dddd)", kPaceWeight, kSlowEnter, kSlowExit, kRatioCap);
-}
-
-PyObject* pace_trace_start(PyObject*, PyObject* arg) {  // record this thread's next N paced calls (0: stop)
-  const long long n = PyLong_AsLongLong(arg);
-  if (n < 0 && !PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "pace_trace_start: N >= 0");
-  if (PyErr_Occurred()) return nullptr;
-  pace_trace_records.clear();
-  pace_trace_records.reserve(static_cast<size_t>(n));
-  pace_trace_cap = static_cast<size_t>(n);
-  Py_RETURN_NONE;
-}
-
-PyObject* pace_trace(PyObject*, PyObject*) {  // [(end ns, ns, fastest ns, layer id, slot, level)], then cleared
-  PyObject* out = PyList_New(static_cast<Py_ssize_t>(pace_trace_records.size()));
-  if (!out) return nullptr;
-  for (size_t i = 0; i < pace_trace_records.size(); ++i) {
-    const PaceRecord& r = pace_trace_records[i];
-    PyObject* t = Py_BuildValue("(LLLKId)", static_cast<long long>(r.end_ns), static_cast<long long>(r.ns),
-                                static_cast<long long>(r.fastest_ns),
-                                static_cast<unsigned long long>(reinterpret_cast<uintptr_t>(r.layer)), r.slot,
-                                r.level);
-    if (!t) {
-      Py_DECREF(out);
-      return nullptr;
-    }
-    PyList_SET_ITEM(out, static_cast<Py_ssize_t>(i), t);
-  }
-  pace_trace_records.clear();
-  return out;
-}
-
 PyMethodDef module_methods[] = {
-    {"set_idle_signal", set_idle_signal, METH_O, "the idle signal of every bound layer: 0 pace, 1 stream"},
-    {"pace_state", pace_state, METH_NOARGS, "this thread's host pace: (level, slow, eager calls, idle calls)"},
-    {"pace_reset", pace_reset, METH_NOARGS, "this thread's host pace back to its start (fast, no calls)"},
-    {"pace_config", pace_config, METH_VARARGS, "(weight, enter, exit, cap) of the pace: set, or () to read"},
-    {"pace_trace_start", pace_trace_start, METH_O, "record this thread's next N paced calls (0: stop)"},
-    {"pace_trace", pace_trace, METH_NOARGS, "the recorded paced calls: (end ns, ns, fastest ns, layer, slot, level)"},
     {"capture_enter", capture_enter, METH_NOARGS, "a CUDA graph capture began in this thread"},
     {"capture_exit", capture_exit, METH_NOARGS, "a CUDA graph capture of this thread ended"},
     {"capture_depth", capture_depth_now, METH_NOARGS, "captures open in this thread, as this module counts them"},
-    {"stream_idle", stream_idle_now, METH_O, "whether the device's current stream has drained (False without CUDA)"},
     {nullptr, nullptr, 0, nullptr}};
 
 PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "blb_bound_linear",
@@ -702,7 +519,7 @@ PyMODINIT_FUNC PyInit_blb_bound_linear() {
   BoundLinearType.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL;
   BoundLinearType.tp_doc =
       "BoundLinear(weight, bias, decide, fallback, release_gil=True): dispatch.bind's layer, x -> y; "
-      "decide(m) -> (graph, eager, idle entry), an entry (into, alignment) or None for F.linear";
+      "decide(m) -> (graph, eager entry), an entry (into, alignment) or None for F.linear";
   BoundLinearType.tp_new = bound_new;
   BoundLinearType.tp_dealloc = bound_dealloc;
   BoundLinearType.tp_traverse = bound_traverse;
@@ -727,10 +544,6 @@ PyMODINIT_FUNC PyInit_blb_bound_linear() {
   if (PyType_Ready(&LinearType) < 0) return nullptr;
   PyObject* m = PyModule_Create(&module_def);
   if (!m) return nullptr;
-  if (PyModule_AddIntConstant(m, "STREAM_TEST", kStreamTest ? 1 : 0) < 0) {  // built with the stream test
-    Py_DECREF(m);
-    return nullptr;
-  }
   for (auto [name, type] : {std::pair<const char*, PyTypeObject*>{"BoundLinear", &BoundLinearType},
                             std::pair<const char*, PyTypeObject*>{"Linear", &LinearType}}) {
     Py_INCREF(type);

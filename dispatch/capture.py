@@ -1,10 +1,10 @@
 """Whether this thread is capturing a CUDA graph (the `graph` regime), as a flag that torch's CUDA graph class keeps.
 
-Asking CUDA (cudaStreamIsCapturing on the current stream) costs 0.37 µs of host time per call on the H200 host,
-reading a thread-local counter 0.11 µs (medians, tests/data/h200-host-cost/host-cost-8; a lean TinyGEMM call is
-7-8 µs there). The counter is kept by wrapping `torch.cuda.CUDAGraph.capture_begin` and `capture_end`, which every
-capture made through torch goes through: `torch.cuda.graph`, `make_graphed_callables`, torch.compile's CUDA graphs
-and vLLM's CUDA-graph wrapper.
+Asking CUDA (cudaStreamIsCapturing on the current stream) costs about three times the host time of reading a
+thread-local counter (docs/design.md). The counter is kept by wrapping `torch.cuda.CUDAGraph.capture_begin` and
+`capture_end` (dispatch.install(), at the first bind, linear or op call), which every capture made through torch
+goes through: `torch.cuda.graph`, `make_graphed_callables`, torch.compile's CUDA graphs and vLLM's CUDA-graph
+wrapper.
 
 A capture begun around torch (cudaStreamBeginCapture called from C++) leaves the counter at 0: the dispatcher then
 runs its eager choices inside that graph. Those are correct, only not the graph regime's picks. Code that captures
@@ -45,43 +45,10 @@ cuda_query: Callable[[], bool] = (torch._C._cuda_isCurrentStreamCapturing if tor
                                   else lambda: False)
 
 
-IDLE_SIGNALS = ("pace", "stream")
-# The pace's constants, the same as the C++ layer's (dispatch/bound_linear.cpp, where the why is)
-PACE_WEIGHT, SLOW_ENTER, SLOW_EXIT, RATIO_CAP = 1 / 32, 1.5, 1.4, 3.0
+def never() -> bool:
+    """The capture test before dispatch.install(): nothing can have been captured through the dispatcher yet."""
+    return False
 
-
-class HostPace(threading.local):
-    """The idle signal "pace" of this thread: a moving average of paced calls' time over the fastest their layer's
-    choice has taken, and whether the host runs slow now (above SLOW_ENTER until below SLOW_EXIT)."""
-    level = 1.0
-    slow = False
-    eager_calls = 0
-    idle_calls = 0
-
-
-PACE = HostPace()
-
-
-def pace_record(fastest: dict, key: Any, ns: int) -> None:
-    """One paced call of `ns` nanoseconds; fastest: the layer's fastest per choice key, updated."""
-    if ns <= 0:
-        return
-    best = fastest.get(key)
-    if best is None or ns < best:
-        fastest[key] = best = ns
-    pace = PACE
-    pace.level += PACE_WEIGHT * (min(RATIO_CAP, ns / best) - pace.level)
-    if (pace.level < SLOW_EXIT) if pace.slow else (pace.level > SLOW_ENTER):
-        pace.slow = not pace.slow
-
-
-def stream_idle(device: int) -> bool:
-    """Whether the device's current stream has nothing pending (cudaStreamQuery): the GPU is waiting on the host, the
-    `idle` ranges' case. False while the stream is capturing, whatever the signal: a query of a capturing stream
-    would end its capture with an error."""
-    if cuda_query():
-        return False
-    return torch.cuda.current_stream(device).query()
 
 
 def install(cls: Any = None) -> bool:

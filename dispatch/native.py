@@ -1,7 +1,7 @@
 """dispatch.bind's bound layer in C++ (dispatch/bound_linear.cpp): built once per machine and torch, loaded if built.
 
-`python -m dispatch build-native` compiles it with torch's extension builder (a C++ compiler and ninja; 15-20 s
-where timed) into a folder per (torch, Python, source) under ~/.cache/bf16-linear-bench/native, or $BLB_NATIVE_DIR.
+`python -m dispatch build-native` compiles it with torch's extension builder (a C++ compiler and ninja; under half
+a minute) into a folder per (torch, Python, source) under ~/.cache/bf16-linear-bench/native, or $BLB_NATIVE_DIR.
 `dispatch.bind` then returns the C++ layer wherever it can (the capture signal is the hooks' counter, the weight and
 bias are plain tensors or parameters); without a build it returns the Python layer, with the same choices.
 BLB_NATIVE=0 turns it off. Nothing is compiled at import or at bind: a model never waits for a compiler.
@@ -27,20 +27,11 @@ def enabled() -> bool:
     return os.environ.get("BLB_NATIVE", "1") != "0"
 
 
-def with_cuda() -> bool:
-    """Whether the build can use CUDA (a CUDA torch and a CUDA toolkit): the idle signal 'stream' needs it (CUDA's
-    stream test). Without it the layer is built without that test, and under that signal dispatch.bind gives a layer
-    with idle choices the Python layer instead (the default signal, 'pace', needs no CUDA)."""
-    from torch.utils.cpp_extension import CUDA_HOME
-    return torch.version.cuda is not None and CUDA_HOME is not None
-
-
 def build_dir() -> Path:
-    """One folder per source, torch, Python and CUDA or not: a build for another torch is never loaded."""
+    """One folder per source, torch and Python: a build for another torch is never loaded."""
     root = Path(os.environ.get("BLB_NATIVE_DIR") or Path.home() / ".cache" / "bf16-linear-bench" / "native")
     digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
-    cuda = "-cuda" if with_cuda() else ""
-    tag = f"torch{torch.__version__}-py{sys.version_info[0]}{sys.version_info[1]}-{digest}{cuda}".replace("+", "_")
+    tag = f"torch{torch.__version__}-py{sys.version_info[0]}{sys.version_info[1]}-{digest}".replace("+", "_")
     return root / tag
 
 
@@ -53,9 +44,8 @@ def build(verbose: bool = False) -> Path:
     from torch.utils.cpp_extension import load
     folder = build_dir()
     folder.mkdir(parents=True, exist_ok=True)
-    cuda = with_cuda()
-    load(name=NAME, sources=[str(SOURCE)], build_directory=str(folder),
-         extra_cflags=["-O2", *(["-DBLB_CUDA"] if cuda else [])], verbose=verbose, with_cuda=cuda)
+    load(name=NAME, sources=[str(SOURCE)], build_directory=str(folder), extra_cflags=["-O2"], verbose=verbose,
+         with_cuda=False)
     _LOADED.clear()
     return library()
 

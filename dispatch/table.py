@@ -4,10 +4,8 @@ Two regimes, because what a call costs depends on how it runs:
 - graph: the call is being captured into a CUDA graph (vLLM's decode and small prefill steps): only GPU time counts;
 - eager: the call runs as issued (above vLLM's capture size, enforce_eager, any eager user): host and GPU time count.
 
-A third, optional set of ranges, `idle`, refines eager: the choice while the GPU is waiting on the host (a host-bound
-eager forward), where the call's host time is what delays the result. Where a shape has none, idle is its eager
-ranges and the dispatcher asks nothing more; where it has, the eager call asks the dispatcher's idle signal
-(dispatch.idle_signal: by default whether this thread's host runs slow) and runs the idle choice if it says so.
+Tables written before the format lost its third regime may carry `idle` ranges: they are read and left out (the
+eager ranges apply), which is what the dispatcher runs for them now (docs/design.md: why there is no idle regime).
 
 A regime's ranges are ((up_to, path), ...) with up_to increasing: M up to `up_to` (and above the previous range's)
 runs `path`; M above the last range runs F.linear. Paths are registry names: 'aten', 'flashinfer-lean:<backend>'
@@ -29,7 +27,6 @@ from shapes.grid import M_MAX
 
 TABLE_DIR = Path(__file__).parent / "thresholds"
 REGIMES = ("graph", "eager")
-IDLE = "idle"  # optional: eager, while the GPU waits on the host (the idle signal); defaults to eager's ranges
 Range = tuple[int, str]
 Ranges = tuple[Range, ...]
 
@@ -65,12 +62,7 @@ class ThresholdTable:
     def ranges(self, n: int, k: int, regime: str) -> Ranges:
         own = self.shapes.get((n, k))
         own = own if own is not None else self.default
-        return own[regime] if regime != IDLE else own.get(IDLE, own["eager"])
-
-    def has_idle(self, n: int | None = None, k: int | None = None) -> bool:
-        """Whether idle ranges differ from eager's (for a shape, or anywhere): only then is the idle signal asked."""
-        owns = [self.shapes.get((n, k), self.default)] if n is not None else [self.default, *self.shapes.values()]
-        return any(map(_idle_differs, owns))
+        return own[regime]
 
     def choose(self, n: int, k: int, m: int, regime: str = "graph") -> str:
         """The path name the dispatcher runs for this cell in this regime (eligibility aside)."""
@@ -81,10 +73,10 @@ class ThresholdTable:
 
     def threshold(self, n: int, k: int, regime: str | None = None) -> int:
         """The largest M at which the shape runs anything but F.linear (in a regime, or in either)."""
-        regimes = (*REGIMES, IDLE) if regime is None else (regime,)
+        regimes = REGIMES if regime is None else (regime,)
         return max((up for r in regimes for up, p in self.ranges(n, k, r) if p != ATEN), default=0)
 
-    def paths(self) -> set[str]:  # idle ranges included
+    def paths(self) -> set[str]:
         every = [*self.default.values(), *(rs for own in self.shapes.values() for rs in own.values())]
         return {p for ranges in every for _, p in ranges}
 
@@ -101,25 +93,12 @@ class ThresholdTable:
         def enc(ranges: Ranges) -> list[dict[str, Any]]:
             return [{"up_to": up, "path": p} for up, p in ranges]
 
-        def regimes(own: dict[str, Ranges]) -> dict[str, Any]:  # idle written only where it differs from eager
-            keep = (*REGIMES, IDLE) if _idle_differs(own) else REGIMES
-            return {r: enc(own[r]) for r in keep}
+        def regimes(own: dict[str, Ranges]) -> dict[str, Any]:
+            return {r: enc(own[r]) for r in REGIMES}
         return {"format": 2, "profile": self.profile, "low_m_backend": self.low_m_backend,
                 "default": regimes(self.default),
                 "shapes": [{"n": n, "k": k, **regimes(own)} for (n, k), own in sorted(self.shapes.items())],
                 "source": self.source}
-
-
-def _idle_differs(own: dict[str, Ranges]) -> bool:
-    """Whether one shape's (or the default's) regimes have idle ranges other than its eager ones."""
-    return IDLE in own and own[IDLE] != own["eager"]
-
-
-def without_idle(table: ThresholdTable) -> ThresholdTable:
-    """The table with its idle ranges left out: eager calls run the eager choice whatever the idle signal says."""
-    def drop(own: dict[str, Ranges]) -> dict[str, Ranges]:
-        return {r: v for r, v in own.items() if r != IDLE}
-    return replace(table, default=drop(table.default), shapes={s: drop(own) for s, own in table.shapes.items()})
 
 
 def describe_ranges(ranges: Ranges) -> str:
@@ -172,10 +151,9 @@ def _parse_regimes(data: dict, where: str) -> dict[str, Ranges]:
     missing = [r for r in REGIMES if r not in data]
     if missing:
         raise HarnessError(f"{where}: lacks the {', '.join(missing)} regime (a format 2 table names both)")
-    out = {r: _parse_ranges(data[r], f"{where} {r}") for r in REGIMES}
-    if IDLE in data:
-        out[IDLE] = _parse_ranges(data[IDLE], f"{where} {IDLE}")
-    return out
+    if "idle" in data:  # a table from before the format dropped its idle regime: checked, then left out
+        _parse_ranges(data["idle"], f"{where} idle")
+    return {r: _parse_ranges(data[r], f"{where} {r}") for r in REGIMES}
 
 
 def _parse_format1(data: dict, where: str) -> tuple[dict[str, Ranges], dict[tuple[int, int], dict[str, Ranges]]]:

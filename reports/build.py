@@ -7,7 +7,7 @@ import pandas as pd
 
 from bench.forward_paths import DISPATCH_PYTHON, RULES, TABLE_DIRECT
 from dispatch.backends import ATEN, is_flashinfer
-from dispatch.table import IDLE, describe_ranges
+from dispatch.table import describe_ranges
 from dispatch.vllm import VLLM_VERSION, flag_supported
 from harness.console import terminal
 from harness.errors import HarnessError, signals_deferred
@@ -51,21 +51,13 @@ def table_section(run: Run) -> str:
     meta = {"fitted from": src.get("fitted_from"), "fit command": src.get("fit_command"), "date": src.get("date"),
             "M held out": ", ".join(map(str, src.get("held_out_m") or [])) or None,
             "tactics": (src.get("tactics") or {}).get("file"), "rule": src.get("rule"), "note": src.get("note")}
-    idle = t.has_idle()
-    rows = [{"shape": f"{n}x{k}", "graph": describe_ranges(own["graph"]), "eager": describe_ranges(own["eager"]),
-             "idle": describe_ranges(own[IDLE]) if t.has_idle(n, k) else "as eager"}
+    rows = [{"shape": f"{n}x{k}", "graph": describe_ranges(own["graph"]), "eager": describe_ranges(own["eager"])}
             for (n, k), own in sorted(t.shapes.items())]
-    rows.append({"shape": "any other shape", "graph": t.describe("graph"), "eager": t.describe("eager"),
-                 "idle": "as eager"})
+    rows.append({"shape": "any other shape", "graph": t.describe("graph"), "eager": t.describe("eager")})
     cols = [("shape", "shape"), ("graph", "graph regime"), ("eager", "eager regime")]
-    cols += [("idle", "eager, GPU waiting on the host (idle)")] if idle else []
     return ('<div class="wrapkv">' + kv_table({k: v for k, v in meta.items() if v}) + "</div>"
             + "<p>graph: ranges used while a CUDA graph is being captured (GPU time counts); eager: otherwise (host "
-              "and GPU time count). M above a shape's last range runs F.linear."
-            + (" idle: where it differs from eager, what an eager call runs while the dispatcher's idle signal says "
-               "the GPU waits on the host (default: this thread's host runs slow), from measured forwards whose eager "
-               "run of the table was host-bound."
-               if idle else "") + "</p>"
+              "and GPU time count). M above a shape's last range runs F.linear.</p>"
             + table(pd.DataFrame(rows), cols, cls="wrap", left=tuple(c for c, _ in cols)))
 
 

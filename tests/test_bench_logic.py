@@ -267,7 +267,7 @@ def test_every_flashinfer_path_sends_its_own_backend_and_pdl(monkeypatch):
         kernel(x, w, None)
         assert [(s["backend"], s["pdl"]) for s in sent] == [(path.split(":")[1], "cublaslt" not in path)]
     dispatch.reset()
-    dispatch._KERNELS.clear()
+    dispatch._STATE.kernels.clear()
 
 
 def test_a_damaged_results_file_stops_a_resume_with_one_line(tmp_path):

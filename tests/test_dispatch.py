@@ -321,7 +321,8 @@ def fake_gpu_dispatch(request, monkeypatch):
         calls.append(tuple(x.shape))
         out.fill_(7.0)
     kernel.into = into
-    monkeypatch.setattr(dispatch, "_capturing", lambda: state["capturing"])
+    monkeypatch.setattr(dispatch._STATE, "capturing", lambda: state["capturing"])
+    monkeypatch.setattr(dispatch._STATE, "signal", "hooks")
     monkeypatch.setattr(dispatch, "_kernel", lambda path, pdl: kernel)
     monkeypatch.setattr(dispatch, "_device", lambda index: (_fake_rule_table(), 90, True))
     tiny = BACKENDS["tinygemm"]
@@ -425,18 +426,18 @@ def test_capture_hooks_count_captures_per_thread_and_close_on_failure():
 
 
 def test_the_dispatcher_uses_the_hooked_capture_counter_and_can_switch_to_the_cuda_query(monkeypatch):
-    """At import the dispatcher hooked torch.cuda.CUDAGraph; its regime test is the counter, and capture_signal
-    switches dispatch.linear's test at once (a bound layer keeps its own)."""
+    """dispatch.install() (the first bind, linear or op call) hooks torch.cuda.CUDAGraph; its regime test is the
+    counter, and capture_signal switches dispatch.linear's test at once (a bound layer keeps its own)."""
     import torch
 
     import dispatch
     from dispatch import capture
-    assert getattr(torch.cuda.CUDAGraph.capture_begin, capture._MARK, False)
-    assert dispatch.capture_signal() == "hooks" and dispatch._capturing is capture.hooked_flag
+    assert dispatch.install() == "hooks" and getattr(torch.cuda.CUDAGraph.capture_begin, capture._MARK, False)
+    assert dispatch.capture_signal() == "hooks" and dispatch._STATE.capturing is capture.hooked_flag
     monkeypatch.setattr(capture._CAPTURES, "depth", 1)
     assert dispatch.is_capturing()
     try:
-        assert dispatch.capture_signal("query") == "query" and dispatch._capturing is capture.cuda_query
+        assert dispatch.capture_signal("query") == "query" and dispatch._STATE.capturing is capture.cuda_query
         assert not dispatch.is_capturing()  # CUDA's answer: no stream of this CPU process is capturing
     finally:
         dispatch.capture_signal("hooks")
@@ -459,7 +460,7 @@ def test_bound_layers_of_one_shape_share_a_bounded_memory_of_choices(fake_gpu_di
     a(x)
     b(x)
     assert calls == [(8, 64), (8, 64)]
-    rules = list(dispatch._LAYER_RULES.values())
+    rules = list(dispatch._STATE.layer_rules.values())
     assert len(rules) == 1 and set(rules[0][0]) == {(8, 64)}  # one memory, one entry, for both layers
     with pytest.raises(RuntimeError):
         a(torch.randn(8, 32, dtype=torch.bfloat16))  # K mismatch: F.linear's own error, not the kernel
@@ -471,7 +472,7 @@ def test_bound_layers_of_one_shape_share_a_bounded_memory_of_choices(fake_gpu_di
         xm = torch.randn(m, 64, dtype=torch.bfloat16)
         y = c(xm)
         assert (bool((y == 7).all()) if m <= 32 else torch.equal(y, F.linear(xm, w1)))
-        assert len(next(iter(dispatch._LAYER_RULES.values()))[0]) <= 3
+        assert len(next(iter(dispatch._STATE.layer_rules.values()))[0]) <= 3
     assert calls[-1] == (5, 64) and len(calls) == 7
 
 
@@ -608,7 +609,7 @@ def test_the_cpp_layer_remembers_choices_per_m_and_hands_the_rest_to_the_python_
 
     def decide(m):
         asked.append(m)
-        return (kernel if m <= 32 else None), (kernel if m <= 4 else None), (kernel if m <= 4 else None)
+        return (kernel if m <= 32 else None), (kernel if m <= 4 else None)
 
     def fallback(x, *args, **kwargs):
         fell.append(type(x).__name__)
@@ -632,7 +633,7 @@ def test_the_cpp_layer_remembers_choices_per_m_and_hands_the_rest_to_the_python_
         mod.capture_exit()  # one too many: the counter stays at 0
         assert mod.capture_depth() == 0
         assert bool((layer(torch.randn(3, 64, dtype=torch.bfloat16)) == 7).all())  # eager at M = 3: the kernel
-        assert asked == [8, 3] and layer.remembered() == {8: (1, 0, 0), 3: (1, 1, 1)}
+        assert asked == [8, 3] and layer.remembered() == {8: (1, 0), 3: (1, 1)}
         assert torch.equal(layer(x=x8), F.linear(x8, w)) and fell == ["Tensor"]  # a keyword: the Python layer
         param = torch.nn.Parameter(x8.clone())
         layer(param)
@@ -643,14 +644,14 @@ def test_the_cpp_layer_remembers_choices_per_m_and_hands_the_rest_to_the_python_
             layer(torch.randn(3, 32, dtype=torch.bfloat16))  # F.linear's own error
     for m in range(1, 4099):  # 4096 M not yet remembered: the memory fills up and starts over once
         layer(torch.zeros(m, 64, dtype=torch.bfloat16))
-    assert len(asked) == 2 + 4096 and layer.remembered() == {4097: (0, 0, 0), 4098: (0, 0, 0)}
+    assert len(asked) == 2 + 4096 and layer.remembered() == {4097: (0, 0), 4098: (0, 0)}
 
     def broken(x, weight, out):
         raise ValueError("the kernel failed")
-    bad = mod.BoundLinear(w, None, lambda m: ((broken, 16), (broken, 16), (broken, 16)), fallback)
+    bad = mod.BoundLinear(w, None, lambda m: ((broken, 16), (broken, 16)), fallback)
     with pytest.raises(ValueError, match="the kernel failed"):
         bad(torch.randn(3, 64, dtype=torch.bfloat16))
-    for answer in ("kernel", ((into, 0), None, None), (None, None)):
+    for answer in ("kernel", ((into, 0), None), (None, None, None)):
         with pytest.raises(TypeError, match="decide"):
             mod.BoundLinear(w, None, lambda m: answer, fallback)(torch.randn(3, 64, dtype=torch.bfloat16))
     with pytest.raises(TypeError, match="tensors"):
@@ -882,243 +883,6 @@ def test_the_cpp_layer_keeps_autograd_and_inference_mode_as_f_linear_does(native
     assert z.is_inference() and not z.requires_grad and torch.equal(z, ref.detach())
 
 
-def test_idle_ranges_load_default_to_eager_and_are_written_only_where_they_differ():
-    v2 = {"format": 2, "profile": "h200", "low_m_backend": "tinygemm", "default": {"graph": [], "eager": []},
-          "shapes": [{"n": 16, "k": 64, "graph": [], "eager": [{"up_to": 4, "path": "aten"}],
-                      "idle": [{"up_to": 8, "path": "flashinfer-lean:tinygemm"}]},
-                     {"n": 32, "k": 64, "graph": [], "eager": [{"up_to": 8, "path": "flashinfer-lean:tinygemm"}]}]}
-    t = parse_table(v2, "x")
-    assert t.has_idle() and t.has_idle(16, 64) and not t.has_idle(32, 64) and not t.has_idle(48, 64)
-    assert [t.choose(16, 64, m, "idle") for m in (8, 9)] == ["flashinfer-lean:tinygemm", "aten"]
-    assert t.choose(16, 64, 8, "eager") == "aten" and t.choose(32, 64, 8, "idle") == "flashinfer-lean:tinygemm"
-    assert t.threshold(16, 64) == 8 and t.threshold(16, 64, "eager") == 0
-    assert "flashinfer-lean:tinygemm" in t.paths()
-    out = t.to_json()
-    assert [("idle" in s) for s in out["shapes"]] == [True, False] and "idle" not in out["default"]
-    assert parse_table(json.loads(json.dumps(out)), "roundtrip").shapes == t.shapes
-    same = {**v2, "shapes": [{**v2["shapes"][1], "idle": v2["shapes"][1]["eager"]}]}
-    assert not parse_table(same, "x").has_idle() and "idle" not in parse_table(same, "x").to_json()["shapes"][0]
-    with pytest.raises(HarnessError, match="x shape 16x64 idle: path 'nope'"):
-        parse_table({**v2, "shapes": [{**v2["shapes"][0], "idle": [{"up_to": 8, "path": "nope"}]}]}, "x")
-
-
-def test_the_eager_call_runs_the_idle_choice_when_the_stream_has_drained(fake_gpu_dispatch, monkeypatch):
-    """With idle ranges and the idle signal 'stream' (mocked stream test): eager, a drained stream runs the idle
-    choice and a busy one the eager choice; captured, the graph choice, and the stream is not asked; where idle equals
-    eager it is never asked. The C++ layer built without CUDA (STREAM_TEST 0) hands such a layer to the Python one."""
-    import torch
-
-    import dispatch
-    from dispatch import capture
-    _, calls, state = fake_gpu_dispatch
-    table = ThresholdTable("h200", "tinygemm", {"graph": (), "eager": ()},
-                           {(16, 64): {"graph": ((32, "flashinfer-lean:tinygemm"),), "eager": (),
-                                       "idle": ((8, "flashinfer-lean:tinygemm"),)},
-                            (32, 64): {"graph": (), "eager": ((8, "flashinfer-lean:tinygemm"),)}})
-    monkeypatch.setattr(dispatch, "_device", lambda index: (table, 90, True))
-    asked = []
-
-    def stream_idle(device):
-        asked.append(device)
-        return state["idle"]
-    monkeypatch.setattr(capture, "stream_idle", stream_idle)
-    dispatch.idle_signal("stream")
-    try:
-        _stream_signal_checks(dispatch, state, calls, asked)
-    finally:
-        dispatch.idle_signal("pace")
-
-
-def _stream_signal_checks(dispatch, state, calls, asked) -> None:
-    import torch
-    import torch.nn.functional as F
-    dispatch.reset()
-    w, w32 = torch.randn(16, 64, dtype=torch.bfloat16), torch.randn(32, 64, dtype=torch.bfloat16)
-    x = torch.randn(2, 4, 64, dtype=torch.bfloat16)  # M = 8
-    layer = dispatch.bind(w)
-    assert dispatch.layer_kind(layer) == ("C++" if state.mod is not None and state.mod.STREAM_TEST else "Python")
-    if dispatch.layer_kind(layer) == "C++":
-        return  # a CUDA build asks CUDA itself: tests/test_gpu_lean.py checks it on the GPU
-    for fn in (layer, lambda a: dispatch.linear(a, w)):
-        calls.clear(), asked.clear()
-        state["idle"] = False
-        assert torch.equal(fn(x), F.linear(x, w)) and calls == [] and asked == [-1]  # busy: eager, F.linear
-        state["idle"] = True
-        assert bool((fn(x) == 7).all()) and calls == [(8, 64)] and asked == [-1, -1]  # drained: idle, the kernel
-        x16 = torch.randn(16, 64, dtype=torch.bfloat16)
-        assert torch.equal(fn(x16), F.linear(x16, w)) and len(asked) == 2  # idle and eager agree: not asked
-        state["capturing"] = True
-        assert bool((fn(x16) == 7).all()) and bool((fn(x) == 7).all()) and len(asked) == 2  # graph: not asked
-        state["capturing"] = False
-    asked.clear()
-    plain = dispatch.bind(w32)  # no idle ranges for this shape: the eager choice, the stream never asked
-    assert bool((plain(x) == 7).all()) and asked == []
-
-
-def test_the_pace_runs_the_idle_choice_while_the_host_runs_slow(fake_gpu_dispatch, monkeypatch):
-    """The idle signal 'pace' (default), both layers and dispatch.linear: two fake kernels, the eager choice and the
-    idle one, each busy for a set time. While the eager kernel's calls take their first time, it runs; once they take
-    3x as long (a slow host), the idle kernel runs within 16 calls and then most of the time; once they are fast
-    again, the eager kernel runs. Captured, the graph choice runs and nothing is timed; where idle and eager agree
-    nothing is timed either."""
-    import time
-
-    import torch
-
-    import dispatch
-    from dispatch import capture
-    _, calls, state = fake_gpu_dispatch
-    busy_us = {"flashinfer-lean:cublaslt": 300, "flashinfer-lean:tinygemm": 300}
-    ran: list[str] = []
-
-    def fake(path):
-        def into(x, w, out):
-            ran.append(path)
-            t_end = time.perf_counter() + busy_us[path] / 1e6
-            while time.perf_counter() < t_end:
-                pass
-            out.fill_(7.0)
-
-        def kernel(x, w, bias):
-            out = torch.empty(x.shape[0], w.shape[0], dtype=x.dtype)
-            into(x, w, out)
-            return out
-        kernel.into = into
-        return kernel
-    kernels = {p: fake(p) for p in busy_us}
-    monkeypatch.setattr(dispatch, "_kernel", lambda path, pdl: kernels[path])
-    cublaslt, tinygemm = busy_us
-    table = ThresholdTable("h200", "tinygemm", {"graph": (), "eager": ()},
-                           {(16, 64): {"graph": ((32, tinygemm),), "eager": ((32, cublaslt),),
-                                       "idle": ((8, tinygemm), (32, cublaslt))}})
-    monkeypatch.setattr(dispatch, "_device", lambda index: (table, 90, True))
-    dispatch.reset()
-    assert dispatch.idle_signal() == "pace"
-    w = torch.randn(16, 64, dtype=torch.bfloat16)
-    x, x16 = torch.randn(2, 4, 64, dtype=torch.bfloat16), torch.randn(16, 64, dtype=torch.bfloat16)
-    layer = dispatch.bind(w)
-    mod = state.mod if dispatch.layer_kind(layer) == "C++" else None
-    for fn, name in ((layer, dispatch.layer_kind(layer)), (lambda a: dispatch.linear(a, w), "dispatch.linear")):
-        if mod is not None and name != "dispatch.linear":
-            mod.pace_reset()
-        capture.PACE.__dict__.update(level=1.0, slow=False, eager_calls=0, idle_calls=0)
-        mod_now = mod if name != "dispatch.linear" else None  # dispatch.linear's kernel calls are the Python one's
-
-        def state_now():
-            p = capture.PACE
-            return mod_now.pace_state() if mod_now is not None else (p.level, p.slow, p.eager_calls, p.idle_calls)
-        busy_us[cublaslt] = 300
-        ran.clear()
-        for _ in range(30):
-            assert bool((fn(x) == 7).all())
-        assert ran.count(cublaslt) >= 27, f"{name}, fast host: {ran}"
-        idle_ran = ran.count(tinygemm)
-        busy_us[cublaslt] = 900  # the eager choice's calls now take 3x their fastest: the host runs slow
-        ran.clear()
-        for _ in range(60):
-            fn(x)
-        assert tinygemm in ran[:16], f"{name}: no switch to the idle choice within 16 slow calls: {ran[:16]}"
-        assert ran.count(tinygemm) >= 30, f"{name}, slow host: {ran.count(tinygemm)} idle calls of 60"
-        idle_ran += ran.count(tinygemm)
-        busy_us[cublaslt] = 300
-        ran.clear()
-        for _ in range(80):
-            fn(x)
-        assert ran[-30:].count(cublaslt) >= 27, f"{name}, fast again: {ran[-30:]}"
-        idle_ran += ran.count(tinygemm)
-        assert state_now()[2:] == (170 - idle_ran, idle_ran)  # every paced call counted, by the choice it ran
-        before = state_now()[2:]
-        ran.clear()
-        assert bool((fn(x16) == 7).all()) and ran == [cublaslt] and state_now()[2:] == before  # agree: not timed
-        state["capturing"] = True
-        assert bool((fn(x) == 7).all()) and ran == [cublaslt, tinygemm] and state_now()[2:] == before  # graph
-        state["capturing"] = False
-        if mod_now is not None:  # the C++ layer's record of paced calls (tools/pace_probe.py reads it)
-            mod_now.pace_trace_start(2)
-            for _ in range(3):
-                fn(x)
-            trace = mod_now.pace_trace()
-            mod_now.pace_trace_start(0)
-            assert len(trace) == 2 and mod_now.pace_trace() == []
-            for end_ns, ns, fastest_ns, _, slot, level in trace:
-                assert end_ns > ns >= fastest_ns > 0 and slot in (1, 2) and level >= 1.0
-
-
-def test_without_idle_drops_only_the_idle_ranges_and_the_forward_rule_uses_it():
-    from dataclasses import replace
-
-    from bench.forward_paths import DISPATCH_NO_IDLE, NOT_SINGLE_PATHS, RULES
-    from dispatch.table import without_idle
-    committed = load_table("h200")
-    assert committed.has_idle()  # the 4B's four large shapes, M 2-8 (README: idle ranges)
-    t = replace(committed, shapes={**committed.shapes, (64, 2048): {
-        **committed.shapes[(64, 2048)], "idle": ((8, "aten"),)}})
-    assert t.has_idle(64, 2048) and not without_idle(t).has_idle()
-    bare = without_idle(t)
-    for (n, k), own in t.shapes.items():
-        assert {r: bare.shapes[(n, k)][r] for r in ("graph", "eager")} == {r: own[r] for r in ("graph", "eager")}
-        assert bare.choose(n, k, 8, "idle") == t.choose(n, k, 8, "eager")
-    assert DISPATCH_NO_IDLE in RULES and DISPATCH_NO_IDLE in NOT_SINGLE_PATHS
-
-
-def test_with_idle_sets_picks_per_shape_and_leaves_disagreements_and_other_shapes_alone():
-    from calibrate.analysis import with_idle
-    tg = "flashinfer-lean:tinygemm"
-    base = ThresholdTable("h200", "tinygemm", {"graph": (), "eager": ()},
-                          {(16, 64): {"graph": (), "eager": ((32, "flashinfer-lean:cublaslt"),)},
-                           (32, 64): {"graph": (), "eager": ()}, (48, 64): {"graph": (), "eager": ()}})
-    uses = {"A": [(16, 64, 1), (32, 64, 1)], "B": [(32, 64, 1), (48, 64, 1)]}
-    picks = {("A", 8): tg, ("B", 8): "aten", ("B", 1): tg}
-    runs_on = lambda path, n, k, m: not (path == tg and n == 48)  # noqa: E731  TinyGEMM cannot take 48x64 here
-    t, rows = with_idle(base, picks, uses, {"A": [1, 8, 32], "B": [1, 8]}, runs_on)
-    # A's pick at 8 holds for M 2..8 (1 was measured without one); above, the eager choice
-    assert [t.choose(16, 64, m, "idle") for m in (1, 2, 8, 9, 32)] == \
-        ["flashinfer-lean:cublaslt", tg, tg, "flashinfer-lean:cublaslt", "flashinfer-lean:cublaslt"]
-    # a shape of both models: they disagree at M = 8 (the eager choice stays); B's pick at M = 1 holds
-    assert [t.choose(32, 64, m, "idle") for m in (1, 2, 8)] == [tg, "aten", "aten"]
-    assert not t.has_idle(48, 64)  # B's picks there: aten (its eager choice) and TinyGEMM, which cannot run it
-    assert list(rows["n"]) == [16, 32]
-
-
-def test_pace_record_enters_the_slow_phase_and_leaves_it_with_hysteresis(native_module, monkeypatch):
-    """capture.pace_record, fed by hand: calls at their fastest keep the host fast; at 2x the fastest the moving
-    average passes SLOW_ENTER on the 22nd call; back at the fastest it falls below SLOW_EXIT on the 8th; a call never
-    counts more than RATIO_CAP; a call's first time is its own fastest. The C++ layer starts with the same
-    constants, and dispatch.pace_config sets both (a bad set is refused by both)."""
-
-    from dispatch import capture
-    capture.PACE.__dict__.update(level=1.0, slow=False)
-    fastest: dict = {}
-    for _ in range(10):
-        capture.pace_record(fastest, "eager", 1000)
-    assert not capture.PACE.slow and capture.PACE.level == 1.0
-    entered = next(i for i in range(1, 50) if (capture.pace_record(fastest, "eager", 2000), capture.PACE.slow)[1])
-    assert entered == 22 and fastest == {"eager": 1000}
-    capture.pace_record(fastest, "idle", 5000)  # a choice's first call: its own fastest, ratio 1
-    assert fastest["idle"] == 5000
-    left = next(i for i in range(2, 80) if not (capture.pace_record(fastest, "idle", 5000), capture.PACE.slow)[1])
-    assert left == 8
-    capture.PACE.__dict__.update(level=1.0, slow=False)
-    capture.pace_record(fastest, "eager", 10 ** 9)  # one call preempted for a second: counts as 3x, not 10^6x
-    assert capture.PACE.level == pytest.approx(1 + (capture.RATIO_CAP - 1) * capture.PACE_WEIGHT)
-    capture.PACE.__dict__.update(level=1.0, slow=False)
-    defaults = (capture.PACE_WEIGHT, capture.SLOW_ENTER, capture.SLOW_EXIT, capture.RATIO_CAP)
-    assert native_module.pace_config() == defaults  # the C++ layer starts with the same constants
-    import dispatch
-    from dispatch import native
-    monkeypatch.setattr(native, "module", lambda: native_module)
-    try:
-        assert dispatch.pace_config(1 / 8, 2.0, 1.5) == (1 / 8, 2.0, 1.5, 3.0) == native_module.pace_config()
-        assert (capture.PACE_WEIGHT, capture.SLOW_ENTER, capture.SLOW_EXIT) == (1 / 8, 2.0, 1.5)
-        with pytest.raises(ValueError, match="exit <= enter"):
-            dispatch.pace_config(enter=1.2, exit_=1.3)
-        with pytest.raises(ValueError, match="exit <= enter"):
-            native_module.pace_config(0.5, 1.2, 1.3, 3.0)
-    finally:
-        dispatch.pace_config(*defaults)
-    assert native_module.pace_config() == defaults
-
-
 def test_the_segment_fit_prefers_few_ranges_within_the_tolerance():
     from calibrate.segments import segment
     ms = [1, 2, 4, 8, 16, 32]
@@ -1153,3 +917,34 @@ def test_segment_eager_cells_follow_the_forwards_boundness_and_picks():
     assert ("eager", 10, 20, 4) not in out  # held out
     assert ("eager", 10, 20, 16) not in out  # between picks of different paths
     assert ("graph", 10, 20, 1) not in out and out[("eager", 10, 20, 32)][0] == "cublas"
+
+
+def test_importing_dispatch_changes_nothing_in_torch_until_the_first_call():
+    """A fresh interpreter: after `import dispatch` torch's CUDAGraph is unhooked and no C++ layer is loaded; the
+    first bind hooks it, and dispatch.linear is looked up (C++ or Python) on first use."""
+    import subprocess
+    import sys
+    code = ("import sys, torch, dispatch\n"
+            "from dispatch import capture\n"
+            "hooked = lambda: getattr(torch.cuda.CUDAGraph.capture_begin, capture._MARK, False)\n"
+            "assert not hooked() and dispatch._STATE.signal is None and 'blb_bound_linear' not in sys.modules\n"
+            "assert 'linear' not in vars(dispatch)\n"
+            "dispatch.bind(torch.randn(8, 16))\n"
+            "assert hooked() and dispatch._STATE.signal == 'hooks'\n"
+            "assert callable(dispatch.linear) and 'linear' in vars(dispatch)\n")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parent.parent)
+
+
+def test_a_table_with_the_retired_idle_regime_loads_with_its_eager_ranges():
+    """Tables written before the idle regime was removed still load: their idle ranges are checked and left out
+    (the eager ranges apply), and they are not written back."""
+    v2 = {"format": 2, "profile": "h200", "low_m_backend": "tinygemm",
+          "default": {"graph": [], "eager": []},
+          "shapes": [{"n": 16, "k": 64, "graph": [{"up_to": 8, "path": "flashinfer-lean:tinygemm"}],
+                      "eager": [], "idle": [{"up_to": 8, "path": "flashinfer-lean:tinygemm"}]}]}
+    t = parse_table(v2, "x")
+    assert [t.choose(16, 64, 8, r) for r in ("graph", "eager")] == ["flashinfer-lean:tinygemm", "aten"]
+    assert "idle" not in t.to_json()["shapes"][0]
+    bad = {**v2, "shapes": [{**v2["shapes"][0], "idle": [{"up_to": 0, "path": "aten"}]}]}
+    with pytest.raises(HarnessError, match="x shape 16x64 idle"):
+        parse_table(bad, "x")

@@ -46,7 +46,7 @@ def pieces(layer, x, w) -> dict:
     import torch.nn.functional as F
 
     import dispatch
-    choices, once, capturing = dispatch._layer_rule(w.get_device(), w, None)[0], dispatch._F_LINEAR, dispatch._capturing
+    choices, once, capturing = dispatch._layer_rule(w.get_device(), w, None)[0], dispatch._F_LINEAR, dispatch._STATE.capturing
     remembered = choices.get
     layer(x)
 
