@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Sequence
 
 from bench.anatomy_gpu import run_anatomy
-from bench.forward import DEFAULT_SETTLE_MS, FORWARD_MS, ForwardConfig, models_for, run_forward, sequences
+from bench.forward import DEFAULT_SETTLE_EACH_MS, DEFAULT_SETTLE_MS, FORWARD_MS, SETTLE_SCOPES, ForwardConfig, models_for, run_forward, sequences
 from bench.forward_paths import check_rules, default_rules
-from bench.gpu import L2_MODES
+from bench.gpu import L2_MODES, Stopping
 from bench.paths import PATHS, paths_for
 from bench.merge import merge_shards
 from bench.multi import run_on_devices
@@ -45,7 +45,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_run.add_argument("--resume", action="store_true", help="continue an interrupted sweep in --out")
     p_run.add_argument("--timer", choices=("cupti", "events"), default="cupti",
                        help="GPU timer: CUPTI kernel records (default) or CUDA events only")
-    p_run.add_argument("--samples", type=int_in(3, 1000), default=10, help="timed graph replays per path and cell (default 10)")
+    p_run.add_argument("--samples", type=int_in(3, 1000), default=10,
+                       help="the most timed graph replays per path and cell (default 10)")
+    p_run.add_argument("--min-samples", type=int_in(3, 1000), default=5,
+                       help="replays stop early once a path has this many and their relative standard deviation is "
+                            "at most --max-noise (nvbench's stdrel; default 5; = --samples: a fixed count)")
+    p_run.add_argument("--max-noise", type=float_in(0, 1), default=0.005,
+                       help="the stopping criterion's relative standard deviation (default 0.005)")
+    p_run.add_argument("--time-twins", action="store_true",
+                       help="replay a public FlashInfer call and its lean twin, and the dispatcher, in full even where "
+                            "their kernels match (default: once, gpu_from names the timed path)")
     p_run.add_argument("--l2", choices=L2_MODES, default="rotate",
                        help="L2 state of each timed call: rotate = cold by rotating input/weight copies over >= 5x L2 "
                             "(default); flush = one copy, a buffer of 2x L2 written before every call inside the graph "
@@ -111,9 +120,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_fw.add_argument("--order-seed", type=int_in(1, 2 ** 31 - 1),
                       help="the eager rounds' shuffle (default: a fresh one per run, recorded in run.json)")
     p_fw.add_argument("--settle-ms", type=float_in(0, 10_000), default=DEFAULT_SETTLE_MS,
-                      help=f"each timed forward, graph and eager, follows untimed runs of itself lasting at least this "
-                           f"long (default {DEFAULT_SETTLE_MS:g}; 0: none): at the GPU's power cap a forward's time "
-                           f"depends on the load before it")
+                      help=f"the load before a timed forward: untimed runs lasting at least this long (default "
+                           f"{DEFAULT_SETTLE_MS:g}; 0: none), before each M block of a round (--settle-scope block) or "
+                           f"each forward (sample): at the GPU's power cap a forward's time depends on the load before it")
+    p_fw.add_argument("--settle-scope", choices=SETTLE_SCOPES, default="block",
+                      help=f"block (default): --settle-ms before the first forward of each M block of a round, then "
+                           f"each forward after {DEFAULT_SETTLE_EACH_MS:g} ms of itself; sample: --settle-ms before "
+                           f"every timed forward")
     p_fw.add_argument("--no-settle", action="store_true", help="the same as --settle-ms 0")
     p_fw.add_argument("--sustain-ms", type=float_in(1, 60_000),
                       help="instead of timing rows: after --idle-ms, replay each path's captured forward back to back "
@@ -195,7 +208,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                             decoder_layers=args.layers, lm_head=not args.no_lm_head, tune=not args.no_tune,
                             autotune_cache=_served(args), save_autotune_cache=_saved(args),
                             resume=args.resume, command=command, quiet=True, order_seed=args.order_seed,
-                            settle_ms=0.0 if args.no_settle else args.settle_ms,
+                            settle_ms=0.0 if args.no_settle else args.settle_ms, settle_scope=args.settle_scope,
                             table=_table(args.table, profile.name) if args.table else None, table_file=args.table,
                             sustain_ms=args.sustain_ms or 0.0, idle_ms=args.idle_ms, skip_slower=args.skip_slower,
                             vllm_tune_tokens=vllm_tokens, layout=args.layout)
@@ -232,7 +245,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                       resume=args.resume, allow_mismatch=args.allow_mismatch, tune=not args.no_tune, tune_all=args.tune_all,
                       autotune_cache=_served(args), save_autotune_cache=_saved(args),
                       max_rotations=args.max_rotations, command=command, quiet=True, shard=shard,
-                      vllm_tune_tokens=vllm_tokens, hopeless_factor=None if args.all else 2.0, layout=args.layout)
+                      vllm_tune_tokens=vllm_tokens, hopeless_factor=None if args.all else 2.0, layout=args.layout,
+                      stopping=Stopping(min(args.min_samples, args.samples), args.max_noise)
+                      if args.min_samples < args.samples else None, time_twins=args.time_twins)
     _check_before_gpu(cfg, args)
     if args.dry_run:
         where = f" ({shard_from_env()[2]})" if args.shard and args.shard.strip() == "auto" else ""

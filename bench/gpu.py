@@ -5,7 +5,7 @@ import functools
 import math
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 from bench.stats import Window, attribute, count_error, kernel_digest, kernels_per_call, rel_err
@@ -146,6 +146,8 @@ class GraphTiming:
     kernels_per_call: int | None = None
     digest: str = ""  # kernel_digest of one warm-up replay's kernels
     error: str | None = None
+    gpu_from: str | None = None  # the path whose timed replays these are (a twin with the same kernels), or None
+    stop: str = ""  # why its replays stopped: the stopping criterion met, or the maximum count
     clocks: list[tuple[int, float, int] | None] = field(default_factory=list)  # (SM MHz, W, reasons) after each sample
 
 
@@ -172,15 +174,44 @@ def records_since_last_window(clock, windows: list[Window]) -> list:
     return [r for r in recs if r.start >= windows[-1].t0] if windows else []
 
 
+@dataclass(frozen=True)
+class Stopping:
+    """When a path's timed replays stop, in the spirit of nvbench's 'stdrel' criterion: once it has `min_samples`
+    replays and the relative standard deviation of their CUDA-event times is at most `max_noise`, or at the
+    run's sample count."""
+    min_samples: int = 5
+    max_noise: float = 0.005
+
+    def met(self, times: list[float]) -> bool:
+        if len(times) < self.min_samples:
+            return False
+        mean = sum(times) / len(times)
+        sd = (sum((t - mean) ** 2 for t in times) / (len(times) - 1)) ** 0.5
+        return mean > 0 and sd / mean <= self.max_noise
+
+    def describe(self) -> dict[str, Any]:
+        return {"criterion": "stdrel", "min_samples": self.min_samples, "max_noise": self.max_noise,
+                "on": "CUDA-event time per replay"}
+
+
 def replay_interleaved(clock, graphs: dict[str, Any], calls: int, samples: int, warmup: int = 2,
                        exclude: frozenset[str] = frozenset(), settle_s: float = 0.0, reader=None,
-                       orders: list[list[str]] | None = None) -> dict[str, GraphTiming]:
-    """Replays every path's graph `samples` times in A B B A order (or in orders[s] for sample s); attributes kernel
-    records to each replay.
+                       orders: list[list[str]] | None = None, twins: dict[str, tuple[str, ...]] | None = None,
+                       stopping: Stopping | None = None, settle_first_s: float | None = None
+                       ) -> dict[str, GraphTiming]:
+    """Replays every path's graph up to `samples` times in A B B A order (or in orders[s] for sample s); attributes
+    kernel records to each replay.
     Kernels named in `exclude` (an L2 flush captured between calls) are not counted, nor timed.
+
+    twins: path -> the paths that may run the same kernels (a lean call and its public twin, the dispatcher and what
+    it chose). Where a warm-up replay's kernel digest equals the first such path's, the twin is not replayed again:
+    its timing is that path's, and `gpu_from` names it. A digest that differs times the twin in full.
+    stopping: a path stops before `samples` once the criterion is met (GraphTiming.stop says which ended it).
 
     settle_s: each timed replay follows untimed replays of the same graph lasting at least this long, so that it runs
     at the clock its own sustained load settles at, not at one its predecessor left (see bench forward --settle-ms).
+    settle_first_s: where given, the first replay of each round follows this long a settle instead (the round's
+    block: the load settles once, then each path only warms with settle_s of its own).
     reader: a ClockReader, read after every timed replay (GraphTiming.clocks)."""
     import torch
     names = list(graphs)
@@ -200,6 +231,8 @@ def replay_interleaved(clock, graphs: dict[str, Any], calls: int, samples: int, 
             replay_ns[p] = min(replay_ns[p], time.perf_counter_ns() - h0)
             windows.append(Window(p, -1 - s, t0, clock.now()))
     settle = {p: math.ceil(settle_s * 1e9 / replay_ns[p]) if settle_s > 0 else 0 for p in names}
+    first = ({p: math.ceil(settle_first_s * 1e9 / replay_ns[p]) if settle_first_s > 0 else 0 for p in names}
+             if settle_first_s is not None else settle)
     records = [r for r in clock.drain() if r.name not in exclude]
     if use_records:
         seen: dict[str, int] = {}
@@ -216,14 +249,30 @@ def replay_interleaved(clock, graphs: dict[str, Any], calls: int, samples: int, 
             result[p].kernels = tuple(dict.fromkeys(timing.names))
             result[p].digest = kernel_digest(timing.names)
     live = [p for p in names if result[p].error is None]
+    shared: dict[str, str] = {}
+    for p, candidates in (twins or {}).items():
+        if p not in live:
+            continue
+        rep = next((c for c in candidates if c in live and c not in shared and c != p
+                    and result[c].digest == result[p].digest and result[c].kernels_per_call == result[p].kernels_per_call),
+                   None)
+        if rep is not None and use_records:
+            shared[p] = rep
+    live = [p for p in live if p not in shared]
 
     windows, events, records = [], [], []
+    event_times: dict[str, list[float]] = {p: [] for p in live}
+    stopped: set[str] = set()
     for s in range(samples):
-        order = [p for p in orders[s] if p in live] if orders else (live if s % 2 == 0 else live[::-1])
-        for p in order:
-            if settle[p]:
+        running = [p for p in live if p not in stopped]
+        if not running:
+            break
+        order = [p for p in orders[s] if p in running] if orders else (running if s % 2 == 0 else running[::-1])
+        for i, p in enumerate(order):
+            replays = first[p] if i == 0 else settle[p]
+            if replays:
                 records += records_since_last_window(clock, windows)
-                for _ in range(settle[p]):  # synchronized below, before the window opens: outside every window
+                for _ in range(replays):  # synchronized below, before the window opens: outside every window
                     graphs[p].replay()
                 torch.cuda.synchronize()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -237,8 +286,17 @@ def replay_interleaved(clock, graphs: dict[str, Any], calls: int, samples: int, 
             torch.cuda.synchronize()
             windows.append(Window(p, s, t0, clock.now()))
             events.append((start, end))
+            if stopping is not None:
+                event_times[p].append(start.elapsed_time(end))
             if reader is not None:
                 result[p].clocks.append(reader.read())
+        if stopping is not None:
+            for p in running:
+                if stopping.met(event_times[p]):
+                    stopped.add(p)
+                    result[p].stop = f"stdrel <= {stopping.max_noise:g} after {len(event_times[p])}"
+    for p in live:
+        result[p].stop = result[p].stop or f"max samples ({samples})"
     records = [r for r in records + clock.drain() if r.name not in exclude]
     for (start, end), w in zip(events, windows):
         result[w.path].event_us.append(start.elapsed_time(end) * 1e3 / calls)
@@ -254,4 +312,9 @@ def replay_interleaved(clock, graphs: dict[str, Any], calls: int, samples: int, 
         for p in live:
             result[p].gpu_us = list(result[p].event_us)
             result[p].span_us = list(result[p].event_us)
+    for p, rep in shared.items():
+        r = result[rep]
+        result[p] = replace(r, gpu_from=rep, kernels=result[p].kernels, digest=result[p].digest,
+                            gpu_us=list(r.gpu_us), span_us=list(r.span_us), event_us=list(r.event_us),
+                            clocks=list(r.clocks))
     return result

@@ -17,7 +17,7 @@ COLUMNS = (
     "samples", "calls_per_graph", "rotations", "l2_multiple",
     "m_is_bucket", "tune_s", "fi_runner", "fi_tactic",
     "models", "layers", "count", "in_cuda_graph", "tags",
-    "gpu_samples_us", "pdl", "span_samples_us",
+    "gpu_samples_us", "pdl", "span_samples_us", "gpu_from", "stop",
 )
 REQUIRED = ("n", "k", "m", "path", "status", "gpu_us", "gpu_us_p20", "gpu_us_p80", "event_us", "host_us",
             "kernels", "kernels_per_call", "timer", "rel_err")

@@ -11,10 +11,10 @@ import dispatch
 from bench import autotune_cache
 from bench.clocks import make_clock
 from bench.envinfo import nvml_clocks, run_info
-from bench.gpu import (REL_ERR_BOUND, L2Flush, capture, check_output, flashinfer_choices, make_operands,
+from bench.gpu import (REL_ERR_BOUND, L2Flush, Stopping, capture, check_output, flashinfer_choices, make_operands,
                        replay_interleaved)
 from bench.hosttime import host_times
-from bench.paths import ATEN, PATHS, GemmPath
+from bench.paths import ATEN, DISPATCH, PATHS, GemmPath
 from bench.results import done_keys, write_parquet, write_results, write_run_json
 from bench.shard import SECONDS_PER_CELL, SECONDS_PER_TUNING
 from bench.stats import PhaseTimer, calls_per_graph, estimate_call_us, rotation_count, summary
@@ -36,7 +36,9 @@ class SweepConfig:
     paths: list[GemmPath]
     out: Path
     timer: str = "cupti"
-    samples: int = 10
+    samples: int = 10  # the most timed replays per path and cell
+    stopping: Stopping | None = Stopping()  # None: every path `samples` replays
+    time_twins: bool = False  # True: a twin with the same kernels is replayed in full, not read off its twin
     host_calls: int = 10  # per round; host time is the median over rounds of each round's median
     host_rounds: int = 5
     gpu_bound_us: float = 100.0  # a call estimated this long on the GPU is host-timed with 5 calls x 3 rounds
@@ -281,7 +283,9 @@ def time_gpu(cfg: SweepConfig, clock, group: Group, checked: dict[str, Any], ops
     if not graphs:
         return
     with phase("replay"):
-        timings = replay_interleaved(clock, graphs, group.calls, cfg.samples, exclude=flush_names)
+        timings = replay_interleaved(clock, graphs, group.calls, cfg.samples, exclude=flush_names,
+                                     twins=None if cfg.time_twins else kernel_twins(list(graphs)),
+                                     stopping=cfg.stopping)
     for name, t in timings.items():
         if t.error:
             print(f"bench: KERNEL COUNT CHECK FAILED for {group.shape.name} M={group.m}: {t.error}", file=terminal())
@@ -292,7 +296,23 @@ def time_gpu(cfg: SweepConfig, clock, group: Group, checked: dict[str, Any], ops
                                 span_us=summary(t.span_us)[0], event_us=summary(t.event_us)[0],
                                 samples=len(t.gpu_us), kernels=t.kernels, kernels_per_call=t.kernels_per_call,
                                 gpu_samples_us=[round(v, 4) for v in t.gpu_us],
-                                span_samples_us=[round(v, 4) for v in t.span_us])
+                                span_samples_us=[round(v, 4) for v in t.span_us], gpu_from=t.gpu_from or "",
+                                stop=t.stop)
+
+
+def kernel_twins(names: list[str]) -> dict[str, tuple[str, ...]]:
+    """Per path, the paths that may run its very kernels (replay_interleaved checks their digests): a public
+    FlashInfer call its lean twin; the dispatcher whatever it chose (lean calls first, then F.linear, then public)."""
+    twins: dict[str, tuple[str, ...]] = {}
+    for name in names:
+        lean = name.replace("flashinfer:", "flashinfer-lean:", 1)
+        if name.startswith("flashinfer:") and lean in names:
+            twins[name] = (lean,)
+    if DISPATCH in names:
+        order = sorted((n for n in names if n != DISPATCH),
+                       key=lambda n: (0 if n.startswith("flashinfer-lean:") else 1 if n == ATEN else 2, n))
+        twins[DISPATCH] = tuple(order)
+    return twins
 
 
 def measure_group(cfg: SweepConfig, clock, shape: Shape, m: int, paths: list[GemmPath], fns: dict[str, Any],
@@ -438,7 +458,11 @@ def run_sweep(cfg: SweepConfig) -> Path:
     if cfg.host_timing:
         extra["host_timing"] = cfg.host_timing
     info = run_info(cfg.command, profile=cfg.profile.name, timer=cfg.timer, l2=cfg.l2, warm_l2=cfg.l2 == "warm", **extra,
-                    samples=cfg.samples, ms=cfg.ms, shapes=[s.name for s in cfg.shapes],
+                    samples=cfg.samples, ms=cfg.ms,
+                    stopping=(cfg.stopping.describe() if cfg.stopping else f"fixed: {cfg.samples} replays"),
+                    gpu_twins=("timed in full (--time-twins)" if cfg.time_twins else
+                               "a public call and its lean twin, and the dispatcher and the path it chose, are replayed "
+                               "once where their warm-up kernels match; gpu_from names the timed path"), shapes=[s.name for s in cfg.shapes],
                     paths=[p.name for p in cfg.paths], pdl=cfg.profile.pdl, tuning=tuning_info(cfg.vllm_tune_tokens),
                     layout=cfg.layout,
                     skip_hopeless=(f"low-M paths above {cfg.hopeless_factor:g}x F.linear's cost at a smaller M of the "

@@ -334,3 +334,95 @@ def test_a_low_m_path_far_behind_f_linear_is_skipped_above_that_m():
     live, skipped = split_runnable(paths, shape, 128, 90, set(), "cupti", hopeless)
     assert [p.name for p in live] == ["aten", "flashinfer:tinygemm"]
     assert skipped[0]["path"] == "flashinfer-lean:tinygemm" and "--all" in skipped[0]["reason"]
+
+
+class _FakeCupti:
+    """A CUPTI stand-in on a counter clock: each fake graph replay records its kernels at the current time."""
+    name = "cupti"
+
+    def __init__(self):
+        self.t, self.records = 0, []
+
+    def now(self) -> int:
+        self.t += 1
+        return self.t
+
+    def drain(self) -> list:
+        out, self.records = sorted(self.records, key=lambda r: r.start), []
+        return out
+
+
+class _FakeGraph:
+    def __init__(self, clock: _FakeCupti, kernels: tuple[str, ...], ns: list[int], log: list, name: str):
+        self.clock, self.kernels, self.ns, self.log, self.name, self.i = clock, kernels, ns, log, name, 0
+
+    def replay(self) -> None:
+        from bench.stats import KernelRecord
+        ns = self.ns[min(self.i, len(self.ns) - 1)]
+        self.i += 1
+        self.log.append(self.name)
+        for k in self.kernels:
+            start = self.clock.now()
+            self.clock.records.append(KernelRecord(start, start + ns, k, graph_id=1))
+            self.clock.t += ns
+
+
+def _fake_cuda(monkeypatch, event_ms: dict):
+    import torch
+    import bench.gpu as gpu
+
+    class Event:
+        def __init__(self, enable_timing=True):
+            self.t = 0.0
+
+        def record(self):
+            self.t = event_ms["now"]
+
+        def elapsed_time(self, other):
+            return other.t - self.t
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda *a, **k: None)
+    monkeypatch.setattr(gpu, "sleep_cycles_per_us", lambda: 1.0)
+
+
+def test_twins_with_the_same_kernels_are_replayed_once_and_a_mismatch_is_timed_in_full(monkeypatch):
+    """A public call whose warm-up kernels match its lean twin's is not replayed after the warm-up: its timing is the
+    twin's, gpu_from says so; the dispatcher with other kernels than every candidate is timed itself."""
+    from bench.gpu import replay_interleaved
+    from bench.sweep import kernel_twins
+    clock, log, ms = _FakeCupti(), [], {"now": 0.0}
+    _fake_cuda(monkeypatch, ms)
+    graphs = {"aten": _FakeGraph(clock, ("gemm_a",), [100], log, "aten"),
+              "flashinfer-lean:cublaslt": _FakeGraph(clock, ("lt",), [80], log, "lean"),
+              "flashinfer:cublaslt": _FakeGraph(clock, ("lt",), [80], log, "public"),
+              "dispatch": _FakeGraph(clock, ("other",), [90], log, "dispatch")}
+    twins = kernel_twins(list(graphs))
+    assert twins == {"flashinfer:cublaslt": ("flashinfer-lean:cublaslt",),
+                     "dispatch": ("flashinfer-lean:cublaslt", "aten", "flashinfer:cublaslt")}
+    out = replay_interleaved(clock, graphs, 1, 4, twins=twins)
+    assert log.count("public") == 2 and log.count("lean") == 6 and log.count("dispatch") == 6  # 2 warm-up each
+    assert out["flashinfer:cublaslt"].gpu_from == "flashinfer-lean:cublaslt" and out["dispatch"].gpu_from is None
+    assert out["flashinfer:cublaslt"].gpu_us == out["flashinfer-lean:cublaslt"].gpu_us == [0.08] * 4
+    assert out["dispatch"].gpu_us == [0.09] * 4
+
+
+def test_replays_stop_once_the_stopping_criterion_is_met(monkeypatch):
+    """stdrel: a path whose event times agree stops at min_samples; a noisy one runs to the sample count; each
+    says why in `stop`."""
+    from bench.gpu import Stopping, replay_interleaved
+    clock, log, ms = _FakeCupti(), [], {"now": 0.0}
+    _fake_cuda(monkeypatch, ms)
+    steady = _FakeGraph(clock, ("k",), [100], log, "steady")
+    noisy = _FakeGraph(clock, ("k2",), [100], log, "noisy")
+    times = iter([1.0, 1.0, 1.0, 1.5, 1.0, 1.0, 1.0, 0.5] + [1.0, 1.2] * 10)
+
+    def tick(graph):
+        def replay():
+            graph.__class__.replay(graph)
+            ms["now"] += next(times) if graph.name == "noisy" else 1.0
+        return replay
+    steady.replay, noisy.replay = tick(steady), tick(noisy)
+    out = replay_interleaved(clock, {"steady": steady, "noisy": noisy}, 1, 9, stopping=Stopping(3, 0.01))
+    assert len(out["steady"].gpu_us) == 3 and out["steady"].stop == "stdrel <= 0.01 after 3"
+    assert len(out["noisy"].gpu_us) == 9 and out["noisy"].stop == "max samples (9)"
