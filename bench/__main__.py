@@ -41,6 +41,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_run.add_argument("--tp", type=int_in(1, 64), default=1, help="tensor-parallel degree of the catalog (default 1)")
     p_run.add_argument("--m", help="M values: 1,8,32 or 1-16384 (powers of two) or 64:512:64; default: the full grid")
     p_run.add_argument("--paths", help=f"comma list of paths (default: the profile's); known: {', '.join(PATHS)}")
+    p_run.add_argument("--table", metavar="FILE",
+                       help="the threshold table the dispatch path runs (default: the GPU profile's committed table)")
     p_run.add_argument("--out", default="results/latest", help="output folder (default results/latest)")
     p_run.add_argument("--resume", action="store_true", help="continue an interrupted sweep in --out")
     p_run.add_argument("--timer", choices=("cupti", "events"), default="cupti",
@@ -247,7 +249,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                       max_rotations=args.max_rotations, command=command, quiet=True, shard=shard,
                       vllm_tune_tokens=vllm_tokens, hopeless_factor=None if args.all else 2.0, layout=args.layout,
                       stopping=Stopping(min(args.min_samples, args.samples), args.max_noise)
-                      if args.min_samples < args.samples else None, time_twins=args.time_twins)
+                      if args.min_samples < args.samples else None, time_twins=args.time_twins,
+                      table=_table(args.table, profile.name) if args.table else None, table_file=args.table)
     _check_before_gpu(cfg, args)
     if args.dry_run:
         where = f" ({shard_from_env()[2]})" if args.shard and args.shard.strip() == "auto" else ""

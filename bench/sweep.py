@@ -19,6 +19,7 @@ from bench.results import done_keys, write_parquet, write_results, write_run_jso
 from bench.shard import SECONDS_PER_CELL, SECONDS_PER_TUNING
 from bench.stats import PhaseTimer, calls_per_graph, estimate_call_us, rotation_count, summary
 from dispatch import vllm
+from dispatch.backends import backend_of, is_lean, lean_path
 from dispatch.profiles import GpuProfile, check_device, this_gpu
 from harness.console import divert_noise, log_path, terminal, third_party_stdout
 from harness.errors import HarnessError, Interrupted, signal_of, signals_deferred
@@ -39,6 +40,8 @@ class SweepConfig:
     samples: int = 10  # the most timed replays per path and cell
     stopping: Stopping | None = Stopping()  # None: every path `samples` replays
     time_twins: bool = False  # True: a twin with the same kernels is replayed in full, not read off its twin
+    table: Any = None  # the table the dispatch path runs (None: the profile's committed table)
+    table_file: str | None = None
     host_calls: int = 10  # per round; host time is the median over rounds of each round's median
     host_rounds: int = 5
     gpu_bound_us: float = 100.0  # a call estimated this long on the GPU is host-timed with 5 calls x 3 rounds
@@ -305,12 +308,11 @@ def kernel_twins(names: list[str]) -> dict[str, tuple[str, ...]]:
     FlashInfer call its lean twin; the dispatcher whatever it chose (lean calls first, then F.linear, then public)."""
     twins: dict[str, tuple[str, ...]] = {}
     for name in names:
-        lean = name.replace("flashinfer:", "flashinfer-lean:", 1)
-        if name.startswith("flashinfer:") and lean in names:
-            twins[name] = (lean,)
+        backend = backend_of(name)
+        if backend is not None and not is_lean(name) and lean_path(backend) in names:
+            twins[name] = (lean_path(backend),)
     if DISPATCH in names:
-        order = sorted((n for n in names if n != DISPATCH),
-                       key=lambda n: (0 if n.startswith("flashinfer-lean:") else 1 if n == ATEN else 2, n))
+        order = sorted((n for n in names if n != DISPATCH), key=lambda n: (0 if is_lean(n) else 1 if n == ATEN else 2, n))
         twins[DISPATCH] = tuple(order)
     return twins
 
@@ -454,6 +456,7 @@ def run_sweep(cfg: SweepConfig) -> Path:
 
     pinned = _load_pinned_tactics(cfg)  # before anything is written: a refused file stops the run here
     dispatch.tactics_from_table(False)  # the dispatch path runs this run's tactics, as every other path does
+    dispatch.configure(cfg.table)
     extra = {"shard": cfg.shard} if cfg.shard else {}
     if cfg.host_timing:
         extra["host_timing"] = cfg.host_timing
@@ -464,7 +467,7 @@ def run_sweep(cfg: SweepConfig) -> Path:
                                "a public call and its lean twin, and the dispatcher and the path it chose, are replayed "
                                "once where their warm-up kernels match; gpu_from names the timed path"), shapes=[s.name for s in cfg.shapes],
                     paths=[p.name for p in cfg.paths], pdl=cfg.profile.pdl, tuning=tuning_info(cfg.vllm_tune_tokens),
-                    layout=cfg.layout,
+                    layout=cfg.layout, table_file=cfg.table_file,
                     skip_hopeless=(f"low-M paths above {cfg.hopeless_factor:g}x F.linear's cost at a smaller M of the "
                                    f"shape are skipped" if cfg.hopeless_factor else "off (--all)"),
                     clocks_start=nvml_clocks())

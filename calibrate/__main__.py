@@ -218,6 +218,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_table.add_argument("--run-id", help="the run's folder under results/<profile>/ (default: a new UTC time stamp)")
     p_table.add_argument("--resume", action="store_true", help="continue the legs of --run-id that are not done")
     p_table.add_argument("--dry-run", action="store_true", help="print the legs and write nothing (any machine)")
+    p_table.add_argument("--stop-after", metavar="LEG",
+                         help="stop after this leg (e.g. forward: the rest on another machine with --resume)")
     p_table.add_argument("--install", action="store_true",
                          help="install the table, its tactics and the baseline of --run-id as the shipped files "
                               "(a complete run whose check passed)")
@@ -606,7 +608,10 @@ def _table_cmd(args) -> int:
         return 0
     from bench.sweep import require_gpu
     require_gpu(profile)  # before any file system change
-    manifest = run_pipeline(profile, run, args.resume)
+    manifest = run_pipeline(profile, run, args.resume, stop_after=args.stop_after)
+    if manifest.get("status") != "complete":
+        print(f"table: {manifest['status']}; continue with --run-id {run_id} --resume; legs in {run}/{MANIFEST}")
+        return 0
     print(f"table: {run}/table.json, verdict {manifest.get('verdict')}; legs and times in {run}/{MANIFEST}")
     return 0
 

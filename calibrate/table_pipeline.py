@@ -36,22 +36,26 @@ class Leg:
 
 
 def legs(profile: GpuProfile, run: Path) -> list[Leg]:
+    from bench.paths import DISPATCH, paths_for
     p, low = profile.name, profile.low_m_backend
     py = [sys.executable, "-m"]
+    # the fitted sweep leaves the dispatcher out (it would run the table being replaced); the check runs the new one
+    fit_paths = ",".join(x.name for x in paths_for(profile.flashinfer_backends, None) if x.name != DISPATCH)
     from shapes.grid import default_grid
     check_ms = ",".join(map(str, sorted(set(default_grid(profile.capture_size)) | set(UNSEEN_M))))
     table, sweep, forward = run / "table.json", run / "sweep", run / "forward"
     check_sweep, check_forward = run / "check-sweep", run / "check-forward"
     return [
-        Leg("sweep", [*py, "bench", "run", "--gpu", p, "--out", str(sweep)], True),
+        Leg("sweep", [*py, "bench", "run", "--gpu", p, "--paths", fit_paths, "--out", str(sweep)], True),
         Leg("forward", [*py, "bench", "forward", "--gpu", p, "--skip-slower", "3",
                         "--paths", f"aten,flashinfer-lean:{low},flashinfer-lean:cublaslt", "--out", str(forward)],
             True),
         Leg("fit", [*py, "calibrate", "fit", str(sweep), "--gpu", p, "--method", "segments", "--forward",
                     str(forward), "--out", str(table)], False),
-        Leg("check-sweep", [*py, "bench", "run", "--gpu", p, "--m", check_ms, "--out", str(check_sweep)], True),
+        Leg("check-sweep", [*py, "bench", "run", "--gpu", p, "--m", check_ms, "--table", str(table),
+                            "--out", str(check_sweep)], True),
         Leg("check-forward", [*py, "bench", "forward", "--gpu", p, "--skip-slower", "3", "--table", str(table),
-                              "--paths", f"aten,flashinfer-lean:{low},flashinfer-lean:cublaslt,dispatch,table-direct",
+                              "--paths", f"aten,flashinfer-lean:{low},flashinfer-lean:cublaslt,dispatch",
                               "--out", str(check_forward)], True),
         Leg("validate", [*py, "calibrate", "validate", str(check_sweep), "--thresholds", str(table), "--forward",
                          str(check_forward)], False, verdict=True),
@@ -60,6 +64,15 @@ def legs(profile: GpuProfile, run: Path) -> list[Leg]:
         Leg("report", [*py, "reports", "build", str(check_sweep), "--thresholds", str(table), "--forward",
                        str(check_forward), "-o", str(run / "report.html")], False),
     ]
+
+
+def _fingerprint() -> dict:
+    """This machine's environment fingerprint, for the manifest (each resumed part of a run adds its machine's)."""
+    try:
+        from bench.envinfo import fingerprint
+        return fingerprint()
+    except Exception as exc:  # no GPU (tests), or NVML missing: the legs' own run.json files still have theirs
+        return {"error": f"{type(exc).__name__}: {exc}"}
 
 
 def plan_text(profile: GpuProfile, run: Path) -> str:
@@ -74,9 +87,13 @@ def _default_exec(leg: Leg, log: Path) -> int:
         return subprocess.run(leg.argv, stdout=fh, stderr=subprocess.STDOUT).returncode
 
 
-def run_pipeline(profile: GpuProfile, run: Path, resume: bool, execute: Callable[[Leg, Path], int] = _default_exec
-                 ) -> dict:
-    """Runs the legs not yet done, in order; stops at the first that fails. Returns the manifest."""
+def run_pipeline(profile: GpuProfile, run: Path, resume: bool, execute: Callable[[Leg, Path], int] = _default_exec,
+                 stop_after: str | None = None) -> dict:
+    """Runs the legs not yet done, in order; stops at the first that fails, or after `stop_after` (a later
+    --resume, on this machine or another, continues). Returns the manifest."""
+    names = [leg.name for leg in legs(profile, run)]
+    if stop_after is not None and stop_after not in names:
+        raise HarnessError(f"--stop-after {stop_after!r} is no leg; the legs: {', '.join(names)}")
     manifest_file = run / MANIFEST
     if run.exists() and any(run.iterdir()) and not resume:
         raise HarnessError(f"{run} exists; pass --resume to continue it, or choose another --run-id")
@@ -86,6 +103,8 @@ def run_pipeline(profile: GpuProfile, run: Path, resume: bool, execute: Callable
     manifest = json.loads(manifest_file.read_text()) if resume else {
         "profile": profile.name, "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "harness_sha": git_sha(), "legs": {}}
+    manifest.setdefault("machines", []).append({"started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                                                "harness_sha": git_sha(), "fingerprint": _fingerprint()})
     for leg in legs(profile, run):
         done = manifest["legs"].get(leg.name, {})
         if done.get("status") == "done":
@@ -101,6 +120,10 @@ def run_pipeline(profile: GpuProfile, run: Path, resume: bool, execute: Callable
         if not ok:
             raise HarnessError(f"leg {leg.name} failed (exit {code}); its output is in {run / (leg.name + '.log')}; "
                                f"fix it and run the same command with --resume")
+        if leg.name == stop_after and leg.name != names[-1]:
+            manifest["status"] = f"stopped after {leg.name}"
+            atomic_write_text(manifest_file, json.dumps(manifest, indent=1) + "\n")
+            return manifest
     manifest["status"] = "complete"
     manifest["verdict"] = manifest["legs"]["validate"].get("verdict")
     manifest["fitted_on"] = ["sweep", "forward"]

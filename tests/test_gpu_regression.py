@@ -43,3 +43,31 @@ def test_fresh_measurements_stay_within_the_stored_ratios(tmp_path, request, gpu
         if c.kernel_changed:
             warnings.warn(KernelChangeWarning(kernel_change(c)))
     assert not run.failures, "\n".join(describe(c) for c in run.failures)
+
+
+def test_a_planted_ten_percent_slowdown_of_one_path_fails_the_gate(tmp_path, gpu_profile):
+    """The gate must still catch a real regression: the shipped baseline with one cell's stored ratios made 10%
+    lower (as if the path had become 10% slower since) fails at that cell, and only there, against a fresh
+    measurement of that shape and M."""
+    from dataclasses import replace
+
+    from calibrate.baseline import Baseline, baseline_path, describe, load_baseline
+    from calibrate.regress import regress
+    path = baseline_path(gpu_profile.name)
+    if not path.exists():
+        pytest.skip(f"no baseline for {gpu_profile.name}")
+    shipped = load_baseline(path)
+    low = [c for c in shipped.cells if c.m == 1 and "lean" in c.path and gpu_profile.low_m_backend in c.path]
+    if not low:
+        pytest.skip("the baseline has no low-M cell at M = 1")
+    target = min(low, key=lambda c: (c.gpu_ratio_hi - c.gpu_ratio_lo) / c.gpu_ratio)
+    slowed = replace(target, gpu_ratio=target.gpu_ratio / 1.10, gpu_ratio_lo=target.gpu_ratio_lo / 1.10,
+                     gpu_ratio_hi=target.gpu_ratio_hi / 1.10)
+    controls = [c for c in shipped.cells if c.shape == target.shape and c.m == target.m and c.path != target.path]
+    planted = Baseline(shipped.profile, shipped.fingerprint, shipped.tolerance, shipped.host_tolerance,
+                       [slowed, *controls], shipped.sources, shipped.full_fingerprint, shipped.autotune_cache, path)
+    run = regress(gpu_profile, planted, tmp_path)
+    failed = {(c.cell.shape, c.cell.m, c.cell.path) for c in run.failures}
+    assert (target.shape, target.m, target.path) in failed, "the planted slowdown was not caught: " + "; ".join(
+        describe(c) for c in run.checks)
+    assert failed == {(target.shape, target.m, target.path)}, "; ".join(describe(c) for c in run.failures)

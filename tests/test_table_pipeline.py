@@ -65,3 +65,23 @@ def test_install_writes_the_shipped_files_of_a_passing_run(tmp_path, monkeypatch
     assert tmp_path / "thresholds" / "h200.json" in written
     shipped = json.loads((tmp_path / "thresholds" / "h200.json").read_text())
     assert shipped["source"]["manifest"].endswith(MANIFEST)
+
+
+def test_stop_after_a_leg_and_resume_the_rest_elsewhere(tmp_path):
+    """--stop-after forward: sweep and forward run, the manifest says so; a resume (another machine) runs the rest
+    and the manifest lists both machines. The fitted sweep leaves the dispatcher out; the check runs the new table."""
+    run, ran = tmp_path / "run", []
+
+    def execute(leg, log):
+        ran.append(leg.name)
+        return 0
+    first = run_pipeline(H200, run, resume=False, execute=execute, stop_after="forward")
+    assert ran == ["sweep", "forward"] and first["status"] == "stopped after forward"
+    done = run_pipeline(H200, run, resume=True, execute=execute)
+    assert ran[2:] == ["fit", "check-sweep", "check-forward", "validate", "baseline", "report"]
+    assert done["status"] == "complete" and len(done["machines"]) == 2
+    with pytest.raises(HarnessError, match="no leg"):
+        run_pipeline(H200, tmp_path / "other", resume=False, execute=execute, stop_after="lunch")
+    by_name = {leg.name: leg.argv for leg in legs(H200, run)}
+    assert "dispatch" not in by_name["sweep"][by_name["sweep"].index("--paths") + 1].split(",")
+    assert by_name["check-sweep"][by_name["check-sweep"].index("--table") + 1] == str(run / "table.json")
