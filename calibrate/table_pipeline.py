@@ -55,7 +55,7 @@ def legs(profile: GpuProfile, run: Path) -> list[Leg]:
         Leg("check-sweep", [*py, "bench", "run", "--gpu", p, "--m", check_ms, "--table", str(table),
                             "--out", str(check_sweep)], True),
         Leg("check-forward", [*py, "bench", "forward", "--gpu", p, "--skip-slower", "3", "--table", str(table),
-                              "--paths", f"aten,flashinfer-lean:{low},flashinfer-lean:cublaslt,dispatch",
+                              "--paths", f"aten,flashinfer-lean:{low},dispatch",
                               "--out", str(check_forward)], True),
         Leg("validate", [*py, "calibrate", "validate", str(check_sweep), "--thresholds", str(table), "--forward",
                          str(check_forward)], False, verdict=True),
