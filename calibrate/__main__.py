@@ -456,8 +456,10 @@ def _fit_cmd(args, argv, profile, df, info, cells) -> int:
                                "of --table-forward")
         seg_picks = {}
         if args.forward:
-            from calibrate.segments import eager_picks
-            seg_picks = eager_picks(picks, model_uses(df), cells, hold_out)
+            from calibrate.segments import forward_picks
+            measured = {(str(r), str(mo)): sorted(set(int(v) for v in g["m"]))
+                        for fdf in runs for (r, mo), g in fdf.groupby(["regime", "model"])}
+            seg_picks = forward_picks(picks, model_uses(df), cells, hold_out, measured)
         table, report = fit_segments(cells, base, args.tolerance, args.min_gain, noise, hold_out, shape_bound,
                                      shape_host, seg_picks)
         counts = range_counts(table)

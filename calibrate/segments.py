@@ -19,17 +19,21 @@ from calibrate.analysis import Cells, calibrated_ratio, dispatch_candidates, sha
 from dispatch.backends import ATEN
 from dispatch.table import REGIMES, ThresholdTable, compress, describe_ranges
 from harness.errors import HarnessError
-from shapes.grid import M_MAX
 
 DEFAULT_TOLERANCE = 0.02
+# A range narrower than this share of its upper M is a decision the grid cannot resolve (M 1025..1031, say): the fit
+# avoids such ranges before it counts ranges, and takes one only where every other segmentation breaks the tolerance.
+MIN_WIDTH = 0.02
 RULE = ("fewest M ranges per shape and regime such that at every measured M the range's path costs at most "
         "(1 + tolerance) x the cheapest there of F.linear and the paths that beat it beyond the noise, and every "
         "FlashInfer range's geometric-mean ratio to F.linear over its span (each M at the top of its noise-widened "
         "interval) lies below 1 - min_gain; "
         "graph cost: GPU time; eager cost: max(host, GPU) per call, and with --forward GPU time from the M where "
         "the shape's models' measured eager forwards were GPU-bound (both between that and the host-bound M), and "
-        "at a (model, M) where a single path's whole forward beat all-aten beyond the noise in every run, that path "
-        "as the best at the model's cells with the forward's ratio; ties to the lower total cost, then F.linear")
+        "at a (model, M) where a single path's whole eager forward beat all-aten beyond the noise in every run, "
+        "that path as the best at the model's cells with the forward's ratio; no range narrower than "
+        f"{MIN_WIDTH:.0%} of its upper M unless every other segmentation breaks the tolerance; ties to the lower "
+        "total cost, then F.linear")
 
 
 def _upper_ratio(cells: Cells, n: int, k: int, m: int, path: str, regime: str, noise: Any) -> float:
@@ -58,15 +62,16 @@ def _cost(cells: Cells, n: int, k: int, m: int, path: str, how: tuple[str, ...])
 
 
 def segment(ms: list[int], cost: dict[tuple[int, str], float], upper: dict[tuple[int, str], float],
-            paths: list[str], tolerance: float, min_gain: float) -> list[tuple[int, str]]:
+            paths: list[str], tolerance: float, min_gain: float, min_width: float = MIN_WIDTH) -> list[tuple[int, str]]:
     """Per-M choices [(m, path)] of the fewest-range segmentation (see the module's rule). `cost[(m, p)]`: the
-    regime's cost, `upper[(m, p)]`: p's conservative ratio to F.linear at m; a path absent at an M cannot cover it."""
+    regime's cost, `upper[(m, p)]`: p's conservative ratio to F.linear at m; a path absent at an M cannot cover it.
+    Ranges narrower than `min_width` of their upper M count first (fewest of them), then ranges, then cost."""
     t = len(ms)
     # the per-M best among what may replace F.linear there: F.linear, and paths that beat it beyond the noise
     best = [min(cost[(m, p)] for p in paths if (m, p) in cost and (p == ATEN or upper[(m, p)] < 1 - min_gain))
             for m in ms]
-    # f[j]: (ranges, total cost) of the best segmentation of ms[:j]; back[j]: (i, path) of its last range
-    f: list[tuple[float, float]] = [(0, 0.0)] + [(math.inf, math.inf)] * t
+    # f[j]: (narrow ranges, ranges, total cost) of the best segmentation of ms[:j]; back[j]: (i, path) of its last
+    f: list[tuple[float, float, float]] = [(0, 0, 0.0)] + [(math.inf, math.inf, math.inf)] * t
     back: list[tuple[int, str]] = [(0, ATEN)] * (t + 1)
     for j in range(1, t + 1):
         for p in paths:
@@ -80,10 +85,12 @@ def segment(ms: list[int], cost: dict[tuple[int, str], float], upper: dict[tuple
                     logs += math.log(upper[(m, p)])
                 if p != ATEN and math.exp(logs / (j - i + 1)) >= 1 - min_gain:
                     continue  # this span does not beat F.linear beyond the noise; a longer one still may
-                cand = (f[i - 1][0] + 1, f[i - 1][1] + total)
+                lo = ms[i - 2] + 1 if i > 1 else 1
+                narrow = 1 if (ms[j - 1] - lo + 1) < min_width * ms[j - 1] else 0
+                cand = (f[i - 1][0] + narrow, f[i - 1][1] + 1, f[i - 1][2] + total)
                 if cand < f[j] or (cand == f[j] and p == ATEN):
                     f[j], back[j] = cand, (i - 1, p)
-    if math.isinf(f[t][0]):
+    if math.isinf(f[t][1]):
         raise HarnessError("no segmentation meets the tolerance; raise --tolerance")
     out: list[tuple[int, str]] = []
     j = t
@@ -136,35 +143,42 @@ def fit_segments(cells: Cells, base: ThresholdTable, tolerance: float = DEFAULT_
     return table, pd.DataFrame(report)
 
 
-def eager_picks(picks: dict[tuple[str, str, int], tuple[str, float, float]],
-                uses: dict[str, list[tuple[int, int, int]]], cells: Cells, hold_out: set[int] | frozenset[int]
-                ) -> dict[tuple[str, int, int, int], tuple[str, float, float]]:
-    """The eager forward picks (regime, model, M) -> (path, ratio, top of interval) as (regime, n, k, m) for the
-    model's cells, and for the cells' M between two picked M of the same path (a forward measured at M = 1 and 8
-    speaks for 2 and 4 as ranges do for unmeasured M; the worse of the two ratios stands there). The captured
-    regime's cost adds up cell by cell, so graph picks are left out."""
+def forward_picks(picks: dict[tuple[str, str, int], tuple[str, float, float]],
+                  uses: dict[str, list[tuple[int, int, int]]], cells: Cells, hold_out: set[int] | frozenset[int],
+                  measured: dict[tuple[str, str], list[int]] | None = None
+                  ) -> dict[tuple[str, int, int, int], tuple[str, float, float]]:
+    """The forward picks (regime, model, M) -> (path, ratio, top of interval) as (regime, n, k, m) for the model's
+    cells, and for the cells' M between two picked M of the same path that the forwards measured next to each other
+    (`measured`: (regime, model) -> the M its forwards measured; a forward measured at M = 1 and 8 speaks for 2 and
+    4 as ranges do for unmeasured M; the worse of the two ratios stands there). Eager picks only: an eager forward
+    measures what cells cannot (host and GPU overlap across layers), while the captured regime's cost adds up cell
+    by cell, so a graph pick would stand for shapes whose own cells it is slower at."""
     out: dict[tuple[str, int, int, int], tuple[str, float, float]] = {}
-    by_model: dict[str, list[tuple[int, tuple[str, float, float]]]] = {}
+    by_key: dict[tuple[str, str], list[tuple[int, tuple[str, float, float]]]] = {}
     for (regime, model, m), pick in picks.items():
         if regime == "eager" and m not in hold_out:
-            by_model.setdefault(model, []).append((m, pick))
-    for model, ms in by_model.items():
+            by_key.setdefault((regime, model), []).append((m, pick))
+    for (regime, model), ms in by_key.items():
         ms.sort()
+        seen = sorted((measured or {}).get((regime, model), [m for m, _ in ms]))
         for n, k, _ in uses.get(model, []):
             for i, (m, pick) in enumerate(ms):
-                out[("eager", n, k, m)] = pick
-                if i + 1 < len(ms) and ms[i + 1][1][0] == pick[0]:
-                    nxt = ms[i + 1][1]
-                    worse = (pick[0], max(pick[1], nxt[1]), max(pick[2], nxt[2]))
-                    for between in cells.ms(n, k):
-                        if m < between < ms[i + 1][0] and between not in hold_out:
-                            out[("eager", n, k, between)] = worse
+                out[(regime, n, k, m)] = pick
+                if i + 1 >= len(ms) or ms[i + 1][1][0] != pick[0]:
+                    continue
+                nxt_m, nxt = ms[i + 1]
+                if any(m < x < nxt_m for x in seen):
+                    continue  # a forward measured between them and picked nothing there
+                worse = (pick[0], max(pick[1], nxt[1]), max(pick[2], nxt[2]))
+                for between in cells.ms(n, k):
+                    if m < between < nxt_m and between not in hold_out:
+                        out[(regime, n, k, between)] = worse
     return out
 
 
 def range_counts(table: ThresholdTable) -> dict[str, float]:
-    """Mean number of ranges per shape and regime, F.linear's own included (a shape with no ranges has one: F.linear
-    everywhere), and the narrowest range as a share of its upper M."""
+    """Mean number of ranges per shape and regime as the table lists them (F.linear above the last one is not a
+    range), the most in one, and the narrowest range as a share of its upper M."""
     counts, narrow = [], math.inf
     for own in table.shapes.values():
         for regime in REGIMES:
@@ -174,6 +188,6 @@ def range_counts(table: ThresholdTable) -> dict[str, float]:
             for up, _ in ranges:
                 narrow = min(narrow, (up - lo + 1) / up)
                 lo, pieces = up + 1, pieces + 1
-            counts.append(pieces + (1 if not ranges or lo <= M_MAX else 0))
+            counts.append(pieces)
     return {"mean_ranges": sum(counts) / len(counts) if counts else 0.0, "max_ranges": max(counts, default=0),
             "narrowest_share": narrow}

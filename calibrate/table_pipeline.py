@@ -25,6 +25,9 @@ from harness.io import atomic_write_text
 MANIFEST = "manifest.json"
 # M values the out-of-sample sweep adds to the default grid: none of them is a grid value the fit sees
 UNSEEN_M = (12, 20, 80, 160, 640, 3000)
+# The fit's tolerance: below the 3% regret at which validate calls a cell SLOWER, above the 1-2% a grid neighbour's
+# path typically costs more, so that runs of near-equal paths become one range
+FIT_TOLERANCE = 0.03
 
 
 @dataclass(frozen=True)
@@ -50,8 +53,8 @@ def legs(profile: GpuProfile, run: Path) -> list[Leg]:
         Leg("forward", [*py, "bench", "forward", "--gpu", p, "--skip-slower", "3",
                         "--paths", f"aten,flashinfer-lean:{low},flashinfer-lean:cublaslt", "--out", str(forward)],
             True),
-        Leg("fit", [*py, "calibrate", "fit", str(sweep), "--gpu", p, "--method", "segments", "--forward",
-                    str(forward), "--out", str(table)], False),
+        Leg("fit", [*py, "calibrate", "fit", str(sweep), "--gpu", p, "--method", "segments", "--tolerance",
+                    str(FIT_TOLERANCE), "--forward", str(forward), "--out", str(table)], False),
         Leg("check-sweep", [*py, "bench", "run", "--gpu", p, "--m", check_ms, "--table", str(table),
                             "--out", str(check_sweep)], True),
         Leg("check-forward", [*py, "bench", "forward", "--gpu", p, "--skip-slower", "3", "--table", str(table),

@@ -904,7 +904,7 @@ def test_the_segment_fit_prefers_few_ranges_within_the_tolerance():
 
 
 def test_segment_eager_cells_follow_the_forwards_boundness_and_picks():
-    from calibrate.segments import eager_model, eager_picks
+    from calibrate.segments import eager_model, forward_picks
     assert eager_model(4096, 4096.0, 512.0) == ("graph",)
     assert eager_model(1024, 4096.0, 512.0) == ("graph", "eager")  # balanced: cheaper in both
     assert eager_model(8, 4096.0, 512.0) == ("eager",)
@@ -912,11 +912,14 @@ def test_segment_eager_cells_follow_the_forwards_boundness_and_picks():
     cells = type("C", (), {"ms": lambda self, n, k: [1, 2, 4, 8, 16, 32, 64]})()
     picks = {("eager", "A", 1): ("tiny", 0.7, 0.8), ("eager", "A", 8): ("tiny", 0.75, 0.9),
              ("eager", "A", 32): ("cublas", 0.9, 0.97), ("graph", "A", 1): ("tiny", 0.7, 0.71)}
-    out = eager_picks(picks, {"A": [(10, 20, 3)]}, cells, frozenset({4}))
+    out = forward_picks(picks, {"A": [(10, 20, 3)]}, cells, frozenset({4}))
     assert out[("eager", 10, 20, 2)] == ("tiny", 0.75, 0.9)  # between two picks of one path: the worse ratio
     assert ("eager", 10, 20, 4) not in out  # held out
     assert ("eager", 10, 20, 16) not in out  # between picks of different paths
     assert ("graph", 10, 20, 1) not in out and out[("eager", 10, 20, 32)][0] == "cublas"
+    # a forward measured M = 2 between the picks and picked nothing there: no filling in between
+    apart = forward_picks(picks, {"A": [(10, 20, 3)]}, cells, frozenset(), {("eager", "A"): [1, 2, 8, 32]})
+    assert ("eager", 10, 20, 2) not in apart and ("eager", 10, 20, 4) not in apart
 
 
 def test_importing_dispatch_changes_nothing_in_torch_until_the_first_call():
