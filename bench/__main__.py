@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Sequence
 
 from bench.anatomy_gpu import run_anatomy
-from bench.forward import DEFAULT_SETTLE_EACH_MS, DEFAULT_SETTLE_MS, FORWARD_MS, SETTLE_SCOPES, ForwardConfig, models_for, run_forward, sequences
+from bench.forward import DEFAULT_SETTLE_MS, FORWARD_MS, ForwardConfig, models_for, run_forward, sequences
 from bench.forward_paths import check_rules, default_rules
 from bench.gpu import L2_MODES, Stopping
 from bench.paths import PATHS, paths_for
@@ -122,13 +122,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_fw.add_argument("--order-seed", type=int_in(1, 2 ** 31 - 1),
                       help="the eager rounds' shuffle (default: a fresh one per run, recorded in run.json)")
     p_fw.add_argument("--settle-ms", type=float_in(0, 10_000), default=DEFAULT_SETTLE_MS,
-                      help=f"the load before a timed forward: untimed runs lasting at least this long (default "
-                           f"{DEFAULT_SETTLE_MS:g}; 0: none), before each M block of a round (--settle-scope block) or "
-                           f"each forward (sample): at the GPU's power cap a forward's time depends on the load before it")
-    p_fw.add_argument("--settle-scope", choices=SETTLE_SCOPES, default="block",
-                      help=f"block (default): --settle-ms before the first forward of each M block of a round, then "
-                           f"each forward after {DEFAULT_SETTLE_EACH_MS:g} ms of itself; sample: --settle-ms before "
-                           f"every timed forward")
+                      help=f"each timed forward, graph and eager, follows untimed runs of itself lasting at least this "
+                           f"long (default {DEFAULT_SETTLE_MS:g}; 0: none): at the GPU's power cap a forward's time "
+                           f"depends on the load before it")
     p_fw.add_argument("--no-settle", action="store_true", help="the same as --settle-ms 0")
     p_fw.add_argument("--sustain-ms", type=float_in(1, 60_000),
                       help="instead of timing rows: after --idle-ms, replay each path's captured forward back to back "
@@ -210,7 +206,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                             decoder_layers=args.layers, lm_head=not args.no_lm_head, tune=not args.no_tune,
                             autotune_cache=_served(args), save_autotune_cache=_saved(args),
                             resume=args.resume, command=command, quiet=True, order_seed=args.order_seed,
-                            settle_ms=0.0 if args.no_settle else args.settle_ms, settle_scope=args.settle_scope,
+                            settle_ms=0.0 if args.no_settle else args.settle_ms,
                             table=_table(args.table, profile.name) if args.table else None, table_file=args.table,
                             sustain_ms=args.sustain_ms or 0.0, idle_ms=args.idle_ms, skip_slower=args.skip_slower,
                             vllm_tune_tokens=vllm_tokens, layout=args.layout)

@@ -42,8 +42,6 @@ FORWARD_COLUMNS = ("model", "tp", "m", "path", "regime", "status", "reason", "us
 # forward at M >= 512 runs 1.16-1.18x longer (4B) than its first replays after idle once NVML's SW power cap engages;
 # every trace of h200-sustain-1 reached its settled time within 2% by 142 ms of load (bench forward --sustain-ms).
 DEFAULT_SETTLE_MS = 200.0
-DEFAULT_SETTLE_EACH_MS = 20.0  # with the block settle: what each forward of a block runs of itself before it is timed
-SETTLE_SCOPES = ("block", "sample")
 REGIMES = ("graph", "eager")
 # run.json's account of the graph replays' order (runs before it replayed in A B B A order)
 GRAPH_ORDER = "shuffled per round like the eager rounds, seed eager_order_seed + M"
@@ -80,10 +78,6 @@ class ForwardConfig:
     # path is timed at the clock its own sustained load holds (h200-sustain-1: aten, the table and lean cuBLASLt all
     # settle at 14.0 ms there).
     settle_ms: float = DEFAULT_SETTLE_MS
-    # "block": settle_ms before the first forward of each M block of a round, then each forward after >=
-    # settle_each_ms of itself; "sample": settle_ms before every timed forward
-    settle_scope: str = "block"
-    settle_each_ms: float = DEFAULT_SETTLE_EACH_MS
     sustain_ms: float = 0.0  # > 0: instead of timing rows, each graph replayed this long after idle_ms (bench/sustain.py)
     idle_ms: float = 1000.0
     skip_slower: float | None = None  # skip (both regimes) a rule whose graph replay takes > this x all-aten's
@@ -189,18 +183,8 @@ def round_orders(keys: list[Any], rounds: int, seed: int = 0) -> list[list[Any]]
     return orders
 
 
-def _settles(cfg: ForwardConfig) -> tuple[float, float | None]:
-    """(each forward's settle, s; the block's first settle, s, or None where every forward settles alike)."""
-    if cfg.settle_ms <= 0:
-        return 0.0, None
-    if cfg.settle_scope == "sample":
-        return cfg.settle_ms / 1e3, None
-    return min(cfg.settle_each_ms, cfg.settle_ms) / 1e3, cfg.settle_ms / 1e3
-
-
 def eager_forwards(clock, forwards: dict[Any, Bound], samples: int, seed: int = 0, settle_s: float = 0.0,
-                   reader: ClockReader | None = None, settle_first_s: float | None = None
-                   ) -> dict[Any, dict[str, list]]:
+                   reader: ClockReader | None = None) -> dict[Any, dict[str, list]]:
     """`samples` eager forwards of each, in a shuffled order per round (round_orders), gc off, each from an idle GPU
     to one synchronize at its end: wall µs, host submission µs (until the last call returned) and the clocks read
     after it; then one more of each, profiled: CUPTI's busy µs and kernel count.
@@ -219,17 +203,14 @@ def eager_forwards(clock, forwards: dict[Any, Bound], samples: int, seed: int = 
     out: dict[Any, dict[str, list]] = {p: {"wall": [], "submit": [], "busy": [], "kernels": [], "digest": [],
                                            "clocks": []} for p in names}
 
-    def settle(p: Any, seconds: float = settle_s) -> None:
+    def settle(p: Any) -> None:
         t_settle = time.perf_counter()
-        while seconds > 0:
+        while settle_s > 0:
             forwards[p]()
             torch.cuda.synchronize()
-            if time.perf_counter() - t_settle >= seconds:
+            if time.perf_counter() - t_settle >= settle_s:
                 break
         torch.cuda.synchronize()
-
-    def block_of(p: Any) -> Any:
-        return p[0] if isinstance(p, tuple) else None
 
     for p in names:  # untimed: the first forward after the graphs were freed pays the allocator's cudaMalloc calls
         forwards[p]()
@@ -242,9 +223,8 @@ def eager_forwards(clock, forwards: dict[Any, Bound], samples: int, seed: int = 
     try:
         with clock.paused():
             for s, order in enumerate(round_orders(names, samples, seed)):
-                for i, p in enumerate(order):
-                    new_block = i == 0 or block_of(order[i - 1]) != block_of(p)
-                    settle(p, settle_first_s if new_block and settle_first_s is not None else settle_s)
+                for p in order:
+                    settle(p)
                     t0 = time.perf_counter_ns()
                     forwards[p]()
                     t1 = time.perf_counter_ns()
@@ -256,7 +236,7 @@ def eager_forwards(clock, forwards: dict[Any, Bound], samples: int, seed: int = 
                         out[p]["clocks"].append(reader.read())
         for p in names:  # profiled: what kept the GPU busy, and the kernels (each forward's count is checked)
             records += records_since_last_window(clock, windows)
-            settle(p, settle_first_s if settle_first_s is not None else settle_s)
+            settle(p)
             c0 = clock.now()
             forwards[p]()
             torch.cuda.synchronize()
@@ -374,8 +354,7 @@ def graph_m(cfg: ForwardConfig, clock, model: str, seq, weights, m: int, sm: int
             # shuffled like the eager rounds: in A B B A order the dispatcher always sat next to all-aten and
             # table-direct, and at 4B M = 4096 and 16384 (power cap) it measured 1.3% and 1.2% slower than
             # table-direct with the same paths on every layer (h200-settled-forward-7)
-            each, block = _settles(cfg)
-            timings = replay_interleaved(clock, graphs, 1, cfg.samples, settle_s=each, settle_first_s=block,
+            timings = replay_interleaved(clock, graphs, 1, cfg.samples, settle_s=cfg.settle_ms / 1e3,
                                          reader=reader, orders=round_orders(list(graphs), cfg.samples,
                                                                             (cfg.order_seed or 0) + m))
         for rule, t in timings.items():
@@ -400,8 +379,7 @@ def eager_rows(cfg: ForwardConfig, clock, model: str, n_linears: int, bound: dic
     drift of host speed (on the H200 host whole minutes ran 1.3-1.7x slower) spreads over every M and path alike
     instead of landing on the M that happened to run then."""
     with phase("eager"):
-        each, block = _settles(cfg)
-        eager = eager_forwards(clock, bound, cfg.samples, cfg.order_seed or 0, each, reader, block)
+        eager = eager_forwards(clock, bound, cfg.samples, cfg.order_seed or 0, cfg.settle_ms / 1e3, reader)
     rows = []
     for (m, rule), e in eager.items():
         us, p20, p80 = summary(e["wall"])
@@ -465,8 +443,7 @@ def run_forward(cfg: ForwardConfig) -> Path:
                     ms=cfg.ms, paths=cfg.rules, regimes=list(REGIMES), samples=cfg.samples, pdl=cfg.profile.pdl,
                     decoder_layers=cfg.decoder_layers, lm_head=cfg.lm_head, lm_head_rule=LM_HEAD_RULE,
                     eager_order_seed=cfg.order_seed, graph_order=GRAPH_ORDER, eager_settle=cfg.settle_ms > 0,
-                    settle_ms=cfg.settle_ms, settle_scope=cfg.settle_scope if cfg.settle_ms > 0 else None,
-                    settle_each_ms=cfg.settle_each_ms if cfg.settle_ms > 0 and cfg.settle_scope == "block" else None,
+                    settle_ms=cfg.settle_ms,
                     settle_drain="before the settle", eager_profiler=EAGER_PROFILER,
                     sustain_ms=cfg.sustain_ms or None, idle_ms=cfg.idle_ms if cfg.sustain_ms else None,
                     table_file=cfg.table_file, skip_slower=cfg.skip_slower,

@@ -197,8 +197,7 @@ class Stopping:
 def replay_interleaved(clock, graphs: dict[str, Any], calls: int, samples: int, warmup: int = 2,
                        exclude: frozenset[str] = frozenset(), settle_s: float = 0.0, reader=None,
                        orders: list[list[str]] | None = None, twins: dict[str, tuple[str, ...]] | None = None,
-                       stopping: Stopping | None = None, settle_first_s: float | None = None
-                       ) -> dict[str, GraphTiming]:
+                       stopping: Stopping | None = None) -> dict[str, GraphTiming]:
     """Replays every path's graph up to `samples` times in A B B A order (or in orders[s] for sample s); attributes
     kernel records to each replay.
     Kernels named in `exclude` (an L2 flush captured between calls) are not counted, nor timed.
@@ -210,8 +209,6 @@ def replay_interleaved(clock, graphs: dict[str, Any], calls: int, samples: int, 
 
     settle_s: each timed replay follows untimed replays of the same graph lasting at least this long, so that it runs
     at the clock its own sustained load settles at, not at one its predecessor left (see bench forward --settle-ms).
-    settle_first_s: where given, the first replay of each round follows this long a settle instead (the round's
-    block: the load settles once, then each path only warms with settle_s of its own).
     reader: a ClockReader, read after every timed replay (GraphTiming.clocks)."""
     import torch
     names = list(graphs)
@@ -231,8 +228,6 @@ def replay_interleaved(clock, graphs: dict[str, Any], calls: int, samples: int, 
             replay_ns[p] = min(replay_ns[p], time.perf_counter_ns() - h0)
             windows.append(Window(p, -1 - s, t0, clock.now()))
     settle = {p: math.ceil(settle_s * 1e9 / replay_ns[p]) if settle_s > 0 else 0 for p in names}
-    first = ({p: math.ceil(settle_first_s * 1e9 / replay_ns[p]) if settle_first_s > 0 else 0 for p in names}
-             if settle_first_s is not None else settle)
     records = [r for r in clock.drain() if r.name not in exclude]
     if use_records:
         seen: dict[str, int] = {}
@@ -268,11 +263,10 @@ def replay_interleaved(clock, graphs: dict[str, Any], calls: int, samples: int, 
         if not running:
             break
         order = [p for p in orders[s] if p in running] if orders else (running if s % 2 == 0 else running[::-1])
-        for i, p in enumerate(order):
-            replays = first[p] if i == 0 else settle[p]
-            if replays:
+        for p in order:
+            if settle[p]:
                 records += records_since_last_window(clock, windows)
-                for _ in range(replays):  # synchronized below, before the window opens: outside every window
+                for _ in range(settle[p]):  # synchronized below, before the window opens: outside every window
                     graphs[p].replay()
                 torch.cuda.synchronize()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

@@ -608,8 +608,10 @@ def _table_cmd(args) -> int:
         for path in install(profile, run):
             print(f"installed {path}")
         return 0
-    from bench.sweep import require_gpu
-    require_gpu(profile)  # before any file system change
+    from calibrate.table_pipeline import pending_legs
+    if any(leg.gpu for leg in pending_legs(profile, run, args.resume)):
+        from bench.sweep import require_gpu
+        require_gpu(profile)  # before any file system change
     manifest = run_pipeline(profile, run, args.resume, stop_after=args.stop_after)
     if manifest.get("status") != "complete":
         print(f"table: {manifest['status']}; continue with --run-id {run_id} --resume; legs in {run}/{MANIFEST}")

@@ -85,6 +85,17 @@ def plan_text(profile: GpuProfile, run: Path) -> str:
     return "\n".join(lines)
 
 
+def pending_legs(profile: GpuProfile, run: Path, resume: bool) -> list[Leg]:
+    """The legs a run (or its resume) has still to do: only those that need the GPU need a GPU machine."""
+    done: dict = {}
+    if resume and (run / MANIFEST).is_file():
+        try:
+            done = json.loads((run / MANIFEST).read_text()).get("legs", {})
+        except (OSError, ValueError):
+            done = {}
+    return [leg for leg in legs(profile, run) if done.get(leg.name, {}).get("status") != "done"]
+
+
 def _default_exec(leg: Leg, log: Path) -> int:
     with log.open("w") as fh:
         return subprocess.run(leg.argv, stdout=fh, stderr=subprocess.STDOUT).returncode

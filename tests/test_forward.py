@@ -803,23 +803,3 @@ def test_fit_forward_tests_widened_by_the_forward_floor_drop_gains_inside_the_no
     picked = picks_in_every_run([large], cands, 0.01, floor)
     assert len(picked) == 24 and all(p == "flashinfer-lean:cublaslt" and hi < 0.99 for p, _, hi in picked.values())
 
-
-
-def test_the_block_settle_settles_the_first_forward_of_each_m_block_only(monkeypatch):
-    """--settle-scope block: in each round the first forward of an M block follows the long settle (here: one
-    untimed run), the others only their own short one (here: none)."""
-    import torch
-
-    from bench.forward import ForwardConfig, _settles, eager_forwards
-    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
-    log: list = []
-    forwards = {key: (lambda key=key: log.append(key)) for key in ((1, "a"), (1, "b"), (8, "a"), (8, "b"))}
-    eager_forwards(_LoggingClock(log), forwards, samples=1, seed=3, settle_s=0.0, settle_first_s=1e-9)
-    timed = log[log.index("pause") + 1:log.index("resume")]
-    assert len(timed) == 6
-    for i in (0, 3):  # each block: its first forward twice (settle, timed), then the other once
-        assert timed[i] == timed[i + 1] and timed[i + 2][0] == timed[i][0] and timed[i + 2] != timed[i]
-    cfg = ForwardConfig(profile=None, models={}, ms=[1], rules=["aten"], out=Path("."))
-    assert _settles(cfg) == (0.02, 0.2)
-    assert _settles(ForwardConfig(profile=None, models={}, ms=[1], rules=["aten"], out=Path("."),
-                                  settle_scope="sample")) == (0.2, None)

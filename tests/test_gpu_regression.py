@@ -57,7 +57,8 @@ def test_a_planted_ten_percent_slowdown_of_one_path_fails_the_gate(tmp_path, gpu
     if not path.exists():
         pytest.skip(f"no baseline for {gpu_profile.name}")
     shipped = load_baseline(path)
-    low = [c for c in shipped.cells if c.m == 1 and "lean" in c.path and gpu_profile.low_m_backend in c.path]
+    from bench.paths import low_m_path
+    low = [c for c in shipped.cells if c.m == 1 and c.path == low_m_path(gpu_profile)]
     if not low:
         pytest.skip("the baseline has no low-M cell at M = 1")
     target = min(low, key=lambda c: (c.gpu_ratio_hi - c.gpu_ratio_lo) / c.gpu_ratio)
