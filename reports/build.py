@@ -64,16 +64,19 @@ def table_section(run: Run) -> str:
 def shapes_section(run: Run, rows: pd.DataFrame) -> str:
     xo = shape_crossovers(run)
     cap = run.profile.capture_size if run.profile else None
-    out = []
+    out, jobs = [], []
     for (n, k), g in rows.groupby(["n", "k"], sort=True):
         thr = run.table.threshold(n, k, "graph") if run.table else None
+        xs = xo.get((n, k), float("nan"))
+        jobs.append((g, f"{n}x{k}", thr, xs, cap))
+    images = figures.render_all(figures.shape_figure, jobs)
+    for ((n, k), g), img in zip(rows.groupby(["n", "k"], sort=True), images):
         first = g.iloc[0]
         meta = f"models: {first.get('models', '')} · layers: {first.get('layers', '')} · per-forward count: {first.get('count', '')}"
         xs = xo.get((n, k), float("nan"))
         note = ("dispatcher, graph: " + describe_ranges(run.table.ranges(n, k, "graph")) + "; eager: "
                 + describe_ranges(run.table.ranges(n, k, "eager"))) if run.table else "no threshold table"
         note += "" if xs != xs else f"; {run.table.low_m_backend} stops being FASTER than aten at M* = {xs:.0f}"
-        img = figures.shape_figure(g, f"{n}x{k}", thr, xs, cap)
         out.append(f"<h3>N={n}, K={k} <span class='muted'>({esc(first['shape'])})</span></h3>"
                    f"<p class='muted'>{esc(meta)} · {esc(note)}</p><img alt='{n}x{k}' src='{img}'>")
     return "".join(out)

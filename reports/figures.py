@@ -35,6 +35,21 @@ def to_uri(fig) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
+def render_all(draw, jobs: list[tuple]) -> list[str]:
+    """draw(*job) for every job, on every core where there are several (Agg figures render independently; a forked
+    worker inherits the imports), in order; one process where forking is unavailable or fails."""
+    import multiprocessing
+    import os
+    workers = min(len(jobs), os.cpu_count() or 1)
+    if workers < 2 or "fork" not in multiprocessing.get_all_start_methods():
+        return [draw(*job) for job in jobs]
+    try:
+        with multiprocessing.get_context("fork").Pool(workers) as pool:
+            return pool.starmap(draw, jobs)
+    except OSError:
+        return [draw(*job) for job in jobs]
+
+
 def shape_figure(rows: pd.DataFrame, title: str, threshold: int | None, crossover: float,
                  capture_size: int | None) -> str:
     """Three panels for one shape: GPU time per call, FlashInfer/aten GPU-time ratio, host vs GPU time."""
