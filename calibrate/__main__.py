@@ -601,6 +601,10 @@ def _table_cmd(args) -> int:
     if not run_id.replace("-", "").replace("_", "").replace(".", "").isalnum():
         raise HarnessError(f"--run-id {run_id!r}: letters, digits, '-', '_' and '.' only")
     run = RESULTS / profile.name / run_id
+    from calibrate.table_pipeline import legs
+    names = [leg.name for leg in legs(profile, run)]
+    if args.stop_after is not None and args.stop_after not in names:
+        raise HarnessError(f"--stop-after {args.stop_after!r} is no leg; the legs: {', '.join(names)}")
     if args.dry_run:
         print(plan_text(profile, run))
         return 0
