@@ -101,6 +101,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_an.add_argument("--rounds", type=int_in(1, 1000), default=9, help="interleaved rounds (default 9)")
     p_an.add_argument("--out", default="results/host-anatomy", help="output folder (default results/host-anatomy)")
     p_an.add_argument("--allow-mismatch", action="store_true", help="run although the GPU is not the profile's")
+    p_e2e = sub.add_parser("e2e", help="(GPU) transformers' own model, stock against dispatch.patch: prefill, "
+                                       "generate, a captured decode step")
+    p_e2e.add_argument("--gpu", required=True, help=f"GPU profile: {', '.join(PROFILES)}")
+    p_e2e.add_argument("--model", help="one catalog model (default: the first of the catalog)")
+    p_e2e.add_argument("--config", help="a HF config.json instead of a catalog model")
+    p_e2e.add_argument("--layers", type=int_in(1, 1024), help="only the first N decoder layers (memory)")
+    p_e2e.add_argument("--prefill", default="8,128,1031", help="prompt lengths timed eagerly (default 8,128,1031)")
+    p_e2e.add_argument("--tokens", type=int_in(1, 4096), default=24, help="greedy tokens generated (default 24)")
+    p_e2e.add_argument("--rounds", type=int_in(1, 1000), default=5, help="rounds, variant order shuffled (default 5)")
+    p_e2e.add_argument("--table", metavar="FILE", help="the table the patched model runs (default: the profile's)")
+    p_e2e.add_argument("--out", required=True, help="results folder: e2e.csv and run.json")
     p_fw = sub.add_parser("forward", help="per-forward linear time of whole models, CUDA graph and eager, per path")
     p_fw.add_argument("--gpu", required=True, help=f"GPU profile: {', '.join(PROFILES)}")
     p_fw.add_argument("--model", help="comma list of catalog models (default: every model of the catalog)")
@@ -195,6 +206,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"results: {out}/results.csv, {out}/run.json")
         return 0
 
+    if args.cmd == "e2e":
+        return _e2e(args, profile, command)
+
     if args.cmd == "forward":
         if args.model and args.config:
             raise HarnessError("--model and --config exclude each other; pass one")
@@ -257,6 +271,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         run_on_devices(cfg, args.devices, host_timing=args.host_timing)
         return 0
     run_sweep(cfg)  # stops first, writing nothing, when there is no CUDA GPU; prints its summary
+    return 0
+
+
+def _e2e(args, profile, command: list[str]) -> int:
+    from bench.e2e import E2E_FILE, E2EConfig, ratio_lines, run_e2e, write_e2e
+    from bench.envinfo import run_info
+    if args.model and args.config:
+        raise HarnessError("--model and --config exclude each other; pass one")
+    if args.model and "," in args.model:
+        raise HarnessError("bench e2e runs one model; pass one --model")
+    models = models_for([args.model] if args.model else None, args.config)
+    name, hf = next(iter(models.items()))
+    prefill = tuple(parse_m(args.prefill))
+    out = output_dir(args.out, "--out")
+    if (out / E2E_FILE).exists():
+        raise HarnessError(f"{out / E2E_FILE} exists; choose another --out")
+    table = _table(args.table, profile.name) if args.table else None
+    require_gpu(profile)  # before any file system change
+    import dispatch
+    dispatch.configure(table)
+    rows = run_e2e(E2EConfig(name, hf, out, args.layers, prefill, args.tokens, args.rounds))
+    write_e2e(out, rows, run_info(command, kind="e2e", profile=profile.name, model=name, layers=args.layers,
+                                  prefill=list(prefill), tokens=args.tokens, rounds=args.rounds, table_file=args.table,
+                                  variants="stock, and the same model after dispatch.patch (LM head left as is)"))
+    print("\n".join([f"e2e {name}: {out}/{E2E_FILE}", *ratio_lines(rows)]))
     return 0
 
 

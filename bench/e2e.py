@@ -1,0 +1,187 @@
+"""(GPU) End to end in transformers' own model: the stock model against the same model served by dispatch.patch.
+
+One model built from a catalog config with random weights (bf16), patched and unpatched in turn (the same weights,
+so the memory of one model), in rounds whose variant order is shuffled: eager prefill at several lengths, eager
+greedy generate, and one decode step captured in a CUDA graph with a static cache (where the dispatcher's graph
+choices run). Each row is one (step, tokens, variant) with its samples; the logits of both variants at the first
+prefill length are compared. transformers is an optional extra (pip install -e '.[e2e]').
+"""
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from bench.stats import summary
+from harness.errors import HarnessError
+
+E2E_FILE = "e2e.csv"
+COLUMNS = ("model", "step", "tokens", "variant", "status", "reason", "us", "us_p20", "us_p80", "samples",
+           "samples_us", "patched_linears", "logits_rel_err")
+VARIANTS = ("stock", "patched")
+LOGITS_BOUND = 2e-2  # bf16 GEMMs of another kernel reorder sums: relative Frobenius error of the logits allowed
+
+
+@dataclass
+class E2EConfig:
+    model: str
+    hf_config: dict[str, Any]
+    out: Path
+    layers: int | None = None
+    prefill: tuple[int, ...] = (8, 128, 1031)
+    generate_tokens: int = 24
+    rounds: int = 5
+    seed: int = 0
+    device: str = "cuda"
+
+
+def build_model(hf_config: dict[str, Any], layers: int | None, device: str):
+    """transformers' causal LM for a config (its text part), random weights, bf16, in eval mode on `device`."""
+    try:
+        import torch
+        import transformers
+    except ImportError as exc:
+        raise HarnessError(f"bench e2e needs transformers ({exc}); pip install -e '.[e2e]'") from None
+    from shapes.derive import text_config
+    fields = {k: v for k, v in text_config(hf_config).items() if not k.startswith("_")}
+    model_type = fields.pop("model_type", None)
+    try:
+        cfg = transformers.AutoConfig.for_model(model_type, **fields)
+    except (ValueError, KeyError) as exc:
+        raise HarnessError(f"transformers {transformers.__version__} cannot build model_type {model_type!r} ({exc}); "
+                           f"upgrade transformers or pass another --config") from None
+    if layers:
+        cfg.num_hidden_layers = min(layers, cfg.num_hidden_layers)
+        if isinstance(getattr(cfg, "layer_types", None), list):
+            cfg.layer_types = cfg.layer_types[:cfg.num_hidden_layers]
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    return model.to(device).eval()
+
+
+def _timed(fn: Callable[[], Any], sync: Callable[[], None]) -> float:
+    sync()
+    t0 = time.perf_counter_ns()
+    fn()
+    sync()
+    return (time.perf_counter_ns() - t0) / 1e3
+
+
+def captured_decode(model, prompt, device: str) -> tuple[Callable[[], None] | None, str]:
+    """One greedy decode step after `prompt`, captured in a CUDA graph with a static cache; (replay, '') or
+    (None, why not)."""
+    import torch
+    if device != "cuda":
+        return None, "a captured decode step needs CUDA"
+    try:
+        from transformers import StaticCache
+        cache = StaticCache(config=model.config, max_cache_len=prompt.shape[1] + 8)
+        with torch.no_grad():
+            model(prompt, past_key_values=cache, use_cache=True)
+            tok = prompt[:, -1:].clone()
+            pos = torch.tensor([prompt.shape[1]], device=prompt.device)
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    model(tok, past_key_values=cache, cache_position=pos, use_cache=True)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                model(tok, past_key_values=cache, cache_position=pos, use_cache=True)
+    except Exception as exc:  # a model whose cache cannot be static (or captured): the row says why
+        return None, f"not captured: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+    return graph.replay, ""
+
+
+def run_e2e(cfg: E2EConfig) -> list[dict[str, Any]]:
+    """The rows of one end-to-end run (see the module); also written to cfg.out/e2e.csv by the caller."""
+    import torch
+
+    import dispatch
+    model = build_model(cfg.hf_config, cfg.layers, cfg.device)
+    vocab = model.config.get_text_config().vocab_size if hasattr(model.config, "get_text_config") else \
+        model.config.vocab_size
+    gen = torch.Generator().manual_seed(cfg.seed)
+    prompts = {n: torch.randint(0, vocab, (1, n), generator=gen).to(cfg.device) for n in cfg.prefill}
+    sync = torch.cuda.synchronize if cfg.device == "cuda" else (lambda: None)
+    samples: dict[tuple[str, int, str], list[float]] = {}
+    reasons: dict[tuple[str, int, str], str] = {}
+    patched_count = 0
+    logits: dict[str, Any] = {}
+    first = prompts[cfg.prefill[0]]
+    rng = random.Random(cfg.seed)
+    for r in range(cfg.rounds):
+        for variant in rng.sample(VARIANTS, len(VARIANTS)):
+            handle = dispatch.patch(model) if variant == "patched" else None
+            patched_count = len(handle) if handle is not None else patched_count
+            try:
+                with torch.no_grad():
+                    if r == 0:
+                        logits[variant] = model(first).logits.float()
+                    for n, ids in prompts.items():
+                        model(ids)  # warm: allocator and lazy init outside the timed call
+                        samples.setdefault(("prefill", n, variant), []).append(_timed(lambda: model(ids), sync))
+                    gen_fn = lambda: model.generate(first, max_new_tokens=cfg.generate_tokens,  # noqa: E731
+                                                    min_new_tokens=cfg.generate_tokens, do_sample=False)
+                    if r == 0:
+                        gen_fn()
+                    samples.setdefault(("generate", cfg.generate_tokens, variant), []).append(_timed(gen_fn, sync))
+                replay, why = captured_decode(model, first, cfg.device)
+                key = ("decode-graph", 1, variant)
+                if replay is None:
+                    reasons[key] = why
+                else:
+                    replay()
+                    samples.setdefault(key, []).append(_timed(replay, sync))
+            finally:
+                if handle is not None:
+                    handle.remove()
+    ref = logits["stock"]
+    rel = float((logits["patched"] - ref).norm() / ref.norm()) if ref.norm() > 0 else 0.0
+    rows = []
+    steps = [("prefill", n) for n in cfg.prefill] + [("generate", cfg.generate_tokens), ("decode-graph", 1)]
+    for step, n in steps:
+        for variant in VARIANTS:
+            key = (step, n, variant)
+            base = {"model": cfg.model, "step": step, "tokens": n, "variant": variant,
+                    "patched_linears": patched_count if variant == "patched" else 0,
+                    "logits_rel_err": round(rel, 6) if variant == "patched" else 0.0}
+            if key not in samples:
+                rows.append({**base, "status": "skipped", "reason": reasons.get(key, "not measured")})
+                continue
+            us, p20, p80 = summary(samples[key])
+            rows.append({**base, "status": "ok", "reason": "", "us": us, "us_p20": p20, "us_p80": p80,
+                         "samples": len(samples[key]), "samples_us": [round(v, 1) for v in samples[key]]})
+    if rel > LOGITS_BOUND:
+        for row in rows:
+            if row["variant"] == "patched":
+                row.update(status="failed", reason=f"logits differ from the stock model's: relative error {rel:.3g} "
+                                                   f"> {LOGITS_BOUND}")
+    return rows
+
+
+def ratio_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """'step tokens: patched / stock' per measured step, the terminal's summary."""
+    by = {(r["step"], r["tokens"], r["variant"]): r for r in rows}
+    out = []
+    for (step, n, variant), r in by.items():
+        if variant != "patched":
+            continue
+        stock = by.get((step, n, "stock"))
+        if r.get("status") == "ok" and stock is not None and stock.get("status") == "ok":
+            out.append(f"  {step:13s} {n:6d} tokens: patched / stock {r['us'] / stock['us']:.3f} "
+                       f"({r['us']:.0f} / {stock['us']:.0f} µs)")
+        else:
+            out.append(f"  {step:13s} {n:6d} tokens: {r.get('status')}: {r.get('reason')}")
+    return out
+
+
+def write_e2e(out: Path, rows: list[dict[str, Any]], info: dict[str, Any]) -> None:
+    from bench.results import rows_to_csv, write_run_json
+    from harness.io import atomic_write_text
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / E2E_FILE, rows_to_csv(rows, COLUMNS))
+    write_run_json(out, info)

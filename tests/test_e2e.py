@@ -1,0 +1,37 @@
+"""bench e2e on CPU: transformers' own model from a config, stock against dispatch.patch, rows and the logits check
+(the captured decode step needs CUDA: its row says so here)."""
+import json
+
+import pytest
+
+pytest.importorskip("transformers")
+
+TINY = {"model_type": "qwen3", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 3,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 96,
+        "max_position_embeddings": 128}
+
+
+def test_stock_and_patched_rounds_give_a_row_per_step_and_variant(tmp_path):
+    from bench.e2e import COLUMNS, E2EConfig, ratio_lines, run_e2e, write_e2e
+    rows = run_e2e(E2EConfig("tiny", TINY, tmp_path, layers=2, prefill=(4, 12), generate_tokens=3, rounds=2,
+                             device="cpu"))
+    got = {(r["step"], r["tokens"], r["variant"]): r for r in rows}
+    assert set(got) == {(s, n, v) for s, n in (("prefill", 4), ("prefill", 12), ("generate", 3), ("decode-graph", 1))
+                        for v in ("stock", "patched")}
+    assert all(got[k]["status"] == "ok" and got[k]["samples"] == 2 for k in got if k[0] != "decode-graph")
+    assert got[("decode-graph", 1, "patched")]["status"] == "skipped"
+    assert "needs CUDA" in got[("decode-graph", 1, "patched")]["reason"]
+    # two layers of 7 linears, the LM head left as is; on CPU the dispatcher runs F.linear: identical logits
+    assert got[("prefill", 4, "patched")]["patched_linears"] == 14
+    assert got[("prefill", 4, "patched")]["logits_rel_err"] == 0.0
+    assert any("patched / stock" in line for line in ratio_lines(rows))
+    write_e2e(tmp_path / "out", rows, {"kind": "e2e"})
+    header = (tmp_path / "out" / "e2e.csv").read_text().splitlines()[0]
+    assert header == ",".join(COLUMNS) and json.loads((tmp_path / "out" / "run.json").read_text())["kind"] == "e2e"
+
+
+def test_a_config_transformers_cannot_build_is_one_line():
+    from bench.e2e import build_model
+    from harness.errors import HarnessError
+    with pytest.raises(HarnessError, match="cannot build model_type"):
+        build_model({"model_type": "no-such-model"}, None, "cpu")
