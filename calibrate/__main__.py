@@ -201,6 +201,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_base.add_argument("--retune", action="store_true",
                         help="tune FlashInfer afresh in run 1 instead of serving the committed <profile>.autotune.json")
     p_base.add_argument("--partial", **partial)
+    p_e2e = sub.add_parser("e2e", help="an end-to-end run (bench e2e) beside what its model's measured linears "
+                                       "predict for each step")
+    p_e2e.add_argument("results", help="the folder python -m bench e2e wrote")
+    p_e2e.add_argument("--forward", required=True, metavar="DIR",
+                       help="a measured forward of the same model and layout (bench forward --layout transformers "
+                            "--paths aten,dispatch), on the same GPU")
     p_vllm = sub.add_parser("vllm", help="the answer in vLLM's terms from measured forwards: vLLM default, its flag, "
                                          "the seed PR's rule, the best single threshold and the table")
     p_vllm.add_argument("--forward", nargs="+", metavar="DIR", required=True,
@@ -247,6 +253,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.cmd == "noise":
         return _noise_cmd(args)
 
+    if args.cmd == "e2e":
+        return _e2e_cmd(args)
     if args.cmd == "vllm":
         return _vllm_cmd(args)
     if args.cmd == "table":
@@ -621,6 +629,22 @@ def _table_cmd(args) -> int:
         print(f"table: {manifest['status']}; continue with --run-id {run_id} --resume; legs in {run}/{MANIFEST}")
         return 0
     print(f"table: {run}/table.json, verdict {manifest.get('verdict')}; legs and times in {run}/{MANIFEST}")
+    return 0
+
+
+def _e2e_cmd(args) -> int:
+    from calibrate.e2e_terms import load_e2e, predictions
+    df, info = load_e2e(args.results)
+    fdf, finfo = load_forward(args.forward)
+    profile = _profile_of(info, None)
+    _check_gpu(finfo, profile, args.forward)
+    if finfo.get("layout", "vllm") != "transformers":
+        raise HarnessError(f"{args.forward} measured vLLM's layout; an e2e run of transformers' model needs a forward "
+                           f"of --layout transformers")
+    table = predictions(df, fdf)
+    if table.empty:
+        raise HarnessError(f"{args.results} has no step measured in both variants")
+    print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     return 0
 
 

@@ -35,3 +35,21 @@ def test_a_config_transformers_cannot_build_is_one_line():
     from harness.errors import HarnessError
     with pytest.raises(HarnessError, match="cannot build model_type"):
         build_model({"model_type": "no-such-model"}, None, "cpu")
+
+
+def test_the_prediction_from_the_measured_linears():
+    """A step whose linears are half its stock time and run 0.8x under the dispatcher is predicted at 0.9x."""
+    import pandas as pd
+
+    from calibrate.e2e_terms import predictions
+    e2e = pd.DataFrame([{"model": "A", "step": "prefill", "tokens": 128, "variant": v, "status": "ok", "us": us}
+                        for v, us in (("stock", 1000.0), ("patched", 920.0))]
+                       + [{"model": "A", "step": "generate", "tokens": 4, "variant": v, "status": "ok", "us": us}
+                          for v, us in (("stock", 4000.0), ("patched", 3900.0))])
+    fw = pd.DataFrame([{"model": "A", "m": m, "regime": "eager", "path": p, "status": "ok", "us": us}
+                       for m, p, us in ((128, "aten", 500.0), (128, "dispatch", 400.0), (1, "aten", 100.0),
+                                        (1, "dispatch", 100.0))])
+    out = predictions(e2e, fw).set_index("step")
+    assert out.at["prefill", "predicted"] == pytest.approx(0.9) and out.at["prefill", "measured"] == pytest.approx(0.92)
+    assert out.at["generate", "linears_share_of_step"] == pytest.approx(0.1)  # per token: 100 of 1000 µs
+    assert out.at["generate", "predicted"] == pytest.approx(1.0)

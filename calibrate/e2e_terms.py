@@ -1,0 +1,58 @@
+"""What a model's measured linears predict for an end-to-end step (bench e2e), beside what the step measured.
+
+A step of transformers' model spends part of its time in the linears. A measured forward of the same layout
+(`bench forward --layout transformers --paths aten,dispatch`) gives, at the step's M and regime, the linears' time
+under F.linear and under the dispatcher. If the rest of the step is unchanged, the patched step takes
+1 - (aten linears / stock step) x (1 - dispatch / aten) of the stock step: that is the prediction. Prefill at L
+tokens is an eager forward at M = L; a captured decode step is the graph regime at M = 1; generate is eager at M = 1
+per token, its prompt aside.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from dispatch.backends import ATEN, DISPATCH
+from harness.errors import HarnessError
+from harness.io import read_json_object
+
+STEP_REGIME = {"prefill": "eager", "generate": "eager", "decode-graph": "graph"}
+
+
+def load_e2e(folder: str | Path) -> tuple[pd.DataFrame, dict[str, Any]]:
+    p = Path(folder)
+    csv = p / "e2e.csv"
+    if not csv.is_file():
+        raise HarnessError(f"{p} holds no e2e.csv; pass a folder that python -m bench e2e wrote")
+    info = read_json_object(p / "run.json", "run.json", "pass the folder bench e2e wrote, with its run.json")
+    df = pd.read_csv(csv)
+    missing = [c for c in ("model", "step", "tokens", "variant", "status", "us") if c not in df.columns]
+    if missing:
+        raise HarnessError(f"{csv} lacks the column(s) {', '.join(missing)}; it is not a bench e2e file")
+    return df, info
+
+
+def predictions(e2e: pd.DataFrame, forward: pd.DataFrame) -> pd.DataFrame:
+    """Per measured step: measured patched / stock, the linears' dispatch / aten at that M and regime, their share
+    of the stock step and the predicted ratio (NaN where the forward did not measure that M)."""
+    ok = e2e[e2e["status"] == "ok"]
+    fw = forward[forward["status"] == "ok"]
+    rows = []
+    for (model, step, tokens), g in ok.groupby(["model", "step", "tokens"]):
+        by = g.set_index("variant")["us"]
+        if not {"stock", "patched"} <= set(by.index):
+            continue
+        m = 1 if step in ("generate", "decode-graph") else int(tokens)
+        cell = fw[(fw["model"] == model) & (fw["m"] == m) & (fw["regime"] == STEP_REGIME.get(step, "eager"))]
+        lin = cell.set_index("path")["us"] if not cell.empty else pd.Series(dtype=float)
+        aten, disp = lin.get(ATEN, math.nan), lin.get(DISPATCH, math.nan)
+        stock = float(by["stock"]) / (int(tokens) if step == "generate" else 1)  # generate: per token
+        share = aten / stock if stock > 0 else math.nan
+        predicted = 1 - share * (1 - disp / aten) if aten > 0 else math.nan
+        rows.append({"model": model, "step": step, "tokens": int(tokens), "measured": by["patched"] / by["stock"],
+                     "linears_dispatch_over_aten": disp / aten if aten > 0 else math.nan,
+                     "linears_share_of_step": share, "predicted": predicted})
+    return pd.DataFrame(rows)
