@@ -465,7 +465,8 @@ def run_sweep(cfg: SweepConfig) -> Path:
                     stopping=(cfg.stopping.describe() if cfg.stopping else f"fixed: {cfg.samples} replays"),
                     gpu_twins=("timed in full (--time-twins)" if cfg.time_twins else
                                "a public call and its lean twin, and the dispatcher and the path it chose, are replayed "
-                               "once where their warm-up kernels match; gpu_from names the timed path"), shapes=[s.name for s in cfg.shapes],
+                               "once where their warm-up kernels match; gpu_from names the timed path"),
+                    shapes=[s.name for s in cfg.shapes],
                     paths=[p.name for p in cfg.paths], pdl=cfg.profile.pdl, tuning=tuning_info(cfg.vllm_tune_tokens),
                     layout=cfg.layout, table_file=cfg.table_file,
                     skip_hopeless=(f"low-M paths above {cfg.hopeless_factor:g}x F.linear's cost at a smaller M of the "

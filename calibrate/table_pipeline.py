@@ -25,8 +25,8 @@ from harness.io import atomic_write_text
 MANIFEST = "manifest.json"
 # M values the out-of-sample sweep adds to the default grid: none of them is a grid value the fit sees
 UNSEEN_M = (12, 20, 80, 160, 640, 3000)
-# The fit's tolerance: below the 3% regret at which validate calls a cell SLOWER, above the 1-2% a grid neighbour's
-# path typically costs more, so that runs of near-equal paths become one range
+# The fit's tolerance: below the 3% regret at which validate calls a cell SLOWER, and wide enough that near-equal
+# paths over neighbouring M become one range
 FIT_TOLERANCE = 0.03
 
 
