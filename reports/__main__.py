@@ -25,12 +25,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--thresholds", help="threshold table (default: dispatch/thresholds/<profile>.json)")
     p.add_argument("-o", "--out", default="report.html", help="output file (default report.html)")
     p.add_argument("--allow-mismatch", action="store_true", help="report data of different GPUs together")
+    p.add_argument("--figures", choices=("all", "none"), default="all",
+                   help="none: text and tables only, without drawing a figure (a quick look; default all)")
     p.add_argument("--partial", action="store_true",
                    help="report runs with missing cells or that did not finish (the verdict says so)")
     args = parser.parse_args(argv)
     from reports.build import build
     out = build(args.results, output_file(args.out, "-o"), args.baseline, args.anatomy, args.thresholds, args.partial,
-                args.forward, args.allow_mismatch)
+                args.forward, args.allow_mismatch, draw_figures=args.figures == "all")
     print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB)")
     return 0
 

@@ -69,7 +69,7 @@ def shapes_section(run: Run, rows: pd.DataFrame) -> str:
         thr = run.table.threshold(n, k, "graph") if run.table else None
         xs = xo.get((n, k), float("nan"))
         jobs.append((g, f"{n}x{k}", thr, xs, cap))
-    images = figures.render_all(figures.shape_figure, jobs)
+    images = figures.render_all(figures.shape_figure, jobs) if figures.drawn() else [""] * len(jobs)
     for ((n, k), g), img in zip(rows.groupby(["n", "k"], sort=True), images):
         first = g.iloc[0]
         meta = f"models: {first.get('models', '')} · layers: {first.get('layers', '')} · per-forward count: {first.get('count', '')}"
@@ -78,7 +78,7 @@ def shapes_section(run: Run, rows: pd.DataFrame) -> str:
                 + describe_ranges(run.table.ranges(n, k, "eager"))) if run.table else "no threshold table"
         note += "" if xs != xs else f"; {run.table.low_m_backend} stops being FASTER than aten at M* = {xs:.0f}"
         out.append(f"<h3>N={n}, K={k} <span class='muted'>({esc(first['shape'])})</span></h3>"
-                   f"<p class='muted'>{esc(meta)} · {esc(note)}</p><img alt='{n}x{k}' src='{img}'>")
+                   f"<p class='muted'>{esc(meta)} · {esc(note)}</p>{figures.img(f'{n}x{k}', lambda: img)}")
     return "".join(out)
 
 
@@ -93,7 +93,7 @@ def totals_section(head) -> str:
             ("aten_us", "aten ms"), ("flashinfer_us", "FlashInfer ms"), ("dispatch_us", "dispatcher ms"),
             ("best_us", "best ms"), ("dispatch_over_best", "dispatcher / best")]
     fmt = {c: "{:.4g}" for c, _ in cols}
-    return (f"<img alt='per-forward totals' src='{figures.totals_figure(t)}'>"
+    return (figures.img('per-forward totals', lambda: figures.totals_figure(t)) +
             "<p class='muted'><b>A model, not a measurement:</b> the count-weighted sum over a model's in-graph linear "
             "layers (lm_head excluded) of GPU time per call in the CUDA-graph regime and of max(host, GPU) per call in "
             "the eager regime. It leaves out the gaps, clocks and L2 state of a real sequence and the overlap of host "
@@ -150,7 +150,7 @@ def comparison_section(primary: Run, rows: pd.DataFrame, others: list[Run], base
             f"<h3>{esc(primary.label)} vs {esc(other.label)}</h3>"
             f"<p>{len(comp)} shared FlashInfer cells; median |drift| of the FlashInfer/aten ratio {med:.2%}; "
             f"{len(big)} cells drift by more than 5%; kernels differ in {int(comp['kernel_changed'].sum())}.</p>"
-            f"<img alt='run vs run' src='{figures.compare_figure(comp, 'A', 'B')}'>"
+            + figures.img('run vs run', lambda: figures.compare_figure(comp, 'A', 'B')) +
             f"<details><summary>Largest drifts (A = {esc(primary.path)}, B = {esc(other.path)})</summary>"
             + table(comp.head(60), [("shape", "shape"), ("m", "M"), ("path", "path"), ("ratio_a", "ratio A"),
                                     ("ratio_b", "ratio B"), ("drift", "drift"), ("kernel_changed", "kernels changed")],
@@ -217,7 +217,7 @@ def anatomy_section(path: str) -> str:
     fmt = {c: "{:.1f}" for c in ("host_us", "host_us_p20", "host_us_p80")}
     return (f"<p class='muted'>{esc(info.get('command', ''))} · {esc(info.get('started', ''))} · "
             f"{esc((info.get('fingerprint') or {}).get('gpu_name', ''))}</p><ul>{''.join(lines)}</ul>"
-            f"<img alt='host anatomy' src='{figures.anatomy_figure(seg, aten)}'>"
+            + figures.img('host anatomy', lambda: figures.anatomy_figure(seg, aten)) +
             "<p class='muted'>Each segment is the median time of one entry point minus the medians of the entry points "
             "it calls, so the segments add up to the measured whole call (black line); p20/p80 are those of the per-round "
             "paired differences. A negative segment is below the noise and draws as nothing, so a stack above its "
@@ -267,7 +267,7 @@ def forward_section(run: Run, path: str, loaded: tuple[pd.DataFrame, dict]) -> s
                  " 'dispatch-python' is the dispatcher with its Python bound layer, beside 'dispatch' (the layer named "
                  "above)."
                  if DISPATCH_PYTHON in ratios.columns else "") + "</p>",
-             f"<img alt='measured forwards' src='{figures.forward_figure(fdf)}'>"]
+             figures.img('measured forwards', lambda: figures.forward_figure(fdf))]
     cols = [("model", "model"), ("m", "M"), ("regime", "regime")] + [(p, f"{p} / aten") for p in paths]
     parts.append("<h3>Per-forward time over aten's (measured)</h3>"
                  + table(ratios.sort_values(["model", "regime", "m"]), cols, fmt={p: "{:.3f}" for p in paths},
@@ -385,9 +385,9 @@ def check_inputs(results: list[str], forward: list[str], anatomy: str | None, ba
 
 def build(results: list[str], out: Path, baseline: str | None = None, anatomy: str | None = None,
           thresholds: str | None = None, partial: bool = False, forward: str | list[str] | None = None,
-          allow_mismatch: bool = False) -> Path:
+          allow_mismatch: bool = False, draw_figures: bool = True) -> Path:
     """The report of results[0] (the others compared with it); `forward`: measured-forward folders, e.g. one per model
-    of one run, each its own section."""
+    of one run, each its own section; `draw_figures` False: text and tables only (a quick look)."""
     check_inputs(results, [forward] if isinstance(forward, str) else list(forward or []), anatomy, baseline,
                  allow_mismatch)
     with progress(len(results) + 1, "report: loading") as bar:
@@ -421,7 +421,7 @@ def build(results: list[str], out: Path, baseline: str | None = None, anatomy: s
     if answer is not None:
         todo.insert(0, ("vllm", "In vLLM's terms", lambda: answer))
     sections = []
-    with progress(len(todo), "report: sections") as bar:
+    with progress(len(todo), "report: sections") as bar, figures.drawing(draw_figures):
         for key, title, make in todo:
             bar.set_postfix_str(title)
             sections.append((key, title, make()))

@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 import base64
+import html
 import io
 import math
+from contextlib import contextmanager
+from typing import Callable
 
 import matplotlib
 
@@ -33,6 +36,30 @@ def to_uri(fig) -> str:
     fig.savefig(buf, format="png", dpi=80)
     plt.close(fig)
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+_DRAW = [True]  # reports build --figures none turns drawing off for one build
+
+
+@contextmanager
+def drawing(enabled: bool):
+    """Figures drawn (True) or left out with a line that says so (False) while inside."""
+    before, _DRAW[0] = _DRAW[0], enabled
+    try:
+        yield
+    finally:
+        _DRAW[0] = before
+
+
+def drawn() -> bool:
+    return _DRAW[0]
+
+
+def img(alt: str, make: Callable[[], str]) -> str:
+    """An <img> of the figure `make` draws, or, with figures left out, a line in its place."""
+    if not _DRAW[0]:
+        return f"<p class='muted'>Figure left out ({html.escape(alt)}): built with --figures none.</p>"
+    return f"<img alt='{html.escape(alt)}' src='{make()}'>"
 
 
 def render_all(draw, jobs: list[tuple]) -> list[str]:

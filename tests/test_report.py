@@ -52,10 +52,12 @@ def test_the_verdict_in_words_agrees_with_validate(report, tmp_path, capsys):
     assert calibrate_main(["validate", str(DATA / "h200-sweep"), "--thresholds", str(seed)]) == 1
     # a run that did not measure the table's lean paths is not judged with it; the page says why
     old = tmp_path / "old.html"
-    assert reports_main(["build", str(DATA / "h200-sweep"), "-o", str(old)]) == 0
+    assert reports_main(["build", str(DATA / "h200-sweep"), "--figures", "none", "-o", str(old)]) == 0
     assert "which this run did not measure" in old.read_text()
     out = tmp_path / "seed.html"
-    assert reports_main(["build", str(DATA / "h200-sweep"), "--thresholds", str(seed), "-o", str(out)]) == 0
+    assert reports_main(["build", str(DATA / "h200-sweep"), "--thresholds", str(seed), "--figures", "none",
+                         "-o", str(out)]) == 0
+    assert "Figure left out" in out.read_text() and "data:image/png" not in out.read_text()
     seed_verdict = re.search(r'<div class="verdict (yes|no|unknown)">(.*?)</div>', out.read_text())
     assert seed_verdict.group(1) == "no" and "SLOWER" in seed_verdict.group(2)
     capsys.readouterr()
@@ -98,7 +100,7 @@ def test_the_cli_exits_2_with_one_line(tmp_path, capsys):
 def test_a_forward_run_with_void_eager_rows_says_so(tmp_path):
     out = tmp_path / "report.html"
     assert reports_main(["build", str(DATA / "h200-fit2-validate"), "--forward", str(DATA / "h200-settled-forward-1"),
-                         "-o", str(out)]) == 0
+                         "--figures", "none", "-o", str(out)]) == 0
     html = out.read_text()
     section = html[html.index('<section id="forward">'):]
     section = section[:section.index("</section>")]
@@ -138,7 +140,7 @@ def test_a_run_measured_in_two_folders_gets_a_forward_section_each(tmp_path):
     """--forward DIR DIR (one folder per model of one run): one section per folder, in the order given, each named."""
     out = tmp_path / "report.html"
     assert reports_main(["build", str(DATA / "h200-fit2-validate"), "--forward", str(DATA / "h200-idle-forward-35b-1"),
-                         str(DATA / "h200-idle-forward-1"), "-o", str(out)]) == 0
+                         str(DATA / "h200-idle-forward-1"), "--figures", "none", "-o", str(out)]) == 0
     html = out.read_text()
     first, second = html.index('<section id="forward-1">'), html.index('<section id="forward-2">')
     assert first < second and '<section id="forward">' not in html
