@@ -53,3 +53,24 @@ def test_the_prediction_from_the_measured_linears():
     assert out.at["prefill", "predicted"] == pytest.approx(0.9) and out.at["prefill", "measured"] == pytest.approx(0.92)
     assert out.at["generate", "linears_share_of_step"] == pytest.approx(0.1)  # per token: 100 of 1000 µs
     assert out.at["generate", "predicted"] == pytest.approx(1.0)
+
+
+def test_patched_logits_that_differ_fail_every_patched_row(tmp_path, monkeypatch):
+    """A dispatcher whose kernels changed the model's output beyond bf16 tolerance gets no timing verdict: every
+    patched row fails and says why."""
+    import torch
+
+    import dispatch
+    from bench.e2e import E2EConfig, run_e2e
+    real = dispatch.patch
+
+    def wrong(model, *args, **kwargs):
+        handle = real(model, *args, **kwargs)
+        for _, module in handle.patched:
+            module.forward = (lambda w: lambda x: torch.nn.functional.linear(x, w) * 1.5)(module.weight)
+        return handle
+    monkeypatch.setattr(dispatch, "patch", wrong)
+    rows = run_e2e(E2EConfig("tiny", TINY, tmp_path, layers=1, prefill=(4,), generate_tokens=2, rounds=1, device="cpu"))
+    patched = [r for r in rows if r["variant"] == "patched"]
+    assert patched and all(r["status"] == "failed" and "logits differ" in r["reason"] for r in patched)
+    assert all(r["status"] != "failed" for r in rows if r["variant"] == "stock")
