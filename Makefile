@@ -65,8 +65,9 @@ report: $(VENV)/.installed
 	set -f; $(PY) -m reports build $$RESULTS $$COMPARE $${BASELINE:+--baseline "$$BASELINE"} \
 	  $${ANATOMY:+--anatomy "$$ANATOMY"} $${FORWARD:+--forward $$FORWARD} -o "$$REPORT"
 
+# one pytest worker per core (pytest-xdist, in the dev extra); each worker builds its own C++ layer in its temp folder
 test: $(VENV)/.installed
-	$(PY) -m pytest -q -m "not evidence"
+	$(PY) -m pytest -q -m "not evidence" -n auto --dist worksteal
 
 evidence: $(VENV)/.installed
 	$(PY) -m pytest -q -m evidence
