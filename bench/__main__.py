@@ -23,7 +23,7 @@ from dispatch import vllm
 from dispatch.backends import flashinfer_path
 from dispatch.profiles import PROFILES, get_profile
 from dispatch.table import load_table
-from harness.cli import Parser, float_in, int_in
+from harness.cli import Parser, float_in, int_in, parent
 from harness.console import divert_noise
 from harness.errors import HarnessError, run_cli
 from harness.io import output_dir, output_file
@@ -34,8 +34,14 @@ from shapes.grid import parse_m
 def main(argv: Sequence[str] | None = None) -> int:
     parser = Parser(prog="python -m bench", description="GPU and host time of BF16 GEMM paths.")
     sub = parser.add_subparsers(dest="cmd", required=True)
-    p_run = sub.add_parser("run", help="sweep the shape catalog x M grid x paths on this GPU")
-    p_run.add_argument("--gpu", required=True, help=f"GPU profile: {', '.join(PROFILES)}")
+    gpu = parent((("--gpu",), dict(required=True, help=f"GPU profile: {', '.join(PROFILES)}")))
+    tactics = parent((("--autotune-cache",), dict(
+        metavar="FILE", help="serve FlashInfer's tactics from FILE (e.g. an earlier run's autotune-cache.json) "
+                             "instead of tuning; shapes or M that FILE lacks run FlashInfer's fallback tactic (-1), "
+                             "as in vLLM")),
+        (("--save-autotune-cache",), dict(metavar="FILE", help="after tuning, also write the tactics to FILE (they "
+                                                                "are always kept in OUT/autotune-cache.json)")))
+    p_run = sub.add_parser("run", parents=[gpu, tactics], help="sweep the shape catalog x M grid x paths on this GPU")
     p_run.add_argument("--shapes", help="comma list of shape names (n2048_k4096) or NxK; default: the whole catalog")
     p_run.add_argument("--model", help="only the shapes of one model")
     p_run.add_argument("--tp", type=int_in(1, 64), default=1, help="tensor-parallel degree of the catalog (default 1)")
@@ -62,11 +68,6 @@ def main(argv: Sequence[str] | None = None) -> int:
                             "(default); flush = one copy, a buffer of 2x L2 written before every call inside the graph "
                             "(its kernels excluded from the call's time); warm = one copy, no flush")
     p_run.add_argument("--no-tune", action="store_true", help="skip FlashInfer's autotuner (time its default tactics)")
-    p_run.add_argument("--autotune-cache", metavar="FILE",
-                       help="serve FlashInfer's tactics from FILE (e.g. an earlier run's autotune-cache.json) instead "
-                            "of tuning; shapes or M that FILE lacks run FlashInfer's fallback tactic (-1), as in vLLM")
-    p_run.add_argument("--save-autotune-cache", metavar="FILE",
-                       help="after tuning, also write the tactics to FILE (they are always kept in OUT/autotune-cache.json)")
     p_run.add_argument("--tune-all", action="store_true", help="also tune backends that are untuned by default (cudnn)")
     p_run.add_argument("--max-rotations", type=int_in(1, 4096), default=512,
                        help="at most this many rotated input/weight copies per graph (default 512)")
@@ -91,8 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                             "time exceeded 2x F.linear's cost in both regimes)")
     p_run.add_argument("--dry-run", action="store_true",
                        help="print the plan (paths, skips with reasons, tuning buckets, cells, estimated time); no GPU")
-    p_an = sub.add_parser("host-anatomy", help="where a FlashInfer call's host time goes, layer by layer, vs F.linear")
-    p_an.add_argument("--gpu", required=True, help=f"GPU profile: {', '.join(PROFILES)}")
+    p_an = sub.add_parser("host-anatomy", parents=[gpu], help="where a FlashInfer call's host time goes, layer by layer, vs F.linear")
     p_an.add_argument("--shapes", default="n2048_k4096", help="comma list of shapes or NxK (default n2048_k4096)")
     p_an.add_argument("--m", default="8,48,1024",
                       help="M values (default 8,48,1024: tuning buckets 8 and 1024, and 48, which is none)")
@@ -101,9 +101,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_an.add_argument("--rounds", type=int_in(1, 1000), default=9, help="interleaved rounds (default 9)")
     p_an.add_argument("--out", default="results/host-anatomy", help="output folder (default results/host-anatomy)")
     p_an.add_argument("--allow-mismatch", action="store_true", help="run although the GPU is not the profile's")
-    p_e2e = sub.add_parser("e2e", help="(GPU) transformers' own model, stock against dispatch.patch: prefill, "
+    p_e2e = sub.add_parser("e2e", parents=[gpu], help="(GPU) transformers' own model, stock against dispatch.patch: prefill, "
                                        "generate, a captured decode step")
-    p_e2e.add_argument("--gpu", required=True, help=f"GPU profile: {', '.join(PROFILES)}")
     p_e2e.add_argument("--model", help="one catalog model (default: the first of the catalog)")
     p_e2e.add_argument("--config", help="a HF config.json instead of a catalog model")
     p_e2e.add_argument("--layers", type=int_in(1, 1024), help="only the first N decoder layers (memory)")
@@ -112,8 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_e2e.add_argument("--rounds", type=int_in(1, 1000), default=5, help="rounds, variant order shuffled (default 5)")
     p_e2e.add_argument("--table", metavar="FILE", help="the table the patched model runs (default: the profile's)")
     p_e2e.add_argument("--out", required=True, help="results folder: e2e.csv and run.json")
-    p_fw = sub.add_parser("forward", help="per-forward linear time of whole models, CUDA graph and eager, per path")
-    p_fw.add_argument("--gpu", required=True, help=f"GPU profile: {', '.join(PROFILES)}")
+    p_fw = sub.add_parser("forward", parents=[gpu, tactics], help="per-forward linear time of whole models, CUDA graph and eager, per path")
     p_fw.add_argument("--model", help="comma list of catalog models (default: every model of the catalog)")
     p_fw.add_argument("--config", help="a HF config.json instead of the catalog's models")
     p_fw.add_argument("--tp", type=int_in(1, 64), default=1, help="tensor-parallel degree (default 1)")
@@ -125,8 +123,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_fw.add_argument("--layers", type=int_in(1, 1000), help="only the first N decoder layers (memory); every row says so")
     p_fw.add_argument("--no-lm-head", action="store_true", help="leave lm_head out of the forward")
     p_fw.add_argument("--samples", type=int_in(3, 1000), default=10, help="forwards per path, regime and M (default 10)")
-    p_fw.add_argument("--autotune-cache", metavar="FILE", help="serve FlashInfer's tactics from FILE (as bench run)")
-    p_fw.add_argument("--save-autotune-cache", metavar="FILE", help="after tuning, also write the tactics to FILE")
     p_fw.add_argument("--no-tune", action="store_true", help="skip FlashInfer's autotuner")
     p_fw.add_argument("--out", default="results/forward", help="output folder (default results/forward)")
     p_fw.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")

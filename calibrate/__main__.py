@@ -37,7 +37,7 @@ from calibrate.noise import LEVEL, coverage, coverage_line, fit_floor, load_nois
 from calibrate.regress import measure_runs, regress, regression_paths
 from dispatch.profiles import PROFILES, get_profile, matches
 from dispatch.table import REGIMES, TABLE_DIR, ThresholdTable, load_table
-from harness.cli import Parser, float_in, int_in
+from harness.cli import Parser, float_in, int_in, parent
 from harness.console import terminal
 from harness.errors import HarnessError, run_cli
 from harness.io import (atomic_write_text, check_target, claim_work_dir, distinct, output_file, same_gpu,
@@ -90,9 +90,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = Parser(prog="python -m calibrate", description="Validate and fit the threshold dispatcher.")
     partial = dict(action="store_true", help="judge a run with missing cells or that did not finish (they are named)")
     sub = parser.add_subparsers(dest="cmd", required=True)
-    p_val = sub.add_parser("validate", help="judge a threshold table against measured results")
+    gpu = parent((("--gpu",), dict(required=True, help=f"GPU profile: {', '.join(PROFILES)}")))
+    gpu_of_runs = parent((("--gpu",), dict(help="GPU profile (default: the runs')")))
+    p_val = sub.add_parser("validate", parents=[gpu_of_runs], help="judge a threshold table against measured results")
     p_val.add_argument("results", help="results folder or results.csv (run.json beside it)")
-    p_val.add_argument("--gpu", help="GPU profile (default: the run's)")
     p_val.add_argument("--thresholds", help="threshold table file (default: dispatch/thresholds/<profile>.json)")
     p_val.add_argument("--margin", type=float_in(0, 0.5), default=0.03, help="equivalence margin (default 0.03 = 3%%)")
     p_val.add_argument("--oracle", choices=("candidates", "all"), default="all",
@@ -109,9 +110,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_val.add_argument("--allow-mismatch", action="store_true", help="judge a run from another GPU than the profile's")
     p_val.add_argument("--replicate", help="a replicate run (fresh process, same GPU): measure how often its point "
                                            "ratios fall inside this run's intervals (their coverage)")
-    p_fit = sub.add_parser("fit", help="fit per-shape M ranges for both regimes (graph: GPU time; eager: host and GPU)")
+    p_fit = sub.add_parser("fit", parents=[gpu], help="fit per-shape M ranges for both regimes (graph: GPU time; eager: host and GPU)")
     p_fit.add_argument("results")
-    p_fit.add_argument("--gpu", required=True, help=f"GPU profile: {', '.join(PROFILES)}")
     p_fit.add_argument("--min-gain", type=float_in(0, 1), default=FIT_MIN_GAIN,
                        help=f"a cell leaves F.linear only for a gain above this share, beyond the noise "
                             f"(default {FIT_MIN_GAIN})")
@@ -158,23 +158,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                          help="an arm: its name, then two or more runs (repeat --arm for each arm, two or more)")
     p_shift.add_argument("--partial", **partial)
     p_shift.add_argument("--allow-mismatch", action="store_true", help="compare runs of different GPUs")
-    p_noise = sub.add_parser("noise", help="measure the run-to-run noise floor of GPU-time ratios from replicate runs")
+    p_noise = sub.add_parser("noise", parents=[gpu], help="measure the run-to-run noise floor of GPU-time ratios from replicate runs")
     p_noise.add_argument("runs", nargs="+", help="two or more runs of one grid, each in a fresh process")
-    p_noise.add_argument("--gpu", required=True, help=f"GPU profile: {', '.join(PROFILES)}")
     p_noise.add_argument("--out", help="floor file (default results/<profile>/noise.json)")
     p_noise.add_argument("--install", action="store_true", help="write the shipped calibrate/noise/<profile>.json")
     p_noise.add_argument("--partial", **partial)
-    p_fnoise = sub.add_parser("forward-noise", help="measure the run-to-run noise of measured forwards' ratios from "
+    p_fnoise = sub.add_parser("forward-noise", parents=[gpu], help="measure the run-to-run noise of measured forwards' ratios from "
                                                      "runs in fresh processes")
     p_fnoise.add_argument("runs", nargs="+", help="two or more measured-forward folders (python -m bench forward); "
                                                   "each consecutive pair is a replicate pair")
-    p_fnoise.add_argument("--gpu", required=True, help=f"GPU profile: {', '.join(PROFILES)}")
     p_fnoise.add_argument("--out", help="floor file (default results/<profile>/forward-noise.json)")
     p_fnoise.add_argument("--install", action="store_true",
                           help="write the shipped calibrate/noise/<profile>-forward.json")
     p_fnoise.add_argument("--partial", **partial)
-    p_host = sub.add_parser("host-cost", help="(GPU) host time of dispatch.linear against F.linear above the threshold")
-    p_host.add_argument("--gpu", required=True)
+    p_host = sub.add_parser("host-cost", parents=[gpu], help="(GPU) host time of dispatch.linear against F.linear above the threshold")
     p_host.add_argument("--calls", type=int_in(100, 1_000_000), default=4000)
     p_host.add_argument("--out", help="CSV file for the per-shape figures")
     p_l2 = sub.add_parser("l2", help="which dispatch decisions flip between L2 states (runs swept with bench run --l2)")
@@ -188,8 +185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_l2.add_argument("--forward", help="a measured-forward folder: which L2 state's cell-sum model is closest to it")
     p_l2.add_argument("--csv", help="write the per-cell table here")
     p_l2.add_argument("--partial", **partial)
-    p_base = sub.add_parser("baseline", help="write tests/baselines/<profile>.json from fresh (or given) regression-grid runs")
-    p_base.add_argument("--gpu", required=True, help=f"GPU profile: {', '.join(PROFILES)}")
+    p_base = sub.add_parser("baseline", parents=[gpu], help="write tests/baselines/<profile>.json from fresh (or given) regression-grid runs")
     p_base.add_argument("--from", dest="sources", nargs="+",
                         help="existing results folders of one environment (default: measure afresh, GPU)")
     p_base.add_argument("--work", default="results/baseline", help="where a fresh run writes (default results/baseline)")
@@ -207,20 +203,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_e2e.add_argument("--forward", required=True, metavar="DIR",
                        help="a measured forward of the same model and layout (bench forward --layout transformers "
                             "--paths aten,dispatch), on the same GPU")
-    p_vllm = sub.add_parser("vllm", help="the answer in vLLM's terms from measured forwards: vLLM default, its flag, "
+    p_vllm = sub.add_parser("vllm", parents=[gpu_of_runs], help="the answer in vLLM's terms from measured forwards: vLLM default, its flag, "
                                          "the seed PR's rule, the best single threshold and the table")
     p_vllm.add_argument("--forward", nargs="+", metavar="DIR", required=True,
                         help="measured-forward folders of one GPU (python -m bench forward, default paths), e.g. one "
                              "per model")
-    p_vllm.add_argument("--gpu", help="GPU profile (default: the runs')")
     p_vllm.add_argument("--no-floor", action="store_true",
                         help="intervals from the runs' paired rounds alone, not widened by the profile's forward "
                              "noise floor")
     p_vllm.add_argument("--markdown", action="store_true", help="print only the short answer as a Markdown table")
     p_vllm.add_argument("--partial", **partial)
-    p_table = sub.add_parser("table", help="(GPU) a table from one command: sweep, forward, fit, out-of-sample "
+    p_table = sub.add_parser("table", parents=[gpu], help="(GPU) a table from one command: sweep, forward, fit, out-of-sample "
                                            "check, baseline, report, in legs that resume")
-    p_table.add_argument("--gpu", required=True, help=f"GPU profile: {', '.join(PROFILES)}")
     p_table.add_argument("--run-id", help="the run's folder under results/<profile>/ (default: a new UTC time stamp)")
     p_table.add_argument("--resume", action="store_true", help="continue the legs of --run-id that are not done")
     p_table.add_argument("--dry-run", action="store_true", help="print the legs and write nothing (any machine)")
@@ -229,8 +223,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_table.add_argument("--install", action="store_true",
                          help="install the table, its tactics and the baseline of --run-id as the shipped files "
                               "(a complete run whose check passed)")
-    p_reg = sub.add_parser("regress", help="compare fresh (or given) measurements with the stored baseline")
-    p_reg.add_argument("--gpu", required=True, help=f"GPU profile: {', '.join(PROFILES)}")
+    p_reg = sub.add_parser("regress", parents=[gpu], help="compare fresh (or given) measurements with the stored baseline")
     p_reg.add_argument("--from", dest="source", help="results folder to compare (default: measure afresh, GPU)")
     p_reg.add_argument("--baseline", help="baseline file (default tests/baselines/<profile>.json)")
     p_reg.add_argument("--tolerance", type=float_in(0, 1), help="GPU-ratio band (default: the baseline's, 0.05)")

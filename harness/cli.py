@@ -34,3 +34,11 @@ def int_in(lo: int, hi: int) -> Callable[[str], int]:
 
 def float_in(lo: float, hi: float) -> Callable[[str], float]:
     return _bounded(float, "a number", lo, hi)
+
+
+def parent(*options: tuple[tuple[str, ...], dict]) -> argparse.ArgumentParser:
+    """A parent parser holding options that several subcommands share, each declared once: parents=[parent(...)]."""
+    p = argparse.ArgumentParser(add_help=False)
+    for names, kwargs in options:
+        p.add_argument(*names, **kwargs)
+    return p
