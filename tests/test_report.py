@@ -134,6 +134,14 @@ def test_the_report_renders_in_headless_chromium(report, tmp_path):
     for heading in ("Verdict", "Per shape", "Per-forward totals (cell-sum model)", "Measured forward", "Every cell",
                     "Comparison", "Host-time anatomy"):
         assert f">{heading}</h2>" in dom
+    # at 1400 px nothing widens the page itself: wide tables scroll inside their own box
+    probe = tmp_path / "probe.html"
+    probe.write_text(report.read_text().replace("</body>", "<script>window.addEventListener('load', function () {"
+                     "document.body.setAttribute('data-sw', document.documentElement.scrollWidth);});</script></body>"))
+    dom = subprocess.run([exe, *flags, "--window-size=1400,2400", "--virtual-time-budget=5000", "--dump-dom",
+                          probe.as_uri()], check=True, capture_output=True, text=True, timeout=120).stdout
+    width = re.search(r'data-sw="(\d+)"', dom)
+    assert width is not None and int(width.group(1)) <= 1400, f"the page is {width and width.group(1)} px wide"
 
 
 def test_a_run_measured_in_two_folders_gets_a_forward_section_each(tmp_path):
