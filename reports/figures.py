@@ -81,9 +81,11 @@ def shape_figure(rows: pd.DataFrame, title: str, threshold: int | None, crossove
                  capture_size: int | None) -> str:
     """Three panels for one shape: GPU time per call, FlashInfer/aten GPU-time ratio, host vs GPU time."""
     ok = rows[rows["status"] == "ok"]
-    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(15, 3.9))
+    grid = sorted(set(rows["m"]))
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(15, 5.0))
     for path, g in ok.groupby("path"):
-        g = g.sort_values("m")
+        # on the shape's whole M grid: an M the path was not measured at is a gap in its line, not a line across it
+        g = g.drop_duplicates("m").set_index("m").reindex(grid).rename_axis("m").reset_index()
         ax1.plot(g["m"], g["gpu_us"], marker=".", color=_color(path), label=path)
         ax1.fill_between(g["m"], g["gpu_us_p20"], g["gpu_us_p80"], color=_color(path), alpha=0.15)
         ax3.plot(g["m"], g["host_us"], marker=".", color=_color(path), label=f"{path} host")
@@ -93,7 +95,7 @@ def shape_figure(rows: pd.DataFrame, title: str, threshold: int | None, crossove
             ax2.fill_between(g["m"], g["ratio_lo"], g["ratio_hi"], color=_color(path), alpha=0.25)
     ax1.set(xscale="log", yscale="log", xlabel="M (tokens)", ylabel="GPU µs per call (CUPTI, in graph)",
             title=f"{title}: GPU time per call")
-    ax1.legend(fontsize=7)
+    _legend_below(ax1)
     ax2.axhline(1.0, color="black", lw=0.8)
     ax2.set(xscale="log", yscale="log", xlabel="M (tokens)", ylabel="FlashInfer / aten GPU time",
             title="FlashInfer / aten (below 1: FlashInfer faster)")
@@ -104,21 +106,26 @@ def shape_figure(rows: pd.DataFrame, title: str, threshold: int | None, crossove
     if not math.isnan(crossover):
         ax2.axvline(crossover, color="#e6ab02", ls=":", lw=1.5, label=f"measured crossover M* = {crossover:.0f}")
     if ax2.has_data():
-        ax2.legend(fontsize=7)
+        _legend_below(ax2)
     ax3.set(xscale="log", yscale="log", xlabel="M (tokens)", ylabel="µs per call",
             title="host (solid) vs GPU (dotted) per call")
     if capture_size:
         ax3.axvspan(capture_size, max(ok["m"].max(), capture_size) * 1.1, color="#cccccc", alpha=0.3,
                     label=f"eager above capture size {capture_size}")
-    ax3.legend(fontsize=7)
+    _legend_below(ax3)
     for ax in (ax1, ax2, ax3):
         ax.grid(True, which="major", alpha=0.25)
         ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
         ax.yaxis.set_major_formatter(PLAIN)
         ax.yaxis.set_minor_locator(NullLocator())  # minor log ticks cost most of a figure's drawing time
         ax.xaxis.set_minor_locator(NullLocator())
-    fig.subplots_adjust(left=0.05, right=0.99, bottom=0.14, top=0.9, wspace=0.28)
+    fig.subplots_adjust(left=0.05, right=0.99, bottom=0.36, top=0.93, wspace=0.28)
     return to_uri(fig)
+
+
+def _legend_below(ax) -> None:
+    """The legend under the panel, where it covers no data."""
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=2, frameon=False)
 
 
 def totals_figure(totals: pd.DataFrame) -> str:
