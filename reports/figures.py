@@ -82,7 +82,7 @@ def shape_figure(rows: pd.DataFrame, title: str, threshold: int | None, crossove
     """Three panels for one shape: GPU time per call, FlashInfer/aten GPU-time ratio, host vs GPU time."""
     ok = rows[rows["status"] == "ok"]
     grid = sorted(set(rows["m"]))
-    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(15, 5.0))
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(15, 4.5))
     for path, g in ok.groupby("path"):
         # on the shape's whole M grid: an M the path was not measured at is a gap in its line, not a line across it
         g = g.drop_duplicates("m").set_index("m").reindex(grid).rename_axis("m").reset_index()
@@ -119,7 +119,7 @@ def shape_figure(rows: pd.DataFrame, title: str, threshold: int | None, crossove
         ax.yaxis.set_major_formatter(PLAIN)
         ax.yaxis.set_minor_locator(NullLocator())  # minor log ticks cost most of a figure's drawing time
         ax.xaxis.set_minor_locator(NullLocator())
-    fig.subplots_adjust(left=0.05, right=0.99, bottom=0.36, top=0.93, wspace=0.28)
+    fig.subplots_adjust(left=0.05, right=0.99, bottom=0.38, top=0.92, wspace=0.28)
     return to_uri(fig)
 
 
