@@ -48,17 +48,24 @@ def table_section(run: Run) -> str:
     if t is None:
         return f"<p>{esc(run.table_problem or 'No dispatch table for this GPU.')}</p>"
     src = t.source
+    rule = str(src.get("rule") or "")
     meta = {"fitted from": src.get("fitted_from"), "fit command": src.get("fit_command"), "date": src.get("date"),
             "M held out": ", ".join(map(str, src.get("held_out_m") or [])) or None,
-            "tactics": (src.get("tactics") or {}).get("file"), "rule": src.get("rule"), "note": src.get("note")}
+            "tactics": (src.get("tactics") or {}).get("file"), "rule": rule.split(";")[0] or None,
+            "note": src.get("note")}
     rows = [{"shape": f"{n}x{k}", "graph": describe_ranges(own["graph"]), "eager": describe_ranges(own["eager"])}
             for (n, k), own in sorted(t.shapes.items())]
     rows.append({"shape": "any other shape", "graph": t.describe("graph"), "eager": t.describe("eager")})
     cols = [("shape", "shape"), ("graph", "graph regime"), ("eager", "eager regime")]
+    strips = [(f"{n}x{k} {regime}", own[regime]) for (n, k), own in sorted(t.shapes.items()) for regime in
+              ("graph", "eager")]
     return ('<div class="wrapkv">' + kv_table({k: v for k, v in meta.items() if v}) + "</div>"
+            + (f"<details><summary>The fit's whole rule</summary><p>{esc(rule)}</p></details>" if ";" in rule else "")
             + "<p>graph: ranges used while a CUDA graph is being captured (GPU time counts); eager: otherwise (host "
               "and GPU time count). M above a shape's last range runs F.linear.</p>"
-            + table(pd.DataFrame(rows), cols, cls="wrap", left=tuple(c for c, _ in cols)))
+            + figures.img("the table's ranges", lambda: figures.ranges_figure(strips))
+            + "<details><summary>The ranges as text</summary>"
+            + table(pd.DataFrame(rows), cols, cls="wrap", left=tuple(c for c, _ in cols)) + "</details>")
 
 
 def shapes_section(run: Run, rows: pd.DataFrame) -> str:

@@ -77,6 +77,29 @@ def render_all(draw, jobs: list[tuple]) -> list[str]:
         return [draw(*job) for job in jobs]
 
 
+def ranges_figure(strips: list[tuple[str, tuple]]) -> str:
+    """The table as strips: one row per (shape, regime), each range a coloured span over M (log), F.linear above the
+    last one."""
+    from shapes.grid import M_MAX
+    fig, ax = plt.subplots(figsize=(15, 0.5 + 0.22 * len(strips)))
+    seen: dict[str, object] = {}
+    for row, (_, ranges) in enumerate(strips):
+        lo = 1
+        for up, path in [*ranges, (M_MAX, ATEN)]:
+            if up >= lo:
+                bar = ax.barh(row, up + 1 - lo, left=lo, height=0.8, color=_color(path), edgecolor="white", lw=0.5)
+                seen.setdefault(path, bar)
+            lo = up + 1
+    ax.set(xscale="log", xlim=(1, M_MAX + 1), ylim=(len(strips) - 0.5, -0.5), xlabel="M (tokens)")
+    ax.set_yticks(range(len(strips)), [label for label, _ in strips], fontsize=7)
+    ax.xaxis.set_major_formatter(PLAIN)
+    ax.xaxis.set_minor_locator(NullLocator())
+    ax.legend(seen.values(), seen.keys(), fontsize=7, loc="upper center", bbox_to_anchor=(0.5, 1.0 + 0.9 / len(strips)),
+              ncol=len(seen), frameon=False)
+    fig.subplots_adjust(left=0.12, right=0.99, bottom=0.3 / (0.5 + 0.22 * len(strips)) + 0.02, top=0.95)
+    return to_uri(fig)
+
+
 def shape_figure(rows: pd.DataFrame, title: str, threshold: int | None, crossover: float,
                  capture_size: int | None) -> str:
     """Three panels for one shape: GPU time per call, FlashInfer/aten GPU-time ratio, host vs GPU time."""
