@@ -26,10 +26,10 @@ from calibrate.agree import agreement, host_shift, host_shift_lines, summary_lin
 from calibrate.analysis import (FIT_MIN_GAIN, Cells, cell_verdicts, dispatch_candidates, failures, fit,
                                 forward_totals, low_m_measured, model_uses, provenance)
 from calibrate.baseline import fingerprint_mismatch, fingerprint_of
-from calibrate.forward_model import (GPU_BOUND_MARGIN, MODEL_MISS, forward_ratios, forward_verdicts,
-                                    gpu_bound_in_every_run, host_bound_in_every_run, load_forward, null_pair_spread,
-                                    kept_choices, model_vs_measured, other_table_keys,
-                                    overrides_over_the_table, picks_in_every_run)
+from calibrate.forward_model import (GPU_BOUND_MARGIN, MODEL_MISS, forward_ratios, gpu_bound_in_every_run,
+                                    host_bound_in_every_run, judged_forward, kept_choices, load_forward,
+                                    model_vs_measured, null_pair_spread, overrides_over_the_table,
+                                    picks_in_every_run)
 from calibrate.forward_noise import fit_forward_floor, forward_coverage, forward_noise_path, load_forward_floor
 from calibrate.hostcost import run_host_cost
 from calibrate.l2 import MODES, close_cells, decisions
@@ -750,15 +750,13 @@ def _forward_report(where: str, fdf: pd.DataFrame, finfo: dict, cells, table, pr
         for regime in ("graph", "eager"):
             print(coverage_line(cov[cov["regime"] == regime], floor.level if floor else LEVEL,
                                 f"{regime}, {replicate[0]}'s ratios in {where}'s intervals"))
-    fv = forward_verdicts(fdf, profile.capture_size, floor)
-    other, checkable = other_table_keys(fdf, finfo, table, profile)
+    fv, other, checkable, covered = judged_forward(fdf, finfo, table, profile, floor)
     if not checkable and not fv.empty:
         print(f"\nnote: {where} has no table-direct rows, so which table its dispatcher ran is not checked")
     if other:
         print(f"\n{where} ran another table's choices than this one at {len(other)} (model, M, regime) (its "
               f"table-direct rows ran other paths): no measured verdict there: "
               + ", ".join(f"{mo} M={m} {r}" for mo, m, r in sorted(other)))
-        fv = fv[[(mo, m, r) not in other for mo, m, r in zip(fv["model"], fv["m"], fv["regime"])]]
     if fv.empty:
         return fv, set()
     print("\nmeasured forwards, dispatcher / best measured path and / all-aten, both regimes (paired per round; "
@@ -777,9 +775,7 @@ def _forward_report(where: str, fdf: pd.DataFrame, finfo: dict, cells, table, pr
     if n_same:
         print(f"  identical captured forwards (dispatch and table-direct, same kernels) at {n_same} points: "
               f"|dispatch / table-direct - 1| median {med:.2%}, largest {worst:.2%} (the graph regime's measured noise)")
-    # a (model, M) counts as measured where both regimes were, for this table
-    regimes = fv.groupby(["model", "m"])["regime"].nunique()
-    return fv[~fv["ok"]], {key for key, n in regimes.items() if n == 2}
+    return fv[~fv["ok"]], covered  # a (model, M) counts as measured where both regimes were, for this table
 
 
 def _l2_cmd(args) -> int:

@@ -490,3 +490,18 @@ def overrides_over_the_table(runs: list[tuple[pd.DataFrame, dict[str, Any]]], ta
         if best is not None:
             out[key] = best
     return out
+
+
+def judged_forward(forward: pd.DataFrame, info: dict[str, Any], table: ThresholdTable, profile: GpuProfile,
+                   floor: "ForwardFloor | None" = None) -> tuple[pd.DataFrame, set, bool, set[tuple[str, int]]]:
+    """The measured forward verdicts that judge this table: (verdicts, the (model, M, regime) whose dispatcher ran
+    another table's choices (left out), whether that could be checked, the (model, M) measured in both regimes).
+    calibrate validate and the report's headline both take their measured verdicts from here."""
+    fv = forward_verdicts(forward, profile.capture_size, floor)
+    other, checkable = other_table_keys(forward, info, table, profile)
+    if other:
+        fv = fv[[(mo, m, r) not in other for mo, m, r in zip(fv["model"], fv["m"], fv["regime"])]]
+    if fv.empty:
+        return fv, other, checkable, set()
+    regimes = fv.groupby(["model", "m"])["regime"].nunique()
+    return fv, other, checkable, {key for key, n in regimes.items() if n == 2}

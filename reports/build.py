@@ -397,13 +397,16 @@ def build(results: list[str], out: Path, baseline: str | None = None, anatomy: s
     of one run, each its own section; `draw_figures` False: text and tables only (a quick look)."""
     check_inputs(results, [forward] if isinstance(forward, str) else list(forward or []), anatomy, baseline,
                  allow_mismatch)
+    folders = [forward] if isinstance(forward, str) else list(forward or [])
+    from calibrate.forward_model import load_forward
     with progress(len(results) + 1, "report: loading") as bar:
         runs = []
         for r in results:
             runs.append(load_run(r, thresholds, partial))
             bar.update()
         primary = runs[0]
-        head = headline(primary)
+        loaded = {f: load_forward(f, partial) for f in folders}  # read once: the verdict, its section, vLLM terms
+        head = headline(primary, list(loaded.values()))
         rows = cell_rows(primary, head.verdicts)
         bar.update()
     gpus = " vs ".join(dict.fromkeys(r.gpu for r in runs))
@@ -415,9 +418,6 @@ def build(results: list[str], out: Path, baseline: str | None = None, anatomy: s
             ("problems", "Failed and skipped cells", lambda: problems_section(rows))]
     if len(runs) > 1 or baseline:
         todo.append(("comparison", "Comparison", lambda: comparison_section(primary, rows, runs[1:], baseline)))
-    folders = [forward] if isinstance(forward, str) else list(forward or [])
-    from calibrate.forward_model import load_forward
-    loaded = {f: load_forward(f, partial) for f in folders}  # read once: its own section and the vLLM terms
     several = len(folders) > 1
     todo[3:3] = [(f"forward-{i}" if several else "forward",  # before the totals, in the order given
                   "Measured forward" + (f" ({Path(f).name})" if several else ""),

@@ -96,8 +96,10 @@ class Headline:
     totals: pd.DataFrame
 
 
-def headline(run: Run) -> Headline:
-    """The dispatcher's verdict on this run, in plain words, with the tables behind it."""
+def headline(run: Run, forwards: list[tuple[pd.DataFrame, dict]] | None = None) -> Headline:
+    """The dispatcher's verdict on this run, in plain words, with the tables behind it: calibrate validate's on the
+    same inputs (the measured forwards, where given, judge the (model, M) they measured in place of the cell-sum
+    model, and their own failures count)."""
     c, df = run.cells, run.df
     s: list[str] = []
     ok = df[df["status"] == "ok"]
@@ -122,7 +124,17 @@ def headline(run: Run) -> Headline:
     verdicts = cell_verdicts(c, run.table, MARGIN, noise=load_noise(run.profile.name))
     totals = forward_totals(c, run.table, model_uses(df), run.profile.capture_size)
     slower, over = failures(verdicts, totals)
-    holds = slower.empty and over.empty
+    measured_over, covered = 0, set()
+    if forwards:
+        from calibrate.forward_model import judged_forward
+        from calibrate.forward_noise import load_forward_floor
+        floor = load_forward_floor(run.profile.name)
+        for fdf, finfo in forwards:
+            fv, _, _, both = judged_forward(fdf, finfo, run.table, run.profile, floor)
+            covered |= both
+            measured_over += int((~fv["ok"]).sum()) if not fv.empty else 0
+        over = over[[(mo, m) not in covered for mo, m in zip(over["model"], over["m"])]]
+    holds = slower.empty and over.empty and not measured_over
     t = run.table
     rule = table_rule(t)
     if holds:
@@ -136,7 +148,9 @@ def headline(run: Run) -> Headline:
                     f"best choice beyond {MARGIN:.0%} in {len(slower)} cell(s)" + (f" ({where})" if where else "") +
                     (f" and, in the cell-sum model (a sum of isolated cells, not a measurement; measured forwards "
                      f"overrule it where they exist), its per-forward total exceeds the best by more than 1% at "
-                     f"{len(over)} (model, M) points" if len(over) else "") + ".")
+                     f"{len(over)} (model, M) points" if len(over) else "") +
+                    (f"; its measured forward is more than 1% above the best measured path at {measured_over} "
+                     f"point(s)" if measured_over else "") + ".")
     if run.incomplete:  # no verdict on incomplete data: say what the measured cells show, and that it is not one
         s[0] = (f"No verdict: this run is incomplete ({'; '.join(run.incomplete)}), judged with --partial. On the "
                 f"measured cells alone: " + s[0])

@@ -39,10 +39,11 @@ def test_the_report_is_one_self_contained_file_with_every_section(report):
 
 
 def test_the_verdict_in_words_agrees_with_validate(report, tmp_path, capsys):
-    """The page's yes/no is calibrate validate's PASS/FAIL on the same run; with the seed PR's table (which validate
-    fails) the page says no."""
+    """The page's yes/no is calibrate validate's PASS/FAIL on the same inputs (the run and its measured forward);
+    with the seed PR's table (which validate fails) the page says no."""
     from calibrate.__main__ import main as calibrate_main
-    passes = calibrate_main(["validate", str(DATA / "h200-lean-validate")]) == 0
+    passes = calibrate_main(["validate", str(DATA / "h200-lean-validate"), "--forward",
+                             str(DATA / "h200-lean-forward")]) == 0
     verdict = re.search(r'<div class="verdict (yes|no|unknown)">(.*?)</div>', report.read_text())
     assert verdict.group(1) == ("yes" if passes else "no")
     assert verdict.group(2).startswith("Yes, the dispatcher holds" if passes else "No, the dispatcher does not hold")
@@ -60,6 +61,24 @@ def test_the_verdict_in_words_agrees_with_validate(report, tmp_path, capsys):
     assert "Figure left out" in out.read_text() and "data:image/png" not in out.read_text()
     seed_verdict = re.search(r'<div class="verdict (yes|no|unknown)">(.*?)</div>', out.read_text())
     assert seed_verdict.group(1) == "no" and "SLOWER" in seed_verdict.group(2)
+    capsys.readouterr()
+
+
+@pytest.mark.evidence
+def test_the_table_runs_check_gets_the_same_verdict_on_the_page_as_from_validate(tmp_path, capsys):
+    """evidence/h200-table-20261201T1244-run: validate and the page agree, the measured forwards overruling the
+    cell-sum model at the same (model, M) points."""
+    from calibrate.__main__ import main as calibrate_main
+    run = Path(__file__).parent.parent / "evidence" / "h200-table-20261201T1244-run"
+    args = [str(run / "check-sweep"), "--thresholds", str(run / "table.json"), "--forward", str(run / "check-forward")]
+    out_v = calibrate_main(["validate", *args])
+    text = capsys.readouterr().out
+    page = tmp_path / "check.html"
+    assert reports_main(["build", *args, "--figures", "none", "-o", str(page)]) == 0
+    check = re.search(r'<div class="verdict (yes|no|unknown)">(.*?)</div>', page.read_text())
+    assert check.group(1) == ("yes" if out_v == 0 else "no")
+    n_over = text.split("more than 1% above the best achievable:")[1].split("FAIL")[0].count("\n") - 2
+    assert f"at {n_over} (model, M) points" in check.group(2)
     capsys.readouterr()
 
 
