@@ -419,7 +419,7 @@ def build(results: list[str], out: Path, baseline: str | None = None, anatomy: s
     if len(runs) > 1 or baseline:
         todo.append(("comparison", "Comparison", lambda: comparison_section(primary, rows, runs[1:], baseline)))
     several = len(folders) > 1
-    todo[3:3] = [(f"forward-{i}" if several else "forward",  # before the totals, in the order given
+    todo[1:1] = [(f"forward-{i}" if several else "forward",  # the measured answer, right after the verdict
                   "Measured forward" + (f" ({Path(f).name})" if several else ""),
                   lambda f=f: forward_section(primary, f, loaded[f])) for i, f in enumerate(folders, 1)]
     if anatomy:
