@@ -602,10 +602,8 @@ def _table_cmd(args) -> int:
     if not run_id.replace("-", "").replace("_", "").replace(".", "").isalnum():
         raise HarnessError(f"--run-id {run_id!r}: letters, digits, '-', '_' and '.' only")
     run = RESULTS / profile.name / run_id
-    from calibrate.table_pipeline import legs
-    names = [leg.name for leg in legs(profile, run)]
-    if args.stop_after is not None and args.stop_after not in names:
-        raise HarnessError(f"--stop-after {args.stop_after!r} is no leg; the legs: {', '.join(names)}")
+    from calibrate.table_pipeline import check_stop_after
+    check_stop_after(profile, run, args.stop_after)  # before any GPU check
     if args.dry_run:
         print(plan_text(profile, run))
         return 0

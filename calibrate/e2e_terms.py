@@ -32,6 +32,12 @@ def load_e2e(folder: str | Path) -> tuple[pd.DataFrame, dict[str, Any]]:
     missing = [c for c in ("model", "step", "tokens", "variant", "status", "us") if c not in df.columns]
     if missing:
         raise HarnessError(f"{csv} lacks the column(s) {', '.join(missing)}; it is not a bench e2e file")
+    ok = df["status"] == "ok"
+    us = pd.to_numeric(df.loc[ok, "us"], errors="coerce")
+    tokens = pd.to_numeric(df["tokens"], errors="coerce")
+    if not (us > 0).all() or us.isna().any() or tokens.isna().any() or (tokens != tokens.round()).any():
+        raise HarnessError(f"{csv}: an ok row has no positive time, or a row's tokens are not an integer; restore "
+                           f"the file bench e2e wrote or run it again")
     return df, info
 
 

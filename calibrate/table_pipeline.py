@@ -85,6 +85,14 @@ def plan_text(profile: GpuProfile, run: Path) -> str:
     return "\n".join(lines)
 
 
+def check_stop_after(profile: GpuProfile, run: Path, stop_after: str | None) -> list[str]:
+    """The legs' names; a --stop-after that names none of them is refused."""
+    names = [leg.name for leg in legs(profile, run)]
+    if stop_after is not None and stop_after not in names:
+        raise HarnessError(f"--stop-after {stop_after!r} is no leg; the legs: {', '.join(names)}")
+    return names
+
+
 def pending_legs(profile: GpuProfile, run: Path, resume: bool) -> list[Leg]:
     """The legs a run (or its resume) has still to do: only those that need the GPU need a GPU machine."""
     done: dict = {}
@@ -105,9 +113,7 @@ def run_pipeline(profile: GpuProfile, run: Path, resume: bool, execute: Callable
                  stop_after: str | None = None) -> dict:
     """Runs the legs not yet done, in order; stops at the first that fails, or after `stop_after` (a later
     --resume, on this machine or another, continues). Returns the manifest."""
-    names = [leg.name for leg in legs(profile, run)]
-    if stop_after is not None and stop_after not in names:
-        raise HarnessError(f"--stop-after {stop_after!r} is no leg; the legs: {', '.join(names)}")
+    names = check_stop_after(profile, run, stop_after)
     manifest_file = run / MANIFEST
     if run.exists() and any(run.iterdir()) and not resume:
         raise HarnessError(f"{run} exists; pass --resume to continue it, or choose another --run-id")

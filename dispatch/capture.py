@@ -1,7 +1,7 @@
 """Whether this thread is capturing a CUDA graph (the `graph` regime), as a flag that torch's CUDA graph class keeps.
 
-Asking CUDA (cudaStreamIsCapturing on the current stream) costs about three times the host time of reading a
-thread-local counter (docs/design.md). The counter is kept by wrapping `torch.cuda.CUDAGraph.capture_begin` and
+Asking CUDA (cudaStreamIsCapturing on the current stream) costs more host time per call than reading a
+thread-local counter (`calibrate host-cost` measures both). The counter is kept by wrapping `torch.cuda.CUDAGraph.capture_begin` and
 `capture_end` (dispatch.install(), at the first bind, linear or op call), which every capture made through torch
 goes through: `torch.cuda.graph`, `make_graphed_callables`, torch.compile's CUDA graphs and vLLM's CUDA-graph
 wrapper.

@@ -74,3 +74,12 @@ def test_patched_logits_that_differ_fail_every_patched_row(tmp_path, monkeypatch
     patched = [r for r in rows if r["variant"] == "patched"]
     assert patched and all(r["status"] == "failed" and "logits differ" in r["reason"] for r in patched)
     assert all(r["status"] != "failed" for r in rows if r["variant"] == "stock")
+
+
+def test_an_e2e_file_with_a_nan_time_is_one_line(tmp_path):
+    from calibrate.e2e_terms import load_e2e
+    from harness.errors import HarnessError
+    (tmp_path / "e2e.csv").write_text("model,step,tokens,variant,status,us\nA,prefill,8,stock,ok,nan\n")
+    (tmp_path / "run.json").write_text("{}")
+    with pytest.raises(HarnessError, match="no positive time"):
+        load_e2e(tmp_path)
