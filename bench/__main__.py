@@ -27,7 +27,7 @@ from harness.cli import Parser, float_in, int_in, parent
 from harness.console import divert_noise
 from harness.errors import HarnessError, run_cli
 from harness.io import output_dir, output_file
-from shapes.catalog import catalog, select
+from shapes.catalog import catalog, select, select_cells
 from shapes.grid import parse_m
 
 
@@ -46,6 +46,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_run.add_argument("--model", help="only the shapes of one model")
     p_run.add_argument("--tp", type=int_in(1, 64), default=1, help="tensor-parallel degree of the catalog (default 1)")
     p_run.add_argument("--m", help="M values: 1,8,32 or 1-16384 (powers of two) or 64:512:64; default: the full grid")
+    p_run.add_argument("--cells", metavar="SHAPE:M;...",
+                       help="per shape its own M values, e.g. n256_k2048:80,96;n1024_k2048:20 (instead of --shapes "
+                            "and --m; the table pipeline measures the gaps of a first fit this way)")
     p_run.add_argument("--paths", help=f"comma list of paths (default: the profile's); known: {', '.join(PATHS)}")
     p_run.add_argument("--table", metavar="FILE",
                        help="the threshold table the dispatch path runs (default: the GPU profile's committed table)")
@@ -231,7 +234,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         if given:
             raise HarnessError(f"--grid full names its own shapes and M values; leave out {', '.join(given)}")
         shapes, ms = full_catalog(), full_grid_ms()
-    else:
+    cells = None
+    if args.cells is not None:
+        given = [f"--{o}" for o in ("shapes", "m", "shard", "devices") if getattr(args, o)] + (
+            ["--grid full"] if args.grid == "full" else [])
+        if given:
+            raise HarnessError(f"--cells names its own shapes and M values on one GPU; leave out {', '.join(given)}")
+        shapes, cells = select_cells(catalog(args.model, args.tp, args.layout), args.cells)
+        ms = sorted({m for v in cells.values() for m in v})
+    elif args.grid != "full":
         shapes, ms = select(catalog(args.model, args.tp, args.layout), args.shapes), parse_m(args.m)
     if args.pdl != "profile":
         profile = replace(profile, pdl=args.pdl == "on")
@@ -248,7 +259,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise HarnessError(f"shard {i}/{n} has no shape (the grid has {len(grid_shapes)}); use fewer shards")
     if args.host_timing != "serialized" and not args.devices:
         raise HarnessError("--host-timing concurrent is about the workers of --devices; pass --devices too")
-    cfg = SweepConfig(profile=profile, shapes=shapes, ms=ms, paths=paths,
+    cfg = SweepConfig(profile=profile, shapes=shapes, ms=ms, paths=paths, cells=cells,
                       out=output_dir(args.out, "--out"), timer=args.timer, samples=args.samples, l2=args.l2,
                       resume=args.resume, allow_mismatch=args.allow_mismatch, tune=not args.no_tune, tune_all=args.tune_all,
                       autotune_cache=_served(args), save_autotune_cache=_saved(args),

@@ -210,6 +210,9 @@ def expected_cells(info: dict[str, Any]) -> set[tuple[str, int, str]] | None:
     if not all(isinstance(g, list) and g for g in grid):
         return None
     shapes, ms, paths = grid
+    cells = info.get("cells")  # bench run --cells: each shape its own M
+    if cells is not None:
+        return {(str(s), int(m), str(p)) for s in shapes for m in cells.get(s, []) for p in paths}
     return {(str(s), int(m), str(p)) for s in shapes for m in ms for p in paths}
 
 
@@ -261,6 +264,10 @@ def load_run_info(path: str | Path) -> dict[str, Any]:
                                       and all(isinstance(v, int if key == "ms" else str) for v in value)):
             raise HarnessError(f"{run_json}: {key} must be a list of {'integers' if key == 'ms' else 'names'}; "
                                f"{RUN_FIX}")
+    cells = info.get("cells")
+    if cells is not None and not (isinstance(cells, dict) and cells and all(
+            isinstance(ms, list) and ms and all(isinstance(m, int) for m in ms) for ms in cells.values())):
+        raise HarnessError(f"{run_json}: cells must map shape names to lists of integer M; {RUN_FIX}")
     for key in ("profile", "command", "status", "started"):
         if info.get(key) is not None and not isinstance(info[key], str):
             raise HarnessError(f"{run_json}: {key} must be a string; {RUN_FIX}")

@@ -36,6 +36,7 @@ class SweepConfig:
     ms: list[int]
     paths: list[GemmPath]
     out: Path
+    cells: dict[str, list[int]] | None = None  # --cells: per shape name, its own M (then `ms` is their union)
     timer: str = "cupti"
     samples: int = 10  # the most timed replays per path and cell
     stopping: Stopping | None = Stopping()  # None: every path `samples` replays
@@ -69,6 +70,10 @@ class SweepConfig:
     host_timing: str | None = None  # how host timing ran beside other workers (--devices), said in run.json
     on_shape_done: Callable[[Shape, float], None] | None = None  # a worker reports each finished shape
     progress: bool = True
+
+    def ms_of(self, shape: Shape) -> list[int]:
+        """The M this run measures for a shape: its own (--cells), or the grid's."""
+        return list(self.cells[shape.name]) if self.cells is not None else list(self.ms)
 
 
 def previous_legs(run_json: Path) -> list[dict[str, Any]]:
@@ -461,7 +466,7 @@ def run_sweep(cfg: SweepConfig) -> Path:
     if cfg.host_timing:
         extra["host_timing"] = cfg.host_timing
     info = run_info(cfg.command, profile=cfg.profile.name, timer=cfg.timer, l2=cfg.l2, warm_l2=cfg.l2 == "warm", **extra,
-                    samples=cfg.samples, ms=cfg.ms,
+                    samples=cfg.samples, ms=cfg.ms, **({"cells": cfg.cells} if cfg.cells is not None else {}),
                     stopping=(cfg.stopping.describe() if cfg.stopping else f"fixed: {cfg.samples} replays"),
                     gpu_twins=("timed in full (--time-twins)" if cfg.time_twins else
                                "a public call and its lean twin, and the dispatcher and the path it chose, are replayed "
@@ -486,7 +491,7 @@ def run_sweep(cfg: SweepConfig) -> Path:
         flush_names = flush.kernel_names(clock)
         info["l2_flush"] = {"bytes": flush.buf.numel() * 4, "kernels_excluded": sorted(flush_names),
                             "note": "span_us and event_us include the flush; gpu_us does not"}
-    total = len(cfg.shapes) * len(cfg.ms)
+    total = sum(len(cfg.ms_of(s)) for s in cfg.shapes)
     bar = _progress(total, "bench") if cfg.progress else _Silent()
     t_start = last_write = time.perf_counter()
     phase = PhaseTimer()
@@ -494,10 +499,10 @@ def run_sweep(cfg: SweepConfig) -> Path:
     try:
         for shape in shape_stream(cfg):
             t_shape = time.perf_counter()
-            todo = [m for m in cfg.ms if any((shape.n, shape.k, m, p.name) not in done for p in cfg.paths)]
+            todo = [m for m in cfg.ms_of(shape) if any((shape.n, shape.k, m, p.name) not in done for p in cfg.paths)]
             tune_info = tune_group_paths(cfg, shape, todo, sm, fns, bar, phase) if cfg.tune and not pinned else {}
             hopeless: dict[str, str] = {}
-            for m in cfg.ms:
+            for m in cfg.ms_of(shape):
                 bar.set_postfix_str(f"{shape.name} M={m}")
                 if m not in todo:
                     bar.update(1)
@@ -567,16 +572,19 @@ def dry_run(cfg: SweepConfig) -> str:
     buckets, expected cells and an estimated time."""
     sm = cfg.profile.sm
     buckets = sorted(set(cfg.ms) & set(hybrid_buckets()))
-    lines = [f"dry run: {cfg.profile.name} (SM{sm}), {len(cfg.shapes)} shapes x {len(cfg.ms)} M x {len(cfg.paths)} "
-             f"paths = {len(cfg.shapes) * len(cfg.ms) * len(cfg.paths)} rows; L2 {cfg.l2}; {cfg.samples} replays"]
+    cells = sum(len(cfg.ms_of(s)) for s in cfg.shapes)
+    grid = (f"{cells} (shape, M) cells of --cells" if cfg.cells is not None else
+            f"{len(cfg.shapes)} shapes x {len(cfg.ms)} M")
+    lines = [f"dry run: {cfg.profile.name} (SM{sm}), {grid} x {len(cfg.paths)} "
+             f"paths = {cells * len(cfg.paths)} rows; L2 {cfg.l2}; {cfg.samples} replays"]
     measured = tunings = 0
     for p in cfg.paths:
         reasons: dict[str, int] = {}
         runs = 0
         for shape in cfg.shapes:
-            ms = [m for m in cfg.ms if not p.skip_reason(sm, shape.n, shape.k, m)]
+            ms = [m for m in cfg.ms_of(shape) if not p.skip_reason(sm, shape.n, shape.k, m)]
             runs += len(ms)
-            for m in cfg.ms:
+            for m in cfg.ms_of(shape):
                 reason = p.skip_reason(sm, shape.n, shape.k, m)
                 if reason:
                     key = reason.split(", N =")[0].split(", K =")[0].split(", this GPU")[0]

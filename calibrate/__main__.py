@@ -116,6 +116,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                        help=f"a cell leaves F.linear only for a gain above this share, beyond the noise "
                             f"(default {FIT_MIN_GAIN})")
     p_fit.add_argument("--hold-out", default="", help="comma list of M values the fit must not see (validated later)")
+    p_fit.add_argument("--add", nargs="+", metavar="DIR",
+                       help="more cells of the same setup fitted with RESULTS: runs made with RESULTS' tactics "
+                            "(bench run --cells ... --autotune-cache RESULTS/autotune-cache.json) at other M")
+    p_fit.add_argument("--plan-refine", metavar="FILE",
+                       help="also write the cells to measure before a final fit (bench run --cells' form): the "
+                            "midpoints of the gaps between measured M where the fitted choice changes")
     p_fit.add_argument("--table-forward", nargs="+", metavar="DIR",
                        help="measured forwards of the table this fit makes (its table-direct rows, checked against "
                             "what it chooses): where a single path (all-aten included) beat those choices in every "
@@ -219,7 +225,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_table.add_argument("--resume", action="store_true", help="continue the legs of --run-id that are not done")
     p_table.add_argument("--dry-run", action="store_true", help="print the legs and write nothing (any machine)")
     p_table.add_argument("--stop-after", metavar="LEG",
-                         help="stop after this leg (e.g. forward: the rest on another machine with --resume)")
+                         help="stop after this leg (e.g. fit: the check on another machine with --resume)")
+    p_table.add_argument("--same-machine", action="store_true",
+                         help="let the out-of-sample legs run on a machine that ran a fitted leg (one GPU machine "
+                              "only; the manifest then says the check was in-machine)")
     p_table.add_argument("--install", action="store_true",
                          help="install the table, its tactics and the baseline of --run-id as the shipped files "
                               "(a complete run whose check passed)")
@@ -291,6 +300,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     cells = Cells.from_results(df)
 
     if args.cmd == "fit":
+        if args.add:
+            df = _with_added(args.results, df, info, args.add, args.partial, profile.name)
+            cells = Cells.from_results(df)
         return _fit_cmd(args, argv, profile, df, info, cells)
 
     table = load_table(profile.name, args.thresholds)
@@ -335,7 +347,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("per-forward totals (cell-sum model, µs), dispatcher / best:")
     show = totals.pivot_table(index="m", columns=["model", "regime"], values="dispatch_over_best")
     print(show.to_string(float_format=lambda v: f"{v:.4f}"))
-    slower, over = failures(verdicts, totals)
+    slower, over = failures(verdicts, totals, load_forward_floor(profile.name))
     measured_over = pd.DataFrame()
     measured: set[tuple[str, int]] = set()
     for folder, fdf, finfo in forwards:
@@ -399,9 +411,44 @@ def _print_provenance(table: ThresholdTable, results: str, info: dict, forwards:
         print(f"M values the fit never saw: {', '.join(map(str, p.unseen))}")
 
 
+def _with_added(results: str, df: pd.DataFrame, info: dict, added: list[str], partial: bool, profile: str
+                ) -> pd.DataFrame:
+    """RESULTS' rows and those of each --add run: the same GPU and software, pdl and L2 mode, measured with RESULTS'
+    own tactics, and no cell twice."""
+    from bench.merge import FINGERPRINT_FIELDS
+    distinct([results, *added], "fit --add")
+    tactics = Path(results if Path(results).is_dir() else Path(results).parent) / "autotune-cache.json"
+    want = sha256(tactics) if tactics.is_file() else None
+    frames = [df]
+    for run in added:
+        more, more_info = _load(run, partial, profile)
+        for field_name in FINGERPRINT_FIELDS:
+            a, b = (info.get("fingerprint") or {}).get(field_name), (more_info.get("fingerprint") or {}).get(field_name)
+            if a != b:
+                raise HarnessError(f"--add {run}: fingerprint {field_name} {b!r} differs from {results}'s {a!r}; add "
+                                   f"only runs of the same GPU type and software")
+        for key in ("pdl", "l2", "timer"):
+            if info.get(key) != more_info.get(key):
+                raise HarnessError(f"--add {run}: {key} {more_info.get(key)!r} differs from {results}'s "
+                                   f"{info.get(key)!r}; measure it with the same settings")
+        served = (more_info.get("autotune_cache") or {}).get("sha256")
+        if want is not None and (served != want or (more_info.get("autotune_cache") or {}).get("mode") == "tuned"):
+            raise HarnessError(f"--add {run} did not serve {results}'s tactics; measure it with --autotune-cache "
+                               f"{tactics}")
+        frames.append(more)
+    both = pd.concat(frames, ignore_index=True)
+    both.attrs = dict(df.attrs)
+    twice = both.duplicated(["shape", "m", "path"])
+    if twice.any():
+        s, m, p = both.loc[twice, ["shape", "m", "path"]].iloc[0]
+        raise HarnessError(f"--add: {s} M={m} {p} is measured twice; add runs of other M only")
+    return both
+
+
 def _fit_cmd(args, argv, profile, df, info, cells) -> int:
     out = shipped_or_results(args.out, TABLE_DIR / f"{profile.name}.json", RESULTS / profile.name / "table.json",
                              args.install)
+    plan_file = output_file(args.plan_refine, "--plan-refine") if args.plan_refine else None
     _sibling_free(out.with_name(out.stem + ".autotune.json"), out, args.install)
     hold_out = _grid_ms(args.hold_out)
     left = set(int(m) for m in df["m"]) - hold_out
@@ -462,7 +509,8 @@ def _fit_cmd(args, argv, profile, df, info, cells) -> int:
                         for fdf in runs for (r, mo), g in fdf.groupby(["regime", "model"])}
             seg_picks = forward_picks(picks, model_uses(df), cells, hold_out, measured)
         table, report = fit_segments(cells, base, args.tolerance, args.min_gain, noise, hold_out, shape_bound,
-                                     shape_host, seg_picks)
+                                     shape_host, seg_picks, model_uses(df), load_forward_floor(profile.name),
+                                     profile.capture_size)
         counts = range_counts(table)
         print(f"segments: {counts['mean_ranges']:.2f} ranges per shape and regime on average (at most "
               f"{counts['max_ranges']}), the narrowest {counts['narrowest_share']:.0%} of its upper M")
@@ -516,6 +564,8 @@ def _fit_cmd(args, argv, profile, df, info, cells) -> int:
     if args.forward and len(args.forward) > 1:
         source["rule"] += ("; with several --forward runs, a pick must beat all-aten beyond the noise in every one of "
                            "them, and the eager boundness starts where it starts in the latest of them")
+    if args.add:
+        source["added"] = list(args.add)
     if df.attrs["incomplete"]:
         source["incomplete_data"] = "fitted with --partial from a run with missing cells or that did not finish"
     kept = Path(args.results if Path(args.results).is_dir() else Path(args.results).parent) / "autotune-cache.json"
@@ -531,6 +581,12 @@ def _fit_cmd(args, argv, profile, df, info, cells) -> int:
         if kept.is_file():
             copy_atomic(kept, tactics_file)
         atomic_write_text(out, json.dumps(table.to_json(), indent=2) + "\n")
+        if args.plan_refine:
+            from calibrate.segments import cells_spec, refine_cells
+            names = {(int(n), int(k)): str(name) for name, n, k in zip(df["shape"], df["n"], df["k"])}
+            plan = refine_cells(table, cells, names)
+            atomic_write_text(plan_file, cells_spec(plan) + "\n")
+            print(f"wrote {plan_file}: {sum(map(len, plan.values()))} cells in the gaps where the choice changes")
         print(f"wrote {out}" + (f" and {tactics_file}" if kept.is_file() else
                                 " (the run kept no autotune-cache.json: the dispatcher's FlashInfer calls will tune "
                                 "or fall back in the user's process)"))
@@ -615,7 +671,7 @@ def _table_cmd(args) -> int:
     if any(leg.gpu for leg in pending_legs(profile, run, args.resume)):
         from bench.sweep import require_gpu
         require_gpu(profile)  # before any file system change
-    manifest = run_pipeline(profile, run, args.resume, stop_after=args.stop_after)
+    manifest = run_pipeline(profile, run, args.resume, stop_after=args.stop_after, same_machine=args.same_machine)
     if manifest.get("status") != "complete":
         print(f"table: {manifest['status']}; continue with --run-id {run_id} --resume; legs in {run}/{MANIFEST}")
         return 0

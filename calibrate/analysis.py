@@ -256,13 +256,23 @@ def cell_verdicts(cells: Cells, table: ThresholdTable, margin: float = 0.03, ora
 FORWARD_TOLERANCE = 1.01  # a per-forward total may exceed the best achievable by at most 1%
 
 
-def failures(verdicts: pd.DataFrame, totals: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+def sum_exceeds(ratio: float, cost_model: str, floor: Any = None) -> bool:
+    """Whether a modelled per-forward ratio (dispatcher / best) lies above FORWARD_TOLERANCE beyond the forward noise
+    floor (calibrate.forward_noise: `cost_model` 'graph' for sums of GPU time, 'eager' for sums of max(host, GPU)),
+    as a measured forward's ratio is judged; the point estimate alone where no floor is measured."""
+    hw = floor.half_widths.get(cost_model, 0.0) if floor is not None else 0.0
+    return ratio * math.exp(-hw) > FORWARD_TOLERANCE
+
+
+def failures(verdicts: pd.DataFrame, totals: pd.DataFrame, floor: Any = None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The pass rule, in one place: the cells where the dispatcher is SLOWER than the best path, and the (model, M)
-    whose per-forward total, in the regime vLLM runs that M in, exceeds the best by more than FORWARD_TOLERANCE.
-    The dispatcher holds when both are empty."""
+    whose per-forward total, in the regime vLLM runs that M in, exceeds the best by more than FORWARD_TOLERANCE beyond
+    the forward floor (sum_exceeds). The dispatcher holds when both are empty."""
     slower = verdicts[verdicts["verdict"] == "SLOWER"] if len(verdicts) else verdicts
-    over = totals[totals["actual"] & (totals["dispatch_over_best"] > FORWARD_TOLERANCE)] if len(totals) else totals
-    return slower, over
+    if not len(totals):
+        return slower, totals
+    above = [sum_exceeds(r, c, floor) for r, c in zip(totals["dispatch_over_best"], totals["cost_model"])]
+    return slower, totals[totals["actual"] & pd.Series(above, index=totals.index)]
 
 
 def model_uses(df: pd.DataFrame) -> dict[str, list[tuple[int, int, int]]]:
@@ -285,31 +295,37 @@ def forward_totals(cells: Cells, table: ThresholdTable, uses: dict[str, list[tup
     """The cell-sum model, per model, M and regime: count-weighted per-forward µs of aten, FlashInfer, the dispatcher
     and the best single path (one path for every linear it can run, F.linear elsewhere: the target's reference);
     beside it the per-cell oracle (the fastest path at every cell, biased low by taking a minimum over noisy
-    estimates). `actual` marks the regime vLLM runs that M in (CUDA graph up to the capture size, eager above)."""
+    estimates). `actual` marks the regime vLLM runs that M in (CUDA graph up to the capture size, eager above).
+    Eager cost is max(host, GPU) per call, except from the M at which the table's fit found the model's measured eager
+    forwards GPU-bound (source measured_forwards.gpu_bound_from): there a forward costs its GPU time, as the fit
+    judged it."""
     rows = []
     among = dispatch_candidates(cells, table)
     pool = oracle_pool(cells, table, oracle, among)
     all_ms = sorted({m for _, _, m, _ in cells.samples})
+    bound_from = (table.source.get("measured_forwards") or {}).get("gpu_bound_from") or {}
     for model, layers in uses.items():
         for m in all_ms:
             if not all(cells.has(n, k, m, ATEN) for n, k, _ in layers):
                 continue
+            gpu_bound = bound_from.get(model) is not None and m >= bound_from[model]
             for regime in ("graph", "eager"):
                 tot = {ATEN: 0.0, "flashinfer": 0.0, DISPATCH: 0.0, "per_cell_oracle": 0.0}
                 single = {p: 0.0 for p in pool}
+                how = "graph" if gpu_bound else regime
                 for n, k, count in layers:
-                    tot[ATEN] += count * cells.cost(n, k, m, ATEN, regime)
-                    tot["flashinfer"] += count * cells.cost(n, k, m, flashinfer_path(table, cells, n, k, m), regime)
-                    tot[DISPATCH] += count * cells.cost(n, k, m, chosen_path(table, cells, n, k, m, regime), regime)
-                    tot["per_cell_oracle"] += count * min(cells.cost(n, k, m, p, regime)
+                    tot[ATEN] += count * cells.cost(n, k, m, ATEN, how)
+                    tot["flashinfer"] += count * cells.cost(n, k, m, flashinfer_path(table, cells, n, k, m), how)
+                    tot[DISPATCH] += count * cells.cost(n, k, m, chosen_path(table, cells, n, k, m, regime), how)
+                    tot["per_cell_oracle"] += count * min(cells.cost(n, k, m, p, how)
                                                           for p in candidates(table, cells, n, k, m, oracle, among))
                     for p in pool:  # a single path wherever it can run, F.linear elsewhere
-                        single[p] += count * cells.cost(n, k, m, p if cells.has(n, k, m, p) else ATEN, regime)
+                        single[p] += count * cells.cost(n, k, m, p if cells.has(n, k, m, p) else ATEN, how)
                 best_path = min(single, key=single.get)
                 tot["best"] = single[best_path]
                 # vLLM runs a step of M tokens in the graph regime only up to the capture size.
                 actual = (regime == "graph") == (m <= capture_size)
-                rows.append({"model": model, "m": m, "regime": regime, "actual": actual,
+                rows.append({"model": model, "m": m, "regime": regime, "actual": actual, "cost_model": how,
                              **{f"{k}_us": v for k, v in tot.items()}, "best_path": best_path,
                              "dispatch_over_best": tot[DISPATCH] / tot["best"]})
     return pd.DataFrame(rows)

@@ -5,8 +5,10 @@ over its span. Dynamic programming over the measured M, not a stack of rules.
 Rule, in a sentence: at every measured M a range's path costs at most (1 + tolerance) x the cheapest there of
 F.linear and the paths that beat F.linear beyond the noise at that M; a FlashInfer range's cost over its span
 (geometric mean of its per-M ratios to F.linear, each judged at the upper end of its interval widened by the noise
-floor) lies below 1 - min_gain; among the segmentations with the fewest ranges, the one with the lowest total cost;
-F.linear wins ties.
+floor) lies below 1 - min_gain; among the segmentations with the fewest ranges (F.linear above the last one is not a
+range), F.linear keeps the M where no FlashInfer path beats it beyond the noise, then the lowest total cost wins, then
+F.linear. An M between two measured ones takes the larger one's choice; `refine_cells` names the gaps where the choice
+changes, for a sweep to measure before the final fit.
 """
 from __future__ import annotations
 
@@ -32,8 +34,10 @@ RULE = ("fewest M ranges per shape and regime such that at every measured M the 
         "the shape's models' measured eager forwards were GPU-bound (both between that and the host-bound M), and "
         "at a (model, M) where a single path's whole eager forward beat all-aten beyond the noise in every run, "
         "that path as the best at the model's cells with the forward's ratio; no range narrower than "
-        f"{MIN_WIDTH:.0%} of its upper M unless every other segmentation breaks the tolerance; ties to the lower "
-        "total cost, then F.linear")
+        f"{MIN_WIDTH:.0%} of its upper M unless every other segmentation breaks the tolerance; among the fewest "
+        "ranges (F.linear above the last one is not a range), F.linear keeps the M where no FlashInfer path beats it "
+        "beyond the noise, then the lower total cost, then F.linear; an M between two measured ones takes the "
+        "larger one's choice")
 
 
 def _upper_ratio(cells: Cells, n: int, k: int, m: int, path: str, regime: str, noise: Any) -> float:
@@ -65,17 +69,19 @@ def segment(ms: list[int], cost: dict[tuple[int, str], float], upper: dict[tuple
             paths: list[str], tolerance: float, min_gain: float, min_width: float = MIN_WIDTH) -> list[tuple[int, str]]:
     """Per-M choices [(m, path)] of the fewest-range segmentation (see the module's rule). `cost[(m, p)]`: the
     regime's cost, `upper[(m, p)]`: p's conservative ratio to F.linear at m; a path absent at an M cannot cover it.
-    Ranges narrower than `min_width` of their upper M count first (fewest of them), then ranges, then cost."""
+    Ranges narrower than `min_width` of their upper M count first (fewest of them), then ranges as a table lists them
+    (F.linear above the last one is not a range), then the M that a FlashInfer range covers without beating F.linear
+    beyond the noise there (F.linear keeps what no path wins), then the total cost."""
     t = len(ms)
-    # the per-M best among what may replace F.linear there: F.linear, and paths that beat it beyond the noise
+    # the per-M best among what may replace F.linear: F.linear, and paths that beat it beyond the noise
     best = [min(cost[(m, p)] for p in paths if (m, p) in cost and (p == ATEN or upper[(m, p)] < 1 - min_gain))
             for m in ms]
-    # f[j]: (narrow ranges, ranges, total cost) of the best segmentation of ms[:j]; back[j]: (i, path) of its last
-    f: list[tuple[float, float, float]] = [(0, 0, 0.0)] + [(math.inf, math.inf, math.inf)] * t
+    # f[j]: (narrow ranges, listed ranges, unwon M, total cost) of the best segmentation of ms[:j]; back[j]: its last
+    f: list[tuple[float, ...]] = [(0, 0, 0, 0.0)] + [(math.inf,) * 4] * t
     back: list[tuple[int, str]] = [(0, ATEN)] * (t + 1)
     for j in range(1, t + 1):
         for p in paths:
-            total, logs = 0.0, 0.0
+            total, logs, unwon = 0.0, 0.0, 0
             for i in range(j, 0, -1):  # the range ms[i-1 .. j-1]
                 m = ms[i - 1]
                 if (m, p) not in cost or cost[(m, p)] > (1 + tolerance) * best[i - 1]:
@@ -83,11 +89,13 @@ def segment(ms: list[int], cost: dict[tuple[int, str], float], upper: dict[tuple
                 total += cost[(m, p)]
                 if p != ATEN:
                     logs += math.log(upper[(m, p)])
+                    unwon += upper[(m, p)] >= 1 - min_gain
                 if p != ATEN and math.exp(logs / (j - i + 1)) >= 1 - min_gain:
                     continue  # this span does not beat F.linear beyond the noise; a longer one still may
                 lo = ms[i - 2] + 1 if i > 1 else 1
                 narrow = 1 if (ms[j - 1] - lo + 1) < min_width * ms[j - 1] else 0
-                cand = (f[i - 1][0] + narrow, f[i - 1][1] + 1, f[i - 1][2] + total)
+                listed = 0 if p == ATEN and j == t else 1
+                cand = (f[i - 1][0] + narrow, f[i - 1][1] + listed, f[i - 1][2] + unwon, f[i - 1][3] + total)
                 if cand < f[j] or (cand == f[j] and p == ATEN):
                     f[j], back[j] = cand, (i - 1, p)
     if math.isinf(f[t][1]):
@@ -101,46 +109,113 @@ def segment(ms: list[int], cost: dict[tuple[int, str], float], upper: dict[tuple
     return out
 
 
+Costs = dict[tuple[int, str], float]
+Uses = dict[str, list[tuple[int, int, int]]]
+
+
 def fit_segments(cells: Cells, base: ThresholdTable, tolerance: float = DEFAULT_TOLERANCE, min_gain: float = 0.01,
                  noise: Any = None, hold_out: set[int] | frozenset[int] = frozenset(),
                  gpu_bound_from: dict[tuple[int, int], float] | None = None,
                  host_bound_until: dict[tuple[int, int], float] | None = None,
-                 picks: dict[tuple[str, int, int, int], tuple[str, float, float]] | None = None
+                 picks: dict[tuple[str, int, int, int], tuple[str, float, float]] | None = None,
+                 uses: Uses | None = None, forward_floor: Any = None, capture_size: int = 0
                  ) -> tuple[ThresholdTable, pd.DataFrame]:
     """The table of the fewest-range fit (RULE) from measured cells, and per shape what it chose. The boundness maps
     (n, k) -> M come from measured forwards (calibrate.forward_model) and say how eager cells are judged
     (eager_model). `picks` (regime, n, k, m) -> (path, its ratio to all-aten, the top of that ratio's interval): a
     single path whose whole measured forward beat all-aten beyond the noise there (forward_model.picks_in_every_run);
     a forward measures what a cell cannot (host and GPU overlap across layers), so at its cells the path costs
-    F.linear's cost times the forward's ratio, and its span test uses the interval's top."""
+    F.linear's cost times the forward's ratio, and its span test uses the interval's top. `uses` (model -> its
+    shapes and counts): where, in the regime vLLM runs that M in (graph up to `capture_size`, eager above), a single
+    path's count-weighted sum over a model's cells at one M beats the fit's beyond what validate allows (analysis.sum_exceeds, with `forward_floor`), that path counts as won at those cells and the
+    shapes are fitted again; where the sum still exceeds, it alone covers them (sum_picks)."""
     among = dispatch_candidates(cells, base)
-    shapes_out: dict[tuple[int, int], dict[str, tuple]] = {}
-    report = []
+    problems: dict[tuple[str, int, int], tuple[list[int], Costs, dict[tuple[int, str], float], dict[int, str]]] = {}
     for n, k, ms in shapes_to_fit(cells, hold_out):
-        own = {}
         for regime in REGIMES:
-            cost, upper = {}, {}
+            cost, upper, model = {}, {}, {}
             for m in ms:
                 how = ("graph",) if regime == "graph" else eager_model(
                     m, (gpu_bound_from or {}).get((n, k)), (host_bound_until or {}).get((n, k)))
+                model[m] = "graph" if how == ("graph",) else "eager"
                 for p in among:
                     value = _cost(cells, n, k, m, p, how) if cells.has(n, k, m, p) else math.nan
                     if math.isnan(value):
                         continue  # unmeasured, or without the host time its regime is judged by: cannot cover M
                     cost[(m, p)] = value
                     upper[(m, p)] = 1.0 if p == ATEN else max(_upper_ratio(cells, n, k, m, p, h, noise) for h in how)
+            problems[(regime, n, k)] = (ms, cost, upper, model)
+    if not problems:
+        raise HarnessError("nothing to fit: no shape has F.linear measured ok")
+
+    def solve(forced: dict[tuple[str, int, int, int], str], strict: bool = True
+              ) -> dict[tuple[str, int, int], list[tuple[int, str]]]:
+        out = {}
+        for (regime, n, k), (ms, raw, upper, _) in problems.items():
+            cost, up = dict(raw), dict(upper)
+            for m in ms:
                 picked = (picks or {}).get((regime, n, k, m))
                 if picked is not None and (m, picked[0]) in cost and (m, ATEN) in cost:
                     path, ratio, hi = picked  # the forward's ratio to all-aten stands for the cell's
                     cost[(m, path)] = min(cost[(m, ATEN)] * ratio, *(cost[(m, q)] for q in among if (m, q) in cost))
-                    upper[(m, path)] = hi
-            own[regime] = compress(segment(ms, cost, upper, among, tolerance, min_gain))
-        shapes_out[(n, k)] = own
-        report.append({"n": n, "k": k, "graph": describe_ranges(own["graph"]), "eager": describe_ranges(own["eager"])})
-    if not shapes_out:
-        raise HarnessError("nothing to fit: no shape has F.linear measured ok")
+                    up[(m, path)] = hi
+                must = forced.get((regime, n, k, m))
+                if must is not None:  # the picked path counts as won here; strict: it alone covers this M
+                    for q in among:
+                        if q != must and strict:
+                            cost.pop((m, q), None)
+                    up[(m, must)] = min(up.get((m, must), 1.0), 1 - min_gain - 1e-9) if must != ATEN else 1.0
+            out[(regime, n, k)] = segment(ms, cost, up, among, tolerance, min_gain)
+        return out
+
+    choices = solve({})
+    won = sum_picks(choices, problems, among, uses or {}, forward_floor, capture_size)
+    forced: dict[tuple[str, int, int, int], str] = {}
+    if won:  # the sum's path counts as won at its cells; where the sum still fails, it alone covers them
+        choices = solve(won, strict=False)
+        forced = sum_picks(choices, problems, among, uses or {}, forward_floor, capture_size)
+        forced = {**won, **forced} if forced else {}
+        if forced:
+            choices = solve(forced)
+    shapes_out: dict[tuple[int, int], dict[str, tuple]] = {}
+    for (regime, n, k), per_m in choices.items():
+        shapes_out.setdefault((n, k), {})[regime] = compress(per_m)
+    report = [{"n": n, "k": k, "graph": describe_ranges(own["graph"]), "eager": describe_ranges(own["eager"]),
+               "sum_picks": sorted({f"{r} M={m}" for (r, a, b, m) in won if (a, b) == (n, k)})}
+              for (n, k), own in sorted(shapes_out.items())]
     table = ThresholdTable(base.profile, base.low_m_backend, {r: () for r in REGIMES}, shapes_out)
     return table, pd.DataFrame(report)
+
+
+def sum_picks(choices: dict[tuple[str, int, int], list[tuple[int, str]]],
+              problems: dict[tuple[str, int, int], tuple[list[int], Costs, dict, dict[int, str]]], among: list[str],
+              uses: Uses, forward_floor: Any = None, capture_size: int = 0) -> dict[tuple[str, int, int, int], str]:
+    """(regime, n, k, m) -> path: at each model and M that all the model's fitted shapes measured, in the regime vLLM
+    runs that M in (graph up to capture_size, eager above; as validate judges per-forward sums), where the
+    single path (F.linear where it does not run) with the lowest count-weighted cost sum beats the fit's choices
+    beyond what validate allows (analysis.sum_exceeds), that path at the cells where it costs less than the fit's
+    choice (which stays at the others: the sum then lies at or below the single path's)."""
+    from calibrate.analysis import sum_exceeds
+    forced: dict[tuple[str, int, int, int], str] = {}
+    for regime in REGIMES:
+        for layers in uses.values():
+            layers = [(n, k, c) for n, k, c in layers if (regime, n, k) in problems]
+            if not layers:
+                continue
+            common = set.intersection(*(set(problems[(regime, n, k)][0]) for n, k, _ in layers))
+            for m in sorted(x for x in common if (regime == "graph") == (x <= capture_size)):
+                cost = {(n, k): problems[(regime, n, k)][1] for n, k, _ in layers}
+                chosen = {(n, k): dict(choices[(regime, n, k)])[m] for n, k, _ in layers}
+                fit_total = sum(c * cost[(n, k)][(m, chosen[(n, k)])] for n, k, c in layers)
+                totals = {p: sum(c * cost[(n, k)].get((m, p), cost[(n, k)][(m, ATEN)]) for n, k, c in layers)
+                          for p in among}
+                best = min(totals, key=totals.get)
+                summed = "graph" if all(problems[(regime, n, k)][3][m] == "graph" for n, k, _ in layers) else "eager"
+                if sum_exceeds(fit_total / totals[best], summed, forward_floor):
+                    for n, k, _ in layers:
+                        if (m, best) in cost[(n, k)] and cost[(n, k)][(m, best)] < cost[(n, k)][(m, chosen[(n, k)])]:
+                            forced[(regime, n, k, m)] = best
+    return forced
 
 
 def forward_picks(picks: dict[tuple[str, str, int], tuple[str, float, float]],
@@ -191,3 +266,22 @@ def range_counts(table: ThresholdTable) -> dict[str, float]:
             counts.append(pieces)
     return {"mean_ranges": sum(counts) / len(counts) if counts else 0.0, "max_ranges": max(counts, default=0),
             "narrowest_share": narrow}
+
+
+def refine_cells(table: ThresholdTable, cells: Cells, names: dict[tuple[int, int], str]) -> dict[str, list[int]]:
+    """The cells a sweep measures before the final fit: per shape, the midpoint of every gap between two measured M
+    where the table's choice changes in either regime (an unmeasured M takes the larger one's choice, so the gap is
+    where that guess can be wrong). `names`: (n, k) -> shape name."""
+    out: dict[str, set[int]] = {}
+    for (n, k) in table.shapes:
+        ms = [m for m in cells.ms(n, k) if cells.has(n, k, m, ATEN)]
+        for regime in REGIMES:
+            for m0, m1 in zip(ms, ms[1:]):
+                if m1 - m0 >= 2 and table.choose(n, k, m0, regime) != table.choose(n, k, m1, regime):
+                    out.setdefault(names[(n, k)], set()).add((m0 + m1) // 2)
+    return {name: sorted(v) for name, v in sorted(out.items())}
+
+
+def cells_spec(cells: dict[str, list[int]]) -> str:
+    """bench run --cells' form of refine_cells' answer."""
+    return ";".join(f"{name}:{','.join(map(str, ms))}" for name, ms in cells.items())

@@ -1,10 +1,12 @@
 """`python -m calibrate table --gpu P`: a table from one command, in legs that resume.
 
-sweep -> measured forward -> fit (fewest ranges, eager boundness and picks from the forward) -> out-of-sample check
-(a fresh-process sweep that includes M the fit never saw, and a fresh forward of the table) -> validate -> regression
-baseline from both sweeps -> report. Every artifact lives under results/<profile>/<run-id>/ with manifest.json (each
-leg's command, status, seconds and the harness sha). Each leg is its own process, so a leg that fails or is
-interrupted is run again by the same command with --resume, the finished legs kept.
+sweep -> measured forward -> first fit -> refine (a sweep of the gaps between measured M where the first fit's choice
+changes) -> fit (fewest ranges, eager boundness and picks from the forward) -> out-of-sample check on another machine
+(a fresh-process sweep that includes M the fit never saw, and a fresh forward of the table, both serving the table's
+tactics, as the dispatcher does) -> the noise between the fitting and the checking machine -> validate -> regression
+baseline from both machines' sweeps -> report. Every artifact lives under results/<profile>/<run-id>/ with
+manifest.json (each leg's command, status, seconds, machine and the harness sha). Each leg is its own process, so a
+leg that fails or is interrupted is run again by the same command with --resume, the finished legs kept.
 """
 from __future__ import annotations
 
@@ -23,8 +25,13 @@ from harness.errors import HarnessError
 from harness.io import atomic_write_text
 
 MANIFEST = "manifest.json"
-# M values the out-of-sample sweep adds to the default grid: none of them is a grid value the fit sees
-UNSEEN_M = (12, 20, 80, 160, 640, 3000)
+# M values the out-of-sample sweep adds to the default grid: none of them is a grid value, nor the midpoint of two
+# neighbouring grid values (where the refine leg measures)
+UNSEEN_M = (10, 18, 80, 112, 176, 640, 3000)
+REFINE_PLAN = "refine-cells.txt"
+# the legs after which the next GPU leg must run on another machine (the check is out of machine)
+CHECK_LEGS = ("check-sweep", "check-forward")
+FIT_LEGS = ("sweep", "forward", "refine")
 # The fit's tolerance: below the 3% regret at which validate calls a cell SLOWER, and wide enough that near-equal
 # paths over neighbouring M become one range
 FIT_TOLERANCE = 0.03
@@ -36,6 +43,7 @@ class Leg:
     argv: list[str]
     gpu: bool  # needs the GPU machine
     verdict: bool = False  # exit 1 is a FAIL verdict to record, not a failed leg
+    skip: str | None = None  # why this leg has nothing to do (recorded as done, not run)
 
 
 def legs(profile: GpuProfile, run: Path) -> list[Leg]:
@@ -46,20 +54,30 @@ def legs(profile: GpuProfile, run: Path) -> list[Leg]:
     fit_paths = ",".join(x.name for x in paths_for(profile.flashinfer_backends, None) if x.name != DISPATCH)
     from shapes.grid import default_grid
     check_ms = ",".join(map(str, sorted(set(default_grid(profile.capture_size)) | set(UNSEEN_M))))
-    table, sweep, forward = run / "table.json", run / "sweep", run / "forward"
+    table, sweep, forward, refine = run / "table.json", run / "sweep", run / "forward", run / "refine"
     check_sweep, check_forward = run / "check-sweep", run / "check-forward"
+    tactics, table_tactics = sweep / "autotune-cache.json", run / "table.autotune.json"
+    plan = run / REFINE_PLAN
+    refined = not (plan.is_file() and not plan.read_text().strip())  # unknown before the first fit: planned
+    fit = [*py, "calibrate", "fit", str(sweep), "--gpu", p, "--method", "segments", "--tolerance", str(FIT_TOLERANCE),
+           "--forward", str(forward)]
     return [
         Leg("sweep", [*py, "bench", "run", "--gpu", p, "--paths", fit_paths, "--out", str(sweep)], True),
-        Leg("forward", [*py, "bench", "forward", "--gpu", p, "--skip-slower", "3",
+        Leg("forward", [*py, "bench", "forward", "--gpu", p, "--skip-slower", "3", "--autotune-cache", str(tactics),
                         "--paths", f"aten,flashinfer-lean:{low},flashinfer-lean:cublaslt", "--out", str(forward)],
             True),
-        Leg("fit", [*py, "calibrate", "fit", str(sweep), "--gpu", p, "--method", "segments", "--tolerance",
-                    str(FIT_TOLERANCE), "--forward", str(forward), "--out", str(table)], False),
+        Leg("first-fit", [*fit, "--out", str(run / "first-fit.json"), "--plan-refine", str(plan)], False),
+        Leg("refine", [*py, "bench", "run", "--gpu", p, "--cells", f"@{plan}", "--paths", fit_paths,
+                       "--autotune-cache", str(tactics), "--out", str(refine)], True,
+            skip=None if refined else "the first fit's choice changes in no gap between measured M"),
+        Leg("fit", [*fit, *(["--add", str(refine)] if refined else []), "--out", str(table)], False),
         Leg("check-sweep", [*py, "bench", "run", "--gpu", p, "--m", check_ms, "--table", str(table),
-                            "--out", str(check_sweep)], True),
+                            "--autotune-cache", str(table_tactics), "--out", str(check_sweep)], True),
         Leg("check-forward", [*py, "bench", "forward", "--gpu", p, "--skip-slower", "3", "--table", str(table),
-                              "--paths", f"aten,flashinfer-lean:{low},dispatch",
+                              "--autotune-cache", str(table_tactics), "--paths", f"aten,flashinfer-lean:{low},dispatch",
                               "--out", str(check_forward)], True),
+        Leg("noise", [*py, "calibrate", "noise", str(sweep), str(check_sweep), "--gpu", p, "--out",
+                      str(run / "noise.json")], False),
         Leg("validate", [*py, "calibrate", "validate", str(check_sweep), "--thresholds", str(table), "--forward",
                          str(check_forward)], False, verdict=True),
         Leg("baseline", [*py, "calibrate", "baseline", "--gpu", p, "--from", str(sweep), str(check_sweep),
@@ -76,6 +94,22 @@ def _fingerprint() -> dict:
         return fingerprint()
     except Exception as exc:  # no GPU (tests), or NVML missing: the legs' own run.json files still have theirs
         return {"error": f"{type(exc).__name__}: {exc}"}
+
+
+def gpu_uuid() -> str | None:
+    """The first visible GPU's UUID: which machine ran a leg (two leases of one GPU kind differ here)."""
+    try:
+        import torch
+        return str(torch.cuda.get_device_properties(0).uuid) if torch.cuda.is_available() else None
+    except Exception:
+        return None
+
+
+def fitted_here(manifest: dict, leg: Leg, here: str | None, same_machine: bool) -> bool:
+    """Whether an out-of-sample leg would run on a machine that ran a fitted leg (allowed with --same-machine)."""
+    if leg.name not in CHECK_LEGS or same_machine or here is None:
+        return False
+    return here in {manifest["legs"].get(f, {}).get("machine") for f in FIT_LEGS}
 
 
 def plan_text(profile: GpuProfile, run: Path) -> str:
@@ -110,7 +144,8 @@ def _default_exec(leg: Leg, log: Path) -> int:
 
 
 def run_pipeline(profile: GpuProfile, run: Path, resume: bool, execute: Callable[[Leg, Path], int] = _default_exec,
-                 stop_after: str | None = None) -> dict:
+                 stop_after: str | None = None, same_machine: bool = False,
+                 machine: Callable[[], str | None] = gpu_uuid) -> dict:
     """Runs the legs not yet done, in order; stops at the first that fails, or after `stop_after` (a later
     --resume, on this machine or another, continues). Returns the manifest."""
     names = check_stop_after(profile, run, stop_after)
@@ -123,19 +158,30 @@ def run_pipeline(profile: GpuProfile, run: Path, resume: bool, execute: Callable
     manifest = json.loads(manifest_file.read_text()) if resume else {
         "profile": profile.name, "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "harness_sha": git_sha(), "legs": {}}
+    here = machine() if any(leg.gpu for leg in pending_legs(profile, run, resume)) else None
     manifest.setdefault("machines", []).append({"started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                                                "harness_sha": git_sha(), "fingerprint": _fingerprint()})
-    for leg in legs(profile, run):
-        done = manifest["legs"].get(leg.name, {})
-        if done.get("status") == "done":
+                                                "harness_sha": git_sha(), "gpu_uuid": here,
+                                                "fingerprint": _fingerprint()})
+    for name in names:
+        leg = next(x for x in legs(profile, run) if x.name == name)  # anew: a leg's command reads earlier outputs
+        if manifest["legs"].get(leg.name, {}).get("status") == "done":
             continue
+        if leg.gpu and fitted_here(manifest, leg, here, same_machine):
+            manifest["status"] = (f"waiting before {leg.name}: the out-of-sample check runs on another machine than "
+                                  f"the fitted legs ({here} ran one); copy {run} there and --resume, or pass "
+                                  f"--same-machine")
+            atomic_write_text(manifest_file, json.dumps(manifest, indent=1) + "\n")
+            return manifest
         print(f"table: leg {leg.name} ...", file=sys.stderr, flush=True)
         t0 = time.perf_counter()
-        code = execute(leg, run / f"{leg.name}.log")
+        code = 0 if leg.skip else execute(leg, run / f"{leg.name}.log")
         ok = code == 0 or (leg.verdict and code == 1)
-        manifest["legs"][leg.name] = {"command": " ".join(leg.argv[1:]), "seconds": round(time.perf_counter() - t0, 1),
-                                      "status": "done" if ok else f"failed (exit {code})", "log": f"{leg.name}.log",
-                                      **({"verdict": "PASS" if code == 0 else "FAIL"} if leg.verdict and ok else {})}
+        entry = {"command": " ".join(leg.argv[1:]), "seconds": round(time.perf_counter() - t0, 1),
+                 "status": "done" if ok else f"failed (exit {code})", "log": f"{leg.name}.log",
+                 **({"verdict": "PASS" if code == 0 else "FAIL"} if leg.verdict and ok else {}),
+                 **({"machine": here} if leg.gpu and here else {}),
+                 **({"skipped": leg.skip, "command": None, "log": None} if leg.skip else {})}
+        manifest["legs"][leg.name] = entry
         atomic_write_text(manifest_file, json.dumps(manifest, indent=1) + "\n")
         if not ok:
             raise HarnessError(f"leg {leg.name} failed (exit {code}); its output is in {run / (leg.name + '.log')}; "
@@ -146,18 +192,22 @@ def run_pipeline(profile: GpuProfile, run: Path, resume: bool, execute: Callable
             return manifest
     manifest["status"] = "complete"
     manifest["verdict"] = manifest["legs"]["validate"].get("verdict")
-    manifest["fitted_on"] = ["sweep", "forward"]
-    manifest["validated_on"] = ["check-sweep", "check-forward"]
+    manifest["fitted_on"] = [f for f in FIT_LEGS if manifest["legs"].get(f, {}).get("command")]
+    manifest["validated_on"] = list(CHECK_LEGS)
+    checked = {manifest["legs"][c].get("machine") for c in CHECK_LEGS} - {None}
+    fitted = {manifest["legs"].get(f, {}).get("machine") for f in FIT_LEGS} - {None}
+    manifest["out_of_machine"] = checked.isdisjoint(fitted) if checked and fitted else None  # None: not known
     atomic_write_text(manifest_file, json.dumps(manifest, indent=1) + "\n")
     return manifest
 
 
 def install(profile: GpuProfile, run: Path) -> list[Path]:
-    """The run's table (with its tactics) and baseline as the shipped files: only from a complete run whose
-    out-of-sample verdict is PASS."""
+    """The run's table (with its tactics), baseline and cross-machine noise floor as the shipped files: only from a
+    complete run whose out-of-sample verdict is PASS."""
     import shutil
 
     from calibrate.baseline import autotune_cache_path, baseline_path
+    from calibrate.noise import noise_path
     from dispatch.table import TABLE_DIR
     manifest_file = run / MANIFEST
     if not manifest_file.is_file():
@@ -169,7 +219,8 @@ def install(profile: GpuProfile, run: Path) -> list[Path]:
     pairs = [(run / "table.json", TABLE_DIR / f"{profile.name}.json"),
              (run / "table.autotune.json", TABLE_DIR / f"{profile.name}.autotune.json"),
              (run / "baseline.json", baseline_path(profile.name)),
-             (autotune_cache_path(run / "baseline.json"), autotune_cache_path(baseline_path(profile.name)))]
+             (autotune_cache_path(run / "baseline.json"), autotune_cache_path(baseline_path(profile.name))),
+             (run / "noise.json", noise_path(profile.name))]
     written = []
     for src, dst in pairs:
         if src.is_file():

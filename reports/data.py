@@ -123,12 +123,12 @@ def headline(run: Run, forwards: list[tuple[pd.DataFrame, dict]] | None = None) 
         return Headline(None, s, pd.DataFrame(), pd.DataFrame())
     verdicts = cell_verdicts(c, run.table, MARGIN, noise=load_noise(run.profile.name))
     totals = forward_totals(c, run.table, model_uses(df), run.profile.capture_size)
-    slower, over = failures(verdicts, totals)
+    from calibrate.forward_noise import load_forward_floor
+    floor = load_forward_floor(run.profile.name)
+    slower, over = failures(verdicts, totals, floor)
     measured_over, covered = 0, set()
     if forwards:
         from calibrate.forward_model import judged_forward
-        from calibrate.forward_noise import load_forward_floor
-        floor = load_forward_floor(run.profile.name)
         for fdf, finfo in forwards:
             fv, _, _, both = judged_forward(fdf, finfo, run.table, run.profile, floor)
             covered |= both

@@ -98,3 +98,30 @@ def select(shapes: list[Shape], spec: str | None) -> list[Shape]:
             raise HarnessError(f"shape {token!r} is not in the catalog; `python -m shapes list` shows the names")
         wanted.extend(match)
     return list(dict.fromkeys(wanted))
+
+
+def select_cells(shapes: list[Shape], spec: str) -> tuple[list[Shape], dict[str, list[int]]]:
+    """'n256_k2048:80,96;n1024_k2048:20': per shape (a name or NxK), its own M values (as --m takes them); '@FILE':
+    the same read from FILE."""
+    from shapes.grid import parse_m
+    hint = "give e.g. n256_k2048:80,96;n1024_k2048:20 or @FILE"
+    if spec.startswith("@"):
+        try:
+            spec = Path(spec[1:]).read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise HarnessError(f"--cells {spec}: cannot read {spec[1:]} ({exc.__class__.__name__}); {hint}") from None
+    parts = [p.strip() for p in spec.split(";") if p.strip()]
+    if not parts:
+        raise HarnessError(f"--cells {spec!r} names no cell; {hint}")
+    cells: dict[str, list[int]] = {}
+    chosen: list[Shape] = []
+    for part in parts:
+        name, sep, ms = part.partition(":")
+        if not sep or not ms.strip():
+            raise HarnessError(f"--cells entry {part!r} has no M values; {hint}")
+        [shape] = select(shapes, name.strip())
+        if shape.name in cells:
+            raise HarnessError(f"--cells names {shape.name} twice; give each shape once with all its M")
+        cells[shape.name] = parse_m(ms)
+        chosen.append(shape)
+    return chosen, cells

@@ -426,3 +426,27 @@ def test_replays_stop_once_the_stopping_criterion_is_met(monkeypatch):
     out = replay_interleaved(clock, {"steady": steady, "noisy": noisy}, 1, 9, stopping=Stopping(3, 0.01))
     assert len(out["steady"].gpu_us) == 3 and out["steady"].stop == "stdrel <= 0.01 after 3"
     assert len(out["noisy"].gpu_us) == 9 and out["noisy"].stop == "max samples (9)"
+
+
+def test_a_cells_run_expects_each_shape_at_its_own_m_only():
+    from bench.results import expected_cells
+    info = {"shapes": ["a", "b"], "ms": [8, 80, 96], "paths": ["aten"], "cells": {"a": [80, 96], "b": [8]}}
+    assert expected_cells(info) == {("a", 80, "aten"), ("a", 96, "aten"), ("b", 8, "aten")}
+    del info["cells"]
+    assert len(expected_cells(info)) == 6
+
+
+def test_select_cells_reads_a_spec_or_a_file(tmp_path):
+    from shapes.catalog import catalog, select_cells
+    shapes, cells = select_cells(catalog(), "n256_k2048:80,96;1024x2048:20")
+    assert [s.name for s in shapes] == ["n256_k2048", "n1024_k2048"] and cells["n1024_k2048"] == [20]
+    (tmp_path / "c.txt").write_text("n256_k2048:80\n")
+    assert select_cells(catalog(), f"@{tmp_path / 'c.txt'}")[1] == {"n256_k2048": [80]}
+
+
+def test_a_modelled_forward_fails_only_beyond_the_forward_floor():
+    from calibrate.analysis import sum_exceeds
+    from calibrate.forward_noise import ForwardFloor
+    floor = ForwardFloor({"graph": 0.0155, "eager": 0.15})
+    assert sum_exceeds(1.02, "graph") and not sum_exceeds(1.02, "graph", floor)
+    assert sum_exceeds(1.03, "graph", floor) and not sum_exceeds(1.10, "eager", floor)

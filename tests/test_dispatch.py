@@ -957,3 +957,80 @@ def test_a_table_with_the_retired_idle_regime_loads_with_its_eager_ranges():
     bad = {**v2, "shapes": [{**v2["shapes"][0], "idle": [{"up_to": 0, "path": "aten"}]}]}
     with pytest.raises(HarnessError, match="x shape 16x64 idle"):
         parse_table(bad, "x")
+
+
+def test_the_segment_fit_leaves_to_f_linear_what_no_path_wins():
+    """F.linear above the last range is not a range: a FlashInfer range that wins at low M and only ties F.linear
+    above ends where it stops winning, although running it to the top would list as few ranges."""
+    from calibrate.segments import segment
+    ms = [1, 2, 4, 8, 16, 32]
+    cost = {(m, "aten"): 10.0 for m in ms}
+    cost.update({(m, "cublaslt"): 8.0 if m <= 4 else 10.0 for m in ms})
+    upper = {(m, p): cost[(m, p)] / 10.0 * 1.005 for m, p in cost}
+    assert segment(ms, cost, upper, ["aten", "cublaslt"], 0.03, 0.01) == [
+        (1, "cublaslt"), (2, "cublaslt"), (4, "cublaslt"), (8, "aten"), (16, "aten"), (32, "aten")]
+
+
+def test_a_model_sum_beyond_the_per_forward_tolerance_picks_the_path_at_its_cells():
+    """Two shapes of one model where cuBLASLt is 3% cheaper at M = 2048, a gain no single cell shows beyond its
+    noise: the count-weighted sum beats the fit's by more than validate allows, so cuBLASLt is taken there, and only
+    there; a forward floor wider than that gain leaves F.linear."""
+    from calibrate.forward_noise import ForwardFloor
+    from calibrate.segments import sum_picks
+    ms = [1024, 2048]
+    problems, choices = {}, {}
+    for n in (100, 200):
+        cost = {(m, "aten"): 100.0 for m in ms}
+        cost.update({(1024, "cublaslt"): 100.0, (2048, "cublaslt"): 97.0})
+        problems[("eager", n, 64)] = (ms, cost, {}, {m: "graph" for m in ms})
+        choices[("eager", n, 64)] = [(m, "aten") for m in ms]
+    uses = {"M": [(100, 64, 3), (200, 64, 1)]}
+    picked = sum_picks(choices, problems, ["aten", "cublaslt"], uses, None, capture_size=512)
+    assert picked == {("eager", 100, 64, 2048): "cublaslt", ("eager", 200, 64, 2048): "cublaslt"}
+    wide = ForwardFloor({"graph": 0.05, "eager": 0.2})
+    assert sum_picks(choices, problems, ["aten", "cublaslt"], uses, wide, capture_size=512) == {}
+    # vLLM runs M = 2048 eagerly: the graph regime's sum there is not what validate judges
+    graph = {("graph", n, k): v for (_, n, k), v in problems.items()}
+    assert sum_picks({("graph", n, k): v for (_, n, k), v in choices.items()}, graph, ["aten", "cublaslt"], uses,
+                     None, capture_size=512) == {}
+
+
+def test_refine_names_the_midpoints_of_gaps_where_the_choice_changes():
+    from calibrate.segments import cells_spec, refine_cells
+    from dispatch.table import ThresholdTable
+    table = ThresholdTable("h200", "tinygemm", {"graph": (), "eager": ()},
+                           {(256, 2048): {"graph": ((64, "flashinfer-lean:tinygemm"),), "eager": ()}})
+    cells = type("C", (), {"ms": lambda self, n, k: [1, 8, 64, 128, 256],
+                           "has": lambda self, n, k, m, p: True})()
+    plan = refine_cells(table, cells, {(256, 2048): "n256_k2048"})
+    assert plan == {"n256_k2048": [96]} and cells_spec(plan) == "n256_k2048:96"
+
+
+def test_fit_with_added_cells_fits_their_m_and_refuses_a_cell_twice(tmp_path):
+    """--add: a run of the same setup and tactics at another M is fitted with RESULTS (its M is in fitted_ms); a run
+    that measures a cell RESULTS has is refused."""
+    import json
+    import shutil
+    import pandas as pd
+    from calibrate.__main__ import main
+    from harness.errors import HarnessError
+    lean = Path(__file__).parent / "data" / "h200-lean-validate"
+    added = tmp_path / "added"
+    shutil.copytree(lean, added)
+    df = pd.read_csv(lean / "results.csv")
+    one = df[df["m"] == 1].copy()
+    one["m"] = 3
+    one.to_csv(added / "results.csv", index=False)
+    info = json.loads((lean / "run.json").read_text())
+    info["ms"] = [3]
+    (added / "run.json").write_text(json.dumps(info))
+    out = tmp_path / "t.json"
+    assert main(["fit", str(lean), "--gpu", "h200", "--method", "segments", "--add", str(added), "--out",
+                 str(out)]) == 0
+    assert 3 in json.loads(out.read_text())["source"]["fitted_ms"]
+    df.to_csv(added / "results.csv", index=False)
+    info["ms"] = sorted(set(df["m"]))
+    (added / "run.json").write_text(json.dumps(info))
+    with pytest.raises(HarnessError, match="measured twice"):
+        main(["fit", str(lean), "--gpu", "h200", "--method", "segments", "--add", str(added), "--out",
+              str(tmp_path / "u.json")])

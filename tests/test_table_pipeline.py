@@ -8,15 +8,41 @@ from dispatch.profiles import get_profile
 from harness.errors import HarnessError
 
 H200 = get_profile("h200")
+LEGS = ["sweep", "forward", "first-fit", "refine", "fit", "check-sweep", "check-forward", "noise", "validate",
+        "baseline", "report"]
+
+
+def machines(*uuids):
+    """A fake GPU identity per call of run_pipeline: the machine each part of a run runs on."""
+    it = iter(uuids)
+    return lambda: next(it)
 
 
 def test_the_legs_and_their_order(tmp_path):
     names = [leg.name for leg in legs(H200, tmp_path)]
-    assert names == ["sweep", "forward", "fit", "check-sweep", "check-forward", "validate", "baseline", "report"]
+    assert names == LEGS
     text = plan_text(get_profile("gb200"), tmp_path)
-    assert "--gpu gb200" in text and "flashinfer-lean:cute-dsl" in text and text.count("  leg ") == 8
-    check = next(leg for leg in legs(H200, tmp_path) if leg.name == "check-sweep")
-    assert "3000" in check.argv[check.argv.index("--m") + 1]  # M the fit never saw
+    assert "--gpu gb200" in text and "flashinfer-lean:cute-dsl" in text and text.count("  leg ") == len(LEGS)
+    by_name = {leg.name: leg.argv for leg in legs(H200, tmp_path)}
+    check = by_name["check-sweep"]
+    assert "3000" in check[check.index("--m") + 1]  # M the fit never saw
+    table_tactics = str(tmp_path / "table.autotune.json")  # the check serves the table's tactics, as dispatch does
+    assert table_tactics in by_name["check-sweep"] and table_tactics in by_name["check-forward"]
+    assert str(tmp_path / "refine") in by_name["fit"]  # the refine cells are fitted with the sweep
+
+
+def test_no_gap_to_refine_skips_the_refine_leg(tmp_path):
+    run, ran = tmp_path / "run", []
+
+    def execute(leg, log):
+        ran.append(leg.name)
+        if leg.name == "first-fit":
+            (run / "refine-cells.txt").write_text("\n")  # the first fit changes its choice in no gap
+        return 0
+    done = run_pipeline(H200, run, resume=False, execute=execute, machine=machines("A"), same_machine=True)
+    assert "refine" not in ran and done["legs"]["refine"]["skipped"]
+    fit = next(leg for leg in legs(H200, run) if leg.name == "fit")
+    assert "--add" not in fit.argv and done["out_of_machine"] is False
 
 
 def test_a_failed_leg_stops_and_resume_runs_only_what_is_left(tmp_path):
@@ -31,20 +57,21 @@ def test_a_failed_leg_stops_and_resume_runs_only_what_is_left(tmp_path):
         return 0
     run = tmp_path / "run"
     with pytest.raises(HarnessError, match="leg check-sweep failed"):
-        run_pipeline(H200, run, resume=False, execute=flaky)
+        run_pipeline(H200, run, resume=False, execute=flaky, same_machine=True)
     manifest = json.loads((run / MANIFEST).read_text())
     assert manifest["legs"]["fit"]["status"] == "done" and manifest["legs"]["check-sweep"]["status"].startswith("failed")
     with pytest.raises(HarnessError, match="exists; pass --resume"):
         run_pipeline(H200, run, resume=False, execute=flaky)
     ran.clear()
-    done = run_pipeline(H200, run, resume=True, execute=flaky)
-    assert ran == ["check-sweep", "check-forward", "validate", "baseline", "report"]
+    done = run_pipeline(H200, run, resume=True, execute=flaky, same_machine=True)
+    assert ran == ["check-sweep", "check-forward", "noise", "validate", "baseline", "report"]
     assert done["status"] == "complete" and done["verdict"] == "PASS"
 
 
 def test_a_failing_check_is_a_verdict_and_blocks_install(tmp_path):
     run = tmp_path / "run"
-    done = run_pipeline(H200, run, resume=False, execute=lambda leg, log: 1 if leg.name == "validate" else 0)
+    done = run_pipeline(H200, run, resume=False, execute=lambda leg, log: 1 if leg.name == "validate" else 0,
+                        same_machine=True)
     assert done["status"] == "complete" and done["verdict"] == "FAIL"
     with pytest.raises(HarnessError, match="verdict 'FAIL'"):
         install(H200, run)
@@ -55,33 +82,47 @@ def test_install_writes_the_shipped_files_of_a_passing_run(tmp_path, monkeypatch
     import dispatch.table as table
     monkeypatch.setattr(table, "TABLE_DIR", tmp_path / "thresholds")
     monkeypatch.setattr(baseline, "BASELINE_DIR", tmp_path / "baselines")
+    import calibrate.noise as noise
+    monkeypatch.setattr(noise, "NOISE_DIR", tmp_path / "noise")
+    (tmp_path / "noise").mkdir()
     (tmp_path / "thresholds").mkdir()
     (tmp_path / "baselines").mkdir()
     run = tmp_path / "run"
-    run_pipeline(H200, run, resume=False, execute=lambda leg, log: 0)
+    run_pipeline(H200, run, resume=False, execute=lambda leg, log: 0, same_machine=True)
+    (run / "noise.json").write_text("{}")
     (run / "table.json").write_text(json.dumps({"format": 2, "profile": "h200", "source": {}}))
     (run / "baseline.json").write_text("{}")
     written = install(H200, run)
     assert tmp_path / "thresholds" / "h200.json" in written
+    assert tmp_path / "noise" / "h200.json" in written  # the cross-machine floor the run measured
     shipped = json.loads((tmp_path / "thresholds" / "h200.json").read_text())
     assert shipped["source"]["manifest"].endswith(MANIFEST)
 
 
-def test_stop_after_a_leg_and_resume_the_rest_elsewhere(tmp_path):
-    """--stop-after forward: sweep and forward run, the manifest says so; a resume (another machine) runs the rest
-    and the manifest lists both machines. The fitted sweep leaves the dispatcher out; the check runs the new table."""
+def test_the_check_waits_for_another_machine_and_resumes_there(tmp_path):
+    """Sweep to fit on machine A; the check legs do not run there (the run waits, exit 0), a resume on machine B runs
+    them; the manifest names each leg's machine and says the check was out of machine. The fitted sweep leaves the
+    dispatcher out; the check runs the new table."""
     run, ran = tmp_path / "run", []
 
     def execute(leg, log):
         ran.append(leg.name)
         return 0
-    first = run_pipeline(H200, run, resume=False, execute=execute, stop_after="forward")
-    assert ran == ["sweep", "forward"] and first["status"] == "stopped after forward"
-    done = run_pipeline(H200, run, resume=True, execute=execute)
-    assert ran[2:] == ["fit", "check-sweep", "check-forward", "validate", "baseline", "report"]
-    assert done["status"] == "complete" and len(done["machines"]) == 2
-    with pytest.raises(HarnessError, match="no leg"):
-        run_pipeline(H200, tmp_path / "other", resume=False, execute=execute, stop_after="lunch")
+    first = run_pipeline(H200, run, resume=False, execute=execute, machine=machines("A"))
+    assert ran == LEGS[:5] and first["status"].startswith("waiting before check-sweep")
+    done = run_pipeline(H200, run, resume=True, execute=execute, machine=machines("B"))
+    assert ran[5:] == LEGS[5:] and done["status"] == "complete" and len(done["machines"]) == 2
+    assert done["legs"]["sweep"]["machine"] == "A" and done["legs"]["check-sweep"]["machine"] == "B"
+    assert done["out_of_machine"] is True and "machine" not in done["legs"]["fit"]
     by_name = {leg.name: leg.argv for leg in legs(H200, run)}
     assert "dispatch" not in by_name["sweep"][by_name["sweep"].index("--paths") + 1].split(",")
     assert by_name["check-sweep"][by_name["check-sweep"].index("--table") + 1] == str(run / "table.json")
+
+
+def test_stop_after_a_leg_and_an_unknown_leg(tmp_path):
+    run, ran = tmp_path / "run", []
+    first = run_pipeline(H200, run, resume=False, execute=lambda leg, log: ran.append(leg.name) or 0,
+                         stop_after="forward", machine=machines("A"))
+    assert ran == ["sweep", "forward"] and first["status"] == "stopped after forward"
+    with pytest.raises(HarnessError, match="no leg"):
+        run_pipeline(H200, tmp_path / "other", resume=False, execute=lambda leg, log: 0, stop_after="lunch")
