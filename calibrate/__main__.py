@@ -668,7 +668,7 @@ def _table_cmd(args) -> int:
             print(f"installed {path}")
         return 0
     from calibrate.table_pipeline import pending_legs
-    if any(leg.gpu for leg in pending_legs(profile, run, args.resume)):
+    if any(leg.gpu for leg in pending_legs(profile, run, args.resume, args.stop_after)):
         from bench.sweep import require_gpu
         require_gpu(profile)  # before any file system change
     manifest = run_pipeline(profile, run, args.resume, stop_after=args.stop_after, same_machine=args.same_machine)

@@ -100,7 +100,10 @@ def gpu_uuid() -> str | None:
     """The first visible GPU's UUID: which machine ran a leg (two leases of one GPU kind differ here)."""
     try:
         import torch
-        return str(torch.cuda.get_device_properties(0).uuid) if torch.cuda.is_available() else None
+        if not torch.cuda.is_available():
+            return None
+        uuid = str(torch.cuda.get_device_properties(0).uuid)
+        return uuid if uuid.startswith("GPU-") else f"GPU-{uuid}"  # as nvidia-smi names it
     except Exception:
         return None
 
@@ -127,15 +130,19 @@ def check_stop_after(profile: GpuProfile, run: Path, stop_after: str | None) -> 
     return names
 
 
-def pending_legs(profile: GpuProfile, run: Path, resume: bool) -> list[Leg]:
-    """The legs a run (or its resume) has still to do: only those that need the GPU need a GPU machine."""
+def pending_legs(profile: GpuProfile, run: Path, resume: bool, stop_after: str | None = None) -> list[Leg]:
+    """The legs a run (or its resume) has still to do, up to `stop_after`: only those that need the GPU need a GPU
+    machine."""
     done: dict = {}
     if resume and (run / MANIFEST).is_file():
         try:
             done = json.loads((run / MANIFEST).read_text()).get("legs", {})
         except (OSError, ValueError):
             done = {}
-    return [leg for leg in legs(profile, run) if done.get(leg.name, {}).get("status") != "done"]
+    todo = legs(profile, run)
+    if stop_after is not None:
+        todo = todo[:[leg.name for leg in todo].index(stop_after) + 1]
+    return [leg for leg in todo if done.get(leg.name, {}).get("status") != "done"]
 
 
 def _default_exec(leg: Leg, log: Path) -> int:
@@ -158,7 +165,7 @@ def run_pipeline(profile: GpuProfile, run: Path, resume: bool, execute: Callable
     manifest = json.loads(manifest_file.read_text()) if resume else {
         "profile": profile.name, "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "harness_sha": git_sha(), "legs": {}}
-    here = machine() if any(leg.gpu for leg in pending_legs(profile, run, resume)) else None
+    here = machine() if any(leg.gpu for leg in pending_legs(profile, run, resume, stop_after)) else None
     manifest.setdefault("machines", []).append({"started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                                                 "harness_sha": git_sha(), "gpu_uuid": here,
                                                 "fingerprint": _fingerprint()})
