@@ -559,7 +559,8 @@ def print_summary(cfg: SweepConfig, rows: list[dict[str, Any]], wall_s: float) -
     """What the sweep did, where it went and what to run next, on the terminal."""
     counts = {s: sum(1 for r in rows if r.get("status") == s) for s in ("ok", "skipped", "failed")}
     lines = [f"bench: {counts['ok']} cells ok, {counts['skipped']} skipped, {counts['failed']} failed in {wall_s:.0f} s"
-             f" ({len(cfg.shapes)} shapes x {len(cfg.ms)} M x {len(cfg.paths)} paths)"]
+             + (f" ({sum(len(cfg.ms_of(s)) for s in cfg.shapes)} (shape, M) cells of --cells x {len(cfg.paths)} paths)"
+                if cfg.cells is not None else f" ({len(cfg.shapes)} shapes x {len(cfg.ms)} M x {len(cfg.paths)} paths)")]
     failed = sorted({str(r.get("reason", ""))[:100] for r in rows if r.get("status") == "failed"})
     lines += [f"  failed: {reason}" for reason in failed[:5]]
     lines.append(f"  results: {cfg.out}/results.csv and run.json" + (f"; third-party log: {log_path()}" if log_path() else ""))

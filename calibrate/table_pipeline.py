@@ -32,9 +32,11 @@ REFINE_PLAN = "refine-cells.txt"
 # the legs after which the next GPU leg must run on another machine (the check is out of machine)
 CHECK_LEGS = ("check-sweep", "check-forward")
 FIT_LEGS = ("sweep", "forward", "refine")
-# The fit's tolerance: below the 3% regret at which validate calls a cell SLOWER, and wide enough that near-equal
-# paths over neighbouring M become one range
-FIT_TOLERANCE = 0.03
+# The fit's tolerance: wide enough that near-equal paths over neighbouring M become one range, and a regret that
+# validate cannot call SLOWER (beyond its 3% margin) once the smallest noise floor (about 1.9% on the H200) widens it
+FIT_TOLERANCE = 0.04
+# The first fit's, tighter, so that its boundaries (where the refine leg measures) include most of the final fit's
+REFINE_TOLERANCE = 0.03
 
 
 @dataclass(frozen=True)
@@ -59,18 +61,19 @@ def legs(profile: GpuProfile, run: Path) -> list[Leg]:
     tactics, table_tactics = sweep / "autotune-cache.json", run / "table.autotune.json"
     plan = run / REFINE_PLAN
     refined = not (plan.is_file() and not plan.read_text().strip())  # unknown before the first fit: planned
-    fit = [*py, "calibrate", "fit", str(sweep), "--gpu", p, "--method", "segments", "--tolerance", str(FIT_TOLERANCE),
-           "--forward", str(forward)]
+    fit = [*py, "calibrate", "fit", str(sweep), "--gpu", p, "--method", "segments", "--forward", str(forward)]
     return [
         Leg("sweep", [*py, "bench", "run", "--gpu", p, "--paths", fit_paths, "--out", str(sweep)], True),
         Leg("forward", [*py, "bench", "forward", "--gpu", p, "--skip-slower", "3", "--autotune-cache", str(tactics),
                         "--paths", f"aten,flashinfer-lean:{low},flashinfer-lean:cublaslt", "--out", str(forward)],
             True),
-        Leg("first-fit", [*fit, "--out", str(run / "first-fit.json"), "--plan-refine", str(plan)], False),
+        Leg("first-fit", [*fit, "--tolerance", str(REFINE_TOLERANCE), "--out", str(run / "first-fit.json"),
+                          "--plan-refine", str(plan)], False),
         Leg("refine", [*py, "bench", "run", "--gpu", p, "--cells", f"@{plan}", "--paths", fit_paths,
                        "--autotune-cache", str(tactics), "--out", str(refine)], True,
             skip=None if refined else "the first fit's choice changes in no gap between measured M"),
-        Leg("fit", [*fit, *(["--add", str(refine)] if refined else []), "--out", str(table)], False),
+        Leg("fit", [*fit, "--tolerance", str(FIT_TOLERANCE), *(["--add", str(refine)] if refined else []), "--out",
+                    str(table)], False),
         Leg("check-sweep", [*py, "bench", "run", "--gpu", p, "--m", check_ms, "--table", str(table),
                             "--autotune-cache", str(table_tactics), "--out", str(check_sweep)], True),
         Leg("check-forward", [*py, "bench", "forward", "--gpu", p, "--skip-slower", "3", "--table", str(table),
