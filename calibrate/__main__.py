@@ -509,8 +509,7 @@ def _fit_cmd(args, argv, profile, df, info, cells) -> int:
                         for fdf in runs for (r, mo), g in fdf.groupby(["regime", "model"])}
             seg_picks = forward_picks(picks, model_uses(df), cells, hold_out, measured)
         table, report = fit_segments(cells, base, args.tolerance, args.min_gain, noise, hold_out, shape_bound,
-                                     shape_host, seg_picks, model_uses(df), load_forward_floor(profile.name),
-                                     profile.capture_size)
+                                     shape_host, seg_picks, model_uses(df), None, profile.capture_size)
         counts = range_counts(table)
         print(f"segments: {counts['mean_ranges']:.2f} ranges per shape and regime on average (at most "
               f"{counts['max_ranges']}), the narrowest {counts['narrowest_share']:.0%} of its upper M")

@@ -127,8 +127,11 @@ def fit_segments(cells: Cells, base: ThresholdTable, tolerance: float = DEFAULT_
     a forward measures what a cell cannot (host and GPU overlap across layers), so at its cells the path costs
     F.linear's cost times the forward's ratio, and its span test uses the interval's top. `uses` (model -> its
     shapes and counts): where, in the regime vLLM runs that M in (graph up to `capture_size`, eager above), a single
-    path's count-weighted sum over a model's cells at one M beats the fit's beyond what validate allows (analysis.sum_exceeds, with `forward_floor`), that path counts as won at those cells and the
-    shapes are fitted again; where the sum still exceeds, it alone covers them (sum_picks)."""
+    path's count-weighted sum over a model's cells at one M beats the fit's by more than the per-forward tolerance
+    (analysis.sum_exceeds; with `forward_floor` as validate judges it, without it at the point estimate, which the
+    table pipeline uses so that a sum that passes on the fitting machine keeps the floor's margin on another), that
+    path counts as won at those cells and the shapes are fitted again; where the sum still exceeds, it alone covers
+    them (sum_picks)."""
     among = dispatch_candidates(cells, base)
     problems: dict[tuple[str, int, int], tuple[list[int], Costs, dict[tuple[int, str], float], dict[int, str]]] = {}
     for n, k, ms in shapes_to_fit(cells, hold_out):
