@@ -116,6 +116,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                        help=f"a cell leaves F.linear only for a gain above this share, beyond the noise "
                             f"(default {FIT_MIN_GAIN})")
     p_fit.add_argument("--hold-out", default="", help="comma list of M values the fit must not see (validated later)")
+    p_fit.add_argument("--noise", metavar="FILE",
+                       help="the run-to-run noise floor to fit with (default: calibrate/noise/<profile>.json); the "
+                            "table keeps its bands")
     p_fit.add_argument("--add", nargs="+", metavar="DIR",
                        help="more cells of the same setup fitted with RESULTS: runs made with RESULTS' tactics "
                             "(bench run --cells ... --autotune-cache RESULTS/autotune-cache.json) at other M")
@@ -458,7 +461,7 @@ def _fit_cmd(args, argv, profile, df, info, cells) -> int:
     if args.keep and not args.table_forward:
         raise HarnessError("--keep needs --table-forward: the measured forwards of that table")
     base = ThresholdTable(profile.name, profile.low_m_backend, {r: () for r in REGIMES})
-    noise = load_noise(profile.name)
+    noise = load_noise(profile.name, Path(args.noise) if args.noise else None)
     cell_picks, forward_note, shape_bound, shape_host = {}, None, {}, {}
     floor = None
     if args.forward_noise:
@@ -543,7 +546,8 @@ def _fit_cmd(args, argv, profile, df, info, cells) -> int:
                       "cell costs no more); between two measured M whose choices differ, the boundary is where the "
                       "two paths' costs, interpolated linearly in M, cross (a model of unmeasured M); shapes not "
                       "measured and M above the last range run F.linear",
-              "noise_floor": noise.source if noise else None, "measured_forwards": forward_note}
+              "noise_floor": {**noise.to_json(), "file": args.noise or str(noise_path(profile.name))} if noise else None,
+              "measured_forwards": forward_note}
     if args.method == "segments":
         source["rule"] = f"{RULE}; tolerance {args.tolerance:g}, min_gain {args.min_gain:g}"
         source["method"] = "segments"

@@ -212,12 +212,13 @@ def run_pipeline(profile: GpuProfile, run: Path, resume: bool, execute: Callable
 
 
 def install(profile: GpuProfile, run: Path) -> list[Path]:
-    """The run's table (with its tactics), baseline and cross-machine noise floor as the shipped files: only from a
-    complete run whose out-of-sample verdict is PASS."""
+    """The run's table (with its tactics) and baseline as the shipped files: only from a complete run whose
+    out-of-sample verdict is PASS. The run's cross-machine floor (noise.json) is installed on its own, where it should
+    replace the profile's (python -m calibrate noise ... --install): every verdict and fit reads that floor."""
     import shutil
 
+    from bench.autotune_cache import sha256
     from calibrate.baseline import autotune_cache_path, baseline_path
-    from calibrate.noise import noise_path
     from dispatch.table import TABLE_DIR
     manifest_file = run / MANIFEST
     if not manifest_file.is_file():
@@ -226,18 +227,29 @@ def install(profile: GpuProfile, run: Path) -> list[Path]:
     if manifest.get("status") != "complete" or manifest.get("verdict") != "PASS":
         raise HarnessError(f"{run}: status {manifest.get('status')!r}, verdict {manifest.get('verdict')!r}; only a "
                            f"complete run whose out-of-sample check passed is installed")
-    pairs = [(run / "table.json", TABLE_DIR / f"{profile.name}.json"),
-             (run / "table.autotune.json", TABLE_DIR / f"{profile.name}.autotune.json"),
-             (run / "baseline.json", baseline_path(profile.name)),
-             (autotune_cache_path(run / "baseline.json"), autotune_cache_path(baseline_path(profile.name))),
-             (run / "noise.json", noise_path(profile.name))]
+    table, base = TABLE_DIR / f"{profile.name}.json", baseline_path(profile.name)
+    root = Path(__file__).resolve().parent.parent
+    where = manifest_file.resolve()
+    named = {"file": str(where.relative_to(root) if root in where.parents else where), "sha256": sha256(manifest_file)}
+
+    def as_table(data: dict) -> dict:  # the tactics beside the shipped table under its shipped name; the manifest
+        data.setdefault("source", {})["manifest"] = named
+        if isinstance(data["source"].get("tactics"), dict):
+            data["source"]["tactics"]["file"] = autotune_cache_path(table).name
+        return data
+
+    def as_baseline(data: dict) -> dict:
+        if isinstance(data.get("autotune_cache"), dict):
+            data["autotune_cache"]["file"] = autotune_cache_path(base).name
+        return data
+    pairs = [(run / "table.json", table, as_table), (run / "table.autotune.json", autotune_cache_path(table), None),
+             (run / "baseline.json", base, as_baseline),
+             (autotune_cache_path(run / "baseline.json"), autotune_cache_path(base), None)]
     written = []
-    for src, dst in pairs:
+    for src, dst, edit in pairs:
         if src.is_file():
-            data = json.loads(src.read_text())
-            if dst.name == f"{profile.name}.json" and isinstance(data, dict) and dst.parent == TABLE_DIR:
-                data.setdefault("source", {})["manifest"] = str(manifest_file)
-                atomic_write_text(dst, json.dumps(data, indent=2) + "\n")
+            if edit is not None:
+                atomic_write_text(dst, json.dumps(edit(json.loads(src.read_text())), indent=2) + "\n")
             else:
                 shutil.copyfile(src, dst)
             written.append(dst)

@@ -553,23 +553,30 @@ def test_flashinfer_alone_is_the_flashinfer_everywhere_rule_on_each_sm():
 
 
 @pytest.mark.evidence
-def test_the_committed_h200_table_is_what_the_fit_makes_of_the_committed_runs(tmp_path, capsys):
-    """dispatch/thresholds/h200.json names the command that made it; run on the committed data with today's fit it
-    gives the same graph and eager ranges (a fit change that would change the table shows here, before anyone
-    measures it). Its --idle-forward runs made the idle ranges, a regime the format no longer has: left out."""
+def test_the_committed_h200_table_is_what_the_fit_makes_of_its_table_run(tmp_path, capsys):
+    """dispatch/thresholds/h200.json names the fit command that made it and its table run's manifest (kept in
+    evidence/ with the run); that command, on that run's data and with the noise floor it read, gives the same ranges
+    with today's fit (a fit change that would change the table shows here, before anyone measures it). The floor is
+    the table's own (source.noise_floor) or, for a table from before it kept one, the run's fit-noise-floor.json."""
     import shlex
 
+    from bench.autotune_cache import sha256
     from calibrate.__main__ import main
-    committed = json.loads((Path(__file__).parent.parent / "dispatch" / "thresholds" / "h200.json").read_text())
-    argv = shlex.split(committed["source"]["fit_command"])[3:]  # after "python -m calibrate"
-    if "--idle-forward" in argv:
-        cut = argv.index("--idle-forward")
-        rest = next((i for i in range(cut + 1, len(argv)) if argv[i].startswith("--")), len(argv))
-        argv = argv[:cut] + argv[rest:]
-    assert main([*argv, "--out", str(tmp_path / "h200.json")]) == 0
+    root = Path(__file__).parent.parent
+    committed = json.loads((root / "dispatch" / "thresholds" / "h200.json").read_text())
+    run = Path(committed["source"]["manifest"]["file"]).parent  # results/<profile>/<run-id>, filed in evidence/
+    kept = root / "evidence" / f"h200-table-{run.name}"
+    assert sha256(kept / "manifest.json") == committed["source"]["manifest"]["sha256"]
+    argv = [a.replace(str(run), str(kept)) for a in shlex.split(committed["source"]["fit_command"])[3:]]
+    out = argv.index("--out")
+    argv[out + 1] = str(tmp_path / "h200.json")
+    floor = committed["source"].get("noise_floor") or {}
+    if "bands" in floor:
+        (tmp_path / "floor.json").write_text(json.dumps(floor))
+    floor_file = tmp_path / "floor.json" if "bands" in floor else kept / "fit-noise-floor.json"
+    assert main([*argv, "--noise", str(floor_file)]) == 0
     again = json.loads((tmp_path / "h200.json").read_text())
-    two = [{k: v for k, v in shape.items() if k != "idle"} for shape in committed["shapes"]]
-    assert again["shapes"] == two and again["default"] == {k: v for k, v in committed["default"].items() if k != "idle"}
+    assert again["shapes"] == committed["shapes"] and again["default"] == committed["default"]
 
 
 @pytest.mark.evidence
@@ -1034,3 +1041,19 @@ def test_fit_with_added_cells_fits_their_m_and_refuses_a_cell_twice(tmp_path):
     with pytest.raises(HarnessError, match="measured twice"):
         main(["fit", str(lean), "--gpu", "h200", "--method", "segments", "--add", str(added), "--out",
               str(tmp_path / "u.json")])
+
+
+@pytest.mark.evidence
+def test_the_committed_h200_table_passes_its_check_on_a_machine_it_was_not_fitted_on(capsys):
+    """The shipped table on its table run's check legs (evidence/h200-table-h200-20261201c): machine D's sweep, with
+    the table's tactics and M the fit never saw, and D's measured forwards: PASS, no SLOWER cell; the manifest's
+    machines for the fitted legs and the check differ."""
+    from calibrate.__main__ import main
+    run = Path(__file__).parent.parent / "evidence" / "h200-table-h200-20261201c"
+    manifest = json.loads((run / "manifest.json").read_text())
+    fitted = {manifest["legs"][leg]["machine"] for leg in ("sweep", "forward", "refine")}
+    assert manifest["legs"]["check-sweep"]["machine"] not in fitted and manifest["out_of_machine"] is True
+    assert main(["validate", str(run / "check-sweep"), "--thresholds", str(run / "table.json"), "--forward",
+                 str(run / "check-forward")]) == 0
+    out = capsys.readouterr().out
+    assert "M values the fit never saw: 10, 18, 80, 112, 176, 640, 3000" in out and "'SLOWER'" not in out

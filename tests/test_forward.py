@@ -432,7 +432,7 @@ def test_overrides_come_from_forwards_that_ran_this_tables_own_choices():
     # the profiler-off runs of 107eae0's table: no single path, all-aten included, beat its choices in either regime
     # where those runs ran them (the 4B at M = 1 eagerly is no evidence: the refit chooses otherwise there)
     profiler_off = [load_forward(DATA / f"h200-settled-forward-{r}") for r in (4, 5)]
-    committed = load_table("h200")
+    committed = load_table(path=DATA / "h200-table-rules-fit.json")  # the rules fit, shipped before make table
     for regime in ("graph", "eager"):
         assert overrides_over_the_table(profiler_off, committed, profile, candidates, 0.01, regime) == {}
     assert committed.source["forwards_of_this_table"]["runs"] == [f"tests/data/h200-settled-forward-{r}" for r in (4, 5)]
@@ -457,7 +457,7 @@ def test_a_refit_keeps_measured_gains_and_says_where_a_forward_ran_another_table
     assert graph[(big, 4096)]["runs"] == 2 and graph[(small, 512)]["runs"] == 1
     assert (small, 1) not in eager and (small, 8) not in eager and round(eager[(big, 8)]["ratio"], 3) == 0.609
     assert len(graph) + len(eager) == 18
-    committed = load_table("h200")
+    committed = load_table(path=DATA / "h200-table-rules-fit.json")  # the rules fit, shipped before make table
     seq = _sequences(runs[0][1], {big})[big]
     for m in (4096, 16384):
         assert table_paths_used(seq, committed, m, 90, profile, "graph") == table_paths_used(seq, old, m, 90, profile,
@@ -743,8 +743,8 @@ def test_forward_floor_and_replicate_bad_input_get_one_line(tmp_path):
 
 @pytest.mark.evidence
 def test_the_committed_table_out_of_sample_in_three_later_processes(capsys):
-    """The README's figures for h200-settled-forward-7, -8 and -9 (the committed table, measured after every run it
-    was fitted on): no verdict fails with the forward floor; which points stay above 1.01 by their point ratio; the
+    """The figures for h200-settled-forward-7, -8 and -9 (the rules fit's table, shipped before make table,
+    tests/data/h200-table-rules-fit.json, measured after every run it was fitted on): no verdict fails with the forward floor; which points stay above 1.01 by their point ratio; the
     A B B A artifact of run 7 and the identical kernels of runs 8 and 9."""
     from calibrate.__main__ import main
     from calibrate.forward_noise import load_forward_floor
@@ -782,6 +782,7 @@ def test_the_committed_table_out_of_sample_in_three_later_processes(capsys):
     assert v[8].loc[("Qwen3.5-4B", 1024, "graph"), "dispatch_over_best"] == pytest.approx(1.002, abs=5e-4)
     assert v[9].loc[("Qwen3.5-35B-A3B", 1024, "eager"), "best"] == "dispatch"
     assert main(["validate", str(DATA / "h200-fit2-validate"), "--replicate", str(DATA / "h200-lean-validate"),
+                 "--thresholds", str(DATA / "h200-table-rules-fit.json"),
                  "--forward", str(DATA / "h200-settled-forward-8")]) == 0
     out = capsys.readouterr().out
     assert "at 22 points: |dispatch / table-direct - 1| median 0.13%, largest 1.41%" in out

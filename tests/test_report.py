@@ -10,6 +10,7 @@ from harness.errors import HarnessError
 from reports.__main__ import main as reports_main
 
 DATA = Path(__file__).parent / "data"
+TABLE = DATA / "h200-table-rules-fit.json"  # fixtures: a table and a baseline of two runs that tuned apiece
 SECTIONS = ("summary", "table", "shapes", "totals", "cells", "problems", "comparison", "anatomy", "forward")
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -20,7 +21,7 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
 def report(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("report") / "report.html"
     assert reports_main(["build", str(DATA / "h200-lean-validate"), str(DATA / "h200-lean-fit"),
-                         "--baseline", str(Path(__file__).parent / "baselines" / "h200.json"),
+                         "--thresholds", str(TABLE), "--baseline", str(DATA / "h200-baseline-tuned-apiece.json"),
                          "--anatomy", str(DATA / "h200-host-anatomy"), "--forward", str(DATA / "h200-lean-forward"),
                          "-o", str(out)]) == 0
     return out
@@ -42,7 +43,7 @@ def test_the_verdict_in_words_agrees_with_validate(report, tmp_path, capsys):
     """The page's yes/no is calibrate validate's PASS/FAIL on the same inputs (the run and its measured forward);
     with the seed PR's table (which validate fails) the page says no."""
     from calibrate.__main__ import main as calibrate_main
-    passes = calibrate_main(["validate", str(DATA / "h200-lean-validate"), "--forward",
+    passes = calibrate_main(["validate", str(DATA / "h200-lean-validate"), "--thresholds", str(TABLE), "--forward",
                              str(DATA / "h200-lean-forward")]) == 0
     verdict = re.search(r'<div class="verdict (yes|no|unknown)">(.*?)</div>', report.read_text())
     assert verdict.group(1) == ("yes" if passes else "no")

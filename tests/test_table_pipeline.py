@@ -90,13 +90,15 @@ def test_install_writes_the_shipped_files_of_a_passing_run(tmp_path, monkeypatch
     run = tmp_path / "run"
     run_pipeline(H200, run, resume=False, execute=lambda leg, log: 0, same_machine=True)
     (run / "noise.json").write_text("{}")
-    (run / "table.json").write_text(json.dumps({"format": 2, "profile": "h200", "source": {}}))
+    (run / "table.json").write_text(json.dumps({"format": 2, "profile": "h200",
+                                                "source": {"tactics": {"file": "table.autotune.json"}}}))
     (run / "baseline.json").write_text("{}")
     written = install(H200, run)
     assert tmp_path / "thresholds" / "h200.json" in written
-    assert tmp_path / "noise" / "h200.json" in written  # the cross-machine floor the run measured
+    assert tmp_path / "noise" / "h200.json" not in written  # the floor every verdict reads: installed on its own
     shipped = json.loads((tmp_path / "thresholds" / "h200.json").read_text())
-    assert shipped["source"]["manifest"].endswith(MANIFEST)
+    assert shipped["source"]["tactics"]["file"] == "h200.autotune.json"  # beside it, under its shipped name
+    assert shipped["source"]["manifest"]["file"].endswith(MANIFEST) and len(shipped["source"]["manifest"]["sha256"]) == 64
 
 
 def test_the_check_waits_for_another_machine_and_resumes_there(tmp_path):
