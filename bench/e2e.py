@@ -4,7 +4,8 @@ One model built from a catalog config with random weights (bf16), patched and un
 so the memory of one model), in rounds whose variant order is shuffled: eager prefill at several lengths, eager
 greedy generate, and one decode step captured in a CUDA graph with a static cache (where the dispatcher's graph
 choices run). Each row is one (step, tokens, variant) with its samples; the logits of both variants at the first
-prefill length are compared. transformers is an optional extra (pip install -e '.[e2e]').
+prefill length are compared with those of an fp32 copy of the model (LOGITS_FACTOR). transformers is an optional
+extra (pip install -e '.[e2e]').
 """
 from __future__ import annotations
 
@@ -19,9 +20,13 @@ from harness.errors import HarnessError
 
 E2E_FILE = "e2e.csv"
 COLUMNS = ("model", "step", "tokens", "variant", "status", "reason", "us", "us_p20", "us_p80", "samples",
-           "samples_us", "patched_linears", "logits_rel_err")
+           "samples_us", "patched_linears", "logits_rel_err", "logits_err_fp32")
 VARIANTS = ("stock", "patched")
-LOGITS_BOUND = 2e-2  # bf16 GEMMs of another kernel reorder sums: relative Frobenius error of the logits allowed
+# The logits check: each variant's relative Frobenius error against the same model run in fp32. Over many layers of
+# random weights bf16 rounding grows far beyond a single GEMM's, so the patched model is held to the stock model's own
+# error, not to an absolute bound: another kernel of equal accuracy rounds differently but no worse.
+LOGITS_FACTOR = 1.5  # the patched model's error may be at most this many times the stock model's
+LOGITS_FLOOR = 1e-3  # ... or this, where the stock model's error is smaller
 
 
 @dataclass
@@ -112,6 +117,7 @@ def run_e2e(cfg: E2EConfig) -> list[dict[str, Any]]:
     patched_count = 0
     logits: dict[str, Any] = {}
     first = prompts[cfg.prefill[0]]
+    logits["fp32"] = fp32_logits(model, first)
     rng = random.Random(cfg.seed)
     for r in range(cfg.rounds):
         for variant in rng.sample(VARIANTS, len(VARIANTS)):
@@ -139,8 +145,9 @@ def run_e2e(cfg: E2EConfig) -> list[dict[str, Any]]:
             finally:
                 if handle is not None:
                     handle.remove()
-    ref = logits["stock"]
-    rel = float((logits["patched"] - ref).norm() / ref.norm()) if ref.norm() > 0 else 0.0
+    rel = rel_err(logits["patched"], logits["stock"])
+    err = {v: rel_err(logits[v], logits["fp32"]) for v in VARIANTS}
+    bound = max(LOGITS_FACTOR * err["stock"], LOGITS_FLOOR)
     rows = []
     steps = [("prefill", n) for n in cfg.prefill] + [("generate", cfg.generate_tokens), ("decode-graph", 1)]
     for step, n in steps:
@@ -148,19 +155,40 @@ def run_e2e(cfg: E2EConfig) -> list[dict[str, Any]]:
             key = (step, n, variant)
             base = {"model": cfg.model, "step": step, "tokens": n, "variant": variant,
                     "patched_linears": patched_count if variant == "patched" else 0,
-                    "logits_rel_err": round(rel, 6) if variant == "patched" else 0.0}
+                    "logits_rel_err": round(rel, 6) if variant == "patched" else 0.0,
+                    "logits_err_fp32": round(err[variant], 6)}
             if key not in samples:
                 rows.append({**base, "status": "skipped", "reason": reasons.get(key, "not measured")})
                 continue
             us, p20, p80 = summary(samples[key])
             rows.append({**base, "status": "ok", "reason": "", "us": us, "us_p20": p20, "us_p80": p80,
                          "samples": len(samples[key]), "samples_us": [round(v, 1) for v in samples[key]]})
-    if rel > LOGITS_BOUND:
+    if err["patched"] > bound:
         for row in rows:
             if row["variant"] == "patched":
-                row.update(status="failed", reason=f"logits differ from the stock model's: relative error {rel:.3g} "
-                                                   f"> {LOGITS_BOUND}")
+                row.update(status="failed", reason=f"logits differ from the fp32 model's by {err['patched']:.3g}, "
+                                                   f"above {LOGITS_FACTOR}x the stock bf16 model's {err['stock']:.3g}")
     return rows
+
+
+def rel_err(a, b) -> float:
+    """Relative Frobenius error of `a` against `b`."""
+    return float((a - b).norm() / b.norm()) if b.norm() > 0 else 0.0
+
+
+def fp32_logits(model, ids):
+    """The logits of a float32 copy of the model (the stock model's reference; the copy is freed after)."""
+    import copy
+
+    import torch
+    ref = copy.deepcopy(model).float()
+    try:
+        with torch.no_grad():
+            return ref(ids).logits.float()
+    finally:
+        del ref
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
 
 def ratio_lines(rows: list[dict[str, Any]]) -> list[str]:
