@@ -36,8 +36,10 @@ RULE = ("fewest M ranges per shape and regime such that at every measured M the 
         "that path as the best at the model's cells with the forward's ratio; no range narrower than "
         f"{MIN_WIDTH:.0%} of its upper M unless every other segmentation breaks the tolerance; among the fewest "
         "ranges (F.linear above the last one is not a range), F.linear keeps the M where no FlashInfer path beats it "
-        "beyond the noise, then the lower total cost, then F.linear; an M between two measured ones takes the "
-        "larger one's choice")
+        "beyond the noise, then the lower total cost, then F.linear; where a single path's cost summed over a "
+        "model's cells at one M (in the regime vLLM runs that M in) beats the choices' sum by more than 1%, that "
+        "path at the model's cells where it costs less; an M between two measured ones takes the larger one's "
+        "choice")
 
 
 def _upper_ratio(cells: Cells, n: int, k: int, m: int, path: str, regime: str, noise: Any) -> float:

@@ -29,7 +29,7 @@ MANIFEST = "manifest.json"
 # neighbouring grid values (where the refine leg measures)
 UNSEEN_M = (10, 18, 80, 112, 176, 640, 3000)
 REFINE_PLAN = "refine-cells.txt"
-# the legs after which the next GPU leg must run on another machine (the check is out of machine)
+# the out-of-sample legs, which run on another machine than the fitted legs (by GPU UUID)
 CHECK_LEGS = ("check-sweep", "check-forward")
 FIT_LEGS = ("sweep", "forward", "refine")
 # The fit's tolerance: wide enough that near-equal paths over neighbouring M become one range, and a regret that
