@@ -66,9 +66,10 @@ report: $(VENV)/.installed
 	set -f; $(PY) -m reports build $$RESULTS $$COMPARE $${BASELINE:+--baseline "$$BASELINE"} \
 	  $${ANATOMY:+--anatomy "$$ANATOMY"} $${FORWARD:+--forward $$FORWARD} -o "$$REPORT"
 
-# one pytest worker per core (pytest-xdist, in the dev extra); each worker builds its own C++ layer in its temp folder
+# one pytest worker per core (pytest-xdist, in the dev extra); the workers share one C++ build, and one worker
+# builds the report tests' report (their xdist_group)
 test: $(VENV)/.installed
-	$(PY) -m pytest -q -m "not evidence" -n auto --dist worksteal
+	$(PY) -m pytest -q -m "not evidence" -n auto --dist loadgroup
 
 evidence: $(VENV)/.installed
 	$(PY) -m pytest -q -m evidence

@@ -36,19 +36,28 @@ def gpu_profile():
 
 @pytest.fixture(scope="session")
 def native_module(tmp_path_factory):
-    """The C++ bound layer (dispatch/bound_linear.cpp), built for this torch into a session folder (or into
-    $BLB_NATIVE_DIR where that is set, reusing its build): the same build `python -m dispatch build-native` makes. Skips, saying why, only where no C++ compiler is installed. Loading it
+    """The C++ bound layer (dispatch/bound_linear.cpp), built for this torch into a session folder shared by the
+    xdist workers (or into $BLB_NATIVE_DIR where that is set, reusing its build): the same build `python -m dispatch
+    build-native` makes. Skips, saying why, only where no C++ compiler is installed. Loading it
     registers its capture counter with the hooks; dispatch.bind is not switched to it (a test that wants it patches
     dispatch.native.module), so other tests keep whatever this machine has built."""
     import os
     import shutil
     if shutil.which("c++") is None:
         pytest.skip("no C++ compiler (c++) to build the C++ bound layer with")
+    import fcntl
+
     from dispatch import native
     old = os.environ.get("BLB_NATIVE_DIR")
-    os.environ["BLB_NATIVE_DIR"] = old or str(tmp_path_factory.mktemp("native"))
+    # pytest-xdist workers share one build: the session folder above each worker's, one worker compiling at a time
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    (shared / "native").mkdir(exist_ok=True)
+    os.environ["BLB_NATIVE_DIR"] = old or str(shared / "native")
     try:
-        native.build()
+        with open(shared / "native.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            native.build()
         native.forget()
         mod = native.module()
         native.forget()

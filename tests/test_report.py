@@ -9,6 +9,8 @@ import pytest
 from harness.errors import HarnessError
 from reports.__main__ import main as reports_main
 
+# one worker builds the module's report once for all its tests (pytest-xdist --dist loadgroup, as make test runs)
+pytestmark = pytest.mark.xdist_group("report")
 DATA = Path(__file__).parent / "data"
 TABLE = DATA / "h200-table-rules-fit.json"  # fixtures: a table and a baseline of two runs that tuned apiece
 SECTIONS = ("summary", "table", "shapes", "totals", "cells", "problems", "comparison", "anatomy", "forward")
