@@ -546,7 +546,8 @@ def _fit_cmd(args, argv, profile, df, info, cells) -> int:
                       "cell costs no more); between two measured M whose choices differ, the boundary is where the "
                       "two paths' costs, interpolated linearly in M, cross (a model of unmeasured M); shapes not "
                       "measured and M above the last range run F.linear",
-              "noise_floor": {**noise.to_json(), "file": args.noise or str(noise_path(profile.name))} if noise else None,
+              "noise_floor": {**noise.to_json(), "file": args.noise or f"calibrate/noise/{profile.name}.json"}
+              if noise else None,
               "measured_forwards": forward_note}
     if args.method == "segments":
         source["rule"] = f"{RULE}; tolerance {args.tolerance:g}, min_gain {args.min_gain:g}"
