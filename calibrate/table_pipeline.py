@@ -164,6 +164,8 @@ def run_pipeline(profile: GpuProfile, run: Path, resume: bool, execute: Callable
         raise HarnessError(f"{run} exists; pass --resume to continue it, or choose another --run-id")
     if resume and not manifest_file.is_file():
         raise HarnessError(f"{run} has no {MANIFEST}; it is not a table run to resume")
+    if resume and not pending_legs(profile, run, resume) and manifest_file.is_file():
+        return json.loads(manifest_file.read_text())  # nothing left to do: the manifest stays as it is
     run.mkdir(parents=True, exist_ok=True)
     manifest = json.loads(manifest_file.read_text()) if resume else {
         "profile": profile.name, "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),

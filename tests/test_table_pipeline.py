@@ -66,6 +66,8 @@ def test_a_failed_leg_stops_and_resume_runs_only_what_is_left(tmp_path):
     done = run_pipeline(H200, run, resume=True, execute=flaky, same_machine=True)
     assert ran == ["check-sweep", "check-forward", "noise", "validate", "baseline", "report"]
     assert done["status"] == "complete" and done["verdict"] == "PASS"
+    before = (run / MANIFEST).read_bytes()  # a resume with nothing left leaves the manifest as it is
+    assert run_pipeline(H200, run, resume=True, execute=flaky)["verdict"] == "PASS" and (run / MANIFEST).read_bytes() == before
 
 
 def test_a_failing_check_is_a_verdict_and_blocks_install(tmp_path):
