@@ -24,7 +24,7 @@ from harness.errors import run_cli
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data"
 SWEEP = DATA / "h200-sweep"
-SHARD = DATA / "h200x2-sweep" / "shards" / "gpu0"  # a shard of a --devices run, as bench merge takes it
+SHARD = DATA / "h200-shards" / "shard-1"  # a shard of a --shard run, as bench merge takes it
 FORWARD = ROOT / "evidence" / "h200-forward-20261201T1016-4d4993"  # a forward of the current rules
 LEAN = DATA / "h200-lean-validate"  # a run that measured the lean paths the committed table chooses
 WATCHED = [ROOT / "dispatch" / "thresholds", ROOT / "tests" / "baselines", DATA, ROOT / "shapes" / "configs"]

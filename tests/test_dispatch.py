@@ -13,6 +13,7 @@ from dispatch.table import ThresholdTable, load_table, parse_table
 from harness.errors import HarnessError
 
 DATA = Path(__file__).parent / "data"
+EVIDENCE = Path(__file__).resolve().parent.parent / "evidence"  # the measured runs docs cite
 
 
 @pytest.mark.parametrize("lo,hi,expected", [
@@ -525,9 +526,9 @@ def test_interval_coverage_counts_replicate_ratios_inside_the_first_runs_interva
 @pytest.mark.evidence
 def test_the_pdl_figures_of_the_readme_come_from_the_committed_runs():
     on = pd.read_csv(DATA / "h200-lean-fit" / "results.csv")
-    off = pd.read_csv(DATA / "h200-pdl-off" / "results.csv")
+    off = pd.read_csv(EVIDENCE / "h200-pdl-off" / "results.csv")
     assert json.load(open(DATA / "h200-lean-fit" / "run.json"))["pdl"] is True
-    assert json.load(open(DATA / "h200-pdl-off" / "run.json"))["pdl"] is False
+    assert json.load(open(EVIDENCE / "h200-pdl-off" / "run.json"))["pdl"] is False
     t = on[(on["status"] == "ok") & (on["path"] == "flashinfer:tinygemm")]
     assert round((t["gpu_us"] > t["span_us"] * 1.0001).mean(), 2) == 0.94
     assert round((t["gpu_us"] / t["span_us"]).median(), 2) == 1.04
@@ -581,11 +582,11 @@ def test_the_committed_h200_table_is_what_the_fit_makes_of_its_table_run(tmp_pat
 
 @pytest.mark.evidence
 def test_the_host_cost_figures_of_the_readme_come_from_the_committed_runs():
-    """tests/data/h200-host-cost/host-cost-{7,8}: the bound layer at M = 8 over the lean TinyGEMM call it runs
+    """evidence/h200-host-cost/host-cost-{7,8}: the bound layer at M = 8 over the lean TinyGEMM call it runs
     (median over the shapes whose eager choice is that call) fell from 1.19 to 0.44 µs with the hooked capture test,
     the inlined checks and the into-call; the hooked test costs 0.11 µs, CUDA's query 0.37 µs (medians)."""
     def per_shape(name):
-        df = pd.read_csv(DATA / "h200-host-cost" / f"{name}.csv")
+        df = pd.read_csv(EVIDENCE / "h200-host-cost" / f"{name}.csv")
         lean = df[df["part"] == "lean"].pivot_table(index=["n", "k"], columns="path", values="host_us")
         bind = lean["dispatch.bind (the table's eager choice)"]
         runs_lean = bind < 1.3 * lean["flashinfer-lean:tinygemm"]  # the shapes whose eager choice is the lean call
@@ -596,7 +597,7 @@ def test_the_host_cost_figures_of_the_readme_come_from_the_committed_runs():
     assert (round(gap7.median(), 2), round(gap8.median(), 2)) == (1.19, 0.44)
     assert round(lean8["part: capture test (hooks)"].median(), 2) == 0.11
     assert round(lean8["part: capture query (CUDA)"].median(), 2) == 0.37
-    ratio = pd.read_csv(DATA / "h200-host-cost" / "host-cost-8.csv").query("part == 'lean'")
+    ratio = pd.read_csv(EVIDENCE / "h200-host-cost" / "host-cost-8.csv").query("part == 'lean'")
     bind = ratio[ratio["path"] == "dispatch.bind (the table's eager choice)"]["ratio"]
     assert round(bind.median(), 3) == 0.659
 
@@ -830,7 +831,7 @@ def test_dispatch_linear_remembers_shapes_where_both_regimes_run_f_linear(fake_g
 
 @pytest.mark.evidence
 def test_the_cpp_layer_host_cost_figures_come_from_the_committed_runs():
-    """tests/data/h200-host-cost/host-cost-{9,10,11} (the refitted table; 10 and 11 where both regimes run F.linear,
+    """evidence/h200-host-cost/host-cost-{9,10,11} (the refitted table; 10 and 11 where both regimes run F.linear,
     its ranges reaching M = 16384): the C++ bound layer costs F.linear's host time (median 0.993 of it in 10 and 11),
     the Python layer 1.029-1.039, the C++ layer holding the GIL through the launch 0.976-0.983; with the lean
     TinyGEMM call chosen at M = 8 (medians over all 16 shapes, three of whose eager choice is F.linear) the C++ layer
@@ -839,7 +840,7 @@ def test_the_cpp_layer_host_cost_figures_come_from_the_committed_runs():
     from calibrate.hostcost import load_host_cost
 
     def medians(name):
-        df = load_host_cost(DATA / "h200-host-cost" / f"{name}.csv")
+        df = load_host_cost(EVIDENCE / "h200-host-cost" / f"{name}.csv")
         return df.groupby(["part", "path"])["ratio"].median().round(3)
     m10, m11 = medians("host-cost-10"), medians("host-cost-11")
     both = "aten-both"

@@ -18,6 +18,7 @@ from shapes.catalog import catalog
 from shapes.grid import default_grid, vllm_capture_sizes
 
 DATA = Path(__file__).parent / "data"
+EVIDENCE = Path(__file__).resolve().parent.parent / "evidence"  # the measured runs docs cite
 RUN = DATA / "h200-lean-fit"
 H200 = get_profile("h200")
 PATHS = paths_for(H200.flashinfer_backends)
@@ -199,7 +200,7 @@ def test_the_replicate_agreement_quoted_in_the_readme():
     assert "1696 cells" in summary_lines(df)[0]
 
 
-X1, X2 = DATA / "h200x1-sweep", DATA / "h200x2-sweep"
+X1, X2 = EVIDENCE / "h200x1-sweep", EVIDENCE / "h200x2-sweep"
 
 
 @pytest.mark.evidence
@@ -266,11 +267,11 @@ def test_a_worker_makes_visible_the_gpu_the_parent_calls_by_that_index():
 
 @pytest.mark.evidence
 def test_the_committed_full_grid_ran_complete_on_two_gpus():
-    """tests/data/h200x2-full: `--grid full --devices all` on a 2-GPU H200 in three legs (two SIGINTs, two
+    """evidence/h200x2-full: `--grid full --devices all` on a 2-GPU H200 in three legs (two SIGINTs, two
     --resume): every cell of the full grid present and validated by load_results against its run.json, none failed,
     two shards on two devices, host timing serialized."""
-    df = load_results(DATA / "h200x2-full")
-    info = json.loads((DATA / "h200x2-full" / "run.json").read_text())
+    df = load_results(EVIDENCE / "h200x2-full")
+    info = json.loads((EVIDENCE / "h200x2-full" / "run.json").read_text())
     assert info["status"] == "complete" and info["missing_shapes"] == [] and "serialized" in info["host_timing"]
     assert sorted(int(m) for m in info["ms"]) == sorted(full_grid_ms()) and len(info["ms"]) == 58
     assert df["shape"].nunique() == len(full_catalog()) == 53
@@ -278,7 +279,7 @@ def test_the_committed_full_grid_ran_complete_on_two_gpus():
     assert df["status"].value_counts().to_dict() == {"ok": 20770, "skipped": 748}
     assert sorted(s["device"] for s in info["shards"]) == [0, 1]
     # its workers' legs (the merged run.json predates wall_s_all_legs): 520 + 529 + 171 s and 519 + 529 + 179 s
-    legs = [[leg["wall_s"] for leg in json.loads((DATA / "h200x2-full" / "shards" / g / "run.json").read_text())
+    legs = [[leg["wall_s"] for leg in json.loads((EVIDENCE / "h200x2-full" / "shards" / g / "run.json").read_text())
              ["previous_legs"]] for g in ("gpu0", "gpu1")]
     assert [round(sum(x)) for x in legs] == [1049, 1048]
 
