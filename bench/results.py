@@ -210,10 +210,8 @@ def expected_cells(info: dict[str, Any]) -> set[tuple[str, int, str]] | None:
     if not all(isinstance(g, list) and g for g in grid):
         return None
     shapes, ms, paths = grid
-    cells = info.get("cells")  # bench run --cells: each shape its own M
-    if cells is not None:
-        return {(str(s), int(m), str(p)) for s in shapes for m in cells.get(s, []) for p in paths}
-    return {(str(s), int(m), str(p)) for s in shapes for m in ms for p in paths}
+    per_shape = info.get("cells") or {s: ms for s in shapes}  # bench run --cells: each shape its own M
+    return {(str(s), int(m), str(p)) for s in shapes for m in per_shape.get(s, []) for p in paths}
 
 
 def check_grid(df, info: dict[str, Any], path: Path, partial: bool) -> list[str]:

@@ -119,7 +119,11 @@ def select_cells(shapes: list[Shape], spec: str) -> tuple[list[Shape], dict[str,
         name, sep, ms = part.partition(":")
         if not sep or not ms.strip():
             raise HarnessError(f"--cells entry {part!r} has no M values; {hint}")
-        [shape] = select(shapes, name.strip())
+        name = name.strip()
+        if not name or "," in name:
+            raise HarnessError(f"--cells entry {part!r} names {'no shape' if not name else 'several shapes'} before "
+                               f"its ':'; one shape per entry, entries separated by ';': {hint}")
+        [shape] = select(shapes, name)
         if shape.name in cells:
             raise HarnessError(f"--cells names {shape.name} twice; give each shape once with all its M")
         cells[shape.name] = parse_m(ms)
