@@ -32,15 +32,24 @@ def _grid_shapes(info: dict[str, Any]) -> list[str]:
     return list(shard.get("grid_shapes") or info.get("shapes") or [])
 
 
+def fingerprint_difference(ref: dict[str, Any], info: dict[str, Any]) -> tuple[str, Any, Any] | None:
+    """The first FINGERPRINT_FIELDS field in which two runs' run.json differ, with ref's and info's values."""
+    for field in FINGERPRINT_FIELDS:
+        a, b = (ref.get("fingerprint") or {}).get(field), (info.get("fingerprint") or {}).get(field)
+        if a != b:
+            return field, a, b
+    return None
+
+
 def check_alike(infos: Sequence[tuple[Path, dict[str, Any]]]) -> None:
     """Stops at the first field in which a shard differs from the first one."""
     (first, ref), *rest = infos
     for path, info in rest:
-        for field in FINGERPRINT_FIELDS:
-            a, b = (ref.get("fingerprint") or {}).get(field), (info.get("fingerprint") or {}).get(field)
-            if a != b:
-                raise HarnessError(f"{path} was measured on another machine setup than {first}: fingerprint {field} "
-                                   f"{b!r} vs {a!r}; merge only shards of one GPU type and software stack")
+        differs = fingerprint_difference(ref, info)
+        if differs is not None:
+            field, a, b = differs
+            raise HarnessError(f"{path} was measured on another machine setup than {first}: fingerprint {field} "
+                               f"{b!r} vs {a!r}; merge only shards of one GPU type and software stack")
         for field in CLOCK_FIELDS:
             a, b = (ref.get("clocks_start") or {}).get(field), (info.get("clocks_start") or {}).get(field)
             if a is not None and b is not None and a != b:

@@ -75,6 +75,16 @@ class SweepConfig:
         """The M this run measures for a shape: its own (--cells), or the grid's."""
         return list(self.cells[shape.name]) if self.cells is not None else list(self.ms)
 
+    def cell_count(self) -> int:
+        """(shape, M) cells this run measures."""
+        return sum(len(self.ms_of(s)) for s in self.shapes)
+
+    def grid_text(self) -> str:
+        """'16 shapes x 25 M x 6 paths', or for --cells '57 (shape, M) cells of --cells x 6 paths'."""
+        grid = (f"{self.cell_count()} (shape, M) cells of --cells" if self.cells is not None else
+                f"{len(self.shapes)} shapes x {len(self.ms)} M")
+        return f"{grid} x {len(self.paths)} paths"
+
 
 def previous_legs(run_json: Path) -> list[dict[str, Any]]:
     """The command, start, wall time and status of every earlier leg of a resumed sweep (newest last)."""
@@ -491,7 +501,7 @@ def run_sweep(cfg: SweepConfig) -> Path:
         flush_names = flush.kernel_names(clock)
         info["l2_flush"] = {"bytes": flush.buf.numel() * 4, "kernels_excluded": sorted(flush_names),
                             "note": "span_us and event_us include the flush; gpu_us does not"}
-    total = sum(len(cfg.ms_of(s)) for s in cfg.shapes)
+    total = cfg.cell_count()
     bar = _progress(total, "bench") if cfg.progress else _Silent()
     t_start = last_write = time.perf_counter()
     phase = PhaseTimer()
@@ -559,8 +569,7 @@ def print_summary(cfg: SweepConfig, rows: list[dict[str, Any]], wall_s: float) -
     """What the sweep did, where it went and what to run next, on the terminal."""
     counts = {s: sum(1 for r in rows if r.get("status") == s) for s in ("ok", "skipped", "failed")}
     lines = [f"bench: {counts['ok']} cells ok, {counts['skipped']} skipped, {counts['failed']} failed in {wall_s:.0f} s"
-             + (f" ({sum(len(cfg.ms_of(s)) for s in cfg.shapes)} (shape, M) cells of --cells x {len(cfg.paths)} paths)"
-                if cfg.cells is not None else f" ({len(cfg.shapes)} shapes x {len(cfg.ms)} M x {len(cfg.paths)} paths)")]
+             f" ({cfg.grid_text()})"]
     failed = sorted({str(r.get("reason", ""))[:100] for r in rows if r.get("status") == "failed"})
     lines += [f"  failed: {reason}" for reason in failed[:5]]
     lines.append(f"  results: {cfg.out}/results.csv and run.json" + (f"; third-party log: {log_path()}" if log_path() else ""))
@@ -573,11 +582,8 @@ def dry_run(cfg: SweepConfig) -> str:
     buckets, expected cells and an estimated time."""
     sm = cfg.profile.sm
     buckets = sorted(set(cfg.ms) & set(hybrid_buckets()))
-    cells = sum(len(cfg.ms_of(s)) for s in cfg.shapes)
-    grid = (f"{cells} (shape, M) cells of --cells" if cfg.cells is not None else
-            f"{len(cfg.shapes)} shapes x {len(cfg.ms)} M")
-    lines = [f"dry run: {cfg.profile.name} (SM{sm}), {grid} x {len(cfg.paths)} "
-             f"paths = {cells * len(cfg.paths)} rows; L2 {cfg.l2}; {cfg.samples} replays"]
+    lines = [f"dry run: {cfg.profile.name} (SM{sm}), {cfg.grid_text()} = {cfg.cell_count() * len(cfg.paths)} rows; "
+             f"L2 {cfg.l2}; {cfg.samples} replays"]
     measured = tunings = 0
     for p in cfg.paths:
         reasons: dict[str, int] = {}

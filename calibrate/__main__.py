@@ -418,18 +418,18 @@ def _with_added(results: str, df: pd.DataFrame, info: dict, added: list[str], pa
                 ) -> pd.DataFrame:
     """RESULTS' rows and those of each --add run: the same GPU and software, pdl and L2 mode, measured with RESULTS'
     own tactics, and no cell twice."""
-    from bench.merge import FINGERPRINT_FIELDS
+    from bench.merge import fingerprint_difference
     distinct([results, *added], "fit --add")
     tactics = Path(results if Path(results).is_dir() else Path(results).parent) / "autotune-cache.json"
     want = sha256(tactics) if tactics.is_file() else None
     frames = [df]
     for run in added:
         more, more_info = _load(run, partial, profile)
-        for field_name in FINGERPRINT_FIELDS:
-            a, b = (info.get("fingerprint") or {}).get(field_name), (more_info.get("fingerprint") or {}).get(field_name)
-            if a != b:
-                raise HarnessError(f"--add {run}: fingerprint {field_name} {b!r} differs from {results}'s {a!r}; add "
-                                   f"only runs of the same GPU type and software")
+        differs = fingerprint_difference(info, more_info)
+        if differs is not None:
+            field_name, a, b = differs
+            raise HarnessError(f"--add {run}: fingerprint {field_name} {b!r} differs from {results}'s {a!r}; add "
+                               f"only runs of the same GPU type and software")
         for key in ("pdl", "l2", "timer"):
             if info.get(key) != more_info.get(key):
                 raise HarnessError(f"--add {run}: {key} {more_info.get(key)!r} differs from {results}'s "
