@@ -13,11 +13,11 @@ changes, for a sweep to measure before the final fit.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NamedTuple
 
 import pandas as pd
 
-from calibrate.analysis import Cells, calibrated_ratio, dispatch_candidates, shapes_to_fit
+from calibrate.analysis import Cells, calibrated_ratio, dispatch_candidates, shapes_to_fit, sum_exceeds
 from dispatch.backends import ATEN
 from dispatch.table import REGIMES, ThresholdTable, compress, describe_ranges
 from harness.errors import HarnessError
@@ -112,6 +112,17 @@ def segment(ms: list[int], cost: dict[tuple[int, str], float], upper: dict[tuple
 
 
 Costs = dict[tuple[int, str], float]
+
+
+class Problem(NamedTuple):
+    """One shape and regime to segment: its measured M, each path's cost and conservative ratio to F.linear per M,
+    and per M how the cost was judged ('graph': GPU time; 'eager': with host time)."""
+    ms: list[int]
+    cost: Costs
+    upper: Costs
+    judged: dict[int, str]
+
+
 Uses = dict[str, list[tuple[int, int, int]]]
 
 
@@ -135,21 +146,21 @@ def fit_segments(cells: Cells, base: ThresholdTable, tolerance: float = DEFAULT_
     path counts as won at those cells and the shapes are fitted again; where the sum still exceeds, it alone covers
     them (sum_picks)."""
     among = dispatch_candidates(cells, base)
-    problems: dict[tuple[str, int, int], tuple[list[int], Costs, dict[tuple[int, str], float], dict[int, str]]] = {}
+    problems: dict[tuple[str, int, int], Problem] = {}
     for n, k, ms in shapes_to_fit(cells, hold_out):
         for regime in REGIMES:
-            cost, upper, model = {}, {}, {}
+            cost, upper, judged = {}, {}, {}
             for m in ms:
                 how = ("graph",) if regime == "graph" else eager_model(
                     m, (gpu_bound_from or {}).get((n, k)), (host_bound_until or {}).get((n, k)))
-                model[m] = "graph" if how == ("graph",) else "eager"
+                judged[m] = "graph" if how == ("graph",) else "eager"
                 for p in among:
                     value = _cost(cells, n, k, m, p, how) if cells.has(n, k, m, p) else math.nan
                     if math.isnan(value):
                         continue  # unmeasured, or without the host time its regime is judged by: cannot cover M
                     cost[(m, p)] = value
                     upper[(m, p)] = 1.0 if p == ATEN else max(_upper_ratio(cells, n, k, m, p, h, noise) for h in how)
-            problems[(regime, n, k)] = (ms, cost, upper, model)
+            problems[(regime, n, k)] = Problem(ms, cost, upper, judged)
     if not problems:
         raise HarnessError("nothing to fit: no shape has F.linear measured ok")
 
@@ -193,29 +204,29 @@ def fit_segments(cells: Cells, base: ThresholdTable, tolerance: float = DEFAULT_
 
 
 def sum_picks(choices: dict[tuple[str, int, int], list[tuple[int, str]]],
-              problems: dict[tuple[str, int, int], tuple[list[int], Costs, dict, dict[int, str]]], among: list[str],
+              problems: dict[tuple[str, int, int], Problem], among: list[str],
               uses: Uses, forward_floor: Any = None, capture_size: int = 0) -> dict[tuple[str, int, int, int], str]:
     """(regime, n, k, m) -> path: at each model and M that all the model's fitted shapes measured, in the regime vLLM
     runs that M in (graph up to capture_size, eager above; as validate judges per-forward sums), where the
     single path (F.linear where it does not run) with the lowest count-weighted cost sum beats the fit's choices
     beyond what validate allows (analysis.sum_exceeds), that path at the cells where it costs less than the fit's
     choice (which stays at the others: the sum then lies at or below the single path's)."""
-    from calibrate.analysis import sum_exceeds
     forced: dict[tuple[str, int, int, int], str] = {}
     for regime in REGIMES:
         for layers in uses.values():
             layers = [(n, k, c) for n, k, c in layers if (regime, n, k) in problems]
             if not layers:
                 continue
-            common = set.intersection(*(set(problems[(regime, n, k)][0]) for n, k, _ in layers))
+            common = set.intersection(*(set(problems[(regime, n, k)].ms) for n, k, _ in layers))
             for m in sorted(x for x in common if (regime == "graph") == (x <= capture_size)):
-                cost = {(n, k): problems[(regime, n, k)][1] for n, k, _ in layers}
+                cost = {(n, k): problems[(regime, n, k)].cost for n, k, _ in layers}
                 chosen = {(n, k): dict(choices[(regime, n, k)])[m] for n, k, _ in layers}
                 fit_total = sum(c * cost[(n, k)][(m, chosen[(n, k)])] for n, k, c in layers)
                 totals = {p: sum(c * cost[(n, k)].get((m, p), cost[(n, k)][(m, ATEN)]) for n, k, c in layers)
                           for p in among}
                 best = min(totals, key=totals.get)
-                summed = "graph" if all(problems[(regime, n, k)][3][m] == "graph" for n, k, _ in layers) else "eager"
+                gpu_only = all(problems[(regime, n, k)].judged[m] == "graph" for n, k, _ in layers)
+                summed = "graph" if gpu_only else "eager"
                 if sum_exceeds(fit_total / totals[best], summed, forward_floor):
                     for n, k, _ in layers:
                         if (m, best) in cost[(n, k)] and cost[(n, k)][(m, best)] < cost[(n, k)][(m, chosen[(n, k)])]:

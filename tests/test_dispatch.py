@@ -984,13 +984,13 @@ def test_a_model_sum_beyond_the_per_forward_tolerance_picks_the_path_at_its_cell
     noise: the count-weighted sum beats the fit's by more than validate allows, so cuBLASLt is taken there, and only
     there; a forward floor wider than that gain leaves F.linear."""
     from calibrate.forward_noise import ForwardFloor
-    from calibrate.segments import sum_picks
+    from calibrate.segments import Problem, sum_picks
     ms = [1024, 2048]
     problems, choices = {}, {}
     for n in (100, 200):
         cost = {(m, "aten"): 100.0 for m in ms}
         cost.update({(1024, "cublaslt"): 100.0, (2048, "cublaslt"): 97.0})
-        problems[("eager", n, 64)] = (ms, cost, {}, {m: "graph" for m in ms})
+        problems[("eager", n, 64)] = Problem(ms, cost, {}, {m: "graph" for m in ms})
         choices[("eager", n, 64)] = [(m, "aten") for m in ms]
     uses = {"M": [(100, 64, 3), (200, 64, 1)]}
     picked = sum_picks(choices, problems, ["aten", "cublaslt"], uses, None, capture_size=512)
