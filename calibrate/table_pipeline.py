@@ -22,7 +22,7 @@ from typing import Callable
 from bench.envinfo import git_sha
 from dispatch.profiles import GpuProfile
 from harness.errors import HarnessError
-from harness.io import atomic_write_text
+from harness.io import ROOT, atomic_write_text
 
 MANIFEST = "manifest.json"
 # M values the out-of-sample sweep adds to the default grid: none of them is a grid value, nor the midpoint of two
@@ -230,9 +230,8 @@ def install(profile: GpuProfile, run: Path) -> list[Path]:
         raise HarnessError(f"{run}: status {manifest.get('status')!r}, verdict {manifest.get('verdict')!r}; only a "
                            f"complete run whose out-of-sample check passed is installed")
     table, base = TABLE_DIR / f"{profile.name}.json", baseline_path(profile.name)
-    root = Path(__file__).resolve().parent.parent
     where = manifest_file.resolve()
-    named = {"file": str(where.relative_to(root) if root in where.parents else where), "sha256": sha256(manifest_file)}
+    named = {"file": str(where.relative_to(ROOT) if ROOT in where.parents else where), "sha256": sha256(manifest_file)}
 
     def as_table(data: dict) -> dict:  # the tactics beside the shipped table under its shipped name; the manifest
         data.setdefault("source", {})["manifest"] = named
