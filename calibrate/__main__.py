@@ -40,7 +40,7 @@ from dispatch.table import REGIMES, TABLE_DIR, ThresholdTable, load_table
 from harness.cli import Parser, float_in, int_in, parent
 from harness.console import terminal
 from harness.errors import HarnessError, run_cli
-from harness.io import (atomic_write_text, check_target, claim_work_dir, distinct, output_file, same_gpu,
+from harness.io import (ROOT, atomic_write_text, check_target, claim_work_dir, distinct, output_file, same_gpu,
                         shipped_or_results)
 
 RESULTS = Path("results")  # where a command writes by default: never a shipped file
@@ -546,7 +546,7 @@ def _fit_cmd(args, argv, profile, df, info, cells) -> int:
                       "cell costs no more); between two measured M whose choices differ, the boundary is where the "
                       "two paths' costs, interpolated linearly in M, cross (a model of unmeasured M); shapes not "
                       "measured and M above the last range run F.linear",
-              "noise_floor": {**noise.to_json(), "file": args.noise or f"calibrate/noise/{profile.name}.json"}
+              "noise_floor": {**noise.to_json(), "file": args.noise or str(noise_path(profile.name).relative_to(ROOT))}
               if noise else None,
               "measured_forwards": forward_note}
     if args.method == "segments":
