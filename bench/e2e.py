@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from bench.stats import summary
+from bench.stats import rel_err, summary
 from harness.errors import HarnessError
 
 E2E_FILE = "e2e.csv"
@@ -169,11 +169,6 @@ def run_e2e(cfg: E2EConfig) -> list[dict[str, Any]]:
                 row.update(status="failed", reason=f"logits differ from the fp32 model's by {err['patched']:.3g}, "
                                                    f"above {LOGITS_FACTOR}x the stock bf16 model's {err['stock']:.3g}")
     return rows
-
-
-def rel_err(a, b) -> float:
-    """Relative Frobenius error of `a` against `b`."""
-    return float((a - b).norm() / b.norm()) if b.norm() > 0 else 0.0
 
 
 def fp32_logits(model, ids):
