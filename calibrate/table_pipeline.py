@@ -33,7 +33,7 @@ REFINE_PLAN = "refine-cells.txt"
 CHECK_LEGS = ("check-sweep", "check-forward")
 FIT_LEGS = ("sweep", "forward", "refine")
 # The fit's tolerance: wide enough that near-equal paths over neighbouring M become one range, and a regret that
-# validate cannot call SLOWER (beyond its 3% margin) once the smallest noise floor (about 1.9% on the H200) widens it
+# validate cannot call SLOWER (beyond its 3% margin) once the noise floor's smallest band widens it (docs/design.md)
 FIT_TOLERANCE = 0.04
 # The first fit's, tighter, so that its boundaries (where the refine leg measures) include most of the final fit's
 REFINE_TOLERANCE = 0.03

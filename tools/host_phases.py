@@ -5,7 +5,7 @@ CUPTI set up and paused as bench forward has it in its timed eager forwards.
 
     python -m tools.host_phases OUT [BLOCK_S] [BLOCKS]    -> OUT/host-phases.csv, OUT/host-phases.json
 
-A diagnostic script, not part of the measured grid: its H200 run is in git at commit 67ffd9a (tests/data/h200-host-phases)."""
+A diagnostic script, not part of the measured grid: docs/history.md says where its H200 run is."""
 import csv
 import json
 import os
