@@ -108,6 +108,7 @@ class Cells:
         self._gpu = dict(zip(keys, self.df["gpu_us"].astype(float)))
         host = self.df["host_us"] if "host_us" in self.df.columns else pd.Series(np.nan, index=self.df.index)
         self._host = dict(zip(keys, pd.to_numeric(host, errors="coerce").astype(float)))
+        self._kernels = dict(zip(keys, self.df["kernels"])) if "kernels" in self.df.columns else {}
         self._ms: dict[tuple[int, int], list[int]] = {}
         for n, k, m, _ in self.samples:
             self._ms.setdefault((n, k), set()).add(m)
@@ -140,6 +141,12 @@ class Cells:
         """The eager cost max(host, GPU) from the 20th or 80th percentiles of both (the medians where absent)."""
         host, gpu = (self.percentile(n, k, m, path, c, which) for c in ("host_us", "gpu_us"))
         return max(gpu, host) if not np.isnan(host) else gpu
+
+    def same_kernels(self, n: int, k: int, m: int, path: str, other: str = ATEN) -> bool:
+        """Whether two measured paths ran the very same kernels at a cell (by name, in order), so that their GPU
+        times differ by measurement noise alone."""
+        a, b = self._kernels.get((n, k, m, path)), self._kernels.get((n, k, m, other))
+        return isinstance(a, str) and bool(a) and a == b
 
     def paths(self) -> set[str]:
         return {p for *_, p in self.samples}

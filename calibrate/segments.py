@@ -5,9 +5,10 @@ over its span. Dynamic programming over the measured M, not a stack of rules.
 Rule, in a sentence: at every measured M a range's path costs at most (1 + tolerance) x the cheapest there of
 F.linear and the paths that beat F.linear beyond the noise at that M; a FlashInfer range's cost over its span
 (geometric mean of its per-M ratios to F.linear, each judged at the upper end of its interval widened by the noise
-floor) lies below 1 - min_gain; among the segmentations with the fewest ranges (F.linear above the last one is not a
-range), F.linear keeps the M where no FlashInfer path beats it beyond the noise, then the lowest total cost wins, then
-F.linear. An M between two measured ones takes the larger one's choice; `refine_cells` names the gaps where the choice
+floor) lies below 1 - min_gain, judged at the M where it ran kernels other than F.linear's (where it ran F.linear's
+very kernels, judged by GPU time, it costs what F.linear costs); among the segmentations with the fewest ranges
+(F.linear above the last one is not a range), F.linear keeps the M where no FlashInfer path beats it beyond the noise,
+then the lowest total cost wins, then F.linear. An M between two measured ones takes the larger one's choice; `refine_cells` names the gaps where the choice
 changes, for a sweep to measure before the final fit.
 """
 from __future__ import annotations
@@ -29,7 +30,8 @@ MIN_WIDTH = 0.02
 RULE = ("fewest M ranges per shape and regime such that at every measured M the range's path costs at most "
         "(1 + tolerance) x the cheapest there of F.linear and the paths that beat it beyond the noise, and every "
         "FlashInfer range's geometric-mean ratio to F.linear over its span (each M at the top of its noise-widened "
-        "interval) lies below 1 - min_gain; "
+        "interval) lies below 1 - min_gain, judged at the M where it ran kernels other than F.linear's (where it ran "
+        "F.linear's very kernels, in a cost judged by GPU time, it costs F.linear's cost); "
         "graph cost: GPU time; eager cost: max(host, GPU) per call, and with --forward GPU time from the M where "
         "the shape's models' measured eager forwards were GPU-bound (both between that and the host-bound M), and "
         "at a (model, M) where a single path's whole eager forward beat all-aten beyond the noise in every run, "
@@ -68,9 +70,12 @@ def _cost(cells: Cells, n: int, k: int, m: int, path: str, how: tuple[str, ...])
 
 
 def segment(ms: list[int], cost: dict[tuple[int, str], float], upper: dict[tuple[int, str], float],
-            paths: list[str], tolerance: float, min_gain: float, min_width: float = MIN_WIDTH) -> list[tuple[int, str]]:
+            paths: list[str], tolerance: float, min_gain: float, min_width: float = MIN_WIDTH,
+            alike: frozenset[tuple[int, str]] | set[tuple[int, str]] = frozenset()) -> list[tuple[int, str]]:
     """Per-M choices [(m, path)] of the fewest-range segmentation (see the module's rule). `cost[(m, p)]`: the
     regime's cost, `upper[(m, p)]`: p's conservative ratio to F.linear at m; a path absent at an M cannot cover it.
+    `alike`: the (m, p) where p costs what F.linear costs because it runs F.linear's kernels (FlashInfer's cuBLASLt
+    where its tuned entry is unreachable); a range may cover them, but its span test is judged on its other M.
     Ranges narrower than `min_width` of their upper M count first (fewest of them), then ranges as a table lists them
     (F.linear above the last one is not a range), then the M that a FlashInfer range covers without beating F.linear
     beyond the noise there (F.linear keeps what no path wins), then the total cost."""
@@ -83,16 +88,18 @@ def segment(ms: list[int], cost: dict[tuple[int, str], float], upper: dict[tuple
     back: list[tuple[int, str]] = [(0, ATEN)] * (t + 1)
     for j in range(1, t + 1):
         for p in paths:
-            total, logs, unwon = 0.0, 0.0, 0
+            total, logs, unwon, judged = 0.0, 0.0, 0, 0
             for i in range(j, 0, -1):  # the range ms[i-1 .. j-1]
                 m = ms[i - 1]
                 if (m, p) not in cost or cost[(m, p)] > (1 + tolerance) * best[i - 1]:
                     break
                 total += cost[(m, p)]
-                if p != ATEN:
-                    logs += math.log(upper[(m, p)])
+                if p != ATEN and (m, p) in alike:
+                    unwon += 1
+                elif p != ATEN:
+                    logs, judged = logs + math.log(upper[(m, p)]), judged + 1
                     unwon += upper[(m, p)] >= 1 - min_gain
-                if p != ATEN and math.exp(logs / (j - i + 1)) >= 1 - min_gain:
+                if p != ATEN and (not judged or math.exp(logs / judged) >= 1 - min_gain):
                     continue  # this span does not beat F.linear beyond the noise; a longer one still may
                 lo = ms[i - 2] + 1 if i > 1 else 1
                 narrow = 1 if (ms[j - 1] - lo + 1) < min_width * ms[j - 1] else 0
@@ -116,11 +123,13 @@ Costs = dict[tuple[int, str], float]
 
 class Problem(NamedTuple):
     """One shape and regime to segment: its measured M, each path's cost and conservative ratio to F.linear per M,
-    and per M how the cost was judged ('graph': GPU time; 'eager': with host time)."""
+    per M how the cost was judged ('graph': GPU time; 'eager': with host time), and the (m, path) judged by GPU time
+    where the path ran F.linear's very kernels (its cost is then F.linear's: the two differ by noise alone)."""
     ms: list[int]
     cost: Costs
     upper: Costs
     judged: dict[int, str]
+    alike: frozenset[tuple[int, str]] = frozenset()
 
 
 Uses = dict[str, list[tuple[int, int, int]]]
@@ -149,7 +158,7 @@ def fit_segments(cells: Cells, base: ThresholdTable, tolerance: float = DEFAULT_
     problems: dict[tuple[str, int, int], Problem] = {}
     for n, k, ms in shapes_to_fit(cells, hold_out):
         for regime in REGIMES:
-            cost, upper, judged = {}, {}, {}
+            cost, upper, judged, alike = {}, {}, {}, set()
             for m in ms:
                 how = ("graph",) if regime == "graph" else eager_model(
                     m, (gpu_bound_from or {}).get((n, k)), (host_bound_until or {}).get((n, k)))
@@ -158,20 +167,24 @@ def fit_segments(cells: Cells, base: ThresholdTable, tolerance: float = DEFAULT_
                     value = _cost(cells, n, k, m, p, how) if cells.has(n, k, m, p) else math.nan
                     if math.isnan(value):
                         continue  # unmeasured, or without the host time its regime is judged by: cannot cover M
+                    if p != ATEN and how == ("graph",) and cells.same_kernels(n, k, m, p):
+                        alike.add((m, p))
+                        cost[(m, p)], upper[(m, p)] = cells.gpu(n, k, m, ATEN), 1.0
+                        continue
                     cost[(m, p)] = value
                     upper[(m, p)] = 1.0 if p == ATEN else max(_upper_ratio(cells, n, k, m, p, h, noise) for h in how)
-            problems[(regime, n, k)] = Problem(ms, cost, upper, judged)
+            problems[(regime, n, k)] = Problem(ms, cost, upper, judged, frozenset(alike))
     if not problems:
         raise HarnessError("nothing to fit: no shape has F.linear measured ok")
 
     def solve(forced: dict[tuple[str, int, int, int], str], strict: bool = True
               ) -> dict[tuple[str, int, int], list[tuple[int, str]]]:
         out = {}
-        for (regime, n, k), (ms, raw, upper, _) in problems.items():
+        for (regime, n, k), (ms, raw, upper, _, alike) in problems.items():
             cost, up = dict(raw), dict(upper)
             for m in ms:
                 picked = (picks or {}).get((regime, n, k, m))
-                if picked is not None and (m, picked[0]) in cost and (m, ATEN) in cost:
+                if picked is not None and (m, picked[0]) in cost and (m, ATEN) in cost and (m, picked[0]) not in alike:
                     path, ratio, hi = picked  # the forward's ratio to all-aten stands for the cell's
                     cost[(m, path)] = min(cost[(m, ATEN)] * ratio, *(cost[(m, q)] for q in among if (m, q) in cost))
                     up[(m, path)] = hi
@@ -181,7 +194,7 @@ def fit_segments(cells: Cells, base: ThresholdTable, tolerance: float = DEFAULT_
                         if q != must and strict:
                             cost.pop((m, q), None)
                     up[(m, must)] = min(up.get((m, must), 1.0), 1 - min_gain - 1e-9) if must != ATEN else 1.0
-            out[(regime, n, k)] = segment(ms, cost, up, among, tolerance, min_gain)
+            out[(regime, n, k)] = segment(ms, cost, up, among, tolerance, min_gain, alike=alike)
         return out
 
     choices = solve({})

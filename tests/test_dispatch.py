@@ -979,6 +979,41 @@ def test_the_segment_fit_leaves_to_f_linear_what_no_path_wins():
         (1, "cublaslt"), (2, "cublaslt"), (4, "cublaslt"), (8, "aten"), (16, "aten"), (32, "aten")]
 
 
+def test_a_range_over_m_where_the_path_runs_f_linears_kernels_is_judged_where_it_differs():
+    """FlashInfer's tuned cuBLASLt differs from F.linear only at the M its tuned entry is reachable at; elsewhere it
+    runs F.linear's kernels and costs the same. Judged there by its noise-widened ratio, every such M would break
+    the range's span test into islands; as `alike` M they are covered and the test is judged at the others."""
+    from calibrate.segments import segment
+    ms = [4, 6, 8, 12, 16, 24, 32]
+    cost = {(m, "aten"): 10.0 for m in ms}
+    cost.update({(m, "cublaslt"): 9.4 if m in (8, 16, 32) else 10.0 for m in ms})
+    wins = {(m, "cublaslt"): 0.975 for m in (8, 16, 32)}
+    upper = {**{(m, "aten"): 1.0 for m in ms}, **{(m, "cublaslt"): 1.045 for m in ms}, **wins}
+    alike = {(m, "cublaslt") for m in (4, 6, 12, 24)}
+    islands = segment(ms, cost, upper, ["aten", "cublaslt"], 0.04, 0.01)
+    assert [p for _, p in islands] == ["aten", "aten", "cublaslt", "aten", "cublaslt", "aten", "cublaslt"]
+    alike_upper = {**upper, **{key: 1.0 for key in alike}}
+    one = segment(ms, cost, alike_upper, ["aten", "cublaslt"], 0.04, 0.01, alike=alike)
+    assert [p for _, p in one] == ["aten", "aten", "cublaslt", "cublaslt", "cublaslt", "cublaslt", "cublaslt"]
+    # a range of alike M alone claims no gain: F.linear keeps it
+    none = segment(ms, cost, {**upper, **{(m, "cublaslt"): 1.0 for m in ms}}, ["aten", "cublaslt"], 0.04, 0.01,
+                   alike={(m, "cublaslt") for m in ms})
+    assert {p for _, p in none} == {"aten"}
+
+
+def test_cells_know_where_two_paths_ran_the_same_kernels():
+    rows = [{"n": 64, "k": 32, "m": m, "path": p, "status": "ok", "gpu_us": 5.0, "host_us": 9.0,
+             "kernels": kern, "gpu_samples_us": "5;5"}
+            for m, p, kern in [(8, "aten", "nvjet_a"), (8, "cublaslt", "nvjet_a"), (16, "aten", "nvjet_a"),
+                               (16, "cublaslt", "nvjet_b"), (32, "aten", ""), (32, "cublaslt", "")]]
+    from calibrate.analysis import Cells
+    cells = Cells.from_results(pd.DataFrame(rows))
+    assert cells.same_kernels(64, 32, 8, "cublaslt")
+    assert not cells.same_kernels(64, 32, 16, "cublaslt")
+    assert not cells.same_kernels(64, 32, 32, "cublaslt")  # unnamed kernels are not known to be the same
+    assert not cells.same_kernels(64, 32, 64, "cublaslt")  # unmeasured
+
+
 def test_a_model_sum_beyond_the_per_forward_tolerance_picks_the_path_at_its_cells():
     """Two shapes of one model where cuBLASLt is 3% cheaper at M = 2048, a gain no single cell shows beyond its
     noise: the count-weighted sum beats the fit's by more than validate allows, so cuBLASLt is taken there, and only
