@@ -5,8 +5,8 @@ over its span. Dynamic programming over the measured M, not a stack of rules.
 Rule, in a sentence: at every measured M a range's path costs at most (1 + tolerance) x the cheapest there of
 F.linear and the paths that beat F.linear beyond the noise at that M; a FlashInfer range's cost over its span
 (geometric mean of its per-M ratios to F.linear, each judged at the upper end of its interval widened by the noise
-floor) lies below 1 - min_gain, judged at the M where it ran kernels other than F.linear's (where it ran F.linear's
-very kernels, judged by GPU time, it costs what F.linear costs); among the segmentations with the fewest ranges
+floor) lies below 1 - min_gain, judged at the M where its GPU time can be told from F.linear's (where it ran F.linear's
+very kernels in a time the noise cannot tell apart, judged by GPU time, it costs what F.linear costs); among the segmentations with the fewest ranges
 (F.linear above the last one is not a range), F.linear keeps the M where no FlashInfer path beats it beyond the noise,
 then the lowest total cost wins, then F.linear. An M between two measured ones takes the larger one's choice; `refine_cells` names the gaps where the choice
 changes, for a sweep to measure before the final fit.
@@ -30,8 +30,9 @@ MIN_WIDTH = 0.02
 RULE = ("fewest M ranges per shape and regime such that at every measured M the range's path costs at most "
         "(1 + tolerance) x the cheapest there of F.linear and the paths that beat it beyond the noise, and every "
         "FlashInfer range's geometric-mean ratio to F.linear over its span (each M at the top of its noise-widened "
-        "interval) lies below 1 - min_gain, judged at the M where it ran kernels other than F.linear's (where it ran "
-        "F.linear's very kernels, in a cost judged by GPU time, it costs F.linear's cost); "
+        "interval) lies below 1 - min_gain, judged at the M where its GPU time can be told from F.linear's (where "
+        "it ran F.linear's very kernels and its GPU-time ratio's noise-widened interval spans 1, in a cost judged by "
+        "GPU time, it costs F.linear's cost); "
         "graph cost: GPU time; eager cost: max(host, GPU) per call, and with --forward GPU time from the M where "
         "the shape's models' measured eager forwards were GPU-bound (both between that and the host-bound M), and "
         "at a (model, M) where a single path's whole eager forward beat all-aten beyond the noise in every run, "
@@ -51,6 +52,15 @@ def _upper_ratio(cells: Cells, n: int, k: int, m: int, path: str, regime: str, n
         return calibrated_ratio(cells, n, k, m, path, ATEN, noise, m)[2]
     floor = math.exp(noise.half_width(cells.gpu(n, k, m, ATEN))) if noise is not None else 1.0
     return cells.cost_bound(n, k, m, path, "p80") * floor / cells.cost_bound(n, k, m, ATEN, "p20")
+
+
+def _alike(cells: Cells, n: int, k: int, m: int, path: str, noise: Any) -> bool:
+    """Whether a path's GPU time at a cell is F.linear's: it ran the same kernels (by name; their launch shapes may
+    still differ, so that alone is not enough) and its ratio to F.linear's, widened by the noise floor, spans 1."""
+    if not cells.same_kernels(n, k, m, path):
+        return False
+    _, lo, hi = calibrated_ratio(cells, n, k, m, path, ATEN, noise, m)
+    return lo <= 1.0 <= hi
 
 
 def eager_model(m: int, gpu_bound_from: float | None, host_bound_until: float | None) -> tuple[str, ...]:
@@ -75,7 +85,7 @@ def segment(ms: list[int], cost: dict[tuple[int, str], float], upper: dict[tuple
     """Per-M choices [(m, path)] of the fewest-range segmentation (see the module's rule). `cost[(m, p)]`: the
     regime's cost, `upper[(m, p)]`: p's conservative ratio to F.linear at m; a path absent at an M cannot cover it.
     `alike`: the (m, p) where p costs what F.linear costs because it runs F.linear's kernels (FlashInfer's cuBLASLt
-    where its tuned entry is unreachable); a range may cover them, but its span test is judged on its other M.
+    where its tuned entry is unreachable: `_alike`); a range may cover them, but its span test is judged on its other M.
     Ranges narrower than `min_width` of their upper M count first (fewest of them), then ranges as a table lists them
     (F.linear above the last one is not a range), then the M that a FlashInfer range covers without beating F.linear
     beyond the noise there (F.linear keeps what no path wins), then the total cost."""
@@ -167,7 +177,7 @@ def fit_segments(cells: Cells, base: ThresholdTable, tolerance: float = DEFAULT_
                     value = _cost(cells, n, k, m, p, how) if cells.has(n, k, m, p) else math.nan
                     if math.isnan(value):
                         continue  # unmeasured, or without the host time its regime is judged by: cannot cover M
-                    if p != ATEN and how == ("graph",) and cells.same_kernels(n, k, m, p):
+                    if p != ATEN and how == ("graph",) and _alike(cells, n, k, m, p, noise):
                         alike.add((m, p))
                         cost[(m, p)], upper[(m, p)] = cells.gpu(n, k, m, ATEN), 1.0
                         continue

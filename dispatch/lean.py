@@ -103,18 +103,23 @@ def _tinygemm(pdl: bool) -> LeanFn:
 def _cublaslt(pdl: bool) -> LeanFn:
     """cuBLASLt: per exact M (its tuned entries and heuristic list are keyed by it), the heuristic's algorithm list,
     the tuned tactic and the handle, resolved at the first call and kept; later calls launch with that algorithm.
-    cuBLASLt takes no pdl (FlashInfer raises on it), so `pdl` is not used."""
+    Where FlashInfer holds no tuned entry for the exact M (its cuBLASLt runner keys entries by it, so every M between
+    its autotuner's buckets misses), mm_bf16 falls back to the heuristic's first algorithm: the kernels F.linear runs
+    (docs/design.md, "Tuned cuBLASLt only at tuned M"), not always as fast. There the lean call runs F.linear's
+    matmul itself. cuBLASLt takes no pdl (FlashInfer raises on it), so `pdl` is not used."""
     import flashinfer.gemm.gemm_base as gb
     from flashinfer.jit.gemm import gen_mm_bf16_cublaslt_module
     run = gen_mm_bf16_cublaslt_module().build_and_load().mm_bf16_cublaslt_run_with_algo
     make_runner = gb.get_mm_bf16_cublaslt_module().cublaslt_bf16_gemm_runner
     resolved: dict[tuple[int, int, int, int, bool], tuple] = {}
 
-    def resolve(x, w, bias, out):
+    def resolve(x, w, bias, out) -> tuple | bool:
         ws = _workspace(x.device)
         runner = make_runner()
         inputs = [x, w.t(), bias, False, out, ws]
         _, tactic = _search([runner], inputs)
+        if not (isinstance(tactic, int) and tactic >= 0):
+            return False  # no tuned entry at this M: F.linear's matmul
         algos, count = runner._get_algos(inputs)
         if count == 0:
             raise RuntimeError(f"cuBLASLt offers no algorithm for M={x.shape[0]}, N={w.shape[0]}, K={x.shape[1]}")
@@ -124,11 +129,15 @@ def _cublaslt(pdl: bool) -> LeanFn:
         return ws, handle, algos, tactic
 
     def call(x, w, bias=None):
-        out = x.new_empty((x.shape[0], w.shape[0]))
         key = (x.shape[0], w.shape[0], x.shape[1], x.get_device(), bias is not None)
         entry = resolved.get(key)
+        if entry is False:
+            return torch.nn.functional.linear(x, w, bias)
+        out = x.new_empty((x.shape[0], w.shape[0]))
         if entry is None:
             entry = resolved[key] = resolve(x, w, bias, out)
+            if entry is False:
+                return torch.nn.functional.linear(x, w, bias)
         ws, handle, algos, tactic = entry
         run(x, w, bias, out, ws, handle, algos, tactic)
         return out
@@ -138,6 +147,9 @@ def _cublaslt(pdl: bool) -> LeanFn:
         entry = resolved.get(key)
         if entry is None:
             entry = resolved[key] = resolve(x, w, None, out)
+        if entry is False:
+            torch.mm(x, w.t(), out=out)
+            return
         ws, handle, algos, tactic = entry
         run(x, w, None, out, ws, handle, algos, tactic)
     call.into = into
