@@ -232,6 +232,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_table.add_argument("--same-machine", action="store_true",
                          help="let the out-of-sample legs run on a machine that ran a fitted leg (one GPU machine "
                               "only; the manifest then says the check was in-machine)")
+    p_table.add_argument("--layout", choices=("vllm", "transformers"),
+                         help="the layout the table's shapes come in: vLLM's fused layers (default) or transformers' "
+                              "modules (a table for dispatch.patch of a transformers model)")
+    p_table.add_argument("--model", help="comma list of catalog models the table covers (default: every model)")
     p_table.add_argument("--install", action="store_true",
                          help="install the table, its tactics and the baseline of --run-id as the shipped files "
                               "(a complete run whose check passed)")
@@ -654,8 +658,11 @@ def _overrides(args, profile, df, cells, base, noise, hold_out, cell_picks, shap
 
 
 def _table_cmd(args) -> int:
-    from calibrate.table_pipeline import MANIFEST, install, plan_text, run_pipeline
+    from calibrate.table_pipeline import MANIFEST, install, parse_scope, plan_text, run_pipeline
     profile = get_profile(args.gpu)
+    scope = parse_scope(args.layout, args.model)
+    if scope is not None and args.install:
+        raise HarnessError("--install takes the run's own scope: drop --layout/--model")
     if (args.resume or args.install) and not args.run_id:
         raise HarnessError("--resume and --install name a run: pass --run-id")
     run_id = args.run_id or datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
@@ -665,7 +672,7 @@ def _table_cmd(args) -> int:
     from calibrate.table_pipeline import check_stop_after
     check_stop_after(profile, run, args.stop_after)  # before any GPU check
     if args.dry_run:
-        print(plan_text(profile, run))
+        print(plan_text(profile, run, scope))
         return 0
     if args.install:
         for path in install(profile, run):
@@ -675,7 +682,8 @@ def _table_cmd(args) -> int:
     if any(leg.gpu for leg in pending_legs(profile, run, args.resume, args.stop_after)):
         from bench.sweep import require_gpu
         require_gpu(profile)  # before any file system change
-    manifest = run_pipeline(profile, run, args.resume, stop_after=args.stop_after, same_machine=args.same_machine)
+    manifest = run_pipeline(profile, run, args.resume, stop_after=args.stop_after, same_machine=args.same_machine,
+                            scope=scope)
     if manifest.get("status") != "complete":
         print(f"table: {manifest['status']}; continue with --run-id {run_id} --resume; legs in {run}/{MANIFEST}")
         return 0

@@ -40,6 +40,49 @@ REFINE_TOLERANCE = 0.03
 
 
 @dataclass(frozen=True)
+class Scope:
+    """What a table run covers: the layout its shapes come in (vLLM's fused layers, or transformers' modules) and
+    the catalog models (None: every one). Kept in the manifest, so that every resume runs the same shapes."""
+    layout: str = "vllm"
+    models: tuple[str, ...] | None = None
+
+    def args(self) -> list[str]:
+        """The options the GPU legs (bench run, bench forward) take for it."""
+        return [*(["--layout", self.layout] if self.layout != "vllm" else []),
+                *(["--model", ",".join(self.models)] if self.models else [])]
+
+    def is_default(self) -> bool:
+        return self == Scope()
+
+    def to_json(self) -> dict:
+        return {"layout": self.layout, "models": list(self.models) if self.models else None}
+
+
+def parse_scope(layout: str | None, models: str | None) -> Scope | None:
+    """The scope the options name (None where they name none), each model checked against the catalog."""
+    if layout is None and models is None:
+        return None
+    from shapes.catalog import model_layers
+    names = tuple(m.strip() for m in models.split(",")) if models else None
+    if names is not None and (not all(names) or len(set(names)) != len(names)):
+        raise HarnessError(f"--model {models!r}: a comma list of distinct catalog models")
+    scope = Scope(layout or "vllm", names)
+    for name in names or (None,):
+        model_layers(name, 1, scope.layout)  # an unknown model or layout is refused here
+    return scope
+
+
+def run_scope(run: Path) -> Scope:
+    """The scope a run's manifest records (the default for a run without one)."""
+    try:
+        data = json.loads((run / MANIFEST).read_text()).get("scope") or {}
+    except (OSError, ValueError):
+        data = {}
+    models = data.get("models")
+    return Scope(str(data.get("layout") or "vllm"), tuple(models) if models else None)
+
+
+@dataclass(frozen=True)
 class Leg:
     name: str
     argv: list[str]
@@ -48,9 +91,11 @@ class Leg:
     skip: str | None = None  # why this leg has nothing to do (recorded as done, not run)
 
 
-def legs(profile: GpuProfile, run: Path) -> list[Leg]:
+def legs(profile: GpuProfile, run: Path, scope: Scope | None = None) -> list[Leg]:
+    """The run's legs; `scope` None: the one its manifest records."""
     from bench.paths import DISPATCH, paths_for
     p, low = profile.name, profile.low_m_backend
+    covers = (scope if scope is not None else run_scope(run)).args()
     py = [sys.executable, "-m"]
     # the fitted sweep leaves the dispatcher out (it would run the table being replaced); the check runs the new one
     fit_paths = ",".join(x.name for x in paths_for(profile.flashinfer_backends, None) if x.name != DISPATCH)
@@ -63,20 +108,20 @@ def legs(profile: GpuProfile, run: Path) -> list[Leg]:
     refined = not (plan.is_file() and not plan.read_text().strip())  # unknown before the first fit: planned
     fit = [*py, "calibrate", "fit", str(sweep), "--gpu", p, "--method", "segments", "--forward", str(forward)]
     return [
-        Leg("sweep", [*py, "bench", "run", "--gpu", p, "--paths", fit_paths, "--out", str(sweep)], True),
-        Leg("forward", [*py, "bench", "forward", "--gpu", p, "--skip-slower", "3", "--autotune-cache", str(tactics),
-                        "--paths", f"aten,flashinfer-lean:{low},flashinfer-lean:cublaslt", "--out", str(forward)],
-            True),
+        Leg("sweep", [*py, "bench", "run", "--gpu", p, *covers, "--paths", fit_paths, "--out", str(sweep)], True),
+        Leg("forward", [*py, "bench", "forward", "--gpu", p, *covers, "--skip-slower", "3", "--autotune-cache",
+                        str(tactics), "--paths", f"aten,flashinfer-lean:{low},flashinfer-lean:cublaslt", "--out",
+                        str(forward)], True),
         Leg("first-fit", [*fit, "--tolerance", str(REFINE_TOLERANCE), "--out", str(run / "first-fit.json"),
                           "--plan-refine", str(plan)], False),
-        Leg("refine", [*py, "bench", "run", "--gpu", p, "--cells", f"@{plan}", "--paths", fit_paths,
+        Leg("refine", [*py, "bench", "run", "--gpu", p, *covers, "--cells", f"@{plan}", "--paths", fit_paths,
                        "--autotune-cache", str(tactics), "--out", str(refine)], True,
             skip=None if refined else "the first fit's choice changes in no gap between measured M"),
         Leg("fit", [*fit, "--tolerance", str(FIT_TOLERANCE), *(["--add", str(refine)] if refined else []), "--out",
                     str(table)], False),
-        Leg("check-sweep", [*py, "bench", "run", "--gpu", p, "--m", check_ms, "--table", str(table),
+        Leg("check-sweep", [*py, "bench", "run", "--gpu", p, *covers, "--m", check_ms, "--table", str(table),
                             "--autotune-cache", str(table_tactics), "--out", str(check_sweep)], True),
-        Leg("check-forward", [*py, "bench", "forward", "--gpu", p, "--skip-slower", "3", "--table", str(table),
+        Leg("check-forward", [*py, "bench", "forward", "--gpu", p, *covers, "--skip-slower", "3", "--table", str(table),
                               "--autotune-cache", str(table_tactics), "--paths", f"aten,flashinfer-lean:{low},dispatch",
                               "--out", str(check_forward)], True),
         Leg("noise", [*py, "calibrate", "noise", str(sweep), str(check_sweep), "--gpu", p, "--out",
@@ -118,9 +163,9 @@ def fitted_here(manifest: dict, leg: Leg, here: str | None, same_machine: bool) 
     return here in {manifest["legs"].get(f, {}).get("machine") for f in FIT_LEGS}
 
 
-def plan_text(profile: GpuProfile, run: Path) -> str:
+def plan_text(profile: GpuProfile, run: Path, scope: Scope | None = None) -> str:
     lines = [f"calibrate table --gpu {profile.name}: {run}/ (manifest.json beside the artifacts)"]
-    for i, leg in enumerate(legs(profile, run), 1):
+    for i, leg in enumerate(legs(profile, run, scope), 1):
         lines.append(f"  leg {i} {leg.name:14s} {'GPU' if leg.gpu else 'CPU'}  {' '.join(leg.argv[1:])}")
     return "\n".join(lines)
 
@@ -155,21 +200,27 @@ def _default_exec(leg: Leg, log: Path) -> int:
 
 def run_pipeline(profile: GpuProfile, run: Path, resume: bool, execute: Callable[[Leg, Path], int] = _default_exec,
                  stop_after: str | None = None, same_machine: bool = False,
-                 machine: Callable[[], str | None] = gpu_uuid) -> dict:
+                 machine: Callable[[], str | None] = gpu_uuid, scope: Scope | None = None) -> dict:
     """Runs the legs not yet done, in order; stops at the first that fails, or after `stop_after` (a later
-    --resume, on this machine or another, continues). Returns the manifest."""
+    --resume, on this machine or another, continues). `scope`: what a new run covers (a resume keeps its own and
+    refuses another). Returns the manifest."""
     names = check_stop_after(profile, run, stop_after)
     manifest_file = run / MANIFEST
     if run.exists() and any(run.iterdir()) and not resume:
         raise HarnessError(f"{run} exists; pass --resume to continue it, or choose another --run-id")
     if resume and not manifest_file.is_file():
         raise HarnessError(f"{run} has no {MANIFEST}; it is not a table run to resume")
+    if resume and scope is not None and scope != run_scope(run):
+        raise HarnessError(f"{run} covers {run_scope(run).to_json()}, not {scope.to_json()}; resume it without "
+                           f"--layout/--model, or start another --run-id")
     if resume and not pending_legs(profile, run, resume) and manifest_file.is_file():
         return json.loads(manifest_file.read_text())  # nothing left to do: the manifest stays as it is
     run.mkdir(parents=True, exist_ok=True)
     manifest = json.loads(manifest_file.read_text()) if resume else {
         "profile": profile.name, "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "harness_sha": git_sha(), "legs": {}}
+        "harness_sha": git_sha(), "legs": {}, **({"scope": scope.to_json()} if scope else {})}
+    if not resume:
+        atomic_write_text(manifest_file, json.dumps(manifest, indent=1) + "\n")  # the legs read its scope
     here = machine() if any(leg.gpu for leg in pending_legs(profile, run, resume, stop_after)) else None
     manifest.setdefault("machines", []).append({"started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                                                 "harness_sha": git_sha(), "gpu_uuid": here,
@@ -229,6 +280,10 @@ def install(profile: GpuProfile, run: Path) -> list[Path]:
     if manifest.get("status") != "complete" or manifest.get("verdict") != "PASS":
         raise HarnessError(f"{run}: status {manifest.get('status')!r}, verdict {manifest.get('verdict')!r}; only a "
                            f"complete run whose out-of-sample check passed is installed")
+    if not run_scope(run).is_default():
+        raise HarnessError(f"{run} covers {run_scope(run).to_json()}; the shipped table covers every catalog model "
+                           f"in vLLM's layout. Give the dispatcher {run / 'table.json'} instead "
+                           f"(dispatch.configure, or --table)")
     table, base = TABLE_DIR / f"{profile.name}.json", baseline_path(profile.name)
     where = manifest_file.resolve()
     named = {"file": str(where.relative_to(ROOT) if ROOT in where.parents else where), "sha256": sha256(manifest_file)}

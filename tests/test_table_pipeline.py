@@ -130,3 +130,33 @@ def test_stop_after_a_leg_and_an_unknown_leg(tmp_path):
     assert ran == ["sweep", "forward"] and first["status"] == "stopped after forward"
     with pytest.raises(HarnessError, match="no leg"):
         run_pipeline(H200, tmp_path / "other", resume=False, execute=lambda leg, log: 0, stop_after="lunch")
+
+
+def test_a_run_for_transformers_layout_keeps_its_scope_in_every_gpu_leg_and_is_not_installed(tmp_path):
+    """A table for one model in transformers' module layout: every GPU leg measures those shapes, a resume keeps the
+    scope the manifest records (and refuses another), and --install refuses it: the shipped table covers every
+    catalog model in vLLM's layout."""
+    from calibrate.table_pipeline import Scope, parse_scope
+    scope = parse_scope("transformers", "Qwen3.5-4B")
+    assert scope == Scope("transformers", ("Qwen3.5-4B",)) and parse_scope(None, None) is None
+    run, argv = tmp_path / "run", {}
+
+    def execute(leg, log):
+        argv[leg.name] = leg.argv
+        return 0
+    run_pipeline(H200, run, resume=False, execute=execute, stop_after="fit", same_machine=True, scope=scope)
+    with pytest.raises(HarnessError, match="covers"):
+        run_pipeline(H200, run, resume=True, execute=execute, same_machine=True, scope=Scope())
+    done = run_pipeline(H200, run, resume=True, execute=execute, same_machine=True)
+    assert done["scope"] == {"layout": "transformers", "models": ["Qwen3.5-4B"]}
+    for leg in legs(H200, run):
+        given = " ".join(argv[leg.name])
+        assert ("--layout transformers --model Qwen3.5-4B" in given) == leg.gpu, leg.name
+    (run / "table.json").write_text(json.dumps({"format": 2, "profile": "h200"}))
+    done = run_pipeline(H200, tmp_path / "pass", resume=False, execute=lambda leg, log: 0, same_machine=True,
+                        scope=scope)
+    assert done["verdict"] == "PASS"
+    with pytest.raises(HarnessError, match="vLLM's layout"):
+        install(H200, tmp_path / "pass")
+    with pytest.raises(HarnessError, match="unknown model"):
+        parse_scope(None, "Qwen9")
