@@ -85,8 +85,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                        help="comma list of local GPU indices, or 'all': one worker process per GPU, shapes handed out "
                             "longest first, the shards merged into --out")
     p_run.add_argument("--host-timing", choices=("serialized", "concurrent"), default="serialized",
-                       help="with --devices: host-time blocks one worker at a time (default), or concurrent (on 2 H200s no "
-                            "shift beyond the run-to-run noise: calibrate host-shift on tests/data/h200x2-host-timing)")
+                       help="with --devices: host-time blocks one worker at a time (default), or concurrent (measured on two "
+                            "GPUs: no shift beyond the run-to-run noise; calibrate host-shift compares such runs)")
     p_run.add_argument("--pdl", choices=("profile", "on", "off"), default="profile",
                        help="programmatic dependent launch for the backends that take it: the profile's (vLLM's: on "
                             "for SM >= 90; default), or forced on/off to measure what it changes; run.json records it")

@@ -38,9 +38,9 @@ FORWARD_COLUMNS = ("model", "tp", "m", "path", "regime", "status", "reason", "us
                    "gpu_busy_us", "span_us", "event_us", "linears", "kernels", "kernel_digest", "decoder_layers",
                    "lm_head", "samples", "paths_used", "samples_us", "sm_mhz", "sm_mhz_samples", "power_w_samples",
                    "clock_reasons_samples", "submit_samples_us")
-# Each timed forward follows untimed runs of itself lasting at least this long (ms). On the H200 (700 W) a sustained
-# forward at M >= 512 runs 1.16-1.18x longer (4B) than its first replays after idle once NVML's SW power cap engages;
-# every trace of h200-sustain-1 reached its settled time within 2% by 142 ms of load (bench forward --sustain-ms).
+# Each timed forward follows untimed runs of itself lasting at least this long (ms): a sustained forward runs slower
+# than its first replays after idle once the GPU's power cap engages, and settles within this much of its own load
+# (docs/design.md, The settle; measured with bench forward --sustain-ms).
 DEFAULT_SETTLE_MS = 200.0
 REGIMES = ("graph", "eager")
 # run.json's account of the graph replays' order (runs before it replayed in A B B A order)
@@ -72,11 +72,9 @@ class ForwardConfig:
     table: Any = None  # the dispatcher's threshold table (for the model of the dispatch path); loaded when None
     order_seed: int | None = None  # the eager rounds' shuffle; None: a fresh one per run (run.json records it)
     # Each timed forward (graph and eager) follows untimed runs of itself lasting >= settle_ms (at least one; 0: none).
-    # What ran before moves a forward's time at the power cap: in h200-bound-forward-14/15 (no graph settle, A B B A
-    # order) graph-captured 4B M = 1031 forwards measured about 12.1 ms right after the slow, low-power TinyGEMM
-    # forward and 13.4-13.7 ms after heavy ones, so a path's ratio depended on its place in the order. Settled, every
-    # path is timed at the clock its own sustained load holds (h200-sustain-1: aten, the table and lean cuBLASLt all
-    # settle at 14.0 ms there).
+    # What ran before moves a forward's time at the power cap: unsettled, a forward timed right after a slow,
+    # low-power one runs faster than after a heavy one, so a path's ratio would depend on its place in the order.
+    # Settled, every path is timed at the clock its own sustained load holds (docs/design.md, The settle).
     settle_ms: float = DEFAULT_SETTLE_MS
     sustain_ms: float = 0.0  # > 0: instead of timing rows, each graph replayed this long after idle_ms (bench/sustain.py)
     idle_ms: float = 1000.0

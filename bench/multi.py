@@ -5,8 +5,8 @@ before torch loads, pinned to the CPU cores local to its GPU where NVML reports 
 queue, longest first. Each worker writes its own shard folder (<out>/shards/gpu<i>/, resumable); at the end the shards
 are merged into <out>/results.csv and run.json (bench.merge). Host timing is serialized across workers by one lock
 by default, so that no worker's host-time blocks run while another's do; `--host-timing concurrent` drops the lock.
-On a 2-GPU H200 the unlocked workers' host times showed no shift beyond the run-to-run noise against one-GPU runs
-(`calibrate host-shift`, tests/data/h200x2-host-timing); more GPUs were not measured, so the lock stays the default.
+Unlocked workers' host times showed no shift beyond the run-to-run noise against one-GPU runs on two GPUs
+(`calibrate host-shift`; docs/history.md); more GPUs were not measured, so the lock stays the default.
 """
 from __future__ import annotations
 

@@ -18,6 +18,7 @@ from shapes.derive import ForwardLinear, forward_sequence, load_config
 
 DATA = Path(__file__).parent / "data"
 ROOT = DATA.parent.parent
+EVIDENCE = ROOT / "evidence"  # the runs behind docs/results-h200.md and docs/history.md
 
 H200 = get_profile("h200")
 
@@ -291,14 +292,14 @@ def test_the_committed_table_on_its_out_of_sample_run_and_its_measured_forward(c
     from calibrate.forward_model import _paired, forward_verdicts
     assert main(["validate", str(DATA / "h200-fit2-validate"), "--replicate", str(DATA / "h200-lean-validate"),
                  "--thresholds", str(DATA / "h200-table-107eae0.json"),
-                 "--forward", str(DATA / "h200-bound-forward-4")]) == 1
+                 "--forward", str(EVIDENCE / "h200-bound-forward-4")]) == 1
     out = capsys.readouterr().out
     assert "M values the fit never saw: 24, 40, 48, 56, 96, 1031, 6144" in out
     assert "{'SAME': 220, 'AMBIGUOUS': 196}" in out  # no SLOWER cell
     assert "1908 ratios, nominal 95%): bootstrap alone 61.0%, with the run-to-run floor 98.4%" in out
     failing = {}
     for run in ("h200-bound-forward-4", "h200-bound-forward-5"):
-        df, _ = load_forward(DATA / run)
+        df, _ = load_forward(EVIDENCE / run)
         v = forward_verdicts(df, 512).set_index(["model", "m", "regime"])
         graph = v[v["vllm_regime"] & (v.index.get_level_values("regime") == "graph")]
         assert len(graph) == 10
@@ -347,6 +348,7 @@ def test_a_bound_forward_calls_each_layer_as_a_model_would(tmp_path):
         _check(bad, "aten")
 
 
+@pytest.mark.evidence
 def test_the_bound_layer_after_the_hooked_capture_test_and_into_calls():
     """h200-bound-forward-6 and -7 (one 2-GPU lease, harness 6013d29: capture test by hooks, inlined activation checks,
     kernels writing into the remembered output shape) against -4 and -5 (the bound layer before): the binding's own
@@ -355,7 +357,7 @@ def test_the_bound_layer_after_the_hooked_capture_test_and_into_calls():
     (the bound layer's shape lookup and capture test cost ~0.8 µs per call on that host: h200-probe-binding).
     The graph regime is unchanged: 35B-A3B M = 512 still 1.2% over lean cuBLASLt everywhere."""
     def verdicts(run):
-        df, _ = load_forward(DATA / run)
+        df, _ = load_forward(EVIDENCE / run)
         return forward_verdicts(df, 512).set_index(["model", "m", "regime"])
     before = [verdicts(f"h200-bound-forward-{i}") for i in (4, 5)]
     after = [verdicts(f"h200-bound-forward-{i}") for i in (6, 7)]
@@ -379,6 +381,7 @@ def test_the_bound_layer_after_the_hooked_capture_test_and_into_calls():
                       ("4B", 32, "eager"), ("4B", 4096, "graph")]]
 
 
+@pytest.mark.evidence
 def test_picks_and_boundness_must_hold_in_every_forward_run():
     """calibrate fit --forward DIR DIR...: over the fit's own forward run and the two of a later lease, only the
     picks every run makes survive (graph 35B-A3B M = 512 is picked by runs 4 and 5 alone, 4B M = 32 and 128 by the
@@ -386,7 +389,8 @@ def test_picks_and_boundness_must_hold_in_every_forward_run():
     (35B-A3B: 1031 in run 5, 4096 in the others: 4096). One run gives forward_picks itself."""
     from calibrate.forward_model import (_paired, forward_picks, gpu_bound_from, gpu_bound_in_every_run,
                                          picks_in_every_run)
-    runs = [load_forward(DATA / n)[0] for n in ("h200-lean-forward", "h200-bound-forward-4", "h200-bound-forward-5")]
+    runs = [load_forward(where / n)[0] for where, n in ((DATA, "h200-lean-forward"), (EVIDENCE, "h200-bound-forward-4"),
+                                                       (EVIDENCE, "h200-bound-forward-5"))]
     candidates = ["aten", "flashinfer-lean:cublaslt", "flashinfer-lean:tinygemm"]
     picks = picks_in_every_run(runs, candidates, 0.01)
     assert sorted((r, mo[-2:], m, p.split(":")[1]) for (r, mo, m), (p, *_) in picks.items()) == [
@@ -407,6 +411,7 @@ def test_picks_and_boundness_must_hold_in_every_forward_run():
     assert gpu_bound_in_every_run(runs) == {"Qwen3.5-35B-A3B": 4096, "Qwen3.5-4B": 512}
 
 
+@pytest.mark.evidence
 def test_overrides_come_from_forwards_that_ran_this_tables_own_choices():
     """calibrate fit --table-forward: against the table those runs measured (107eae0, table-direct rows checked by
     their paths_used), lean cuBLASLt everywhere beat its choices in all four runs and by more than 1% pooled at five
@@ -415,7 +420,7 @@ def test_overrides_come_from_forwards_that_ran_this_tables_own_choices():
     from calibrate.forward_model import overrides_over_the_table
     from dispatch.profiles import get_profile
     profile = get_profile("h200")
-    runs = [load_forward(DATA / f"h200-bound-forward-{r}") for r in (4, 5, 6, 7)]
+    runs = [load_forward(EVIDENCE / f"h200-bound-forward-{r}") for r in (4, 5, 6, 7)]
     candidates = ["aten", "flashinfer-lean:cublaslt", "flashinfer-lean:tinygemm"]
     old = load_table(path=DATA / "h200-table-107eae0.json")
     found = overrides_over_the_table(runs, old, profile, candidates, 0.01)
@@ -439,6 +444,7 @@ def test_overrides_come_from_forwards_that_ran_this_tables_own_choices():
     assert committed.source["forwards_of_this_table"]["kept_from"] == "tests/data/h200-table-107eae0.json"
 
 
+@pytest.mark.evidence
 def test_a_refit_keeps_measured_gains_and_says_where_a_forward_ran_another_table():
     """fit --keep 107eae0's table --table-forward settled-forward-4 -5: where the dispatcher ran that table's choices
     faster than all-aten beyond the noise in every run (graph 35B-A3B M = 4096: 0.990 and 0.991, 16384: 0.977 and
@@ -469,6 +475,7 @@ def test_a_refit_keeps_measured_gains_and_says_where_a_forward_ran_another_table
     assert other[5] == [(big, 1031, "eager")] and other[6] == [(small, 128, "graph")]
 
 
+@pytest.mark.evidence
 def test_graph_order_artifact_and_the_settled_state_it_hid():
     """h200-bound-forward-14 replayed graphs in A B B A order without settling: at 4B M = 1031 table-direct ran about
     12.1 ms in the rounds where it came right after the 268 ms TinyGEMM forward and about 13.6 ms where it came after
@@ -477,7 +484,7 @@ def test_graph_order_artifact_and_the_settled_state_it_hid():
     aten, the table and lean cuBLASLt settle within 0.2% of each other. Settled (200 ms of its own load before each
     timed replay), h200-settled-forward-1 shows no such split between A and B rounds."""
     def split(run: str, path: str) -> float:
-        df = pd.read_csv(DATA / run / "forward.csv")
+        df = pd.read_csv((EVIDENCE if "bound" in run else DATA) / run / "forward.csv")
         row = df[(df["model"] == "Qwen3.5-4B") & (df["m"] == 1031) & (df["regime"] == "graph") & (df["path"] == path)]
         s = [float(v) for v in row["samples_us"].iloc[0].split(";")]
         return float(np.median(s[0::2]) / np.median(s[1::2]))  # rounds in A order over rounds in B order
@@ -487,7 +494,7 @@ def test_graph_order_artifact_and_the_settled_state_it_hid():
     # varying while; the next runs settle without it, see records_since_last_window)
     assert all(abs(split("h200-settled-forward-1", p) - 1) < 0.03
                for p in ("aten", "table-direct", "flashinfer-lean:cublaslt"))
-    trace = pd.read_csv(DATA / "h200-sustain-1" / "sustain.csv")
+    trace = pd.read_csv(EVIDENCE / "h200-sustain-1" / "sustain.csv")
     t = trace[(trace["model"] == "Qwen3.5-4B") & (trace["m"] == 1031)]
     settled = {p: float(g["us"].iloc[-len(g) // 3:].median()) for p, g in t.groupby("path")}
     first = {p: float(g["us"].iloc[:3].median()) for p, g in t.groupby("path")}
@@ -496,6 +503,7 @@ def test_graph_order_artifact_and_the_settled_state_it_hid():
     assert (t.groupby("path")["clock_reasons"].apply(lambda r: (r.iloc[-len(r) // 3:] == 4).all())).all()
 
 
+@pytest.mark.evidence
 def test_eager_rows_of_runs_that_flushed_between_settle_and_window_are_void():
     """h200-settled-forward-1 (c6f9bbd..caaa733's harness): its all-aten eager 35B-A3B M = 1 forward took 29 ms of
     host submission against 5 ms in h200-bound-forward-14; load_forward voids such runs' eager rows, keeps the graph."""
@@ -504,13 +512,14 @@ def test_eager_rows_of_runs_that_flushed_between_settle_and_window_are_void():
     assert set(df.loc[df["regime"] == "eager", "status"]) == {"void"}
     assert set(df.loc[df["regime"] == "graph", "status"]) == {"ok"}
     raw = pd.read_csv(DATA / "h200-settled-forward-1" / "forward.csv")
-    old = pd.read_csv(DATA / "h200-bound-forward-14" / "forward.csv")
+    old = pd.read_csv(EVIDENCE / "h200-bound-forward-14" / "forward.csv")
     pick = lambda d: float(d[(d["model"] == "Qwen3.5-35B-A3B") & (d["m"] == 1) & (d["regime"] == "eager")
                               & (d["path"] == "aten")]["submit_us"].iloc[0])
     assert pick(raw) > 4 * pick(old)
-    assert not load_forward(DATA / "h200-bound-forward-14")[0]["status"].eq("void").any()
+    assert not load_forward(EVIDENCE / "h200-bound-forward-14")[0]["status"].eq("void").any()
 
 
+@pytest.mark.evidence
 def test_the_cpp_bound_layer_and_the_refitted_table_in_later_measured_forwards():
     """h200-bound-forward-10..15, fresh processes on later leases than the runs the table was refitted with (4..7):
     `dispatch` ran the C++ bound layer, `dispatch-python` the Python one beside it. Their eager cost over the table's
@@ -521,7 +530,7 @@ def test_the_cpp_bound_layer_and_the_refitted_table_in_later_measured_forwards()
     from calibrate.forward_model import _paired
     cpp, py = [], []
     for r in (10, 11, 12, 13, 14, 15):
-        df, info = load_forward(DATA / f"h200-bound-forward-{r}")
+        df, info = load_forward(EVIDENCE / f"h200-bound-forward-{r}")
         assert info["dispatch_layer"].startswith("C++") and ("lm_head_rule" in info) == (r >= 12)
         assert info.get("eager_settle", False) == (r >= 14)
         v = forward_verdicts(df, 512)
@@ -629,6 +638,7 @@ def test_a_run_with_void_eager_rows_takes_no_part_in_eager_picks():
     assert ("graph", "Qwen3.5-4B", 1031) in alone and ("graph", "Qwen3.5-4B", 1031) not in both
 
 
+@pytest.mark.evidence
 def test_profiler_off_eager_forwards_and_the_balanced_4b():
     """With CUPTI recording during timed eager forwards (h200-settled-forward-3) the all-aten 4B forward at M = 1 took
     3.9 ms of host submission; with it paused (-4) 2.5 ms, and its samples lie within 1.4% of each other (p80/p20)
