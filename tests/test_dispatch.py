@@ -298,7 +298,12 @@ class _Capturing(dict):
         super().__setitem__(key, value)
 
 
-@pytest.fixture(params=["Python", "C++"])
+# The tests that build and load the C++ layer share one xdist worker: the build takes most of a minute on two cores,
+# and a second worker waiting on its lock would idle meanwhile.
+NATIVE = pytest.mark.xdist_group("native")
+
+
+@pytest.fixture(params=["Python", pytest.param("C++", marks=NATIVE)])
 def fake_gpu_dispatch(request, monkeypatch):
     """The dispatcher on CPU tensors as if they were on an SM90 GPU, with each bound layer (Python, C++): a fake
     kernel that records its calls, a capture flag the test sets, and a backend rule that accepts CPU weights (a CPU
@@ -618,6 +623,7 @@ def test_the_host_cost_figures_of_the_readme_come_from_the_committed_runs():
     assert round(bind.median(), 3) == 0.659
 
 
+@NATIVE
 def test_the_cpp_layer_remembers_choices_per_m_and_hands_the_rest_to_the_python_layer(native_module):
     """The C++ bound layer (dispatch/bound_linear.cpp) on CPU tensors with a decide() of its own: decide is asked
     once per M and the answer kept (at most 4096 M, then the memory starts over); the regime follows its capture
@@ -688,6 +694,7 @@ def test_the_cpp_layer_remembers_choices_per_m_and_hands_the_rest_to_the_python_
         mod.BoundLinear("w", None, decide, fallback)
 
 
+@NATIVE
 def test_the_cpp_dispatch_linear_runs_f_linear_itself_only_where_both_regimes_do(native_module):
     """The C++ dispatch.linear (bound_linear.cpp's Linear) on CPU tensors with a rule_of() of its own: the shape rule
     is asked once per (device, N, K) and the M test once per M below its limit (at most 4096 M, then the memory
@@ -762,6 +769,7 @@ def test_the_cpp_dispatch_linear_runs_f_linear_itself_only_where_both_regimes_do
         mod.Linear(rule_of, fallback, "Parameter")
 
 
+@NATIVE
 def test_bind_returns_the_cpp_layer_where_it_can_serve(native_module, monkeypatch):
     """dispatch.bind's native switch: the C++ layer when built and the capture signal is the hooks' counter, the
     Python layer with native=False, with the CUDA query as signal, or for a tensor subclass weight; native=True says
@@ -889,6 +897,7 @@ def test_build_native_without_a_compiler_says_what_to_install(monkeypatch, capsy
     assert main(["native-status"]) == 1 and "not built" in capsys.readouterr().out
 
 
+@NATIVE
 def test_the_cpp_layer_keeps_autograd_and_inference_mode_as_f_linear_does(native_module, monkeypatch):
     """Where the C++ layer runs F.linear's kernel (at::linear) the result is F.linear's: the same values, a graph
     for backward with the same gradients, and no graph under inference mode."""

@@ -284,7 +284,8 @@ def test_the_committed_full_grid_ran_complete_on_two_gpus():
     assert [round(sum(x)) for x in legs] == [1049, 1048]
 
 
-HOST_TIMING = DATA / "h200x2-host-timing"
+HOST_TIMING = DATA.parent.parent / "evidence" / "h200x2-host-timing"  # the whole 2-GPU study (evidence tests)
+HOST_TIMING_FIXTURE = DATA / "h200x2-host-timing"  # four of its runs, for the tests of the command itself
 
 
 def _arms() -> dict:
@@ -294,8 +295,9 @@ def _arms() -> dict:
             for arm, prefix in (("1-gpu", "x1"), ("serialized", "ser"), ("concurrent", "conc"))}
 
 
+@pytest.mark.evidence
 def test_concurrent_host_timing_shifts_host_time_no_more_than_the_run_to_run_noise():
-    """tests/data/h200x2-host-timing: one 2-GPU H200 lease, 188 cells, six runs each on GPU 0 alone, on both GPUs
+    """evidence/h200x2-host-timing: one 2-GPU H200 lease, 188 cells, six runs each on GPU 0 alone, on both GPUs
     with the host-timing lock, and on both without it, in the orders A B C C B A, then (A B C A C B) twice. The
     figures of the closing note: per run the host-time factors scatter by 9% (one sd); concurrent over 1-GPU is
     1.012 per cell and 1.026 per run, within that noise; so is serialized over 1-GPU (0.961, 0.942)."""
@@ -355,7 +357,7 @@ def test_two_shards_measured_as_two_machines_merge_into_one_run(tmp_path):
     assert [(s["index"], s["of"]) for s in specs] == [(1, 2), (2, 2)]
     shapes = [set(pd.read_csv(root / s / "results.csv")["shape"]) for s in ("shard-1", "shard-2")]
     assert not shapes[0] & shapes[1] and len(shapes[0] | shapes[1]) == 16
-    df = agreement(Cells.from_results(load_results(HOST_TIMING / "x1-b")), Cells.from_results(load_results(root / "merged")))
+    df = agreement(Cells.from_results(load_results(HOST_TIMING_FIXTURE / "x1-b")), Cells.from_results(load_results(root / "merged")))
     d = df["gpu_diff"].abs()
     assert len(df) == 188 and d.median() <= 0.01 and d.quantile(0.9) <= 0.03
 
@@ -383,12 +385,12 @@ def test_host_shift_labels_runs_by_folder_name_or_by_path_where_names_repeat(tmp
     from calibrate.__main__ import main
     for d, run in (("a", "x1-a"), ("b", "x1-b")):
         (tmp_path / d).mkdir()
-        (tmp_path / d / "run").symlink_to(HOST_TIMING / run)
+        (tmp_path / d / "run").symlink_to(HOST_TIMING_FIXTURE / run)
     same = [str(tmp_path / "a" / "run"), str(tmp_path / "b" / "run")]
-    assert main(["host-shift", "--arm", "one", *same, "--arm", "conc", str(HOST_TIMING / "conc-a"),
-                 str(HOST_TIMING / "conc-b")]) == 0
+    assert main(["host-shift", "--arm", "one", *same, "--arm", "conc", str(HOST_TIMING_FIXTURE / "conc-a"),
+                 str(HOST_TIMING_FIXTURE / "conc-b")]) == 0
     out = capsys.readouterr().out
-    assert all(p in out for p in same) and "conc-a" in out and str(HOST_TIMING) not in out
+    assert all(p in out for p in same) and "conc-a" in out and str(HOST_TIMING_FIXTURE) not in out
 
 
 def test_shard_auto_reads_a_slurm_array_or_torchrun():
