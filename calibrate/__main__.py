@@ -22,7 +22,7 @@ from bench.autotune_cache import sha256
 from bench.envinfo import fingerprint
 from bench.results import load_results, load_run_info
 from bench.sweep import require_gpu
-from calibrate.agree import agreement, host_shift, host_shift_lines, summary_lines
+from calibrate.agree import agreement, host_shift, host_shift_lines, ratio_lines, ratio_moves, summary_lines
 from calibrate.analysis import (FIT_MIN_GAIN, Cells, cell_verdicts, dispatch_candidates, failures, fit,
                                 forward_totals, low_m_measured, model_uses, provenance)
 from calibrate.baseline import fingerprint_mismatch, fingerprint_of
@@ -298,7 +298,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         a, ia = _load(args.run_a, args.partial)
         b, ib = _load(args.run_b, args.partial)
         same_gpu([(args.run_a, ia), (args.run_b, ib)], args.allow_mismatch)
-        print("\n".join(summary_lines(agreement(Cells.from_results(a), Cells.from_results(b)))))
+        ca, cb = Cells.from_results(a), Cells.from_results(b)
+        print("\n".join(summary_lines(agreement(ca, cb)) + ratio_lines(ratio_moves(ca, cb))))
         return 0
 
     csv_out = output_file(args.csv, "--csv") if args.cmd == "validate" and args.csv else None

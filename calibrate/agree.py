@@ -2,7 +2,8 @@
 of runs differ in host time beyond the run-to-run noise: `python -m calibrate host-shift --arm NAME RUN... ...`.
 
 For checking a run split over GPUs against one on a single GPU (or any replicate pair): per cell both measured ok,
-the relative difference of the per-call GPU time (the analysis's: span for pdl rows) and the ratio of host times."""
+the relative difference of the per-call GPU time (the analysis's: span for pdl rows) and the ratio of host times; and
+per path, how far its GPU-time ratio to F.linear moved (what a table's decision at a cell rests on)."""
 from __future__ import annotations
 
 import math
@@ -12,6 +13,7 @@ import numpy as np
 import pandas as pd
 
 from calibrate.analysis import Cells
+from dispatch.backends import ATEN, DISPATCH
 
 
 def agreement(a: Cells, b: Cells) -> pd.DataFrame:
@@ -22,6 +24,29 @@ def agreement(a: Cells, b: Cells) -> pd.DataFrame:
         rows.append({"n": n, "k": k, "m": m, "path": path, "gpu_a": a.gpu(*key), "gpu_b": b.gpu(*key),
                      "gpu_diff": b.gpu(*key) / a.gpu(*key) - 1, "host_ratio": hb / ha if ha > 0 else np.nan})
     return pd.DataFrame(rows)
+
+
+def ratio_moves(a: Cells, b: Cells) -> pd.DataFrame:
+    """Per path other than F.linear, at every cell both runs measured with F.linear: how far the path's GPU-time
+    ratio to F.linear moved from run a to run b (|r_b / r_a - 1|). A table's decision at a cell rests on that ratio,
+    so this is how many decisions another machine could reverse, where the GPU times alone may shift together."""
+    rows = []
+    for key in sorted(set(a.samples) & set(b.samples)):
+        n, k, m, path = key
+        if path in (ATEN, DISPATCH) or not (a.has(n, k, m, ATEN) and b.has(n, k, m, ATEN)):
+            continue
+        ra, rb = a.gpu(*key) / a.gpu(n, k, m, ATEN), b.gpu(*key) / b.gpu(n, k, m, ATEN)
+        rows.append({"n": n, "k": k, "m": m, "path": path, "ratio_a": ra, "ratio_b": rb, "move": rb / ra - 1})
+    return pd.DataFrame(rows, columns=["n", "k", "m", "path", "ratio_a", "ratio_b", "move"])
+
+
+def ratio_lines(moves: pd.DataFrame) -> list[str]:
+    lines = []
+    for path, g in moves.groupby("path"):
+        d = g["move"].abs()
+        lines.append(f"  {path}: {len(g)} cells, median {d.median():.2%}, p90 {d.quantile(0.9):.2%}, "
+                     f"moved > 3%: {int((d > 0.03).sum())}, > 5%: {int((d > 0.05).sum())}")
+    return ["ratio to F.linear, |b/a - 1| per path:", *lines] if lines else []
 
 
 def summary_lines(df: pd.DataFrame) -> list[str]:

@@ -420,3 +420,22 @@ def test_dry_run_says_which_shard_auto_is(monkeypatch, capsys):
     monkeypatch.setenv("SLURM_ARRAY_TASK_MIN", "1")
     assert main(["run", "--gpu", "h200", "--shard", "auto", "--dry-run"]) == 0
     assert "shard 2/3 (Slurm array task 2 of 3 (min index 1))" in capsys.readouterr().out
+
+
+def test_agree_says_how_far_each_paths_ratio_to_f_linear_moved():
+    """Both runs' GPU times 10% slower in b (a slower machine) move no ratio; a path 4% slower against F.linear at one
+    cell moves that one by 4%, and the dispatcher row is not a path of its own."""
+    from calibrate.agree import ratio_lines, ratio_moves
+    from calibrate.analysis import Cells
+
+    def run(scale, slow_at):
+        rows = []
+        for m in (1, 8, 64):
+            for path, t in (("aten", 10.0), ("flashinfer-lean:cublaslt", 9.0), ("dispatch", 9.0)):
+                t = t * scale * (1.04 if path != "aten" and m == slow_at else 1.0)
+                rows.append({"n": 64, "k": 32, "m": m, "path": path, "status": "ok", "gpu_us": t, "host_us": 20.0})
+        return Cells.from_results(pd.DataFrame(rows))
+    moves = ratio_moves(run(1.0, None), run(1.1, 8))
+    assert set(moves["path"]) == {"flashinfer-lean:cublaslt"} and len(moves) == 3
+    assert [round(v, 4) for v in moves.sort_values("m")["move"]] == [0.0, 0.04, 0.0]
+    assert "moved > 3%: 1, > 5%: 0" in "\n".join(ratio_lines(moves))
