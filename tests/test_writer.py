@@ -57,3 +57,19 @@ def test_a_symlink_loop_is_one_error(tmp_path):
         output_file(loop, "--out")
     with pytest.raises(HarnessError, match="symlink loop"):
         output_file(loop / "x.json", "--out")
+
+
+def test_an_interrupt_during_the_final_write_leaves_the_old_file_and_no_temp_file(tmp_path):
+    """Every writer goes through harness.io.atomic_write: Ctrl-C or SIGTERM (Terminated) while the temp file is being
+    filled leaves the target as it was and nothing beside it, and the interrupt goes on to end the command."""
+    from harness.errors import Terminated
+    from harness.io import atomic_write
+    target = tmp_path / "table.json"
+    target.write_text("old\n")
+    for interrupt in (KeyboardInterrupt, Terminated):
+        def fill(tmp, interrupt=interrupt):
+            tmp.write_text("half")
+            raise interrupt()
+        with pytest.raises(interrupt):
+            atomic_write(target, fill)
+        assert target.read_text() == "old\n" and sorted(p.name for p in tmp_path.iterdir()) == ["table.json"]
