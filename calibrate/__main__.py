@@ -122,10 +122,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_fit.add_argument("--add", nargs="+", metavar="DIR",
                        help="more cells of the same setup fitted with RESULTS: runs made with RESULTS' tactics "
                             "(bench run --cells ... --autotune-cache RESULTS/autotune-cache.json) at other M")
-    p_fit.add_argument("--machine", nargs="+", metavar="DIR",
-                       help="(--method segments) the same cells measured on other machines with RESULTS' tactics "
-                            "(e.g. a table run's check-sweep): a path wins where it beats F.linear beyond the noise "
-                            "on any machine and may not cover an M where it breaks the tolerance on one")
     p_fit.add_argument("--plan-refine", metavar="FILE",
                        help="also write the cells to measure before a final fit (bench run --cells' form): the "
                             "midpoints of the gaps between measured M where the fitted choice changes")
@@ -423,38 +419,31 @@ def _print_provenance(table: ThresholdTable, results: str, info: dict, forwards:
         print(f"M values the fit never saw: {', '.join(map(str, p.unseen))}")
 
 
-def _same_setup_runs(results: str, info: dict, runs: list[str], partial: bool, profile: str, option: str
-                     ) -> list[pd.DataFrame]:
-    """Each run's rows, where it was measured as RESULTS was: the same GPU and software, pdl and L2 mode, and
-    RESULTS' own tactics served."""
+def _with_added(results: str, df: pd.DataFrame, info: dict, added: list[str], partial: bool, profile: str
+                ) -> pd.DataFrame:
+    """RESULTS' rows and those of each --add run: the same GPU and software, pdl and L2 mode, measured with RESULTS'
+    own tactics, and no cell twice."""
     from bench.merge import fingerprint_difference
-    distinct([results, *runs], f"fit {option}")
+    distinct([results, *added], "fit --add")
     tactics = Path(results if Path(results).is_dir() else Path(results).parent) / "autotune-cache.json"
     want = sha256(tactics) if tactics.is_file() else None
-    frames = []
-    for run in runs:
+    frames = [df]
+    for run in added:
         more, more_info = _load(run, partial, profile)
         differs = fingerprint_difference(info, more_info)
         if differs is not None:
             field_name, a, b = differs
-            raise HarnessError(f"{option} {run}: fingerprint {field_name} {b!r} differs from {results}'s {a!r}; "
-                               f"give only runs of the same GPU type and software")
+            raise HarnessError(f"--add {run}: fingerprint {field_name} {b!r} differs from {results}'s {a!r}; add "
+                               f"only runs of the same GPU type and software")
         for key in ("pdl", "l2", "timer"):
             if info.get(key) != more_info.get(key):
-                raise HarnessError(f"{option} {run}: {key} {more_info.get(key)!r} differs from {results}'s "
+                raise HarnessError(f"--add {run}: {key} {more_info.get(key)!r} differs from {results}'s "
                                    f"{info.get(key)!r}; measure it with the same settings")
         served = (more_info.get("autotune_cache") or {}).get("sha256")
         if want is not None and (served != want or (more_info.get("autotune_cache") or {}).get("mode") == "tuned"):
-            raise HarnessError(f"{option} {run} did not serve {results}'s tactics; measure it with --autotune-cache "
+            raise HarnessError(f"--add {run} did not serve {results}'s tactics; measure it with --autotune-cache "
                                f"{tactics}")
         frames.append(more)
-    return frames
-
-
-def _with_added(results: str, df: pd.DataFrame, info: dict, added: list[str], partial: bool, profile: str
-                ) -> pd.DataFrame:
-    """RESULTS' rows and those of each --add run (_same_setup_runs), no cell twice."""
-    frames = [df, *_same_setup_runs(results, info, added, partial, profile, "--add")]
     both = pd.concat(frames, ignore_index=True)
     both.attrs = dict(df.attrs)
     twice = both.duplicated(["shape", "m", "path"])
@@ -515,8 +504,6 @@ def _fit_cmd(args, argv, profile, df, info, cells) -> int:
                         "picks": {f"{r} {mo} M={m}": p for (r, mo, m), (p, *_) in sorted(picks.items())},
                         "gpu_bound_from": {mo: (None if v == math.inf else int(v)) for mo, v in sorted(bound_m.items())},
                         "host_bound_until": {mo: int(v) for mo, v in sorted(host_m.items())}}
-    if args.machine and args.method != "segments":
-        raise HarnessError("--machine needs --method segments")
     if args.method == "segments":
         from calibrate.segments import RULE, fit_segments, range_counts
         if args.table_forward:
@@ -529,10 +516,8 @@ def _fit_cmd(args, argv, profile, df, info, cells) -> int:
             measured = {(str(r), str(mo)): sorted(set(int(v) for v in g["m"]))
                         for fdf in runs for (r, mo), g in fdf.groupby(["regime", "model"])}
             seg_picks = forward_picks(picks, model_uses(df), cells, hold_out, measured)
-        others = [Cells.from_results(o) for o in _same_setup_runs(args.results, info, args.machine, args.partial,
-                                                                   profile.name, "--machine")] if args.machine else None
         table, report = fit_segments(cells, base, args.tolerance, args.min_gain, noise, hold_out, shape_bound,
-                                     shape_host, seg_picks, model_uses(df), None, profile.capture_size, others)
+                                     shape_host, seg_picks, model_uses(df), None, profile.capture_size)
         counts = range_counts(table)
         print(f"segments: {counts['mean_ranges']:.2f} ranges per shape and regime on average (at most "
               f"{counts['max_ranges']}), the narrowest {counts['narrowest_share']:.0%} of its upper M")
@@ -568,8 +553,7 @@ def _fit_cmd(args, argv, profile, df, info, cells) -> int:
                       "measured and M above the last range run F.linear",
               "noise_floor": {**noise.to_json(), "file": args.noise or str(noise_path(profile.name).relative_to(ROOT))}
               if noise else None,
-              "measured_forwards": forward_note,
-              **({"other_machines": [str(r) for r in args.machine]} if args.machine else {})}
+              "measured_forwards": forward_note}
     if args.method == "segments":
         source["rule"] = f"{RULE}; tolerance {args.tolerance:g}, min_gain {args.min_gain:g}"
         source["method"] = "segments"

@@ -81,13 +81,11 @@ def _cost(cells: Cells, n: int, k: int, m: int, path: str, how: tuple[str, ...])
 
 def segment(ms: list[int], cost: dict[tuple[int, str], float], upper: dict[tuple[int, str], float],
             paths: list[str], tolerance: float, min_gain: float, min_width: float = MIN_WIDTH,
-            alike: frozenset[tuple[int, str]] | set[tuple[int, str]] = frozenset(),
-            barred: frozenset[tuple[int, str]] | set[tuple[int, str]] = frozenset()) -> list[tuple[int, str]]:
+            alike: frozenset[tuple[int, str]] | set[tuple[int, str]] = frozenset()) -> list[tuple[int, str]]:
     """Per-M choices [(m, path)] of the fewest-range segmentation (see the module's rule). `cost[(m, p)]`: the
     regime's cost, `upper[(m, p)]`: p's conservative ratio to F.linear at m; a path absent at an M cannot cover it.
     `alike`: the (m, p) where p costs what F.linear costs because it runs F.linear's kernels (FlashInfer's cuBLASLt
     where its tuned entry is unreachable: `_alike`); a range may cover them, but its span test is judged on its other M.
-    `barred`: the (m, p) that another fitting machine rules out (machine_bars); no range covers them.
     Ranges narrower than `min_width` of their upper M count first (fewest of them), then ranges as a table lists them
     (F.linear above the last one is not a range), then the M that a FlashInfer range covers without beating F.linear
     beyond the noise there (F.linear keeps what no path wins), then the total cost."""
@@ -103,7 +101,7 @@ def segment(ms: list[int], cost: dict[tuple[int, str], float], upper: dict[tuple
             total, logs, unwon, judged = 0.0, 0.0, 0, 0
             for i in range(j, 0, -1):  # the range ms[i-1 .. j-1]
                 m = ms[i - 1]
-                if (m, p) not in cost or (m, p) in barred or cost[(m, p)] > (1 + tolerance) * best[i - 1]:
+                if (m, p) not in cost or cost[(m, p)] > (1 + tolerance) * best[i - 1]:
                     break
                 total += cost[(m, p)]
                 if p != ATEN and (m, p) in alike:
@@ -142,51 +140,9 @@ class Problem(NamedTuple):
     upper: Costs
     judged: dict[int, str]
     alike: frozenset[tuple[int, str]] = frozenset()
-    barred: frozenset[tuple[int, str]] = frozenset()
 
 
 Uses = dict[str, list[tuple[int, int, int]]]
-
-
-def _machine_costs(cells: Cells, n: int, k: int, hows: dict[int, tuple[str, ...]], among: list[str], noise: Any
-                   ) -> tuple[Costs, Costs, set[tuple[int, str]]]:
-    """One machine's cost, conservative ratio to F.linear and alike cells of a shape, per M as `hows` judges it."""
-    cost, upper, alike = {}, {}, set()
-    for m, how in hows.items():
-        for p in among:
-            value = _cost(cells, n, k, m, p, how) if cells.has(n, k, m, p) else math.nan
-            if math.isnan(value):
-                continue  # unmeasured, or without the host time its regime is judged by: cannot cover M
-            if p != ATEN and how == ("graph",) and _alike(cells, n, k, m, p, noise):
-                alike.add((m, p))
-                cost[(m, p)], upper[(m, p)] = cells.gpu(n, k, m, ATEN), 1.0
-                continue
-            cost[(m, p)] = value
-            upper[(m, p)] = 1.0 if p == ATEN else max(_upper_ratio(cells, n, k, m, p, h, noise) for h in how)
-    return cost, upper, alike
-
-
-def machine_bars(ms: list[int], costs: list[Costs], upper: Costs, paths: list[str], tolerance: float,
-                 min_gain: float) -> frozenset[tuple[int, str]]:
-    """The (m, p) a fitting machine rules out: p costs more than (1 + tolerance) x that machine's best at m (F.linear
-    and the paths that beat it beyond the noise, by `upper`, on any machine; a machine that did not measure p at m
-    says nothing). Where that would leave no path at m, the one with the least worst-machine regret stays."""
-    out = set()
-    for m in ms:
-        regret: dict[str, float] = {}
-        for cost in costs:
-            if (m, ATEN) not in cost:
-                continue
-            best = min(cost[(m, p)] for p in paths
-                       if (m, p) in cost and (p == ATEN or upper.get((m, p), 1.0) < 1 - min_gain))
-            for p in paths:
-                if (m, p) in cost and (m, p) in upper:
-                    regret[p] = max(regret.get(p, 0.0), cost[(m, p)] / best - 1)
-        allowed = {p for p, r in regret.items() if r <= tolerance}
-        if not allowed and regret:
-            allowed = {min(regret, key=regret.get)}
-        out |= {(m, p) for p in regret if p not in allowed}
-    return frozenset(out)
 
 
 def fit_segments(cells: Cells, base: ThresholdTable, tolerance: float = DEFAULT_TOLERANCE, min_gain: float = 0.01,
@@ -194,8 +150,8 @@ def fit_segments(cells: Cells, base: ThresholdTable, tolerance: float = DEFAULT_
                  gpu_bound_from: dict[tuple[int, int], float] | None = None,
                  host_bound_until: dict[tuple[int, int], float] | None = None,
                  picks: dict[tuple[str, int, int, int], tuple[str, float, float]] | None = None,
-                 uses: Uses | None = None, forward_floor: Any = None, capture_size: int = 0,
-                 others: list[Cells] | None = None) -> tuple[ThresholdTable, pd.DataFrame]:
+                 uses: Uses | None = None, forward_floor: Any = None, capture_size: int = 0
+                 ) -> tuple[ThresholdTable, pd.DataFrame]:
     """The table of the fewest-range fit (RULE) from measured cells, and per shape what it chose. The boundness maps
     (n, k) -> M come from measured forwards (calibrate.forward_model) and say how eager cells are judged
     (eager_model). `picks` (regime, n, k, m) -> (path, its ratio to all-aten, the top of that ratio's interval): a
@@ -207,33 +163,34 @@ def fit_segments(cells: Cells, base: ThresholdTable, tolerance: float = DEFAULT_
     (analysis.sum_exceeds; with `forward_floor` as validate judges it, without it at the point estimate, which the
     table pipeline uses so that a sum that passes on the fitting machine keeps the floor's margin on another), that
     path counts as won at those cells and the shapes are fitted again; where the sum still exceeds, it alone covers
-    them (sum_picks). `others`: the same cells measured on other machines (with the same tactics): a path wins
-    where it beats F.linear beyond the noise on any of them, and is barred where it breaks the tolerance on one
-    (machine_bars)."""
+    them (sum_picks)."""
     among = dispatch_candidates(cells, base)
     problems: dict[tuple[str, int, int], Problem] = {}
     for n, k, ms in shapes_to_fit(cells, hold_out):
         for regime in REGIMES:
-            hows = {m: ("graph",) if regime == "graph" else eager_model(
-                m, (gpu_bound_from or {}).get((n, k)), (host_bound_until or {}).get((n, k))) for m in ms}
-            cost, upper, alike = _machine_costs(cells, n, k, hows, among, noise)
-            judged = {m: "graph" if how == ("graph",) else "eager" for m, how in hows.items()}
-            barred: frozenset[tuple[int, str]] = frozenset()
-            if others:
-                theirs = [_machine_costs(o, n, k, hows, among, noise) for o in others]
-                for _, their_upper, _ in theirs:  # a gain beyond the noise on any machine counts as a gain
-                    for key, v in their_upper.items():
-                        if key in upper and key not in alike:
-                            upper[key] = min(upper[key], v)
-                barred = machine_bars(ms, [cost, *(c for c, _, _ in theirs)], upper, among, tolerance, min_gain)
-            problems[(regime, n, k)] = Problem(ms, cost, upper, judged, frozenset(alike), barred)
+            cost, upper, judged, alike = {}, {}, {}, set()
+            for m in ms:
+                how = ("graph",) if regime == "graph" else eager_model(
+                    m, (gpu_bound_from or {}).get((n, k)), (host_bound_until or {}).get((n, k)))
+                judged[m] = "graph" if how == ("graph",) else "eager"
+                for p in among:
+                    value = _cost(cells, n, k, m, p, how) if cells.has(n, k, m, p) else math.nan
+                    if math.isnan(value):
+                        continue  # unmeasured, or without the host time its regime is judged by: cannot cover M
+                    if p != ATEN and how == ("graph",) and _alike(cells, n, k, m, p, noise):
+                        alike.add((m, p))
+                        cost[(m, p)], upper[(m, p)] = cells.gpu(n, k, m, ATEN), 1.0
+                        continue
+                    cost[(m, p)] = value
+                    upper[(m, p)] = 1.0 if p == ATEN else max(_upper_ratio(cells, n, k, m, p, h, noise) for h in how)
+            problems[(regime, n, k)] = Problem(ms, cost, upper, judged, frozenset(alike))
     if not problems:
         raise HarnessError("nothing to fit: no shape has F.linear measured ok")
 
     def solve(forced: dict[tuple[str, int, int, int], str], strict: bool = True
               ) -> dict[tuple[str, int, int], list[tuple[int, str]]]:
         out = {}
-        for (regime, n, k), (ms, raw, upper, _, alike, barred) in problems.items():
+        for (regime, n, k), (ms, raw, upper, _, alike) in problems.items():
             cost, up = dict(raw), dict(upper)
             for m in ms:
                 picked = (picks or {}).get((regime, n, k, m))
@@ -242,23 +199,13 @@ def fit_segments(cells: Cells, base: ThresholdTable, tolerance: float = DEFAULT_
                     cost[(m, path)] = min(cost[(m, ATEN)] * ratio, *(cost[(m, q)] for q in among if (m, q) in cost))
                     up[(m, path)] = hi
                 must = forced.get((regime, n, k, m))
-                if must is not None and (m, must) not in barred:  # the picked path counts as won here; strict: it alone covers this M
+                if must is not None:  # the picked path counts as won here; strict: it alone covers this M
                     for q in among:
                         if q != must and strict:
                             cost.pop((m, q), None)
                     up[(m, must)] = min(up.get((m, must), 1.0), 1 - min_gain - 1e-9) if must != ATEN else 1.0
-            try:
-                out[(regime, n, k)] = segment(ms, cost, up, among, tolerance, min_gain, alike=alike, barred=barred)
-            except HarnessError:
-                if not barred:
-                    raise
-                # the machines' bars leave no segmentation (e.g. a forward pick against another machine's cells):
-                # this shape and regime is fitted on the first machine alone
-                unbarred.add((regime, n, k))
-                out[(regime, n, k)] = segment(ms, cost, up, among, tolerance, min_gain, alike=alike)
+            out[(regime, n, k)] = segment(ms, cost, up, among, tolerance, min_gain, alike=alike)
         return out
-
-    unbarred: set[tuple[str, int, int]] = set()
 
     choices = solve({})
     won = sum_picks(choices, problems, among, uses or {}, forward_floor, capture_size)
@@ -273,8 +220,7 @@ def fit_segments(cells: Cells, base: ThresholdTable, tolerance: float = DEFAULT_
     for (regime, n, k), per_m in choices.items():
         shapes_out.setdefault((n, k), {})[regime] = compress(per_m)
     report = [{"n": n, "k": k, "graph": describe_ranges(own["graph"]), "eager": describe_ranges(own["eager"]),
-               "sum_picks": sorted({f"{r} M={m}" for (r, a, b, m) in won if (a, b) == (n, k)}),
-               **({"first_machine_alone": sorted(r for r, a, b in unbarred if (a, b) == (n, k))} if others else {})}
+               "sum_picks": sorted({f"{r} M={m}" for (r, a, b, m) in won if (a, b) == (n, k)})}
               for (n, k), own in sorted(shapes_out.items())]
     table = ThresholdTable(base.profile, base.low_m_backend, {r: () for r in REGIMES}, shapes_out)
     return table, pd.DataFrame(report)
