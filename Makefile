@@ -10,7 +10,7 @@ DEVICES ?=
 OUT ?= results/$(GPU)
 
 .PHONY: venv gpu-env bench table forward baseline regress host-anatomy report test evidence clean
-RESULTS ?= tests/data/h200-fit2-validate
+RESULTS ?= evidence/h200-fit2-validate
 COMPARE ?= tests/data/h200-lean-fit
 BASELINE ?= tests/baselines/h200.json
 ANATOMY ?= tests/data/h200-host-anatomy

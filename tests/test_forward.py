@@ -272,8 +272,8 @@ def test_forward_picks_take_a_single_path_only_beyond_the_noise(tmp_path):
 def test_the_l2_command_on_the_committed_runs(capsys):
     """python -m calibrate l2 end to end on the committed H200 runs: the figures quoted in the README's L2 section."""
     from calibrate.__main__ import main
-    assert main(["l2", "--rotate", str(DATA / "h200-l2-rotate"), "--flush", str(DATA / "h200-l2-flush"),
-                 "--warm", str(DATA / "h200-l2-warm"), "--forward", str(DATA / "h200-l2-forward")]) == 0
+    assert main(["l2", "--rotate", str(EVIDENCE / "h200-l2-rotate"), "--flush", str(EVIDENCE / "h200-l2-flush"),
+                 "--warm", str(EVIDENCE / "h200-l2-warm"), "--forward", str(EVIDENCE / "h200-l2-forward")]) == 0
     out = capsys.readouterr().out
     assert "decisions that flip with the L2 state: 4 of 20" in out and "rotate:" in out
 
@@ -290,7 +290,7 @@ def test_the_committed_table_on_its_out_of_sample_run_and_its_measured_forward(c
     those runs (--table-forward) and validated on later runs."""
     from calibrate.__main__ import main
     from calibrate.forward_model import _paired, forward_verdicts
-    assert main(["validate", str(DATA / "h200-fit2-validate"), "--replicate", str(DATA / "h200-lean-validate"),
+    assert main(["validate", str(EVIDENCE / "h200-fit2-validate"), "--replicate", str(DATA / "h200-lean-validate"),
                  "--thresholds", str(DATA / "h200-table-107eae0.json"),
                  "--forward", str(EVIDENCE / "h200-bound-forward-4")]) == 1
     out = capsys.readouterr().out
@@ -740,7 +740,7 @@ def test_forward_floor_and_replicate_bad_input_get_one_line(tmp_path):
     with pytest.raises(HarnessError, match="finite and >= 0"):
         load_forward_floor("h200", bad)
     with pytest.raises(HarnessError, match="--forward-replicate needs --forward"):
-        main(["validate", str(DATA / "h200-fit2-validate"), "--forward-replicate", str(DATA / "h200-settled-forward-8")])
+        main(["validate", str(DATA / "h200-lean-validate"), "--forward-replicate", str(DATA / "h200-settled-forward-8")])
     with pytest.raises(HarnessError, match="two or more"):
         main(["forward-noise", str(DATA / "h200-settled-forward-8"), "--gpu", "h200"])
     # another GPU's runs: the fix offered is one the command has (forward-noise has no --allow-mismatch)
@@ -748,7 +748,7 @@ def test_forward_floor_and_replicate_bad_input_get_one_line(tmp_path):
         main(["forward-noise", str(DATA / "h200-settled-forward-8"), str(DATA / "h200-settled-forward-9"),
               "--gpu", "h100"])
     with pytest.raises(HarnessError, match=r"\(or --allow-mismatch to judge it anyway\)$"):
-        main(["validate", str(DATA / "h200-fit2-validate"), "--gpu", "h100"])
+        main(["validate", str(DATA / "h200-lean-validate"), "--gpu", "h100"])
 
 
 @pytest.mark.evidence
@@ -791,7 +791,7 @@ def test_the_committed_table_out_of_sample_in_three_later_processes(capsys):
     assert len(dig) == 16 and (dig["a"] == dig["b"]).all()
     assert v[8].loc[("Qwen3.5-4B", 1024, "graph"), "dispatch_over_best"] == pytest.approx(1.002, abs=5e-4)
     assert v[9].loc[("Qwen3.5-35B-A3B", 1024, "eager"), "best"] == "dispatch"
-    assert main(["validate", str(DATA / "h200-fit2-validate"), "--replicate", str(DATA / "h200-lean-validate"),
+    assert main(["validate", str(EVIDENCE / "h200-fit2-validate"), "--replicate", str(DATA / "h200-lean-validate"),
                  "--thresholds", str(DATA / "h200-table-rules-fit.json"),
                  "--forward", str(DATA / "h200-settled-forward-8")]) == 0
     out = capsys.readouterr().out

@@ -121,7 +121,7 @@ def test_the_cli_exits_2_with_one_line(tmp_path, capsys):
 
 def test_a_forward_run_with_void_eager_rows_says_so(tmp_path):
     out = tmp_path / "report.html"
-    assert reports_main(["build", str(DATA / "h200-fit2-validate"), "--forward", str(DATA / "h200-settled-forward-1"),
+    assert reports_main(["build", str(DATA / "h200-lean-validate"), "--forward", str(DATA / "h200-settled-forward-1"),
                          "--figures", "none", "-o", str(out)]) == 0
     html = out.read_text()
     section = html[html.index('<section id="forward">'):]
@@ -169,7 +169,7 @@ def test_the_report_renders_in_headless_chromium(report, tmp_path):
 def test_a_run_measured_in_two_folders_gets_a_forward_section_each(tmp_path):
     """--forward DIR DIR (one folder per model of one run): one section per folder, in the order given, each named."""
     out = tmp_path / "report.html"
-    assert reports_main(["build", str(DATA / "h200-fit2-validate"), "--forward", str(DATA / "h200-idle-forward-35b-1"),
+    assert reports_main(["build", str(DATA / "h200-lean-validate"), "--forward", str(DATA / "h200-idle-forward-35b-1"),
                          str(DATA / "h200-idle-forward-1"), "--figures", "none", "-o", str(out)]) == 0
     html = out.read_text()
     first, second = html.index('<section id="forward-1">'), html.index('<section id="forward-2">')
