@@ -2,8 +2,8 @@
 
 sweep -> measured forward -> first fit -> refine (a sweep of the gaps between measured M where the first fit's choice
 changes) -> fit (fewest ranges, eager boundness and picks from the forward) -> out-of-sample check on another machine
-(a fresh-process sweep that includes M the fit never saw, and a fresh forward of the table, both serving the table's
-tactics, as the dispatcher does) -> the noise between the fitting and the checking machine -> validate -> regression
+(a fresh-process sweep that includes M the fit never saw, and a fresh forward of the table beside vLLM's rules, both
+serving the table's tactics, as the dispatcher does) -> the noise between the fitting and the checking machine -> validate -> regression
 baseline from both machines' sweeps -> report. Every artifact lives under results/<profile>/<run-id>/ with
 manifest.json (each leg's command, status, seconds, machine and the harness sha). Each leg is its own process, so a
 leg that fails or is interrupted is run again by the same command with --resume, the finished legs kept.
@@ -107,6 +107,10 @@ def legs(profile: GpuProfile, run: Path, scope: Scope | None = None) -> list[Leg
     plan = run / REFINE_PLAN
     refined = not (plan.is_file() and not plan.read_text().strip())  # unknown before the first fit: planned
     fit = [*py, "calibrate", "fit", str(sweep), "--gpu", p, "--method", "segments", "--forward", str(forward)]
+    # the check's forward also runs vLLM's rules, so that its report leads with the answer in vLLM's terms (rules
+    # that run the same paths as an earlier one, F.linear's on SM90, are read off it, not timed again)
+    from calibrate.vllm_terms import required_paths
+    check_paths = ",".join(dict.fromkeys(["aten", f"flashinfer-lean:{low}", *required_paths(profile)]))
     return [
         Leg("sweep", [*py, "bench", "run", "--gpu", p, *covers, "--paths", fit_paths, "--out", str(sweep)], True),
         Leg("forward", [*py, "bench", "forward", "--gpu", p, *covers, "--skip-slower", "3", "--autotune-cache",
@@ -122,8 +126,8 @@ def legs(profile: GpuProfile, run: Path, scope: Scope | None = None) -> list[Leg
         Leg("check-sweep", [*py, "bench", "run", "--gpu", p, *covers, "--m", check_ms, "--table", str(table),
                             "--autotune-cache", str(table_tactics), "--out", str(check_sweep)], True),
         Leg("check-forward", [*py, "bench", "forward", "--gpu", p, *covers, "--skip-slower", "3", "--table", str(table),
-                              "--autotune-cache", str(table_tactics), "--paths", f"aten,flashinfer-lean:{low},dispatch",
-                              "--out", str(check_forward)], True),
+                              "--autotune-cache", str(table_tactics), "--paths", check_paths, "--out",
+                              str(check_forward)], True),
         Leg("noise", [*py, "calibrate", "noise", str(sweep), str(check_sweep), "--gpu", p, "--out",
                       str(run / "noise.json")], False),
         Leg("validate", [*py, "calibrate", "validate", str(check_sweep), "--thresholds", str(table), "--forward",

@@ -29,6 +29,9 @@ def test_the_legs_and_their_order(tmp_path):
     table_tactics = str(tmp_path / "table.autotune.json")  # the check serves the table's tactics, as dispatch does
     assert table_tactics in by_name["check-sweep"] and table_tactics in by_name["check-forward"]
     assert str(tmp_path / "refine") in by_name["fit"]  # the refine cells are fitted with the sweep
+    forward = by_name["check-forward"]
+    checked = forward[forward.index("--paths") + 1].split(",")
+    assert {"aten", "dispatch", "vllm-default", "vllm-flag", "seed-pr", "vllm-op:tinygemm"} <= set(checked)
 
 
 def test_no_gap_to_refine_skips_the_refine_leg(tmp_path):
