@@ -20,6 +20,12 @@ DATA = Path(__file__).parent / "data"
 ROOT = DATA.parent.parent
 EVIDENCE = ROOT / "evidence"  # the runs behind docs/results-h200.md and docs/history.md
 
+
+def _filed(name: str) -> Path:
+    """A committed run: in evidence/ where only evidence tests read it, in tests/data/ where a fixture is."""
+    return EVIDENCE / name if (EVIDENCE / name).is_dir() else DATA / name
+
+
 H200 = get_profile("h200")
 
 
@@ -436,7 +442,7 @@ def test_overrides_come_from_forwards_that_ran_this_tables_own_choices():
     assert overrides_over_the_table(settled, old, profile, candidates, 0.01) == {}
     # the profiler-off runs of 107eae0's table: no single path, all-aten included, beat its choices in either regime
     # where those runs ran them (the 4B at M = 1 eagerly is no evidence: the refit chooses otherwise there)
-    profiler_off = [load_forward(DATA / f"h200-settled-forward-{r}") for r in (4, 5)]
+    profiler_off = [load_forward(_filed(f"h200-settled-forward-{r}")) for r in (4, 5)]
     committed = load_table(path=DATA / "h200-table-rules-fit.json")  # the rules fit, shipped before make table
     for regime in ("graph", "eager"):
         assert overrides_over_the_table(profiler_off, committed, profile, candidates, 0.01, regime) == {}
@@ -455,7 +461,7 @@ def test_a_refit_keeps_measured_gains_and_says_where_a_forward_ran_another_table
     from calibrate.forward_model import _sequences, kept_choices, other_table_keys, table_paths_used
     from dispatch.profiles import get_profile
     profile = get_profile("h200")
-    runs = [load_forward(DATA / f"h200-settled-forward-{r}") for r in (4, 5)]
+    runs = [load_forward(_filed(f"h200-settled-forward-{r}")) for r in (4, 5)]
     old = load_table(path=DATA / "h200-table-107eae0.json")
     graph, eager = (kept_choices(runs, old, profile, regime) for regime in ("graph", "eager"))
     big, small = "Qwen3.5-35B-A3B", "Qwen3.5-4B"
@@ -468,7 +474,7 @@ def test_a_refit_keeps_measured_gains_and_says_where_a_forward_ran_another_table
     for m in (4096, 16384):
         assert table_paths_used(seq, committed, m, 90, profile, "graph") == table_paths_used(seq, old, m, 90, profile,
                                                                                               "graph")
-    other = {r: sorted(other_table_keys(*load_forward(DATA / f"h200-settled-forward-{r}"), committed, profile)[0])
+    other = {r: sorted(other_table_keys(*load_forward(_filed(f"h200-settled-forward-{r}")), committed, profile)[0])
              for r in (4, 5, 6)}
     assert other[4] == [(big, 1031, "eager"), (small, 1, "eager"), (small, 8, "eager"), (small, 4096, "eager"),
                         (small, 4096, "graph")]
@@ -646,7 +652,7 @@ def test_profiler_off_eager_forwards_and_the_balanced_4b():
     never >= 1.25x busy): 107eae0's table, lean TinyGEMM on every 4B linear at M = 1 eagerly, measured 1.052x all-aten
     there (paired per round); the table refitted with the balanced rule measured 0.933x in a later process (-6)."""
     from calibrate.forward_model import host_bound_until
-    runs = {r: load_forward(DATA / f"h200-settled-forward-{r}")[0] for r in (3, 4, 6)}
+    runs = {r: load_forward(_filed(f"h200-settled-forward-{r}"))[0] for r in (3, 4, 6)}
 
     def row(r, model, m, path, regime="eager"):
         df = runs[r]
@@ -657,7 +663,7 @@ def test_profiler_off_eager_forwards_and_the_balanced_4b():
     samples = [float(v) for v in str(row(3, big, 1, "aten")["samples_us"]).split(";")]
     assert min(samples) < 5100 and max(samples) > 8100
     assert host_bound_until(runs[4]) == {big: 512.0, small: 0.0}
-    assert {"settle_drain", "eager_profiler"} <= set(load_forward(DATA / "h200-settled-forward-4")[1])
+    assert {"settle_drain", "eager_profiler"} <= set(load_forward(_filed("h200-settled-forward-4"))[1])
 
     def vs_aten(r, m):
         v = forward_verdicts(runs[r], 512).set_index(["model", "m", "regime"])
@@ -761,7 +767,7 @@ def test_the_committed_table_out_of_sample_in_three_later_processes(capsys):
     floor = load_forward_floor("h200")
     v = {}
     for n in (7, 8, 9):
-        df, info = load_forward(DATA / f"h200-settled-forward-{n}")
+        df, info = load_forward(_filed(f"h200-settled-forward-{n}"))
         v[n] = forward_verdicts(df, 512, floor).set_index(["model", "m", "regime"])
         assert v[n]["ok"].all(), n
     above = {n: sorted((mo[-2:], m, r, round(x, 3)) for (mo, m, r), x in v[n]["dispatch_over_best"].items()
