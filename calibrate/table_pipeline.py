@@ -110,7 +110,8 @@ def legs(profile: GpuProfile, run: Path, scope: Scope | None = None) -> list[Leg
     # the check's forward also runs vLLM's rules, so that its report leads with the answer in vLLM's terms (rules
     # that run the same paths as an earlier one, F.linear's on SM90, are read off it, not timed again)
     from calibrate.vllm_terms import required_paths
-    check_paths = ",".join(dict.fromkeys(["aten", f"flashinfer-lean:{low}", *required_paths(profile)]))
+    from dispatch.backends import ATEN, lean_path
+    check_paths = ",".join(dict.fromkeys([ATEN, lean_path(low), *required_paths(profile)]))
     return [
         Leg("sweep", [*py, "bench", "run", "--gpu", p, *covers, "--paths", fit_paths, "--out", str(sweep)], True),
         Leg("forward", [*py, "bench", "forward", "--gpu", p, *covers, "--skip-slower", "3", "--autotune-cache",
