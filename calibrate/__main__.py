@@ -18,7 +18,7 @@ from typing import Sequence
 import pandas as pd
 
 from bench.autotune_cache import copy as copy_atomic
-from bench.autotune_cache import sha256
+from bench.autotune_cache import FILE_NAME, sha256
 from bench.envinfo import fingerprint
 from bench.results import load_results, load_run_info
 from bench.sweep import require_gpu
@@ -419,13 +419,18 @@ def _print_provenance(table: ThresholdTable, results: str, info: dict, forwards:
         print(f"M values the fit never saw: {', '.join(map(str, p.unseen))}")
 
 
+def _tactics_of(results: str) -> Path:
+    """The autotuner cache a run kept beside its results (RESULTS a folder, or its results.csv)."""
+    return (Path(results) if Path(results).is_dir() else Path(results).parent) / FILE_NAME
+
+
 def _with_added(results: str, df: pd.DataFrame, info: dict, added: list[str], partial: bool, profile: str
                 ) -> pd.DataFrame:
     """RESULTS' rows and those of each --add run: the same GPU and software, pdl and L2 mode, measured with RESULTS'
     own tactics, and no cell twice."""
     from bench.merge import fingerprint_difference
     distinct([results, *added], "fit --add")
-    tactics = Path(results if Path(results).is_dir() else Path(results).parent) / "autotune-cache.json"
+    tactics = _tactics_of(results)
     want = sha256(tactics) if tactics.is_file() else None
     frames = [df]
     for run in added:
@@ -577,7 +582,7 @@ def _fit_cmd(args, argv, profile, df, info, cells) -> int:
         source["added"] = list(args.add)
     if df.attrs["incomplete"]:
         source["incomplete_data"] = "fitted with --partial from a run with missing cells or that did not finish"
-    kept = Path(args.results if Path(args.results).is_dir() else Path(args.results).parent) / "autotune-cache.json"
+    kept = _tactics_of(args.results)
     tactics_file = out.with_name(out.stem + ".autotune.json")
     if kept.is_file():
         source["tactics"] = {"file": tactics_file.name, "sha256": sha256(kept), "from": str(kept),
@@ -659,7 +664,8 @@ def _overrides(args, profile, df, cells, base, noise, hold_out, cell_picks, shap
 
 
 def _table_cmd(args) -> int:
-    from calibrate.table_pipeline import MANIFEST, install, parse_scope, plan_text, run_pipeline
+    from calibrate.table_pipeline import (MANIFEST, check_stop_after, install, parse_scope, pending_legs, plan_text,
+                                          run_pipeline)
     profile = get_profile(args.gpu)
     scope = parse_scope(args.layout, args.model)
     if scope is not None and args.install:
@@ -670,7 +676,6 @@ def _table_cmd(args) -> int:
     if not run_id.replace("-", "").replace("_", "").replace(".", "").isalnum():
         raise HarnessError(f"--run-id {run_id!r}: letters, digits, '-', '_' and '.' only")
     run = RESULTS / profile.name / run_id
-    from calibrate.table_pipeline import check_stop_after
     check_stop_after(profile, run, args.stop_after)  # before any GPU check
     if args.dry_run:
         print(plan_text(profile, run, scope))
@@ -679,7 +684,6 @@ def _table_cmd(args) -> int:
         for path in install(profile, run):
             print(f"installed {path}")
         return 0
-    from calibrate.table_pipeline import pending_legs
     if any(leg.gpu for leg in pending_legs(profile, run, args.resume, args.stop_after)):
         from bench.sweep import require_gpu
         require_gpu(profile)  # before any file system change

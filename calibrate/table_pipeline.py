@@ -3,8 +3,8 @@
 sweep -> measured forward -> first fit -> refine (a sweep of the gaps between measured M where the first fit's choice
 changes) -> fit (fewest ranges, eager boundness and picks from the forward) -> out-of-sample check on another machine
 (a fresh-process sweep that includes M the fit never saw, and a fresh forward of the table beside vLLM's rules, both
-serving the table's tactics, as the dispatcher does) -> the noise between the fitting and the checking machine -> validate -> regression
-baseline from both machines' sweeps -> report. Every artifact lives under results/<profile>/<run-id>/ with
+serving the table's tactics, as the dispatcher does) -> the noise between the fitting and the checking machine ->
+validate -> regression baseline from both machines' sweeps -> report. Every artifact lives under results/<profile>/<run-id>/ with
 manifest.json (each leg's command, status, seconds, machine and the harness sha). Each leg is its own process, so a
 leg that fails or is interrupted is run again by the same command with --resume, the finished legs kept.
 """
@@ -19,7 +19,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
+from bench.autotune_cache import FILE_NAME
 from bench.envinfo import git_sha
+from dispatch.backends import ATEN, lean_path
 from dispatch.profiles import GpuProfile
 from harness.errors import HarnessError
 from harness.io import ROOT, atomic_write_text
@@ -103,19 +105,18 @@ def legs(profile: GpuProfile, run: Path, scope: Scope | None = None) -> list[Leg
     check_ms = ",".join(map(str, sorted(set(default_grid(profile.capture_size)) | set(UNSEEN_M))))
     table, sweep, forward, refine = run / "table.json", run / "sweep", run / "forward", run / "refine"
     check_sweep, check_forward = run / "check-sweep", run / "check-forward"
-    tactics, table_tactics = sweep / "autotune-cache.json", run / "table.autotune.json"
+    tactics, table_tactics = sweep / FILE_NAME, run / "table.autotune.json"
     plan = run / REFINE_PLAN
     refined = not (plan.is_file() and not plan.read_text().strip())  # unknown before the first fit: planned
     fit = [*py, "calibrate", "fit", str(sweep), "--gpu", p, "--method", "segments", "--forward", str(forward)]
     # the check's forward also runs vLLM's rules, so that its report leads with the answer in vLLM's terms (rules
     # that run the same paths as an earlier one, F.linear's on SM90, are read off it, not timed again)
     from calibrate.vllm_terms import required_paths
-    from dispatch.backends import ATEN, lean_path
     check_paths = ",".join(dict.fromkeys([ATEN, lean_path(low), *required_paths(profile)]))
     return [
         Leg("sweep", [*py, "bench", "run", "--gpu", p, *covers, "--paths", fit_paths, "--out", str(sweep)], True),
         Leg("forward", [*py, "bench", "forward", "--gpu", p, *covers, "--skip-slower", "3", "--autotune-cache",
-                        str(tactics), "--paths", f"aten,flashinfer-lean:{low},flashinfer-lean:cublaslt", "--out",
+                        str(tactics), "--paths", ",".join([ATEN, lean_path(low), lean_path("cublaslt")]), "--out",
                         str(forward)], True),
         Leg("first-fit", [*fit, "--tolerance", str(REFINE_TOLERANCE), "--out", str(run / "first-fit.json"),
                           "--plan-refine", str(plan)], False),

@@ -1,10 +1,9 @@
 """Whether this thread is capturing a CUDA graph (the `graph` regime), as a flag that torch's CUDA graph class keeps.
 
-Asking CUDA (cudaStreamIsCapturing on the current stream) costs more host time per call than reading a
-thread-local counter (`calibrate host-cost` measures both). The counter is kept by wrapping `torch.cuda.CUDAGraph.capture_begin` and
-`capture_end` (dispatch.install(), at the first bind, linear or op call), which every capture made through torch
-goes through: `torch.cuda.graph`, `make_graphed_callables`, torch.compile's CUDA graphs and vLLM's CUDA-graph
-wrapper.
+Asking CUDA (cudaStreamIsCapturing on the current stream) costs more host time per call than reading a thread-local
+counter (`calibrate host-cost` measures both). The counter is kept by wrapping `torch.cuda.CUDAGraph.capture_begin`
+and `capture_end` (dispatch.install(), at the first bind, linear or op call), which every capture made through torch
+goes through: `torch.cuda.graph`, `make_graphed_callables`, torch.compile's CUDA graphs and vLLM's CUDA-graph wrapper.
 
 A capture begun around torch (cudaStreamBeginCapture called from C++) leaves the counter at 0: the dispatcher then
 runs its eager choices inside that graph. Those are correct, only not the graph regime's picks. Code that captures
