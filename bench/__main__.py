@@ -85,8 +85,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                        help="comma list of local GPU indices, or 'all': one worker process per GPU, shapes handed out "
                             "longest first, the shards merged into --out")
     p_run.add_argument("--host-timing", choices=("serialized", "concurrent"), default="serialized",
-                       help="with --devices: host-time blocks one worker at a time (default), or concurrent (measured on two "
-                            "GPUs: no shift beyond the run-to-run noise; calibrate host-shift compares such runs)")
+                       help="with --devices: host-time blocks one worker at a time (default), or concurrent "
+                            "(measured on two GPUs: no shift beyond the run-to-run noise; calibrate host-shift "
+                            "compares such runs)")
     p_run.add_argument("--pdl", choices=("profile", "on", "off"), default="profile",
                        help="programmatic dependent launch for the backends that take it: the profile's (vLLM's: on "
                             "for SM >= 90; default), or forced on/off to measure what it changes; run.json records it")
@@ -95,7 +96,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                             "time exceeded 2x F.linear's cost in both regimes)")
     p_run.add_argument("--dry-run", action="store_true",
                        help="print the plan (paths, skips with reasons, tuning buckets, cells, estimated time); no GPU")
-    p_an = sub.add_parser("host-anatomy", parents=[gpu], help="where a FlashInfer call's host time goes, layer by layer, vs F.linear")
+    p_an = sub.add_parser("host-anatomy", parents=[gpu],
+                          help="where a FlashInfer call's host time goes, layer by layer, vs F.linear")
     p_an.add_argument("--shapes", default="n2048_k4096", help="comma list of shapes or NxK (default n2048_k4096)")
     p_an.add_argument("--m", default="8,48,1024",
                       help="M values (default 8,48,1024: tuning buckets 8 and 1024, and 48, which is none)")
@@ -104,8 +106,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_an.add_argument("--rounds", type=int_in(1, 1000), default=9, help="interleaved rounds (default 9)")
     p_an.add_argument("--out", default="results/host-anatomy", help="output folder (default results/host-anatomy)")
     p_an.add_argument("--allow-mismatch", action="store_true", help="run although the GPU is not the profile's")
-    p_e2e = sub.add_parser("e2e", parents=[gpu], help="(GPU) transformers' own model, stock against dispatch.patch: prefill, "
-                                       "generate, a captured decode step")
+    p_e2e = sub.add_parser("e2e", parents=[gpu],
+                           help="(GPU) transformers' own model, stock against dispatch.patch: prefill, generate, a "
+                                "captured decode step")
     p_e2e.add_argument("--model", help="one catalog model (default: the first of the catalog)")
     p_e2e.add_argument("--config", help="a HF config.json instead of a catalog model")
     p_e2e.add_argument("--layers", type=int_in(1, 1024), help="only the first N decoder layers (memory)")
@@ -114,7 +117,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_e2e.add_argument("--rounds", type=int_in(1, 1000), default=5, help="rounds, variant order shuffled (default 5)")
     p_e2e.add_argument("--table", metavar="FILE", help="the table the patched model runs (default: the profile's)")
     p_e2e.add_argument("--out", required=True, help="results folder: e2e.csv and run.json")
-    p_fw = sub.add_parser("forward", parents=[gpu, tactics], help="per-forward linear time of whole models, CUDA graph and eager, per path")
+    p_fw = sub.add_parser("forward", parents=[gpu, tactics],
+                          help="per-forward linear time of whole models, CUDA graph and eager, per path")
     p_fw.add_argument("--model", help="comma list of catalog models (default: every model of the catalog)")
     p_fw.add_argument("--config", help="a HF config.json instead of the catalog's models")
     p_fw.add_argument("--tp", type=int_in(1, 64), default=1, help="tensor-parallel degree (default 1)")

@@ -110,7 +110,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_val.add_argument("--allow-mismatch", action="store_true", help="judge a run from another GPU than the profile's")
     p_val.add_argument("--replicate", help="a replicate run (fresh process, same GPU): measure how often its point "
                                            "ratios fall inside this run's intervals (their coverage)")
-    p_fit = sub.add_parser("fit", parents=[gpu], help="fit per-shape M ranges for both regimes (graph: GPU time; eager: host and GPU)")
+    p_fit = sub.add_parser("fit", parents=[gpu],
+                           help="fit per-shape M ranges for both regimes (graph: GPU time; eager: host and GPU)")
     p_fit.add_argument("results")
     p_fit.add_argument("--min-gain", type=float_in(0, 1), default=FIT_MIN_GAIN,
                        help=f"a cell leaves F.linear only for a gain above this share, beyond the noise "
@@ -167,20 +168,23 @@ def main(argv: Sequence[str] | None = None) -> int:
                          help="an arm: its name, then two or more runs (repeat --arm for each arm, two or more)")
     p_shift.add_argument("--partial", **partial)
     p_shift.add_argument("--allow-mismatch", action="store_true", help="compare runs of different GPUs")
-    p_noise = sub.add_parser("noise", parents=[gpu], help="measure the run-to-run noise floor of GPU-time ratios from replicate runs")
+    p_noise = sub.add_parser("noise", parents=[gpu],
+                             help="measure the run-to-run noise floor of GPU-time ratios from replicate runs")
     p_noise.add_argument("runs", nargs="+", help="two or more runs of one grid, each in a fresh process")
     p_noise.add_argument("--out", help="floor file (default results/<profile>/noise.json)")
     p_noise.add_argument("--install", action="store_true", help="write the shipped calibrate/noise/<profile>.json")
     p_noise.add_argument("--partial", **partial)
-    p_fnoise = sub.add_parser("forward-noise", parents=[gpu], help="measure the run-to-run noise of measured forwards' ratios from "
-                                                     "runs in fresh processes")
+    p_fnoise = sub.add_parser("forward-noise", parents=[gpu],
+                              help="measure the run-to-run noise of measured forwards' ratios from runs in fresh "
+                                   "processes")
     p_fnoise.add_argument("runs", nargs="+", help="two or more measured-forward folders (python -m bench forward); "
                                                   "each consecutive pair is a replicate pair")
     p_fnoise.add_argument("--out", help="floor file (default results/<profile>/forward-noise.json)")
     p_fnoise.add_argument("--install", action="store_true",
                           help="write the shipped calibrate/noise/<profile>-forward.json")
     p_fnoise.add_argument("--partial", **partial)
-    p_host = sub.add_parser("host-cost", parents=[gpu], help="(GPU) host time of dispatch.linear against F.linear above the threshold")
+    p_host = sub.add_parser("host-cost", parents=[gpu],
+                            help="(GPU) host time of dispatch.linear against F.linear above the threshold")
     p_host.add_argument("--calls", type=int_in(100, 1_000_000), default=4000)
     p_host.add_argument("--out", help="CSV file for the per-shape figures")
     p_l2 = sub.add_parser("l2", help="which dispatch decisions flip between L2 states (runs swept with bench run --l2)")
@@ -194,7 +198,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_l2.add_argument("--forward", help="a measured-forward folder: which L2 state's cell-sum model is closest to it")
     p_l2.add_argument("--csv", help="write the per-cell table here")
     p_l2.add_argument("--partial", **partial)
-    p_base = sub.add_parser("baseline", parents=[gpu], help="write tests/baselines/<profile>.json from fresh (or given) regression-grid runs")
+    p_base = sub.add_parser("baseline", parents=[gpu],
+                            help="write tests/baselines/<profile>.json from fresh (or given) regression-grid runs")
     p_base.add_argument("--from", dest="sources", nargs="+",
                         help="existing results folders of one environment (default: measure afresh, GPU)")
     p_base.add_argument("--work", default="results/baseline", help="where a fresh run writes (default results/baseline)")
@@ -212,8 +217,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_e2e.add_argument("--forward", required=True, metavar="DIR",
                        help="a measured forward of the same model and layout (bench forward --layout transformers "
                             "--paths aten,dispatch), on the same GPU")
-    p_vllm = sub.add_parser("vllm", parents=[gpu_of_runs], help="the answer in vLLM's terms from measured forwards: vLLM default, its flag, "
-                                         "the seed PR's rule, the best single threshold and the table")
+    p_vllm = sub.add_parser("vllm", parents=[gpu_of_runs],
+                            help="the answer in vLLM's terms from measured forwards: vLLM default, its flag, the seed"
+                                 " PR's rule, the best single threshold and the table")
     p_vllm.add_argument("--forward", nargs="+", metavar="DIR", required=True,
                         help="measured-forward folders of one GPU (python -m bench forward, default paths), e.g. one "
                              "per model")
@@ -222,8 +228,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "noise floor")
     p_vllm.add_argument("--markdown", action="store_true", help="print only the short answer as a Markdown table")
     p_vllm.add_argument("--partial", **partial)
-    p_table = sub.add_parser("table", parents=[gpu], help="(GPU) a table from one command: sweep, forward, fit, out-of-sample "
-                                           "check, baseline, report, in legs that resume")
+    p_table = sub.add_parser("table", parents=[gpu],
+                             help="(GPU) a table from one command: sweep, forward, fit, out-of-sample check, "
+                                  "baseline, report, in legs that resume")
     p_table.add_argument("--run-id", help="the run's folder under results/<profile>/ (default: a new UTC time stamp)")
     p_table.add_argument("--resume", action="store_true", help="continue the legs of --run-id that are not done")
     p_table.add_argument("--dry-run", action="store_true", help="print the legs and write nothing (any machine)")
@@ -239,7 +246,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_table.add_argument("--install", action="store_true",
                          help="install the table, its tactics and the baseline of --run-id as the shipped files "
                               "(a complete run whose check passed)")
-    p_reg = sub.add_parser("regress", parents=[gpu], help="compare fresh (or given) measurements with the stored baseline")
+    p_reg = sub.add_parser("regress", parents=[gpu],
+                           help="compare fresh (or given) measurements with the stored baseline")
     p_reg.add_argument("--from", dest="source", help="results folder to compare (default: measure afresh, GPU)")
     p_reg.add_argument("--baseline", help="baseline file (default tests/baselines/<profile>.json)")
     p_reg.add_argument("--tolerance", type=float_in(0, 1), help="GPU-ratio band (default: the baseline's, 0.05)")
