@@ -65,7 +65,7 @@ def parse_scope(layout: str | None, models: str | None) -> Scope | None:
     if layout is None and models is None:
         return None
     from shapes.catalog import model_layers
-    names = tuple(m.strip() for m in models.split(",")) if models else None
+    names = tuple(m.strip() for m in models.split(",")) if models is not None else None
     if names is not None and (not all(names) or len(set(names)) != len(names)):
         raise HarnessError(f"--model {models!r}: a comma list of distinct catalog models")
     scope = Scope(layout or "vllm", names)

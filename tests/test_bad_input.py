@@ -289,6 +289,8 @@ CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
     ("fit --out empty", lambda t: ["calibrate", "fit", str(SWEEP), "--gpu", "h200", "--out", ""], "empty"),
     ("table --stop-after no leg", lambda t: ["calibrate", "table", "--gpu", "h200", "--run-id", "x", "--stop-after",
                                              "lunch"], "no leg"),
+    ("table --model empty", lambda t: ["calibrate", "table", "--gpu", "h200", "--model", "", "--dry-run"],
+     "a comma list of distinct catalog models"),
     ("table --model unknown", lambda t: ["calibrate", "table", "--gpu", "h200", "--model", "Qwen9", "--dry-run"],
      "unknown model"),
     ("table --install with --layout", lambda t: ["calibrate", "table", "--gpu", "h200", "--run-id", "x", "--install",
