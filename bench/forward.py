@@ -189,13 +189,12 @@ def eager_forwards(clock, forwards: dict[Any, Bound], samples: int, seed: int = 
 
     The timed forwards run with CUPTI's activity off (clock.paused): with it on, every launch paid the profiler,
     and the records of the settle runs filled CUPTI's buffers, whose parsing on CUPTI's thread (Python, holding the
-    GIL) then fell on some timed forwards and not others: in h200-settled-forward-3 the eager samples of one forward
-    came in two groups about 1.5x apart (35B-A3B M = 1, all-aten: 4.7-5.1 ms and 6.7-8.2 ms).
+    GIL) then fell on some timed forwards and not others, which split one forward's eager samples into two groups
+    (docs/design.md, Findings the code relies on).
 
     settle_s: each timed forward follows untimed runs of the same forward lasting at least this long (at least one
-    when > 0). What ran before a forward moves its time: on the H200, identical all-F.linear forwards (4B, M = 1031)
-    measured 1.01-1.03x apart in four runs (h200-bound-forward-10..13), the slow samples after heavier forwards, and
-    with one fixed shuffle (seed 0 then) every run gave each path the same predecessors."""
+    when > 0). What ran before a forward moves its time (the slow samples follow heavier forwards), and one fixed
+    shuffle would give each path the same predecessors in every run (docs/design.md, The settle)."""
     import torch
     names = list(forwards)
     out: dict[Any, dict[str, list]] = {p: {"wall": [], "submit": [], "busy": [], "kernels": [], "digest": [],
@@ -349,9 +348,8 @@ def graph_m(cfg: ForwardConfig, clock, model: str, seq, weights, m: int, sm: int
         return [{c: r.get(c) for c in SUSTAIN_COLUMNS} for r in rows], {}, twins
     if graphs:
         with phase("graph replay"):
-            # shuffled like the eager rounds: in A B B A order the dispatcher always sat next to all-aten and
-            # table-direct, and at 4B M = 4096 and 16384 (power cap) it measured 1.3% and 1.2% slower than
-            # table-direct with the same paths on every layer (h200-settled-forward-7)
+            # shuffled like the eager rounds: in a fixed A B B A order the dispatcher always sat next to the same
+            # forwards, which moved it against table-direct at the power cap (docs/design.md, The settle)
             timings = replay_interleaved(clock, graphs, 1, cfg.samples, settle_s=cfg.settle_ms / 1e3,
                                          reader=reader, orders=round_orders(list(graphs), cfg.samples,
                                                                             (cfg.order_seed or 0) + m))

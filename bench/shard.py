@@ -14,8 +14,8 @@ from shapes.catalog import Shape, catalog
 from shapes.grid import NAMED_GRIDS
 
 FULL_TPS = (1, 2, 4, 8)
-# The committed H200 default sweep (tests/data/h200-sweep): 255.5 s wall, 29.0 s of it tuning 32 (shape, FlashInfer
-# path) pairs, 1915 cells measured. The dry run's estimate and the queue order scale these rates; they are guesses.
+# Rates of an H200 default sweep (its wall time less tuning, per cell measured; tuning per (shape, FlashInfer path)
+# pair; docs/design.md, A sweep's cost). The dry run's estimate and the queue order scale them; they are guesses.
 SECONDS_PER_CELL = (255.5 - 29.0) / 1915
 SECONDS_PER_TUNING = 29.0 / 32
 # A shape's cost for ordering work: the fixed cost per cell (operands, check, capture, host blocks) plus the GPU

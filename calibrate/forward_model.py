@@ -110,9 +110,9 @@ def load_forward(path: str | Path, partial: bool = False) -> tuple[pd.DataFrame,
     return df, info
 
 
-# bench forward at c6f9bbd..caaa733 flushed CUPTI between each settle and its timed forward: the flush stretched the
-# timed eager forward's host submission 4-6x (all-aten 35B-A3B M = 1: 29 ms against 5 ms in h200-bound-forward-14).
-# Its runs say settle_ms in run.json and not settle_drain, which later runs record.
+# An older bench forward flushed CUPTI between each settle and its timed forward, which stretched the timed eager
+# forward's host submission several times over (docs/history.md). Its runs say settle_ms in run.json and not
+# settle_drain, which later runs record.
 EAGER_VOID = "a CUPTI flush ran between each settle and its timed eager forward and stretched its host time"
 
 
@@ -172,9 +172,8 @@ def forward_verdicts(forward: pd.DataFrame, capture_size: int, floor: "ForwardFl
     `binding_cost` (dispatch over table-direct, with its interval) split the ratio in two.
 
     `same_kernels`: a captured dispatcher replays the very kernels table-direct's graph does (same kernel_digest), so
-    both rows measure one forward and their ratio is noise (h200-settled-forward-7, A B B A order: 1.012 [1.007,
-    1.028] at 4B M = 16384 with identical kernel counts and paths). There the ratio to best is pooled from both (their
-    geometric mean) and its interval spans both intervals.
+    both rows measure one forward and their ratio is noise, though a single run's interval can exclude 1. There the
+    ratio to best is pooled from both (their geometric mean) and its interval spans both intervals.
 
     `floor` (calibrate.forward_noise): the intervals of both ratios widened by the run-to-run noise of measured
     forwards, so that a verdict holds for a fresh process's run and not only for this run's rounds."""
@@ -356,7 +355,7 @@ def picks_in_every_run(runs: list[pd.DataFrame], candidates: list[str], min_gain
     lease (on the H200: graph 35B-A3B M = 512 picked in two runs of one lease, not in the fit's run of another)."""
     per_run = [_beaten(run, candidates, min_gain, floor) for run in runs]
     # a run takes part in the decision at (regime, model, M) where it measured all-aten there: one that did not
-    # measure that model, or whose rows there are void (eager rows of h200-settled-forward-1), does not veto it
+    # measure that model, or whose rows there are void (EAGER_VOID), does not veto it
     measured = [{(str(r), str(mo), int(m)) for r, mo, m in
                  run.loc[(run["status"] == "ok") & (run["path"] == ATEN), ["regime", "model", "m"]].itertuples(index=False)}
                 for run in runs]
@@ -447,7 +446,7 @@ def kept_choices(runs: list[tuple[pd.DataFrame, dict[str, Any]]], table: Thresho
     where the run has no dispatcher rows), its worst ratio and interval end. A refit keeps such choices unless a single
     path beat them (hysteresis: a measured gain is not given up on the strength of the cells alone). The dispatcher,
     not table-direct, is the measure: it is what a model pays, and table-direct's registry calls cost more host time
-    (35B-A3B M = 32 eagerly in h200-settled-forward-4: dispatch 0.71x all-aten, table-direct 0.88x)."""
+    eagerly."""
     out = {}
     for key, groups in sorted(measured_groups(runs, table, profile, regime).items()):
         if not all(ATEN in g.index for g in groups):

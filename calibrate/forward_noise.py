@@ -1,11 +1,10 @@
 """Run-to-run noise of measured forwards, from runs in fresh processes, and the forward verdicts' intervals widened
 with it (what calibrate/noise.py does for cells).
 
-The paired per-round interval of one forward run sees only that run's noise. On the H200 the point ratio (a path's
-forward over all-aten's) of h200-settled-forward-8 fell inside h200-settled-forward-7's interval, and the other way
-round, for 51% of the graph ratios and 77% of the eager ones, against a nominal 95%: at the power cap the same
-kernels replay 1-3% apart from one process to the next, and the host's speed moves eager forwards by up to 1.5x in
-phases. That noise is measured here per regime, as the `level` quantile of |log(ratio_b / ratio_a)| over the
+The paired per-round interval of one forward run sees only that run's noise: one process's point ratio (a path's
+forward over all-aten's) falls inside another's interval far less often than the nominal level, because at the power
+cap the same kernels replay a few per cent apart from one process to the next and the host's speed moves eager
+forwards in phases (docs/design.md, Findings the code relies on). That noise is measured here per regime, as the `level` quantile of |log(ratio_b / ratio_a)| over the
 (model, M, path) both runs measured with the same choices, and added to the paired interval's half-widths in
 quadrature.
 """

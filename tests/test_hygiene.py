@@ -1,0 +1,27 @@
+"""Package prose says what and why; which run showed it lives in docs/ (docs/history.md, docs/results-h200.md)."""
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("bench", "calibrate", "dispatch", "harness", "shapes", "reports")
+# a run folder's name (h200-settled-forward-7, h200-table-h200-20261201c), a path into the evidence or the test data,
+# or a commit named by its hash
+CITES_A_RUN = re.compile(r"\bh[0-9]{3}(?:x[0-9])?-[a-z0-9-]*[0-9]|\bevidence/|\btests/data/|\bcommits? [0-9a-f]{7,40}\b"
+                         r"|\b[0-9a-f]{7}\.\.[0-9a-f]{7}\b")
+
+
+def citations(text: str) -> list[str]:
+    return [m.group(0) for m in CITES_A_RUN.finditer(text)]
+
+
+def test_the_pattern_finds_what_it_is_for():
+    assert citations("as h200-settled-forward-7 showed") == ["h200-settled-forward-7"]
+    assert citations("see evidence/h200-x and tests/data/y") == ["evidence/", "tests/data/"]
+    assert citations("at c6f9bbd..caaa733, commit a7a3670") == ["c6f9bbd..caaa733", "commit a7a3670"]
+    assert citations("the h200 profile; results/h200/run-1; 'h200'") == []
+
+
+def test_package_sources_cite_no_run_or_commit():
+    found = [f"{p.relative_to(ROOT)}: {c}" for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*"))
+             if p.suffix in (".py", ".cpp") for c in citations(p.read_text())]
+    assert not found, "move the run or commit to docs/ and say what and why in the code: " + "; ".join(found)
