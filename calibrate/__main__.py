@@ -123,6 +123,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_fit.add_argument("--add", nargs="+", metavar="DIR",
                        help="more cells of the same setup fitted with RESULTS: runs made with RESULTS' tactics "
                             "(bench run --cells ... --autotune-cache RESULTS/autotune-cache.json) at other M")
+    p_fit.add_argument("--machine", nargs="+", metavar="DIR",
+                       help="(--method segments) the same cells measured on other machines with RESULTS' tactics "
+                            "(bench run --autotune-cache RESULTS/autotune-cache.json on each): every cell is judged "
+                            "by the median machine")
     p_fit.add_argument("--plan-refine", metavar="FILE",
                        help="also write the cells to measure before a final fit (bench run --cells' form): the "
                             "midpoints of the gaps between measured M where the fitted choice changes")
@@ -243,6 +247,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                          help="the layout the table's shapes come in: vLLM's fused layers (default) or transformers' "
                               "modules (a table for dispatch.patch of a transformers model)")
     p_table.add_argument("--model", help="comma list of catalog models the table covers (default: every model)")
+    p_table.add_argument("--machines", type=int_in(1, 8),
+                         help="how many machines the fit measures on: the sweep's and a machine-<i> leg on each other "
+                              "one (default 3; a resume keeps the run's)")
     p_table.add_argument("--install", action="store_true",
                          help="install the table, its tactics and the baseline of --run-id as the shipped files "
                               "(a complete run whose check passed)")
@@ -432,32 +439,38 @@ def _tactics_of(results: str) -> Path:
     return (Path(results) if Path(results).is_dir() else Path(results).parent) / FILE_NAME
 
 
-def _with_added(results: str, df: pd.DataFrame, info: dict, added: list[str], partial: bool, profile: str
-                ) -> pd.DataFrame:
-    """RESULTS' rows and those of each --add run: the same GPU and software, pdl and L2 mode, measured with RESULTS'
-    own tactics, and no cell twice."""
+def _same_setup_runs(results: str, info: dict, runs: list[str], partial: bool, profile: str, option: str
+                     ) -> list[pd.DataFrame]:
+    """Each run's rows, where it was measured as RESULTS was: the same GPU and software, pdl and L2 mode, and
+    RESULTS' own tactics served."""
     from bench.merge import fingerprint_difference
-    distinct([results, *added], "fit --add")
+    distinct([results, *runs], f"fit {option}")
     tactics = _tactics_of(results)
     want = sha256(tactics) if tactics.is_file() else None
-    frames = [df]
-    for run in added:
+    frames = []
+    for run in runs:
         more, more_info = _load(run, partial, profile)
         differs = fingerprint_difference(info, more_info)
         if differs is not None:
             field_name, a, b = differs
-            raise HarnessError(f"--add {run}: fingerprint {field_name} {b!r} differs from {results}'s {a!r}; add "
-                               f"only runs of the same GPU type and software")
+            raise HarnessError(f"{option} {run}: fingerprint {field_name} {b!r} differs from {results}'s {a!r}; "
+                               f"give only runs of the same GPU type and software")
         for key in ("pdl", "l2", "timer"):
             if info.get(key) != more_info.get(key):
-                raise HarnessError(f"--add {run}: {key} {more_info.get(key)!r} differs from {results}'s "
+                raise HarnessError(f"{option} {run}: {key} {more_info.get(key)!r} differs from {results}'s "
                                    f"{info.get(key)!r}; measure it with the same settings")
         served = (more_info.get("autotune_cache") or {}).get("sha256")
         if want is not None and (served != want or (more_info.get("autotune_cache") or {}).get("mode") == "tuned"):
-            raise HarnessError(f"--add {run} did not serve {results}'s tactics; measure it with --autotune-cache "
+            raise HarnessError(f"{option} {run} did not serve {results}'s tactics; measure it with --autotune-cache "
                                f"{tactics}")
         frames.append(more)
-    both = pd.concat(frames, ignore_index=True)
+    return frames
+
+
+def _with_added(results: str, df: pd.DataFrame, info: dict, added: list[str], partial: bool, profile: str
+                ) -> pd.DataFrame:
+    """RESULTS' rows and those of each --add run (_same_setup_runs), no cell twice."""
+    both = pd.concat([df, *_same_setup_runs(results, info, added, partial, profile, "--add")], ignore_index=True)
     both.attrs = dict(df.attrs)
     twice = both.duplicated(["shape", "m", "path"])
     if twice.any():
@@ -517,6 +530,8 @@ def _fit_cmd(args, argv, profile, df, info, cells) -> int:
                         "picks": {f"{r} {mo} M={m}": p for (r, mo, m), (p, *_) in sorted(picks.items())},
                         "gpu_bound_from": {mo: (None if v == math.inf else int(v)) for mo, v in sorted(bound_m.items())},
                         "host_bound_until": {mo: int(v) for mo, v in sorted(host_m.items())}}
+    if args.machine and args.method != "segments":
+        raise HarnessError("--machine needs --method segments")
     if args.method == "segments":
         from calibrate.segments import RULE, fit_segments, range_counts
         if args.table_forward:
@@ -529,8 +544,10 @@ def _fit_cmd(args, argv, profile, df, info, cells) -> int:
             measured = {(str(r), str(mo)): sorted(set(int(v) for v in g["m"]))
                         for fdf in runs for (r, mo), g in fdf.groupby(["regime", "model"])}
             seg_picks = forward_picks(picks, model_uses(df), cells, hold_out, measured)
+        others = [Cells.from_results(o) for o in _same_setup_runs(args.results, info, args.machine, args.partial,
+                                                                   profile.name, "--machine")] if args.machine else None
         table, report = fit_segments(cells, base, args.tolerance, args.min_gain, noise, hold_out, shape_bound,
-                                     shape_host, seg_picks, model_uses(df), None, profile.capture_size)
+                                     shape_host, seg_picks, model_uses(df), None, profile.capture_size, others)
         counts = range_counts(table)
         print(f"segments: {counts['mean_ranges']:.2f} ranges per shape and regime on average (at most "
               f"{counts['max_ranges']}), the narrowest {counts['narrowest_share']:.0%} of its upper M")
@@ -588,6 +605,14 @@ def _fit_cmd(args, argv, profile, df, info, cells) -> int:
                            "them, and the eager boundness starts where it starts in the latest of them")
     if args.add:
         source["added"] = list(args.add)
+    if args.machine:
+        source["other_machines"] = list(args.machine)
+        source["rule"] += ("; with other machines' runs of the same cells and tactics, every cell's costs and "
+                           "conservative ratios are the median machine's (with 3 machines or more, a path faster "
+                           "than F.linear on every machine at most its slowest machine's ratio), and a range covers "
+                           "as few as it can of the M where a path costs more than (1 + tolerance) x some machine's "
+                           "best, or is FlashInfer, wins nothing beyond the noise on the median machine and was "
+                           "slower than F.linear on some machine")
     if df.attrs["incomplete"]:
         source["incomplete_data"] = "fitted with --partial from a run with missing cells or that did not finish"
     kept = _tactics_of(args.results)
@@ -684,19 +709,19 @@ def _table_cmd(args) -> int:
     if not run_id.replace("-", "").replace("_", "").replace(".", "").isalnum():
         raise HarnessError(f"--run-id {run_id!r}: letters, digits, '-', '_' and '.' only")
     run = RESULTS / profile.name / run_id
-    check_stop_after(profile, run, args.stop_after)  # before any GPU check
+    check_stop_after(profile, run, args.stop_after, args.machines)  # before any GPU check
     if args.dry_run:
-        print(plan_text(profile, run, scope))
+        print(plan_text(profile, run, scope, args.machines))
         return 0
     if args.install:
         for path in install(profile, run):
             print(f"installed {path}")
         return 0
-    if any(leg.gpu for leg in pending_legs(profile, run, args.resume, args.stop_after)):
+    if any(leg.gpu for leg in pending_legs(profile, run, args.resume, args.stop_after, args.machines)):
         from bench.sweep import require_gpu
         require_gpu(profile)  # before any file system change
     manifest = run_pipeline(profile, run, args.resume, stop_after=args.stop_after, same_machine=args.same_machine,
-                            scope=scope)
+                            scope=scope, machines=args.machines)
     if manifest.get("status") != "complete":
         print(f"table: {manifest['status']}; continue with --run-id {run_id} --resume; legs in {run}/{MANIFEST}")
         return 0

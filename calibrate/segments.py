@@ -10,6 +10,11 @@ in a time the noise cannot tell apart, judged by GPU time, it costs what F.linea
 the fewest ranges (F.linear above the last one is not a range), F.linear keeps the M where no FlashInfer path beats it
 beyond the noise, then the lowest total cost wins, then F.linear. An M between two measured ones takes the larger
 one's choice; `refine_cells` names the gaps where the choice changes, for a sweep to measure before the final fit.
+
+From several machines (the same cells measured with the same tactics on other machines of one kind): a cell's
+kernels run several per cent apart on some machines, beyond the run-to-run floor, so each cell is judged by the median
+machine (median_machine), and a range covers as few as it can of the M that some machine speaks against
+(machine_bars).
 """
 from __future__ import annotations
 
@@ -81,11 +86,13 @@ def _cost(cells: Cells, n: int, k: int, m: int, path: str, how: tuple[str, ...])
 
 def segment(ms: list[int], cost: dict[tuple[int, str], float], upper: dict[tuple[int, str], float],
             paths: list[str], tolerance: float, min_gain: float, min_width: float = MIN_WIDTH,
-            alike: frozenset[tuple[int, str]] | set[tuple[int, str]] = frozenset()) -> list[tuple[int, str]]:
+            alike: frozenset[tuple[int, str]] | set[tuple[int, str]] = frozenset(),
+            barred: frozenset[tuple[int, str]] | set[tuple[int, str]] = frozenset()) -> list[tuple[int, str]]:
     """Per-M choices [(m, path)] of the fewest-range segmentation (see the module's rule). `cost[(m, p)]`: the
     regime's cost, `upper[(m, p)]`: p's conservative ratio to F.linear at m; a path absent at an M cannot cover it.
     `alike`: the (m, p) where p costs what F.linear costs because it runs F.linear's kernels (FlashInfer's cuBLASLt
     where its tuned entry is unreachable: `_alike`); a range may cover them, but its span test is judged on its other M.
+    `barred`: the (m, p) that a fitting machine rules out (machine_bars); the fewest of them are covered first.
     Ranges narrower than `min_width` of their upper M count first (fewest of them), then ranges as a table lists them
     (F.linear above the last one is not a range), then the M that a FlashInfer range covers without beating F.linear
     beyond the noise there (F.linear keeps what no path wins), then the total cost."""
@@ -93,17 +100,19 @@ def segment(ms: list[int], cost: dict[tuple[int, str], float], upper: dict[tuple
     # the per-M best among what may replace F.linear: F.linear, and paths that beat it beyond the noise
     best = [min(cost[(m, p)] for p in paths if (m, p) in cost and (p == ATEN or upper[(m, p)] < 1 - min_gain))
             for m in ms]
-    # f[j]: (narrow ranges, listed ranges, unwon M, total cost) of the best segmentation of ms[:j]; back[j]: its last
-    f: list[tuple[float, ...]] = [(0, 0, 0, 0.0)] + [(math.inf,) * 4] * t
+    # f[j]: (barred M, narrow ranges, listed ranges, unwon M, total cost) of the best segmentation of ms[:j]; back[j]:
+    # its last range
+    f: list[tuple[float, ...]] = [(0, 0, 0, 0, 0.0)] + [(math.inf,) * 5] * t
     back: list[tuple[int, str]] = [(0, ATEN)] * (t + 1)
     for j in range(1, t + 1):
         for p in paths:
-            total, logs, unwon, judged = 0.0, 0.0, 0, 0
+            total, logs, unwon, judged, bars = 0.0, 0.0, 0, 0, 0
             for i in range(j, 0, -1):  # the range ms[i-1 .. j-1]
                 m = ms[i - 1]
                 if (m, p) not in cost or cost[(m, p)] > (1 + tolerance) * best[i - 1]:
                     break
                 total += cost[(m, p)]
+                bars += (m, p) in barred
                 if p != ATEN and (m, p) in alike:
                     unwon += 1
                 elif p != ATEN:
@@ -114,10 +123,11 @@ def segment(ms: list[int], cost: dict[tuple[int, str], float], upper: dict[tuple
                 lo = ms[i - 2] + 1 if i > 1 else 1
                 narrow = 1 if (ms[j - 1] - lo + 1) < min_width * ms[j - 1] else 0
                 listed = 0 if p == ATEN and j == t else 1
-                cand = (f[i - 1][0] + narrow, f[i - 1][1] + listed, f[i - 1][2] + unwon, f[i - 1][3] + total)
+                cand = (f[i - 1][0] + bars, f[i - 1][1] + narrow, f[i - 1][2] + listed, f[i - 1][3] + unwon,
+                        f[i - 1][4] + total)
                 if cand < f[j] or (cand == f[j] and p == ATEN):
                     f[j], back[j] = cand, (i - 1, p)
-    if math.isinf(f[t][1]):
+    if math.isinf(f[t][2]):
         raise HarnessError("no segmentation meets the tolerance; raise --tolerance")
     out: list[tuple[int, str]] = []
     j = t
@@ -140,9 +150,94 @@ class Problem(NamedTuple):
     upper: Costs
     judged: dict[int, str]
     alike: frozenset[tuple[int, str]] = frozenset()
+    barred: frozenset[tuple[int, str]] = frozenset()
 
 
 Uses = dict[str, list[tuple[int, int, int]]]
+# With this many machines or more, a path whose point ratio to F.linear is below a bound on every one of them beats
+# F.linear to that bound beyond the noise: each machine's error is its own, so all of them land below the true ratio
+# by chance with probability 1 / 2**machines.
+CONSISTENT_MACHINES = 3
+MachineCosts = tuple[Costs, Costs, set[tuple[int, str]]]
+
+
+def _machine_costs(cells: Cells, n: int, k: int, hows: dict[int, tuple[str, ...]], among: list[str], noise: Any
+                   ) -> MachineCosts:
+    """One machine's cost, conservative ratio to F.linear and alike cells of a shape, per M as `hows` judges it."""
+    cost, upper, alike = {}, {}, set()
+    for m, how in hows.items():
+        for p in among:
+            value = _cost(cells, n, k, m, p, how) if cells.has(n, k, m, p) else math.nan
+            if math.isnan(value):
+                continue  # unmeasured, or without the host time its regime is judged by: cannot cover M
+            if p != ATEN and how == ("graph",) and _alike(cells, n, k, m, p, noise):
+                alike.add((m, p))
+                cost[(m, p)], upper[(m, p)] = cells.gpu(n, k, m, ATEN), 1.0
+                continue
+            cost[(m, p)] = value
+            upper[(m, p)] = 1.0 if p == ATEN else max(_upper_ratio(cells, n, k, m, p, h, noise) for h in how)
+    return cost, upper, alike
+
+
+def median_machine(own: MachineCosts, others: list[MachineCosts]) -> MachineCosts:
+    """A shape's costs as the median machine measured them. Per (M, path) that the fitting run measured: its cost is
+    the fitting run's F.linear cost times the median over machines of the path's ratio to F.linear there, its
+    conservative ratio the median of the machines' ones, and it is alike (F.linear's kernels) where it is on at least
+    half of them; with CONSISTENT_MACHINES or more, a path faster than F.linear on every machine has its conservative
+    ratio at most the slowest machine's ratio. A machine that did not measure the path and F.linear at that M says
+    nothing. Cells move between machines of one kind by more than the noise floor (one machine's kernel several per
+    cent slower than on the others, docs/design.md): a median of three or more is not moved by one such machine."""
+    cost, upper, alike = {}, {}, set()
+    machines = [own, *others]
+    for (m, p), value in own[0].items():
+        if p == ATEN:
+            cost[(m, p)], upper[(m, p)] = value, 1.0
+            continue
+        seen = [mc for mc in machines if (m, p) in mc[0] and (m, ATEN) in mc[0]]
+        ratios = sorted(mc[0][(m, p)] / mc[0][(m, ATEN)] for mc in seen)
+        cost[(m, p)] = own[0][(m, ATEN)] * _median(ratios)
+        upper[(m, p)] = _median(sorted(mc[1][(m, p)] for mc in seen))
+        if len(seen) >= CONSISTENT_MACHINES:  # below the slowest machine's ratio beyond the noise too
+            upper[(m, p)] = min(upper[(m, p)], ratios[-1])
+        if 2 * sum((m, p) in mc[2] for mc in seen) >= len(seen):
+            alike.add((m, p))
+            cost[(m, p)], upper[(m, p)] = own[0][(m, ATEN)], 1.0
+    return cost, upper, alike
+
+
+def machine_bars(ms: list[int], machines: list[MachineCosts], paths: list[str], tolerance: float, min_gain: float
+                 ) -> frozenset[tuple[int, str]]:
+    """The (m, p) that some fitting machine speaks against (a range covers the fewest of them):
+    - p costs more than (1 + tolerance) x that machine's best at m (F.linear and the paths that beat it beyond the
+      noise there), unless every path does on some machine (they disagree beyond the tolerance; the median decides);
+    - p is FlashInfer, does not beat F.linear beyond the noise on the median machine, and some machine measured it
+      slower than F.linear: a range may carry it over an M it does not win only where no machine lost time to it.
+    A machine that did not measure p (and F.linear) at m says nothing of it."""
+    out: set[tuple[int, str]] = set()
+    for m in ms:
+        worst: dict[str, float] = {}
+        ratios: dict[str, list[float]] = {}
+        uppers: dict[str, list[float]] = {}
+        for cost, upper, _ in machines:
+            if (m, ATEN) not in cost:
+                continue
+            best = min(cost[(m, p)] for p in paths
+                       if (m, p) in cost and (p == ATEN or upper[(m, p)] < 1 - min_gain))
+            for p in (q for q in paths if (m, q) in cost):
+                worst[p] = max(worst.get(p, 0.0), cost[(m, p)] / best - 1)
+                ratios.setdefault(p, []).append(cost[(m, p)] / cost[(m, ATEN)])
+                uppers.setdefault(p, []).append(upper[(m, p)])
+        allowed = {p for p, r in worst.items() if r <= tolerance}
+        if allowed:
+            out |= {(m, p) for p in worst if p not in allowed}
+        out |= {(m, p) for p in ratios if p != ATEN and max(ratios[p]) > 1
+                and _median(sorted(uppers[p])) >= 1 - min_gain}
+    return frozenset(out)
+
+
+def _median(xs: list[float]) -> float:
+    h = len(xs) // 2
+    return xs[h] if len(xs) % 2 else 0.5 * (xs[h - 1] + xs[h])
 
 
 def fit_segments(cells: Cells, base: ThresholdTable, tolerance: float = DEFAULT_TOLERANCE, min_gain: float = 0.01,
@@ -150,8 +245,8 @@ def fit_segments(cells: Cells, base: ThresholdTable, tolerance: float = DEFAULT_
                  gpu_bound_from: dict[tuple[int, int], float] | None = None,
                  host_bound_until: dict[tuple[int, int], float] | None = None,
                  picks: dict[tuple[str, int, int, int], tuple[str, float, float]] | None = None,
-                 uses: Uses | None = None, forward_floor: Any = None, capture_size: int = 0
-                 ) -> tuple[ThresholdTable, pd.DataFrame]:
+                 uses: Uses | None = None, forward_floor: Any = None, capture_size: int = 0,
+                 others: list[Cells] | None = None) -> tuple[ThresholdTable, pd.DataFrame]:
     """The table of the fewest-range fit (RULE) from measured cells, and per shape what it chose. The boundness maps
     (n, k) -> M come from measured forwards (calibrate.forward_model) and say how eager cells are judged
     (eager_model). `picks` (regime, n, k, m) -> (path, its ratio to all-aten, the top of that ratio's interval): a
@@ -163,34 +258,29 @@ def fit_segments(cells: Cells, base: ThresholdTable, tolerance: float = DEFAULT_
     (analysis.sum_exceeds; with `forward_floor` as validate judges it, without it at the point estimate, which the
     table pipeline uses so that a sum that passes on the fitting machine keeps the floor's margin on another), that
     path counts as won at those cells and the shapes are fitted again; where the sum still exceeds, it alone covers
-    them (sum_picks)."""
+    them (sum_picks). `others`: the same cells measured on other machines with the same tactics; each cell is then
+    judged by the median machine (median_machine)."""
     among = dispatch_candidates(cells, base)
     problems: dict[tuple[str, int, int], Problem] = {}
     for n, k, ms in shapes_to_fit(cells, hold_out):
         for regime in REGIMES:
-            cost, upper, judged, alike = {}, {}, {}, set()
-            for m in ms:
-                how = ("graph",) if regime == "graph" else eager_model(
-                    m, (gpu_bound_from or {}).get((n, k)), (host_bound_until or {}).get((n, k)))
-                judged[m] = "graph" if how == ("graph",) else "eager"
-                for p in among:
-                    value = _cost(cells, n, k, m, p, how) if cells.has(n, k, m, p) else math.nan
-                    if math.isnan(value):
-                        continue  # unmeasured, or without the host time its regime is judged by: cannot cover M
-                    if p != ATEN and how == ("graph",) and _alike(cells, n, k, m, p, noise):
-                        alike.add((m, p))
-                        cost[(m, p)], upper[(m, p)] = cells.gpu(n, k, m, ATEN), 1.0
-                        continue
-                    cost[(m, p)] = value
-                    upper[(m, p)] = 1.0 if p == ATEN else max(_upper_ratio(cells, n, k, m, p, h, noise) for h in how)
-            problems[(regime, n, k)] = Problem(ms, cost, upper, judged, frozenset(alike))
+            hows = {m: ("graph",) if regime == "graph" else eager_model(
+                m, (gpu_bound_from or {}).get((n, k)), (host_bound_until or {}).get((n, k))) for m in ms}
+            judged = {m: "graph" if how == ("graph",) else "eager" for m, how in hows.items()}
+            own = _machine_costs(cells, n, k, hows, among, noise)
+            barred: frozenset[tuple[int, str]] = frozenset()
+            if others:
+                theirs = [_machine_costs(o, n, k, hows, among, noise) for o in others]
+                barred = machine_bars(ms, [own, *theirs], among, tolerance, min_gain)
+                own = median_machine(own, theirs)
+            problems[(regime, n, k)] = Problem(ms, own[0], own[1], judged, frozenset(own[2]), barred)
     if not problems:
         raise HarnessError("nothing to fit: no shape has F.linear measured ok")
 
     def solve(forced: dict[tuple[str, int, int, int], str], strict: bool = True
               ) -> dict[tuple[str, int, int], list[tuple[int, str]]]:
         out = {}
-        for (regime, n, k), (ms, raw, upper, _, alike) in problems.items():
+        for (regime, n, k), (ms, raw, upper, _, alike, barred) in problems.items():
             cost, up = dict(raw), dict(upper)
             for m in ms:
                 picked = (picks or {}).get((regime, n, k, m))
@@ -204,7 +294,7 @@ def fit_segments(cells: Cells, base: ThresholdTable, tolerance: float = DEFAULT_
                         if q != must and strict:
                             cost.pop((m, q), None)
                     up[(m, must)] = min(up.get((m, must), 1.0), 1 - min_gain - 1e-9) if must != ATEN else 1.0
-            out[(regime, n, k)] = segment(ms, cost, up, among, tolerance, min_gain, alike=alike)
+            out[(regime, n, k)] = segment(ms, cost, up, among, tolerance, min_gain, alike=alike, barred=barred)
         return out
 
     choices = solve({})

@@ -1,7 +1,9 @@
 """`python -m calibrate table --gpu P`: a table from one command, in legs that resume.
 
 sweep -> measured forward -> first fit -> refine (a sweep of the gaps between measured M where the first fit's choice
-changes) -> fit (fewest ranges, eager boundness and picks from the forward) -> out-of-sample check on another machine
+changes) -> the same sweep on more machines (machine-2 ...: a cell's kernels run several per cent apart on some
+machines of one kind, so the fit judges each cell by the median machine) -> fit (fewest ranges, eager boundness and
+picks from the forward) -> out-of-sample check on another machine
 (a fresh-process sweep that includes M the fit never saw, and a fresh forward of the table beside vLLM's rules, both
 serving the table's tactics, as the dispatcher does) -> the noise between the fitting and the checking machine ->
 validate -> regression baseline from both machines' sweeps -> report. Every artifact lives under results/<profile>/<run-id>/ with
@@ -21,7 +23,7 @@ from typing import Callable
 
 from bench.autotune_cache import FILE_NAME
 from bench.envinfo import git_sha
-from dispatch.backends import ATEN, lean_path
+from dispatch.backends import ATEN, is_lean, lean_path
 from dispatch.profiles import GpuProfile
 from harness.errors import HarnessError
 from harness.io import ROOT, atomic_write_text
@@ -34,6 +36,24 @@ REFINE_PLAN = "refine-cells.txt"
 # the out-of-sample legs, which run on another machine than the fitted legs (by GPU UUID)
 CHECK_LEGS = ("check-sweep", "check-forward")
 FIT_LEGS = ("sweep", "forward", "refine")
+# The machines whose sweeps the fit takes: the first sweep's and a machine-<i> leg on each other one. A run started
+# before machine legs existed fitted one machine's.
+FIT_MACHINES = 3
+MAX_FIT_MACHINES = 8
+
+
+def machine_legs(machines: int) -> list[str]:
+    return [f"machine-{i}" for i in range(2, machines + 1)]
+
+
+def run_machines(run: Path) -> int:
+    """The fitting machines a run's manifest records (FIT_MACHINES for a run not started yet)."""
+    try:
+        return int(json.loads((run / MANIFEST).read_text()).get("fit_machines") or 1)
+    except FileNotFoundError:
+        return FIT_MACHINES
+    except (OSError, ValueError, TypeError):
+        return 1
 # The fit's tolerance: wide enough that near-equal paths over neighbouring M become one range, and a regret that
 # validate cannot call SLOWER (beyond its 3% margin) once the noise floor's smallest band widens it (docs/design.md)
 FIT_TOLERANCE = 0.04
@@ -93,8 +113,8 @@ class Leg:
     skip: str | None = None  # why this leg has nothing to do (recorded as done, not run)
 
 
-def legs(profile: GpuProfile, run: Path, scope: Scope | None = None) -> list[Leg]:
-    """The run's legs; `scope` None: the one its manifest records."""
+def legs(profile: GpuProfile, run: Path, scope: Scope | None = None, machines: int | None = None) -> list[Leg]:
+    """The run's legs; `scope` and `machines` (fitting machines) None: what its manifest records."""
     from bench.paths import DISPATCH, paths_for
     p, low = profile.name, profile.low_m_backend
     covers = (scope if scope is not None else run_scope(run)).args()
@@ -108,7 +128,10 @@ def legs(profile: GpuProfile, run: Path, scope: Scope | None = None) -> list[Leg
     tactics, table_tactics = sweep / FILE_NAME, run / "table.autotune.json"
     plan = run / REFINE_PLAN
     refined = not (plan.is_file() and not plan.read_text().strip())  # unknown before the first fit: planned
+    others = machine_legs(machines if machines is not None else run_machines(run))
     fit = [*py, "calibrate", "fit", str(sweep), "--gpu", p, "--method", "segments", "--forward", str(forward)]
+    # another machine's sweep needs only what the fit chooses from: F.linear and the lean calls
+    lean = ",".join(x.name for x in paths_for(profile.flashinfer_backends, None) if x.name == ATEN or is_lean(x.name))
     # the check's forward also runs vLLM's rules, so that its report leads with the answer in vLLM's terms (rules
     # that run the same paths as an earlier one, F.linear's on SM90, are read off it, not timed again)
     from calibrate.vllm_terms import required_paths
@@ -123,8 +146,11 @@ def legs(profile: GpuProfile, run: Path, scope: Scope | None = None) -> list[Leg
         Leg("refine", [*py, "bench", "run", "--gpu", p, *covers, "--cells", f"@{plan}", "--paths", fit_paths,
                        "--autotune-cache", str(tactics), "--out", str(refine)], True,
             skip=None if refined else "the first fit's choice changes in no gap between measured M"),
-        Leg("fit", [*fit, "--tolerance", str(FIT_TOLERANCE), *(["--add", str(refine)] if refined else []), "--out",
-                    str(table)], False),
+        *(Leg(name, [*py, "bench", "run", "--gpu", p, *covers, "--paths", lean, "--autotune-cache", str(tactics),
+                     "--out", str(run / name)], True) for name in others),
+        Leg("fit", [*fit, "--tolerance", str(FIT_TOLERANCE), *(["--add", str(refine)] if refined else []),
+                    *(["--machine", *(str(run / name) for name in others)] if others else []), "--out", str(table)],
+            False),
         Leg("check-sweep", [*py, "bench", "run", "--gpu", p, *covers, "--m", check_ms, "--table", str(table),
                             "--autotune-cache", str(table_tactics), "--out", str(check_sweep)], True),
         Leg("check-forward", [*py, "bench", "forward", "--gpu", p, *covers, "--skip-slower", "3", "--table", str(table),
@@ -162,29 +188,42 @@ def gpu_uuid() -> str | None:
         return None
 
 
+def fitted_legs(manifest: dict) -> list[str]:
+    """The legs that measured what the fit takes: the first machine's and every other fitting machine's."""
+    return [*FIT_LEGS, *(name for name in manifest.get("legs", {}) if name.startswith("machine-"))]
+
+
 def fitted_here(manifest: dict, leg: Leg, here: str | None, same_machine: bool) -> bool:
-    """Whether an out-of-sample leg would run on a machine that ran a fitted leg (allowed with --same-machine)."""
-    if leg.name not in CHECK_LEGS or same_machine or here is None:
+    """Whether a leg would run on a machine it must not (allowed with --same-machine): an out-of-sample leg on one
+    that ran a fitted leg, or another fitting machine's sweep on one whose sweep the fit already takes."""
+    if same_machine or here is None:
         return False
-    return here in {manifest["legs"].get(f, {}).get("machine") for f in FIT_LEGS}
+    done = manifest.get("legs", {})
+    if leg.name in CHECK_LEGS:
+        return here in {done.get(f, {}).get("machine") for f in fitted_legs(manifest)}
+    if leg.name.startswith("machine-"):
+        return here in {done.get(f, {}).get("machine") for f in ["sweep", *fitted_legs(manifest)[len(FIT_LEGS):]]
+                        if f != leg.name}
+    return False
 
 
-def plan_text(profile: GpuProfile, run: Path, scope: Scope | None = None) -> str:
+def plan_text(profile: GpuProfile, run: Path, scope: Scope | None = None, machines: int | None = None) -> str:
     lines = [f"calibrate table --gpu {profile.name}: {run}/ (manifest.json beside the artifacts)"]
-    for i, leg in enumerate(legs(profile, run, scope), 1):
+    for i, leg in enumerate(legs(profile, run, scope, machines), 1):
         lines.append(f"  leg {i} {leg.name:14s} {'GPU' if leg.gpu else 'CPU'}  {' '.join(leg.argv[1:])}")
     return "\n".join(lines)
 
 
-def check_stop_after(profile: GpuProfile, run: Path, stop_after: str | None) -> list[str]:
+def check_stop_after(profile: GpuProfile, run: Path, stop_after: str | None, machines: int | None = None) -> list[str]:
     """The legs' names; a --stop-after that names none of them is refused."""
-    names = [leg.name for leg in legs(profile, run)]
+    names = [leg.name for leg in legs(profile, run, machines=machines)]
     if stop_after is not None and stop_after not in names:
         raise HarnessError(f"--stop-after {stop_after!r} is no leg; the legs: {', '.join(names)}")
     return names
 
 
-def pending_legs(profile: GpuProfile, run: Path, resume: bool, stop_after: str | None = None) -> list[Leg]:
+def pending_legs(profile: GpuProfile, run: Path, resume: bool, stop_after: str | None = None,
+                 machines: int | None = None) -> list[Leg]:
     """The legs a run (or its resume) has still to do, up to `stop_after`: only those that need the GPU need a GPU
     machine."""
     done: dict = {}
@@ -193,7 +232,7 @@ def pending_legs(profile: GpuProfile, run: Path, resume: bool, stop_after: str |
             done = json.loads((run / MANIFEST).read_text()).get("legs", {})
         except (OSError, ValueError):
             done = {}
-    todo = legs(profile, run)
+    todo = legs(profile, run, machines=machines)
     if stop_after is not None:
         todo = todo[:[leg.name for leg in todo].index(stop_after) + 1]
     return [leg for leg in todo if done.get(leg.name, {}).get("status") != "done"]
@@ -206,11 +245,12 @@ def _default_exec(leg: Leg, log: Path) -> int:
 
 def run_pipeline(profile: GpuProfile, run: Path, resume: bool, execute: Callable[[Leg, Path], int] = _default_exec,
                  stop_after: str | None = None, same_machine: bool = False,
-                 machine: Callable[[], str | None] = gpu_uuid, scope: Scope | None = None) -> dict:
+                 machine: Callable[[], str | None] = gpu_uuid, scope: Scope | None = None,
+                 machines: int | None = None) -> dict:
     """Runs the legs not yet done, in order; stops at the first that fails, or after `stop_after` (a later
-    --resume, on this machine or another, continues). `scope`: what a new run covers (a resume keeps its own and
-    refuses another). Returns the manifest."""
-    names = check_stop_after(profile, run, stop_after)
+    --resume, on this machine or another, continues). `scope`: what a new run covers, `machines`: on how many
+    machines its fit measures (a resume keeps its own and refuses another). Returns the manifest."""
+    check_stop_after(profile, run, stop_after, machines)
     manifest_file = run / MANIFEST
     if run.exists() and any(run.iterdir()) and not resume:
         raise HarnessError(f"{run} exists; pass --resume to continue it, or choose another --run-id")
@@ -219,14 +259,21 @@ def run_pipeline(profile: GpuProfile, run: Path, resume: bool, execute: Callable
     if resume and scope is not None and scope != run_scope(run):
         raise HarnessError(f"{run} covers {run_scope(run).to_json()}, not {scope.to_json()}; resume it without "
                            f"--layout/--model, or start another --run-id")
+    if resume and machines is not None and machines != run_machines(run):
+        raise HarnessError(f"{run} fits on {run_machines(run)} machine(s), not {machines}; resume it without "
+                           f"--machines, or start another --run-id")
+    if not 1 <= (machines or 1) <= MAX_FIT_MACHINES:
+        raise HarnessError(f"--machines {machines}: from 1 to {MAX_FIT_MACHINES}")
     if resume and not pending_legs(profile, run, resume) and manifest_file.is_file():
         return json.loads(manifest_file.read_text())  # nothing left to do: the manifest stays as it is
     run.mkdir(parents=True, exist_ok=True)
     manifest = json.loads(manifest_file.read_text()) if resume else {
         "profile": profile.name, "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "harness_sha": git_sha(), "legs": {}, **({"scope": scope.to_json()} if scope else {})}
+        "harness_sha": git_sha(), "legs": {}, **({"scope": scope.to_json()} if scope else {}),
+        "fit_machines": machines or FIT_MACHINES}
     if not resume:
         atomic_write_text(manifest_file, json.dumps(manifest, indent=1) + "\n")  # the legs read its scope
+    names = check_stop_after(profile, run, stop_after)  # as the manifest now records the run
     here = machine() if any(leg.gpu for leg in pending_legs(profile, run, resume, stop_after)) else None
     manifest.setdefault("machines", []).append({"started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                                                 "harness_sha": git_sha(), "gpu_uuid": here,
@@ -236,9 +283,10 @@ def run_pipeline(profile: GpuProfile, run: Path, resume: bool, execute: Callable
         if manifest["legs"].get(leg.name, {}).get("status") == "done":
             continue
         if leg.gpu and fitted_here(manifest, leg, here, same_machine):
-            manifest["status"] = (f"waiting before {leg.name}: the out-of-sample check runs on another machine than "
-                                  f"the fitted legs ({here} ran one); copy {run} there and --resume, or pass "
-                                  f"--same-machine")
+            why = ("the out-of-sample check runs on another machine than the fitted legs" if leg.name in CHECK_LEGS
+                   else "each fitting machine's sweep runs on another machine")
+            manifest["status"] = (f"waiting before {leg.name}: {why} ({here} ran one); copy {run} there and "
+                                  f"--resume, or pass --same-machine")
             atomic_write_text(manifest_file, json.dumps(manifest, indent=1) + "\n")
             return manifest
         print(f"table: leg {leg.name} ...", file=sys.stderr, flush=True)
@@ -261,10 +309,10 @@ def run_pipeline(profile: GpuProfile, run: Path, resume: bool, execute: Callable
             return manifest
     manifest["status"] = "complete"
     manifest["verdict"] = manifest["legs"]["validate"].get("verdict")
-    manifest["fitted_on"] = [f for f in FIT_LEGS if manifest["legs"].get(f, {}).get("command")]
+    manifest["fitted_on"] = [f for f in fitted_legs(manifest) if manifest["legs"].get(f, {}).get("command")]
     manifest["validated_on"] = list(CHECK_LEGS)
     checked = {manifest["legs"][c].get("machine") for c in CHECK_LEGS} - {None}
-    fitted = {manifest["legs"].get(f, {}).get("machine") for f in FIT_LEGS} - {None}
+    fitted = {manifest["legs"].get(f, {}).get("machine") for f in fitted_legs(manifest)} - {None}
     manifest["out_of_machine"] = checked.isdisjoint(fitted) if checked and fitted else None  # None: not known
     atomic_write_text(manifest_file, json.dumps(manifest, indent=1) + "\n")
     return manifest

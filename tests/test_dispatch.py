@@ -1118,3 +1118,49 @@ def test_the_committed_h200_table_passes_its_check_on_a_machine_it_was_not_fitte
                  str(run / "check-forward")]) == 0
     out = capsys.readouterr().out
     assert "M values the fit never saw: 10, 18, 80, 112, 176, 640, 3000" in out and "'SLOWER'" not in out
+
+
+def test_the_median_machine_is_not_moved_by_one_machine_and_a_consistent_gain_counts():
+    """Three machines with the same tactics: the cell's ratio is the median machine's, one machine's slow kernel does
+    not move it, and a path faster than F.linear on every machine is judged by its slowest machine's ratio even where
+    each machine's own interval reaches 1."""
+    from calibrate.segments import median_machine
+    aten = {(8, "aten"): 10.0, (16, "aten"): 10.0}
+
+    def machine(r8, r16, up8, up16):
+        return ({**aten, (8, "cublaslt"): 10.0 * r8, (16, "cublaslt"): 10.0 * r16},
+                {(8, "aten"): 1.0, (16, "aten"): 1.0, (8, "cublaslt"): up8, (16, "cublaslt"): up16}, set())
+    own = machine(0.95, 0.91, 0.97, 1.05)
+    cost, upper, alike = median_machine(own, [machine(0.96, 0.92, 0.98, 1.03), machine(1.10, 0.90, 1.12, 1.01)])
+    assert cost[(8, "cublaslt")] == pytest.approx(9.6) and upper[(8, "cublaslt")] == pytest.approx(0.98)
+    assert upper[(16, "cublaslt")] == pytest.approx(0.92)  # every machine below 0.92: a win beyond the noise
+    two = median_machine(own, [machine(0.96, 0.92, 0.98, 1.03)])
+    assert two[1][(16, "cublaslt")] == pytest.approx(1.04)  # two machines: the median of their intervals' tops
+    assert not alike
+
+
+def test_machine_bars_keep_a_path_off_where_one_machine_loses_beyond_the_tolerance_or_time_where_nothing_is_won():
+    from calibrate.segments import machine_bars, segment
+    ms = [2, 4, 8]
+    paths = ["aten", "cublaslt"]
+
+    def machine(ratios, uppers):
+        cost = {**{(m, "aten"): 10.0 for m in ms}, **{(m, "cublaslt"): 10.0 * r for m, r in zip(ms, ratios)}}
+        upper = {**{(m, "aten"): 1.0 for m in ms}, **{(m, "cublaslt"): u for m, u in zip(ms, uppers)}}
+        return cost, upper, set()
+    a = machine([0.94, 1.005, 0.95], [0.95, 1.02, 0.96])
+    b = machine([0.95, 1.010, 0.93], [0.98, 1.04, 0.96])
+    c = machine([0.96, 0.97, 0.94], [0.99, 1.00, 0.97])
+    bars = machine_bars(ms, [a, b, c], paths, tolerance=0.04, min_gain=0.01)
+    # M = 4: cuBLASLt wins nowhere beyond the noise and lost time on two machines (F.linear within the tolerance);
+    # at M = 2 and 8 F.linear costs more than 4% above a machine's winning cuBLASLt
+    assert bars == {(4, "cublaslt"), (2, "aten"), (8, "aten")}
+    cost = {key: v for key, v in a[0].items()}
+    up = dict(a[1])
+    merged = segment(ms, cost, up, paths, 0.04, 0.01)
+    assert [p for _, p in merged] == ["cublaslt", "cublaslt", "cublaslt"]  # one range, carried over M = 4
+    split = segment(ms, cost, up, paths, 0.04, 0.01, barred=bars)
+    assert [p for _, p in split] == ["cublaslt", "aten", "cublaslt"]
+    # a machine where F.linear loses 8%: F.linear is barred there
+    d = machine([0.94, 0.92, 0.95], [0.97, 0.95, 0.98])
+    assert (4, "aten") in machine_bars(ms, [a, d], paths, tolerance=0.04, min_gain=0.01)

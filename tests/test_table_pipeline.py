@@ -8,8 +8,8 @@ from dispatch.profiles import get_profile
 from harness.errors import HarnessError
 
 H200 = get_profile("h200")
-LEGS = ["sweep", "forward", "first-fit", "refine", "fit", "check-sweep", "check-forward", "noise", "validate",
-        "baseline", "report"]
+LEGS = ["sweep", "forward", "first-fit", "refine", "machine-2", "machine-3", "fit", "check-sweep", "check-forward",
+        "noise", "validate", "baseline", "report"]
 
 
 def machines(*uuids):
@@ -29,6 +29,15 @@ def test_the_legs_and_their_order(tmp_path):
     table_tactics = str(tmp_path / "table.autotune.json")  # the check serves the table's tactics, as dispatch does
     assert table_tactics in by_name["check-sweep"] and table_tactics in by_name["check-forward"]
     assert str(tmp_path / "refine") in by_name["fit"]  # the refine cells are fitted with the sweep
+    fit = by_name["fit"]  # and every other fitting machine's sweep, each serving the first sweep's tactics
+    assert fit[fit.index("--machine") + 1:fit.index("--machine") + 3] == [str(tmp_path / "machine-2"),
+                                                                         str(tmp_path / "machine-3")]
+    other = by_name["machine-2"]
+    assert other[other.index("--autotune-cache") + 1] == str(tmp_path / "sweep" / "autotune-cache.json")
+    assert other[other.index("--paths") + 1] == "aten,flashinfer-lean:tinygemm,flashinfer-lean:cublaslt"
+    one = [leg.name for leg in legs(H200, tmp_path, machines=1)]
+    assert one == [x for x in LEGS if not x.startswith("machine-")]
+    assert "--machine" not in next(leg for leg in legs(H200, tmp_path, machines=1) if leg.name == "fit").argv
     forward = by_name["check-forward"]
     checked = forward[forward.index("--paths") + 1].split(",")
     assert {"aten", "dispatch", "vllm-default", "vllm-flag", "seed-pr", "vllm-op:tinygemm"} <= set(checked)
@@ -116,11 +125,21 @@ def test_the_check_waits_for_another_machine_and_resumes_there(tmp_path):
         ran.append(leg.name)
         return 0
     first = run_pipeline(H200, run, resume=False, execute=execute, machine=machines("A"))
-    assert ran == LEGS[:5] and first["status"].startswith("waiting before check-sweep")
-    done = run_pipeline(H200, run, resume=True, execute=execute, machine=machines("B"))
-    assert ran[5:] == LEGS[5:] and done["status"] == "complete" and len(done["machines"]) == 2
-    assert done["legs"]["sweep"]["machine"] == "A" and done["legs"]["check-sweep"]["machine"] == "B"
+    assert ran == LEGS[:4] and first["status"].startswith("waiting before machine-2")
+    run_pipeline(H200, run, resume=True, execute=execute, machine=machines("B"))
+    assert ran[4:] == ["machine-2"]
+    again = run_pipeline(H200, run, resume=True, execute=execute, machine=machines("B"))  # B's sweep is taken
+    assert ran[5:] == [] and again["status"].startswith("waiting before machine-3")
+    third = run_pipeline(H200, run, resume=True, execute=execute, machine=machines("C"))
+    assert ran[5:] == ["machine-3", "fit"] and third["status"].startswith("waiting before check-sweep")
+    with pytest.raises(HarnessError, match="fits on 3 machine"):
+        run_pipeline(H200, run, resume=True, execute=execute, machine=machines("D"), machines=2)
+    done = run_pipeline(H200, run, resume=True, execute=execute, machine=machines("D"))
+    assert ran[7:] == LEGS[7:] and done["status"] == "complete" and len(done["machines"]) == 5
+    assert done["legs"]["sweep"]["machine"] == "A" and done["legs"]["check-sweep"]["machine"] == "D"
+    assert done["legs"]["machine-2"]["machine"] == "B" and done["legs"]["machine-3"]["machine"] == "C"
     assert done["out_of_machine"] is True and "machine" not in done["legs"]["fit"]
+    assert done["fitted_on"] == ["sweep", "forward", "refine", "machine-2", "machine-3"]
     by_name = {leg.name: leg.argv for leg in legs(H200, run)}
     assert "dispatch" not in by_name["sweep"][by_name["sweep"].index("--paths") + 1].split(",")
     assert by_name["check-sweep"][by_name["check-sweep"].index("--table") + 1] == str(run / "table.json")
