@@ -18,7 +18,7 @@ FORWARD ?= evidence/h200-forward-20261201T1016-4d4993
 REPORT ?= report.html
 # Recipes read these from the environment, quoted ("$$GPU"): a value is never shell code (GPU='h200;rm x' is a name
 # the profile check refuses).
-export GPU DEVICES GRID OUT RESULTS COMPARE BASELINE ANATOMY FORWARD REPORT RUN_ID RESUME SAME_MACHINE
+export GPU DEVICES GRID OUT RESULTS COMPARE BASELINE ANATOMY FORWARD REPORT RUN_ID RESUME SAME_MACHINE MACHINES
 
 # --system-site-packages: a GPU machine's own CUDA build of torch (and FlashInfer, CUPTI) stays visible.
 $(VENV)/.installed: pyproject.toml
@@ -51,10 +51,10 @@ baseline: gpu-env
 regress: gpu-env
 	$(PY) -m pytest -q -m gpu tests/test_gpu_regression.py
 
-# the table pipeline (calibrate/table_pipeline.py); RUN_ID=... with RESUME=1 continues a run (the check on another
-# machine), SAME_MACHINE=1 checks on this one
+# the table pipeline (calibrate/table_pipeline.py); RUN_ID=... with RESUME=1 continues a run (the other fitting
+# machines' sweeps and the check, each on another machine), SAME_MACHINE=1 runs them here, MACHINES=N fits on N
 table: gpu-env
-	$(PY) -m calibrate table --gpu "$$GPU" $${RUN_ID:+--run-id "$$RUN_ID"} $${RESUME:+--resume} $${SAME_MACHINE:+--same-machine}
+	$(PY) -m calibrate table --gpu "$$GPU" $${RUN_ID:+--run-id "$$RUN_ID"} $${RESUME:+--resume} $${SAME_MACHINE:+--same-machine} $${MACHINES:+--machines "$$MACHINES"}
 
 forward: gpu-env
 	$(PY) -m bench forward --gpu "$$GPU" --skip-slower 3 --out "results/$$GPU-forward"

@@ -573,17 +573,20 @@ def test_the_committed_h200_table_names_its_table_run():
 
 
 # Where the newest table run's fitted legs are filed: evidence keeps each leg's data once.
-NEWEST_TABLE_RUN = ("h200-20261201e", {"sweep": "h200-table-20261201T1244-run/sweep",
+NEWEST_TABLE_RUN = ("h200-20261201f", {"sweep": "h200-table-20261201T1244-run/sweep",
                                        "forward": "h200-table-20261201T1244-run/forward",
-                                       "refine": "h200-table-h200-20261201d/refine"})
+                                       "refine": "h200-table-h200-20261201d/refine",
+                                       "machine-2": "h200-table-h200-20261201c/check-sweep",
+                                       "machine-3": "h200-table-h200-20261201d/check-sweep",
+                                       "machine-4": "h200-table-h200-20261201e/check-sweep",
+                                       "machine-5": "h200-table-h200-20261201f/machine-5"})
 
 
 @pytest.mark.evidence
 def test_the_newest_table_run_is_what_todays_fit_makes_of_its_data(tmp_path):
     """The newest table run's fit leg, on that run's data (filed in evidence/) and with the noise floor its table
     recorded, gives the same ranges with today's fit: a fit change that would change the table shows here, before
-    anyone measures it. (The shipped table is an older run's, fitted before the fit's alike cells: today's fit gives
-    this run's table from the same sweep and forward; docs/results-h200.md.)"""
+    anyone measures it."""
     import shlex
 
     from calibrate.__main__ import main
@@ -1106,13 +1109,14 @@ def test_fit_with_added_cells_fits_their_m_and_refuses_a_cell_twice(tmp_path):
 
 @pytest.mark.evidence
 def test_the_committed_h200_table_passes_its_check_on_a_machine_it_was_not_fitted_on(capsys):
-    """The shipped table on its table run's check legs (evidence/h200-table-h200-20261201c): machine D's sweep, with
-    the table's tactics and M the fit never saw, and D's measured forwards: PASS, no SLOWER cell; the manifest's
-    machines for the fitted legs and the check differ."""
+    """The shipped table on its table run's check legs (evidence/h200-table-h200-20261201f): machine I's sweep, with
+    the table's tactics and M the fit never saw, and I's measured forwards: PASS, no SLOWER cell; the manifest's
+    machines for the fitted legs (five machines' sweeps) and the check differ."""
     from calibrate.__main__ import main
-    run = Path(__file__).parent.parent / "evidence" / "h200-table-h200-20261201c"
+    run = Path(__file__).parent.parent / "evidence" / "h200-table-h200-20261201f"
     manifest = json.loads((run / "manifest.json").read_text())
-    fitted = {manifest["legs"][leg]["machine"] for leg in ("sweep", "forward", "refine")}
+    fitted = {manifest["legs"][leg]["machine"] for leg in manifest["fitted_on"]}
+    assert len(fitted) == 6  # A (sweep, forward), E (refine), and machines D, F, G and H
     assert manifest["legs"]["check-sweep"]["machine"] not in fitted and manifest["out_of_machine"] is True
     assert main(["validate", str(run / "check-sweep"), "--thresholds", str(run / "table.json"), "--forward",
                  str(run / "check-forward")]) == 0
