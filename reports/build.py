@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 import pandas as pd
 
@@ -13,7 +14,8 @@ from harness.console import terminal
 from harness.errors import HarnessError, signals_deferred
 from harness.io import atomic_write_text
 from reports import figures
-from reports.data import Run, cell_rows, compare_runs, headline, load_anatomy, load_run, shape_crossovers
+from reports.data import (Run, compare_runs, headline, load_anatomy, load_run, ratio_rows, shape_crossovers,
+                          with_dispatch_verdicts)
 from reports.page import esc, kv_table, page, table
 
 FINGERPRINT_KEYS = ("gpu_name", "sm", "sm_count", "l2_bytes", "driver", "cuda", "torch", "cublas", "cudnn",
@@ -42,8 +44,15 @@ def summary_section(run: Run, head) -> str:
             f"<h3>Environment</h3>{environment(run)}")
 
 
-def table_section(run: Run) -> str:
-    """The dispatch table a reviewer changes: per shape, each regime's M ranges, and where it came from."""
+def range_strips(run: Run) -> list[tuple[str, tuple]]:
+    """The table's rows for the ranges figure: one per (shape, regime)."""
+    return [(f"{n}x{k} {regime}", own[regime]) for (n, k), own in sorted(run.table.shapes.items())
+            for regime in ("graph", "eager")] if run.table is not None else []
+
+
+def table_section(run: Run, ranges_img: Callable[[], str] | None = None) -> str:
+    """The dispatch table a reviewer changes: per shape, each regime's M ranges, and where it came from.
+    `ranges_img`: the ranges figure, drawn already (figure_jobs); None: drawn here."""
     t = run.table
     if t is None:
         return f"<p>{esc(run.table_problem or 'No dispatch table for this GPU.')}</p>"
@@ -57,26 +66,31 @@ def table_section(run: Run) -> str:
             for (n, k), own in sorted(t.shapes.items())]
     rows.append({"shape": "any other shape", "graph": t.describe("graph"), "eager": t.describe("eager")})
     cols = [("shape", "shape"), ("graph", "graph regime"), ("eager", "eager regime")]
-    strips = [(f"{n}x{k} {regime}", own[regime]) for (n, k), own in sorted(t.shapes.items()) for regime in
-              ("graph", "eager")]
+    strips = range_strips(run)
     return ('<div class="wrapkv">' + kv_table({k: v for k, v in meta.items() if v}) + "</div>"
             + (f"<details><summary>The fit's whole rule</summary><p>{esc(rule)}</p></details>" if ";" in rule else "")
             + "<p>graph: ranges used while a CUDA graph is being captured (GPU time counts); eager: otherwise (host "
               "and GPU time count). M above a shape's last range runs F.linear.</p>"
-            + figures.img("the table's ranges", lambda: figures.ranges_figure(strips))
+            + figures.img("the table's ranges", ranges_img or (lambda: figures.ranges_figure(strips)))
             + "<details><summary>The ranges as text</summary>"
             + table(pd.DataFrame(rows), cols, cls="wrap", left=tuple(c for c, _ in cols)) + "</details>")
 
 
-def shapes_section(run: Run, rows: pd.DataFrame) -> str:
+def shape_jobs(run: Run, rows: pd.DataFrame) -> list[tuple]:
+    """shape_figure's arguments per shape, in the order shapes_section lists them."""
     xo = shape_crossovers(run)
     cap = run.profile.capture_size if run.profile else None
-    out, jobs = [], []
-    for (n, k), g in rows.groupby(["n", "k"], sort=True):
-        thr = run.table.threshold(n, k, "graph") if run.table else None
-        xs = xo.get((n, k), float("nan"))
-        jobs.append((g, f"{n}x{k}", thr, xs, cap))
-    images = figures.render_all(figures.shape_figure, jobs) if figures.drawn() else [""] * len(jobs)
+    return [(g, f"{n}x{k}", run.table.threshold(n, k, "graph") if run.table else None, xo.get((n, k), float("nan")),
+             cap) for (n, k), g in rows.groupby(["n", "k"], sort=True)]
+
+
+def shapes_section(run: Run, rows: pd.DataFrame, images: list[str] | None = None) -> str:
+    """Per shape its figure and the table's ranges; `images`: the figures, drawn already (figure_jobs)."""
+    xo = shape_crossovers(run)
+    out = []
+    if images is None:
+        jobs = shape_jobs(run, rows)
+        images = figures.render_all(figures.shape_figure, jobs) if figures.drawn() else [""] * len(jobs)
     for ((n, k), g), img in zip(rows.groupby(["n", "k"], sort=True), images):
         first = g.iloc[0]
         meta = f"models: {first.get('models', '')} · layers: {first.get('layers', '')} · per-forward count: {first.get('count', '')}"
@@ -406,13 +420,21 @@ def build(results: list[str], out: Path, baseline: str | None = None, anatomy: s
             bar.update()
         primary = runs[0]
         loaded = {f: load_forward(f, partial) for f in folders}  # read once: the verdict, its section, vLLM terms
+        ratios = ratio_rows(primary)
+        # the figures draw on forked workers while the verdicts are computed here
+        strips, shape_args = range_strips(primary), shape_jobs(primary, ratios)
+        jobs = [*([(figures.ranges_figure, (strips,))] if strips else []),
+                *((figures.shape_figure, a) for a in shape_args)]
+        drawn = figures.render_later(jobs) if draw_figures else (lambda: [""] * len(jobs))
         head = headline(primary, list(loaded.values()))
-        rows = cell_rows(primary, head.verdicts)
+        rows = with_dispatch_verdicts(primary, ratios, head.verdicts)
+        images = drawn()
         bar.update()
+    ranges_img, shape_imgs = ((lambda: images[0]) if strips else None), images[1 if strips else 0:]
     gpus = " vs ".join(dict.fromkeys(r.gpu for r in runs))
     todo = [("summary", "Verdict", lambda: summary_section(primary, head)),
-            ("table", "Dispatch table", lambda: table_section(primary)),
-            ("shapes", "Per shape", lambda: shapes_section(primary, rows)),
+            ("table", "Dispatch table", lambda: table_section(primary, ranges_img)),
+            ("shapes", "Per shape", lambda: shapes_section(primary, rows, shape_imgs)),
             ("totals", "Per-forward totals (cell-sum model)", lambda: totals_section(head)),
             ("cells", "Every cell", lambda: cells_section(rows)),
             ("problems", "Failed and skipped cells", lambda: problems_section(rows))]

@@ -66,6 +66,12 @@ def cell_rows(run: Run, dispatch_verdicts: pd.DataFrame | None = None) -> pd.Dat
     """Every row of the run with its GPU-time ratio to aten, that ratio's 95% interval and verdict, and whether
     the path ran aten's kernels. The dispatch path's verdict is the dispatcher's against the best candidate, from
     dispatch_verdicts (cell_verdicts' table; computed here when None, left out when empty)."""
+    return with_dispatch_verdicts(run, ratio_rows(run), dispatch_verdicts)
+
+
+def ratio_rows(run: Run) -> pd.DataFrame:
+    """Every row of the run with its GPU-time ratio to aten, that ratio's interval and verdict, and whether the path
+    ran aten's kernels (cell_rows without the dispatcher's verdict)."""
     df = run.df.copy()
     c = run.cells
     ratio, lo, hi, verd, same = [], [], [], [], []
@@ -78,6 +84,13 @@ def cell_rows(run: Run, dispatch_verdicts: pd.DataFrame | None = None) -> pd.Dat
         else:
             ratio.append(np.nan), lo.append(np.nan), hi.append(np.nan), verd.append(""), same.append(None)
     df["ratio"], df["ratio_lo"], df["ratio_hi"], df["verdict"], df["same_kernel"] = ratio, lo, hi, verd, same
+    return df.sort_values(["n", "k", "m", "path"]).reset_index(drop=True)
+
+
+def with_dispatch_verdicts(run: Run, df: pd.DataFrame, dispatch_verdicts: pd.DataFrame | None) -> pd.DataFrame:
+    """ratio_rows' table with the dispatch rows' verdict against the best candidate (see cell_rows)."""
+    df = df.copy()
+    c = run.cells
     if dispatch_verdicts is None and run.table is not None:
         dispatch_verdicts = cell_verdicts(c, run.table, MARGIN, noise=load_noise(run.profile.name))
     if dispatch_verdicts is not None and not dispatch_verdicts.empty and DISPATCH in set(df["path"]):

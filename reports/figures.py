@@ -62,6 +62,33 @@ def img(alt: str, make: Callable[[], str]) -> str:
     return f"<img alt='{html.escape(alt)}' src='{make()}'>"
 
 
+def _draw_one(draw, args: tuple) -> str:
+    return draw(*args)
+
+
+def render_later(jobs: list[tuple[Callable[..., str], tuple]]) -> Callable[[], list[str]]:
+    """Starts draw(*args) for every (draw, args) on a pool of forked workers and returns what waits for the images, in
+    order; the caller computes meanwhile. One process (drawn when asked) where there is one core or no fork."""
+    import multiprocessing
+    import os
+    workers = min(len(jobs), os.cpu_count() or 1)
+    if workers < 2 or "fork" not in multiprocessing.get_all_start_methods():
+        return lambda: [draw(*args) for draw, args in jobs]
+    try:
+        pool = multiprocessing.get_context("fork").Pool(workers)
+    except OSError:
+        return lambda: [draw(*args) for draw, args in jobs]
+    pending = pool.starmap_async(_draw_one, jobs)
+
+    def wait() -> list[str]:
+        try:
+            return pending.get()
+        finally:
+            pool.terminate()
+            pool.join()
+    return wait
+
+
 def render_all(draw, jobs: list[tuple]) -> list[str]:
     """draw(*job) for every job, on every core where there are several (Agg figures render independently; a forked
     worker inherits the imports), in order; one process where forking is unavailable or fails."""
