@@ -681,9 +681,11 @@ def test_the_cpp_layer_remembers_choices_per_m_and_hands_the_rest_to_the_python_
         assert fell == ["Tensor", "Parameter", "Tensor"] and asked == [8, 3]
         with pytest.raises(RuntimeError, match="cannot be multiplied|shapes"):
             layer(torch.randn(3, 32, dtype=torch.bfloat16))  # F.linear's own error
-    for m in range(1, 4099):  # 4096 M not yet remembered: the memory fills up and starts over once
+    asked.clear()  # 4098 M, each run by the kernel (cheap on CPU): the memory fills up at 4096 and starts over once
+    layer = mod.BoundLinear(w, None, lambda m: (asked.append(m), (kernel, kernel))[1], fallback)
+    for m in range(1, 4099):
         layer(torch.zeros(m, 64, dtype=torch.bfloat16))
-    assert len(asked) == 2 + 4096 and layer.remembered() == {4097: (0, 0), 4098: (0, 0)}
+    assert len(asked) == 4098 and layer.remembered() == {4097: (1, 1), 4098: (1, 1)}
 
     def broken(x, weight, out):
         raise ValueError("the kernel failed")
@@ -762,9 +764,10 @@ def test_the_cpp_dispatch_linear_runs_f_linear_itself_only_where_both_regimes_do
         assert shapes == [(-1, (16, 64))] * 2
     wide = mod.Linear(lambda device, weight: (10 ** 6, f_linear_at), fallback, torch.nn.Parameter)
     ms.clear()
+    narrow = torch.randn(1, 8, dtype=torch.bfloat16)  # 4098 calls of at::linear: small, so that CPU bf16 is quick
     for m in range(9, 9 + 4098):
-        wide(torch.zeros(m, 64, dtype=torch.bfloat16), w)
-    assert len(ms) == 4098 and wide.remembered()[(-1, 16, 64)][1] == {4105: True, 4106: True}
+        wide(torch.zeros(m, 8, dtype=torch.bfloat16), narrow)
+    assert len(ms) == 4098 and wide.remembered()[(-1, 1, 8)][1] == {4105: True, 4106: True}
     for answer in ("rule", (32, None), (32,)):
         with pytest.raises(TypeError, match="rule_of"):
             mod.Linear(lambda device, weight: answer, fallback, torch.nn.Parameter)(x16, w)
