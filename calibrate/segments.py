@@ -190,8 +190,10 @@ def median_machine(own: MachineCosts, others: list[MachineCosts]) -> MachineCost
     cost, upper, alike = {}, {}, set()
     machines = [own, *others]
     for (m, p), value in own[0].items():
-        if p == ATEN:
-            cost[(m, p)], upper[(m, p)] = value, 1.0
+        if p == ATEN or (m, ATEN) not in own[0]:  # F.linear itself, or no F.linear here to take ratios to
+            cost[(m, p)], upper[(m, p)] = value, own[1][(m, p)]
+            if (m, p) in own[2]:
+                alike.add((m, p))
             continue
         seen = [mc for mc in machines if (m, p) in mc[0] and (m, ATEN) in mc[0]]
         ratios = sorted(mc[0][(m, p)] / mc[0][(m, ATEN)] for mc in seen)
