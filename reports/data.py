@@ -80,7 +80,7 @@ def ratio_rows(run: Run) -> pd.DataFrame:
         if r.path != ATEN and key in c.samples and akey in c.samples:
             x, a, b = ratio_ci(c.samples[key], c.samples[akey], n_boot=1000, seed=(r.n * 31 + r.m) & 0xFFFF)
             ratio.append(x), lo.append(a), hi.append(b), verd.append(verdict(a, b, MARGIN))
-            same.append(str(r.kernels) == str(c.df.loc[akey, "kernels"]))
+            same.append(str(r.kernels) == str(c.kernels(*akey)))
         else:
             ratio.append(np.nan), lo.append(np.nan), hi.append(np.nan), verd.append(""), same.append(None)
     df["ratio"], df["ratio_lo"], df["ratio_hi"], df["verdict"], df["same_kernel"] = ratio, lo, hi, verd, same
