@@ -35,6 +35,7 @@ from calibrate.hostcost import run_host_cost
 from calibrate.l2 import MODES, close_cells, decisions
 from calibrate.noise import LEVEL, coverage, coverage_line, fit_floor, load_noise, noise_path
 from calibrate.regress import measure_runs, regress, regression_paths
+from calibrate.table_pipeline import FIT_MACHINES, MAX_FIT_MACHINES
 from dispatch.profiles import PROFILES, get_profile, matches
 from dispatch.table import REGIMES, TABLE_DIR, ThresholdTable, load_table
 from harness.cli import Parser, float_in, int_in, parent
@@ -247,9 +248,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                          help="the layout the table's shapes come in: vLLM's fused layers (default) or transformers' "
                               "modules (a table for dispatch.patch of a transformers model)")
     p_table.add_argument("--model", help="comma list of catalog models the table covers (default: every model)")
-    p_table.add_argument("--machines", type=int_in(1, 8),
+    p_table.add_argument("--machines", type=int_in(1, MAX_FIT_MACHINES),
                          help="how many machines the fit measures on: the sweep's and a machine-<i> leg on each other "
-                              "one (default 3; a resume keeps the run's)")
+                              f"one (default {FIT_MACHINES}; a resume keeps the run's)")
     p_table.add_argument("--install", action="store_true",
                          help="install the table, its tactics and the baseline of --run-id as the shipped files "
                               "(a complete run whose check passed)")
