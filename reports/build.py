@@ -52,7 +52,7 @@ def range_strips(run: Run) -> list[tuple[str, tuple]]:
 
 def table_section(run: Run, ranges_img: Callable[[], str] | None = None) -> str:
     """The dispatch table a reviewer changes: per shape, each regime's M ranges, and where it came from.
-    `ranges_img`: the ranges figure, drawn already (figure_jobs); None: drawn here."""
+    `ranges_img`: the ranges figure, drawn already (build draws it on workers); None: drawn here."""
     t = run.table
     if t is None:
         return f"<p>{esc(run.table_problem or 'No dispatch table for this GPU.')}</p>"
@@ -85,7 +85,8 @@ def shape_jobs(run: Run, rows: pd.DataFrame) -> list[tuple]:
 
 
 def shapes_section(run: Run, rows: pd.DataFrame, images: list[str] | None = None) -> str:
-    """Per shape its figure and the table's ranges; `images`: the figures, drawn already (figure_jobs)."""
+    """Per shape its figure and the table's ranges; `images`: the figures, drawn already (build draws them on
+    workers); None: drawn here."""
     xo = shape_crossovers(run)
     out = []
     if images is None:
@@ -425,10 +426,10 @@ def build(results: list[str], out: Path, baseline: str | None = None, anatomy: s
         strips, shape_args = range_strips(primary), shape_jobs(primary, ratios)
         jobs = [*([(figures.ranges_figure, (strips,))] if strips else []),
                 *((figures.shape_figure, a) for a in shape_args)]
-        drawn = figures.render_later(jobs) if draw_figures else (lambda: [""] * len(jobs))
-        head = headline(primary, list(loaded.values()))
-        rows = with_dispatch_verdicts(primary, ratios, head.verdicts)
-        images = drawn()
+        with figures.render_later(jobs if draw_figures else []) as drawing:
+            head = headline(primary, list(loaded.values()))
+            rows = with_dispatch_verdicts(primary, ratios, head.verdicts)
+            images = drawing.images() if draw_figures else [""] * len(jobs)
         bar.update()
     ranges_img, shape_imgs = ((lambda: images[0]) if strips else None), images[1 if strips else 0:]
     gpus = " vs ".join(dict.fromkeys(r.gpu for r in runs))

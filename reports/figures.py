@@ -66,27 +66,46 @@ def _draw_one(draw, args: tuple) -> str:
     return draw(*args)
 
 
-def render_later(jobs: list[tuple[Callable[..., str], tuple]]) -> Callable[[], list[str]]:
-    """Starts draw(*args) for every (draw, args) on a pool of forked workers and returns what waits for the images, in
-    order; the caller computes meanwhile. One process (drawn when asked) where there is one core or no fork."""
-    import multiprocessing
-    import os
-    workers = min(len(jobs), os.cpu_count() or 1)
-    if workers < 2 or "fork" not in multiprocessing.get_all_start_methods():
-        return lambda: [draw(*args) for draw, args in jobs]
-    try:
-        pool = multiprocessing.get_context("fork").Pool(workers)
-    except OSError:
-        return lambda: [draw(*args) for draw, args in jobs]
-    pending = pool.starmap_async(_draw_one, jobs)
+def _quiet_worker() -> None:
+    """A drawing worker leaves Ctrl-C to the parent, which ends the build with its one line."""
+    import signal
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
-    def wait() -> list[str]:
-        try:
-            return pending.get()
-        finally:
-            pool.terminate()
-            pool.join()
-    return wait
+
+class Drawing:
+    """Figures drawing on forked workers while the caller computes (render_later); `images()` waits for them, in
+    order. Used as a context manager, it stops the workers however the block ends."""
+
+    def __init__(self, jobs: list[tuple[Callable[..., str], tuple]]):
+        import multiprocessing
+        import os
+        self.jobs, self.pool, self.pending = jobs, None, None
+        workers = min(len(jobs), os.cpu_count() or 1)
+        if workers >= 2 and "fork" in multiprocessing.get_all_start_methods():
+            try:
+                self.pool = multiprocessing.get_context("fork").Pool(workers, initializer=_quiet_worker)
+                self.pending = self.pool.starmap_async(_draw_one, jobs)
+            except OSError:
+                self.pool = None
+
+    def images(self) -> list[str]:
+        if self.pending is None:  # one core, or no fork: drawn here
+            return [draw(*args) for draw, args in self.jobs]
+        return self.pending.get()
+
+    def __enter__(self) -> "Drawing":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.pool is not None:
+            self.pool.terminate()
+            self.pool.join()
+
+
+def render_later(jobs: list[tuple[Callable[..., str], tuple]]) -> Drawing:
+    """Starts draw(*args) for every (draw, args) on a pool of forked workers (one process where there is one core or
+    no fork, drawn when the images are asked for)."""
+    return Drawing(jobs)
 
 
 def render_all(draw, jobs: list[tuple]) -> list[str]:
@@ -98,7 +117,7 @@ def render_all(draw, jobs: list[tuple]) -> list[str]:
     if workers < 2 or "fork" not in multiprocessing.get_all_start_methods():
         return [draw(*job) for job in jobs]
     try:
-        with multiprocessing.get_context("fork").Pool(workers) as pool:
+        with multiprocessing.get_context("fork").Pool(workers, initializer=_quiet_worker) as pool:
             return pool.starmap(draw, jobs)
     except OSError:
         return [draw(*job) for job in jobs]
