@@ -13,7 +13,7 @@ import numpy as np
 import pandas as pd
 
 from calibrate.analysis import Cells
-from dispatch.backends import ATEN, DISPATCH
+from calibrate.noise import replicate_diffs
 
 
 def agreement(a: Cells, b: Cells) -> pd.DataFrame:
@@ -28,16 +28,12 @@ def agreement(a: Cells, b: Cells) -> pd.DataFrame:
 
 def ratio_moves(a: Cells, b: Cells) -> pd.DataFrame:
     """Per path other than F.linear, at every cell both runs measured with F.linear: how far the path's GPU-time
-    ratio to F.linear moved from run a to run b (|r_b / r_a - 1|). A table's decision at a cell rests on that ratio,
-    so this is how many decisions another machine could reverse, where the GPU times alone may shift together."""
-    rows = []
-    for key in sorted(set(a.samples) & set(b.samples)):
-        n, k, m, path = key
-        if path in (ATEN, DISPATCH) or not (a.has(n, k, m, ATEN) and b.has(n, k, m, ATEN)):
-            continue
-        ra, rb = a.gpu(*key) / a.gpu(n, k, m, ATEN), b.gpu(*key) / b.gpu(n, k, m, ATEN)
-        rows.append({"n": n, "k": k, "m": m, "path": path, "ratio_a": ra, "ratio_b": rb, "move": rb / ra - 1})
-    return pd.DataFrame(rows, columns=["n", "k", "m", "path", "ratio_a", "ratio_b", "move"])
+    ratio to F.linear moved from run a to run b (|r_b / r_a - 1|; calibrate.noise.replicate_diffs's log ratio). A
+    table's decision at a cell rests on that ratio, so this is how many decisions another machine could reverse, where
+    the GPU times alone may shift together."""
+    d = replicate_diffs(a, b)
+    columns = ["n", "k", "m", "path", "ratio_a", "ratio_b", "move"]
+    return d.assign(move=np.expm1(d["d"]))[columns] if not d.empty else pd.DataFrame(columns=columns)
 
 
 def ratio_lines(moves: pd.DataFrame) -> list[str]:
