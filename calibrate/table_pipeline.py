@@ -26,7 +26,7 @@ from bench.envinfo import git_sha
 from dispatch.backends import ATEN, is_lean, lean_path
 from dispatch.profiles import GpuProfile
 from harness.errors import HarnessError
-from harness.io import ROOT, atomic_write_text
+from harness.io import ROOT, atomic_write_text, read_json_object
 
 MANIFEST = "manifest.json"
 # M values the out-of-sample sweep adds to the default grid: none of them is a grid value, nor the midpoint of two
@@ -46,13 +46,30 @@ def machine_legs(machines: int) -> list[str]:
     return [f"machine-{i}" for i in range(2, machines + 1)]
 
 
+def recorded(run: Path) -> dict | None:
+    """A run's manifest as the legs read it: None where there is none yet, {} where it cannot be read."""
+    try:
+        data = json.loads((run / MANIFEST).read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _read_manifest(path: Path) -> dict:
+    """A run's manifest where the run goes on from it (resume, install): a damaged one is refused in one line."""
+    return read_json_object(path, "table run manifest", "restore it from the run's copy, or start another --run-id")
+
+
 def run_machines(run: Path) -> int:
     """The fitting machines a run's manifest records (FIT_MACHINES for a run not started yet)."""
-    try:
-        return int(json.loads((run / MANIFEST).read_text()).get("fit_machines") or 1)
-    except FileNotFoundError:
+    data = recorded(run)
+    if data is None:
         return FIT_MACHINES
-    except (OSError, ValueError, TypeError):
+    try:
+        return int(data.get("fit_machines") or 1)
+    except (TypeError, ValueError):
         return 1
 # The fit's tolerance: wide enough that near-equal paths over neighbouring M become one range, and a regret that
 # validate cannot call SLOWER (beyond its 3% margin) once the noise floor's smallest band widens it (docs/design.md)
@@ -96,10 +113,7 @@ def parse_scope(layout: str | None, models: str | None) -> Scope | None:
 
 def run_scope(run: Path) -> Scope:
     """The scope a run's manifest records (the default for a run without one)."""
-    try:
-        data = json.loads((run / MANIFEST).read_text()).get("scope") or {}
-    except (OSError, ValueError):
-        data = {}
+    data = (recorded(run) or {}).get("scope") or {}
     models = data.get("models")
     return Scope(str(data.get("layout") or "vllm"), tuple(models) if models else None)
 
@@ -188,9 +202,14 @@ def gpu_uuid() -> str | None:
         return None
 
 
+def other_machine_legs(manifest: dict) -> list[str]:
+    """The machine-<i> legs a run's manifest has an entry for."""
+    return [name for name in manifest.get("legs", {}) if name.startswith("machine-")]
+
+
 def fitted_legs(manifest: dict) -> list[str]:
     """The legs that measured what the fit takes: the first machine's and every other fitting machine's."""
-    return [*FIT_LEGS, *(name for name in manifest.get("legs", {}) if name.startswith("machine-"))]
+    return [*FIT_LEGS, *other_machine_legs(manifest)]
 
 
 def fitted_here(manifest: dict, leg: Leg, here: str | None, same_machine: bool) -> bool:
@@ -202,7 +221,7 @@ def fitted_here(manifest: dict, leg: Leg, here: str | None, same_machine: bool) 
     if leg.name in CHECK_LEGS:
         return here in {done.get(f, {}).get("machine") for f in fitted_legs(manifest)}
     if leg.name.startswith("machine-"):
-        return here in {done.get(f, {}).get("machine") for f in ["sweep", *fitted_legs(manifest)[len(FIT_LEGS):]]
+        return here in {done.get(f, {}).get("machine") for f in ["sweep", *other_machine_legs(manifest)]
                         if f != leg.name}
     return False
 
@@ -226,12 +245,7 @@ def pending_legs(profile: GpuProfile, run: Path, resume: bool, stop_after: str |
                  machines: int | None = None) -> list[Leg]:
     """The legs a run (or its resume) has still to do, up to `stop_after`: only those that need the GPU need a GPU
     machine."""
-    done: dict = {}
-    if resume and (run / MANIFEST).is_file():
-        try:
-            done = json.loads((run / MANIFEST).read_text()).get("legs", {})
-        except (OSError, ValueError):
-            done = {}
+    done = (recorded(run) or {}).get("legs", {}) if resume else {}
     todo = legs(profile, run, machines=machines)
     if stop_after is not None:
         todo = todo[:[leg.name for leg in todo].index(stop_after) + 1]
@@ -256,6 +270,7 @@ def run_pipeline(profile: GpuProfile, run: Path, resume: bool, execute: Callable
         raise HarnessError(f"{run} exists; pass --resume to continue it, or choose another --run-id")
     if resume and not manifest_file.is_file():
         raise HarnessError(f"{run} has no {MANIFEST}; it is not a table run to resume")
+    kept = _read_manifest(manifest_file) if resume else None
     if resume and scope is not None and scope != run_scope(run):
         raise HarnessError(f"{run} covers {run_scope(run).to_json()}, not {scope.to_json()}; resume it without "
                            f"--layout/--model, or start another --run-id")
@@ -264,10 +279,10 @@ def run_pipeline(profile: GpuProfile, run: Path, resume: bool, execute: Callable
                            f"--machines, or start another --run-id")
     if not 1 <= (machines or 1) <= MAX_FIT_MACHINES:
         raise HarnessError(f"--machines {machines}: from 1 to {MAX_FIT_MACHINES}")
-    if resume and not pending_legs(profile, run, resume) and manifest_file.is_file():
-        return json.loads(manifest_file.read_text())  # nothing left to do: the manifest stays as it is
+    if kept is not None and not pending_legs(profile, run, resume):
+        return kept  # nothing left to do: the manifest stays as it is
     run.mkdir(parents=True, exist_ok=True)
-    manifest = json.loads(manifest_file.read_text()) if resume else {
+    manifest = kept if kept is not None else {
         "profile": profile.name, "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "harness_sha": git_sha(), "legs": {}, **({"scope": scope.to_json()} if scope else {}),
         "fit_machines": machines or FIT_MACHINES}
@@ -330,7 +345,7 @@ def install(profile: GpuProfile, run: Path) -> list[Path]:
     manifest_file = run / MANIFEST
     if not manifest_file.is_file():
         raise HarnessError(f"{run} has no {MANIFEST}; run python -m calibrate table first")
-    manifest = json.loads(manifest_file.read_text())
+    manifest = _read_manifest(manifest_file)
     if manifest.get("status") != "complete" or manifest.get("verdict") != "PASS":
         raise HarnessError(f"{run}: status {manifest.get('status')!r}, verdict {manifest.get('verdict')!r}; only a "
                            f"complete run whose out-of-sample check passed is installed")

@@ -182,3 +182,14 @@ def test_a_run_for_transformers_layout_keeps_its_scope_in_every_gpu_leg_and_is_n
         install(H200, tmp_path / "pass")
     with pytest.raises(HarnessError, match="unknown model"):
         parse_scope(None, "Qwen9")
+
+
+def test_a_damaged_manifest_is_refused_by_resume_and_install_and_left_as_it_is(tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / MANIFEST).write_text("{not json")
+    with pytest.raises(HarnessError, match="table run manifest .* is not valid JSON"):
+        run_pipeline(H200, run, resume=True, execute=lambda leg, log: 0, machine=machines("A"))
+    with pytest.raises(HarnessError, match="table run manifest .* is not valid JSON"):
+        install(H200, run)
+    assert (run / MANIFEST).read_text() == "{not json" and [p.name for p in run.iterdir()] == [MANIFEST]
