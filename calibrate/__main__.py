@@ -35,7 +35,8 @@ from calibrate.hostcost import run_host_cost
 from calibrate.l2 import MODES, close_cells, decisions
 from calibrate.noise import LEVEL, coverage, coverage_line, fit_floor, load_noise, noise_path
 from calibrate.regress import measure_runs, regress, regression_paths
-from calibrate.table_pipeline import FIT_MACHINES, MAX_FIT_MACHINES
+from calibrate.table_pipeline import (FIT_MACHINES, MANIFEST, MAX_FIT_MACHINES, check_stop_after, install, parse_scope,
+                                      pending_legs, plan_text, run_pipeline)
 from dispatch.profiles import PROFILES, get_profile, matches
 from dispatch.table import REGIMES, TABLE_DIR, ThresholdTable, load_table
 from harness.cli import Parser, float_in, int_in, parent
@@ -698,8 +699,6 @@ def _overrides(args, profile, df, cells, base, noise, hold_out, cell_picks, shap
 
 
 def _table_cmd(args) -> int:
-    from calibrate.table_pipeline import (MANIFEST, check_stop_after, install, parse_scope, pending_legs, plan_text,
-                                          run_pipeline)
     profile = get_profile(args.gpu)
     scope = parse_scope(args.layout, args.model)
     if scope is not None and args.install:
@@ -719,7 +718,6 @@ def _table_cmd(args) -> int:
             print(f"installed {path}")
         return 0
     if any(leg.gpu for leg in pending_legs(profile, run, args.resume, args.stop_after, args.machines)):
-        from bench.sweep import require_gpu
         require_gpu(profile)  # before any file system change
     manifest = run_pipeline(profile, run, args.resume, stop_after=args.stop_after, same_machine=args.same_machine,
                             scope=scope, machines=args.machines)

@@ -4,9 +4,9 @@ with it (what calibrate/noise.py does for cells).
 The paired per-round interval of one forward run sees only that run's noise: one process's point ratio (a path's
 forward over all-aten's) falls inside another's interval far less often than the nominal level, because at the power
 cap the same kernels replay a few per cent apart from one process to the next and the host's speed moves eager
-forwards in phases (docs/design.md, Findings the code relies on). That noise is measured here per regime, as the `level` quantile of |log(ratio_b / ratio_a)| over the
-(model, M, path) both runs measured with the same choices, and added to the paired interval's half-widths in
-quadrature.
+forwards in phases (docs/design.md, Findings the code relies on). That noise is measured here per regime, as the
+`level` quantile of |log(ratio_b / ratio_a)| over the (model, M, path) both runs measured with the same choices, and
+added to the paired interval's half-widths in quadrature.
 """
 from __future__ import annotations
 
