@@ -84,14 +84,11 @@ def shape_jobs(run: Run, rows: pd.DataFrame) -> list[tuple]:
              cap) for (n, k), g in rows.groupby(["n", "k"], sort=True)]
 
 
-def shapes_section(run: Run, rows: pd.DataFrame, images: list[str] | None = None) -> str:
-    """Per shape its figure and the table's ranges; `images`: the figures, drawn already (build draws them on
-    workers); None: drawn here."""
+def shapes_section(run: Run, rows: pd.DataFrame, images: list[str]) -> str:
+    """Per shape its figure and the table's ranges; `images`: the figures of shape_jobs, in order (build draws them
+    on workers)."""
     xo = shape_crossovers(run)
     out = []
-    if images is None:
-        jobs = shape_jobs(run, rows)
-        images = figures.render_all(figures.shape_figure, jobs) if figures.drawn() else [""] * len(jobs)
     for ((n, k), g), img in zip(rows.groupby(["n", "k"], sort=True), images):
         first = g.iloc[0]
         meta = f"models: {first.get('models', '')} · layers: {first.get('layers', '')} · per-forward count: {first.get('count', '')}"
@@ -426,7 +423,7 @@ def build(results: list[str], out: Path, baseline: str | None = None, anatomy: s
         strips, shape_args = range_strips(primary), shape_jobs(primary, ratios)
         jobs = [*([(figures.ranges_figure, (strips,))] if strips else []),
                 *((figures.shape_figure, a) for a in shape_args)]
-        with figures.render_later(jobs if draw_figures else []) as drawing:
+        with figures.Drawing(jobs if draw_figures else []) as drawing:
             head = headline(primary, list(loaded.values()))
             rows = with_dispatch_verdicts(primary, ratios, head.verdicts)
             images = drawing.images() if draw_figures else [""] * len(jobs)

@@ -73,8 +73,10 @@ def _quiet_worker() -> None:
 
 
 class Drawing:
-    """Figures drawing on forked workers while the caller computes (render_later); `images()` waits for them, in
-    order. Used as a context manager, it stops the workers however the block ends."""
+    """draw(*args) for every (draw, args), started on forked workers (Agg figures render independently; a forked
+    worker inherits the imports) while the caller computes; `images()` waits for them, in order. With one core or no
+    fork they are drawn in this process when asked for. Used as a context manager, it stops the workers however the
+    block ends."""
 
     def __init__(self, jobs: list[tuple[Callable[..., str], tuple]]):
         import multiprocessing
@@ -100,27 +102,6 @@ class Drawing:
         if self.pool is not None:
             self.pool.terminate()
             self.pool.join()
-
-
-def render_later(jobs: list[tuple[Callable[..., str], tuple]]) -> Drawing:
-    """Starts draw(*args) for every (draw, args) on a pool of forked workers (one process where there is one core or
-    no fork, drawn when the images are asked for)."""
-    return Drawing(jobs)
-
-
-def render_all(draw, jobs: list[tuple]) -> list[str]:
-    """draw(*job) for every job, on every core where there are several (Agg figures render independently; a forked
-    worker inherits the imports), in order; one process where forking is unavailable or fails."""
-    import multiprocessing
-    import os
-    workers = min(len(jobs), os.cpu_count() or 1)
-    if workers < 2 or "fork" not in multiprocessing.get_all_start_methods():
-        return [draw(*job) for job in jobs]
-    try:
-        with multiprocessing.get_context("fork").Pool(workers, initializer=_quiet_worker) as pool:
-            return pool.starmap(draw, jobs)
-    except OSError:
-        return [draw(*job) for job in jobs]
 
 
 def ranges_figure(strips: list[tuple[str, tuple]]) -> str:
