@@ -35,17 +35,22 @@ def make_operands(m: int, n: int, k: int, rotations: int, seed: int = 0) -> Oper
     return Operands(xs, ws)
 
 
-def check_output(fn: Callable, x, w, max_rows: int = 256) -> float:
-    """Relative error of fn(x, w) against an fp32 reference on up to max_rows rows."""
+def reference(x, w, max_rows: int = 256) -> tuple[Any, Any]:
+    """(row indices, fp32 x[rows] @ w.T) on up to max_rows rows of x: one reference serves every path of a cell."""
     import torch
-    out = fn(x, w)
     rows = torch.arange(x.shape[0], device=x.device)
     if x.shape[0] > max_rows:
         rows = torch.linspace(0, x.shape[0] - 1, max_rows, device=x.device).long()
-    ref = x[rows].float() @ w.float().t()
+    return rows, x[rows].float() @ w.float().t()
+
+
+def check_output(fn: Callable, x, w, ref: tuple[Any, Any] | None = None) -> float:
+    """Relative error of fn(x, w) against an fp32 reference (reference(x, w), computed here when not given)."""
+    out = fn(x, w)
+    rows, expected = ref if ref is not None else reference(x, w)
     if tuple(out.shape) != (x.shape[0], w.shape[0]):
         raise ValueError(f"output shape {tuple(out.shape)}, expected {(x.shape[0], w.shape[0])}")
-    return rel_err(out[rows], ref)
+    return rel_err(out[rows], expected)
 
 
 @contextmanager
@@ -145,10 +150,34 @@ class GraphTiming:
     kernels: tuple[str, ...] = ()
     kernels_per_call: int | None = None
     digest: str = ""  # kernel_digest of one warm-up replay's kernels
+    call_digest: str = ""  # kernel_digest of one call's kernels, where every call of the replay ran the same ones
     error: str | None = None
     gpu_from: str | None = None  # the path whose timed replays these are (a twin with the same kernels), or None
     stop: str = ""  # why its replays stopped: the stopping criterion met, or the maximum count
     clocks: list[tuple[int, float, int] | None] = field(default_factory=list)  # (SM MHz, W, reasons) after each sample
+
+
+def call_digest(names: tuple[str, ...] | list[str], per_call: int, calls: int) -> str:
+    """kernel_digest of one call's kernels where all `calls` calls ran the same sequence, else ''."""
+    one = list(names[:per_call])
+    return kernel_digest(one) if per_call and list(names) == one * calls else ""
+
+
+def probe_kernels(clock, graph, calls: int, exclude: frozenset[str] = frozenset()) -> tuple[int, str] | None:
+    """(kernels per call, call_digest) of one replay of a graph of `calls` like calls, from CUPTI; None where the
+    count does not split into whole calls or the calls ran different kernels."""
+    import torch
+    clock.drain()
+    t0 = clock.now()
+    graph.replay()
+    torch.cuda.synchronize()
+    window = Window("probe", -1, t0, clock.now())
+    timing = attribute([r for r in clock.drain() if r.name not in exclude], [window])[0]
+    if timing.count == 0 or timing.count % calls:
+        return None
+    per_call = timing.count // calls
+    digest = call_digest(timing.names, per_call, calls)
+    return (per_call, digest) if digest else None
 
 
 def replay_seconds(graph) -> float:
@@ -162,16 +191,17 @@ def replay_seconds(graph) -> float:
     return time.perf_counter() - t0
 
 
-def records_since_last_window(clock, windows: list[Window]) -> list:
-    """CUPTI's records so far, keeping only those of the last timed window: called between a window and the next
-    settle, so that the (many) records of settle runs are dropped without a flush between a settle and its window.
-    Runs that flushed there measured graph replays below their sustained times although NVML read the capped clock
-    right after them, and timed eager forwards with several times the host submission time of earlier runs
-    (docs/history.md); their eager rows are void (load_forward). The likely mechanism: after a forced
-    flush CUPTI asks for a fresh buffer at the next launch, which then was the guard sleep (the GPU idled meanwhile) or
-    the timed forward's first call. Here that next launch is the settle's."""
+def records_of_windows(clock, windows: list[Window]) -> list:
+    """CUPTI's records so far, keeping only those of `windows` (the timed windows opened since the last drain; records
+    before the first are dropped): called between a window and the next settle, so that the (many) records of settle
+    runs are dropped without a flush between a settle and its window. Runs that flushed there measured graph replays
+    below their sustained times although NVML read the capped clock right after them, and timed eager forwards with
+    several times the host submission time of earlier runs (docs/history.md); their eager rows are void
+    (load_forward). The likely mechanism: after a forced flush CUPTI asks for a fresh buffer at the next launch, which
+    then was the guard sleep (the GPU idled meanwhile) or the timed forward's first call. Here that next launch is the
+    settle's."""
     recs = clock.drain()
-    return [r for r in recs if r.start >= windows[-1].t0] if windows else []
+    return [r for r in recs if r.start >= windows[0].t0] if windows else []
 
 
 @dataclass(frozen=True)
@@ -208,7 +238,8 @@ def replay_interleaved(clock, graphs: dict[str, Any], calls: int, samples: int, 
     stopping: a path stops before `samples` once the criterion is met (GraphTiming.stop says which ended it).
 
     settle_s: each timed replay follows untimed replays of the same graph lasting at least this long, so that it runs
-    at the clock its own sustained load settles at, not at one its predecessor left (see bench forward --settle-ms).
+    at the clock its own sustained load settles at, not at one its predecessor left (see bench forward --settle-ms);
+    a replay right after a timed replay of the same graph (a path repeated in an order) is already settled.
     reader: a ClockReader, read after every timed replay (GraphTiming.clocks)."""
     import torch
     names = list(graphs)
@@ -243,6 +274,7 @@ def replay_interleaved(clock, graphs: dict[str, Any], calls: int, samples: int, 
             result[p].kernels_per_call = kpc
             result[p].kernels = tuple(dict.fromkeys(timing.names))
             result[p].digest = kernel_digest(timing.names)
+            result[p].call_digest = call_digest(timing.names, kpc, calls)
     live = [p for p in names if result[p].error is None]
     shared: dict[str, str] = {}
     for p, candidates in (twins or {}).items():
@@ -258,14 +290,16 @@ def replay_interleaved(clock, graphs: dict[str, Any], calls: int, samples: int, 
     windows, events, records = [], [], []
     event_times: dict[str, list[float]] = {p: [] for p in live}
     stopped: set[str] = set()
+    last, undrained = None, 0  # the last timed path; the first window since the last drain
     for s in range(samples):
         running = [p for p in live if p not in stopped]
         if not running:
             break
         order = [p for p in orders[s] if p in running] if orders else (running if s % 2 == 0 else running[::-1])
         for p in order:
-            if settle[p]:
-                records += records_since_last_window(clock, windows)
+            if settle[p] and p != last:
+                records += records_of_windows(clock, windows[undrained:])
+                undrained = len(windows)
                 for _ in range(settle[p]):  # synchronized below, before the window opens: outside every window
                     graphs[p].replay()
                 torch.cuda.synchronize()
@@ -279,6 +313,7 @@ def replay_interleaved(clock, graphs: dict[str, Any], calls: int, samples: int, 
             end.record()
             torch.cuda.synchronize()
             windows.append(Window(p, s, t0, clock.now()))
+            last = p
             events.append((start, end))
             if stopping is not None:
                 event_times[p].append(start.elapsed_time(end))
