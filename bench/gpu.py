@@ -24,14 +24,32 @@ class Operands:
         return len(self.xs)
 
 
-def make_operands(m: int, n: int, k: int, rotations: int, seed: int = 0) -> Operands:
-    """Random bf16 inputs and weights (never zeros: they run faster), one independent copy per rotation."""
+class WeightPool:
+    """A shape's rotated weight copies, made once and shared by all its M (each cell takes the first copies it
+    needs): random bf16 values scaled by k^-0.5, never zeros (they run faster)."""
+
+    def __init__(self, n: int, k: int, seed: int = 0):
+        import torch
+        self.n, self.k = n, k
+        self.gen = torch.Generator(device="cuda").manual_seed(seed)
+        self.ws: list[Any] = []
+
+    def take(self, rotations: int) -> list[Any]:
+        import torch
+        while len(self.ws) < rotations:
+            w = torch.randn(self.n, self.k, device="cuda", dtype=torch.float32, generator=self.gen) * self.k ** -0.5
+            self.ws.append(w.to(torch.bfloat16))
+        return self.ws[:rotations]
+
+
+def make_operands(m: int, n: int, k: int, rotations: int, seed: int = 0, weights: WeightPool | None = None
+                  ) -> Operands:
+    """Random bf16 inputs (never zeros: they run faster), one independent copy per rotation, and as many weight
+    copies: the shape's pool's, or fresh ones."""
     import torch
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    scale = k ** -0.5
     xs = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(rotations)]
-    ws = [(torch.randn(n, k, device="cuda", dtype=torch.float32, generator=gen) * scale).to(torch.bfloat16)
-          for _ in range(rotations)]
+    ws = (weights or WeightPool(n, k, seed + 1)).take(rotations)
     return Operands(xs, ws)
 
 

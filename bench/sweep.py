@@ -12,7 +12,7 @@ from bench import autotune_cache
 from bench.clocks import make_clock
 from bench.envinfo import nvml_clocks, run_info
 from bench.gpu import (REL_ERR_BOUND, L2Flush, Stopping, capture, check_output, flashinfer_choices, make_operands,
-                       probe_kernels, reference, replay_interleaved)
+                       WeightPool, probe_kernels, reference, replay_interleaved)
 from bench.hosttime import host_times
 from bench.paths import ATEN, DISPATCH, PATHS, GemmPath
 from bench.results import done_keys, write_parquet, write_results, write_run_json
@@ -387,16 +387,17 @@ def kernel_twins(names: list[str]) -> dict[str, tuple[str, ...]]:
 
 def measure_group(cfg: SweepConfig, clock, shape: Shape, m: int, paths: list[GemmPath], fns: dict[str, Any],
                   l2_bytes: int, tune_info: dict[str, tuple[float | None, str | None]],
-                  phase: PhaseTimer | None = None, flush=None, flush_names: frozenset[str] = frozenset()
-                  ) -> list[dict[str, Any]]:
-    """One (shape, M) group: operands, correctness, host time, capture and replay; a row per path."""
+                  phase: PhaseTimer | None = None, flush=None, flush_names: frozenset[str] = frozenset(),
+                  weights: WeightPool | None = None) -> list[dict[str, Any]]:
+    """One (shape, M) group: operands (weights from the shape's pool), correctness, host time, capture and replay; a
+    row per path."""
     import torch
 
     phase = phase or PhaseTimer()
     group = plan_group(cfg, clock, shape, m, paths, l2_bytes, flush)
     try:
         with phase("operands"):
-            ops = make_operands(m, shape.n, shape.k, group.rotations, seed=m * 7919 + shape.n)
+            ops = make_operands(m, shape.n, shape.k, group.rotations, seed=m * 7919 + shape.n, weights=weights)
     except torch.OutOfMemoryError as exc:
         torch.cuda.empty_cache()
         for p in paths:
@@ -567,6 +568,7 @@ def run_sweep(cfg: SweepConfig) -> Path:
             todo = [m for m in cfg.ms_of(shape) if any((shape.n, shape.k, m, p.name) not in done for p in cfg.paths)]
             tune_info = tune_group_paths(cfg, shape, todo, sm, fns, bar, phase) if cfg.tune and not pinned else {}
             hopeless: dict[str, str] = {}
+            weights = WeightPool(shape.n, shape.k, seed=shape.n * 31 + shape.k)
             for m in cfg.ms_of(shape):
                 bar.set_postfix_str(f"{shape.name} M={m}")
                 if m not in todo:
@@ -575,7 +577,7 @@ def run_sweep(cfg: SweepConfig) -> Path:
                 live, skipped = split_runnable(cfg.paths, shape, m, sm, done, clock.name, hopeless)
                 rows.extend(skipped)
                 measured = measure_group(cfg, clock, shape, m, live, fns, props.L2_cache_size, tune_info, phase,
-                                         flush, flush_names)
+                                         flush, flush_names, weights)
                 rows.extend(measured)
                 for name, reason in hopeless_after(measured, m, cfg.hopeless_factor).items():
                     hopeless.setdefault(name, reason)
@@ -584,6 +586,8 @@ def run_sweep(cfg: SweepConfig) -> Path:
                         write_results(cfg.out, rows)
                     last_write = time.perf_counter()
                 bar.update(1)
+            del weights  # the next shape's tuning and operands get the memory back
+            torch.cuda.empty_cache()
             if cfg.on_shape_done is not None:
                 with phase("write"):
                     write_results(cfg.out, rows)  # a finished shape is on disk before it is reported
