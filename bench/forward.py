@@ -17,7 +17,7 @@ from bench.clocks import make_clock
 from bench.envinfo import ClockReader, nvml_clocks, run_info
 from bench.forward_paths import (BOUND_LAYER_RULES, DISPATCH_PYTHON, DISPATCHER_RULES, LM_HEAD_RULE,
                                  RULES, TABLE_DIRECT, path_for)
-from bench.gpu import (REL_ERR_BOUND, capture_graph, check_output, records_of_windows, replay_interleaved,
+from bench.gpu import (REL_ERR_BOUND, capture_graph, check_output, records_since_last_window, replay_interleaved,
                        replay_seconds)
 from bench.paths import ATEN, DISPATCH, PATHS
 from bench.results import finished_rows, rows_to_csv, write_run_json
@@ -42,9 +42,6 @@ FORWARD_COLUMNS = ("model", "tp", "m", "path", "regime", "status", "reason", "us
 # than its first replays after idle once the GPU's power cap engages, and settles within this much of its own load
 # (docs/design.md, The settle; measured with bench forward --sustain-ms).
 DEFAULT_SETTLE_MS = 200.0
-# Timed forwards of one rule run back to back after one settle, this many per round: each still follows its own
-# load (the settle, then its own timed forwards), as with a settle before every sample, at a fifth of the cost.
-DEFAULT_SETTLE_BLOCK = 5
 REGIMES = ("graph", "eager")
 # run.json's account of the graph replays' order (runs before it replayed in A B B A order)
 GRAPH_ORDER = "shuffled per round like the eager rounds, seed eager_order_seed + M"
@@ -79,7 +76,6 @@ class ForwardConfig:
     # low-power one runs faster than after a heavy one, so a path's ratio would depend on its place in the order.
     # Settled, every path is timed at the clock its own sustained load holds (docs/design.md, The settle).
     settle_ms: float = DEFAULT_SETTLE_MS
-    settle_block: int = DEFAULT_SETTLE_BLOCK  # timed forwards of a rule after each settle (1: a settle before each)
     sustain_ms: float = 0.0  # > 0: instead of timing rows, each graph replayed this long after idle_ms (bench/sustain.py)
     idle_ms: float = 1000.0
     skip_slower: float | None = None  # skip (both regimes) a rule whose graph replay takes > this x all-aten's
@@ -185,17 +181,8 @@ def round_orders(keys: list[Any], rounds: int, seed: int = 0) -> list[list[Any]]
     return orders
 
 
-def block_orders(keys: list[Any], samples: int, block: int, seed: int = 0) -> list[list[Any]]:
-    """The timed order in rounds: round_orders' shuffle, each key repeated `block` times back to back (the last round
-    takes what is left of `samples`), so that one settle serves a block of timed forwards that each follow their own
-    load. block 1 is round_orders itself."""
-    rounds = -(-samples // block)
-    return [[k for k in order for _ in range(min(block, samples - r * block))]
-            for r, order in enumerate(round_orders(keys, rounds, seed))]
-
-
 def eager_forwards(clock, forwards: dict[Any, Bound], samples: int, seed: int = 0, settle_s: float = 0.0,
-                   reader: ClockReader | None = None, block: int = 1) -> dict[Any, dict[str, list]]:
+                   reader: ClockReader | None = None) -> dict[Any, dict[str, list]]:
     """`samples` eager forwards of each, in a shuffled order per round (round_orders), gc off, each from an idle GPU
     to one synchronize at its end: wall µs, host submission µs (until the last call returned) and the clocks read
     after it; then one more of each, profiled: CUPTI's busy µs and kernel count.
@@ -205,10 +192,9 @@ def eager_forwards(clock, forwards: dict[Any, Bound], samples: int, seed: int = 
     GIL) then fell on some timed forwards and not others, which split one forward's eager samples into two groups
     (docs/design.md, Findings the code relies on).
 
-    settle_s: each block of `block` timed forwards of one path follows untimed runs of it lasting at least this long
-    (at least one when > 0), so every timed forward follows its own load. What ran before a forward moves its time
-    (the slow samples follow heavier forwards), and one fixed shuffle would give each path the same predecessors in
-    every run (docs/design.md, The settle)."""
+    settle_s: each timed forward follows untimed runs of the same forward lasting at least this long (at least one
+    when > 0). What ran before a forward moves its time (the slow samples follow heavier forwards), and one fixed
+    shuffle would give each path the same predecessors in every run (docs/design.md, The settle)."""
     import torch
     names = list(forwards)
     out: dict[Any, dict[str, list]] = {p: {"wall": [], "submit": [], "busy": [], "kernels": [], "digest": [],
@@ -233,12 +219,9 @@ def eager_forwards(clock, forwards: dict[Any, Bound], samples: int, seed: int = 
     records = []
     try:
         with clock.paused():
-            last = None
-            for order in block_orders(names, samples, block, seed):
+            for s, order in enumerate(round_orders(names, samples, seed)):
                 for p in order:
-                    if p != last:
-                        settle(p)
-                    last = p
+                    settle(p)
                     t0 = time.perf_counter_ns()
                     forwards[p]()
                     t1 = time.perf_counter_ns()
@@ -249,7 +232,7 @@ def eager_forwards(clock, forwards: dict[Any, Bound], samples: int, seed: int = 
                     if reader is not None:
                         out[p]["clocks"].append(reader.read())
         for p in names:  # profiled: what kept the GPU busy, and the kernels (each forward's count is checked)
-            records += records_of_windows(clock, windows[-1:])
+            records += records_since_last_window(clock, windows)
             settle(p)
             c0 = clock.now()
             forwards[p]()
@@ -367,9 +350,9 @@ def graph_m(cfg: ForwardConfig, clock, model: str, seq, weights, m: int, sm: int
         with phase("graph replay"):
             # shuffled like the eager rounds: in a fixed A B B A order the dispatcher always sat next to the same
             # forwards, which moved it against table-direct at the power cap (docs/design.md, The settle)
-            orders = block_orders(list(graphs), cfg.samples, cfg.settle_block, (cfg.order_seed or 0) + m)
-            timings = replay_interleaved(clock, graphs, 1, len(orders), settle_s=cfg.settle_ms / 1e3,
-                                         reader=reader, orders=orders)
+            timings = replay_interleaved(clock, graphs, 1, cfg.samples, settle_s=cfg.settle_ms / 1e3,
+                                         reader=reader, orders=round_orders(list(graphs), cfg.samples,
+                                                                            (cfg.order_seed or 0) + m))
         for rule, t in timings.items():
             if t.error:
                 rows.append(_row(cfg, model, m, rule, "graph", len(seq), status="failed", reason=t.error))
@@ -392,8 +375,7 @@ def eager_rows(cfg: ForwardConfig, clock, model: str, n_linears: int, bound: dic
     drift of host speed (on the H200 host whole minutes ran 1.3-1.7x slower) spreads over every M and path alike
     instead of landing on the M that happened to run then."""
     with phase("eager"):
-        eager = eager_forwards(clock, bound, cfg.samples, cfg.order_seed or 0, cfg.settle_ms / 1e3, reader,
-                               cfg.settle_block)
+        eager = eager_forwards(clock, bound, cfg.samples, cfg.order_seed or 0, cfg.settle_ms / 1e3, reader)
     rows = []
     for (m, rule), e in eager.items():
         us, p20, p80 = summary(e["wall"])
@@ -457,7 +439,7 @@ def run_forward(cfg: ForwardConfig) -> Path:
                     ms=cfg.ms, paths=cfg.rules, regimes=list(REGIMES), samples=cfg.samples, pdl=cfg.profile.pdl,
                     decoder_layers=cfg.decoder_layers, lm_head=cfg.lm_head, lm_head_rule=LM_HEAD_RULE,
                     eager_order_seed=cfg.order_seed, graph_order=GRAPH_ORDER, eager_settle=cfg.settle_ms > 0,
-                    settle_ms=cfg.settle_ms, settle_block=cfg.settle_block,
+                    settle_ms=cfg.settle_ms,
                     settle_drain="before the settle", eager_profiler=EAGER_PROFILER,
                     sustain_ms=cfg.sustain_ms or None, idle_ms=cfg.idle_ms if cfg.sustain_ms else None,
                     table_file=cfg.table_file, skip_slower=cfg.skip_slower,

@@ -209,17 +209,16 @@ def replay_seconds(graph) -> float:
     return time.perf_counter() - t0
 
 
-def records_of_windows(clock, windows: list[Window]) -> list:
-    """CUPTI's records so far, keeping only those of `windows` (the timed windows opened since the last drain; records
-    before the first are dropped): called between a window and the next settle, so that the (many) records of settle
-    runs are dropped without a flush between a settle and its window. Runs that flushed there measured graph replays
-    below their sustained times although NVML read the capped clock right after them, and timed eager forwards with
-    several times the host submission time of earlier runs (docs/history.md); their eager rows are void
-    (load_forward). The likely mechanism: after a forced flush CUPTI asks for a fresh buffer at the next launch, which
-    then was the guard sleep (the GPU idled meanwhile) or the timed forward's first call. Here that next launch is the
-    settle's."""
+def records_since_last_window(clock, windows: list[Window]) -> list:
+    """CUPTI's records so far, keeping only those of the last timed window: called between a window and the next
+    settle, so that the (many) records of settle runs are dropped without a flush between a settle and its window.
+    Runs that flushed there measured graph replays below their sustained times although NVML read the capped clock
+    right after them, and timed eager forwards with several times the host submission time of earlier runs
+    (docs/history.md); their eager rows are void (load_forward). The likely mechanism: after a forced
+    flush CUPTI asks for a fresh buffer at the next launch, which then was the guard sleep (the GPU idled meanwhile) or
+    the timed forward's first call. Here that next launch is the settle's."""
     recs = clock.drain()
-    return [r for r in recs if r.start >= windows[0].t0] if windows else []
+    return [r for r in recs if r.start >= windows[-1].t0] if windows else []
 
 
 @dataclass(frozen=True)
@@ -256,8 +255,7 @@ def replay_interleaved(clock, graphs: dict[str, Any], calls: int, samples: int, 
     stopping: a path stops before `samples` once the criterion is met (GraphTiming.stop says which ended it).
 
     settle_s: each timed replay follows untimed replays of the same graph lasting at least this long, so that it runs
-    at the clock its own sustained load settles at, not at one its predecessor left (see bench forward --settle-ms);
-    a replay right after a timed replay of the same graph (a path repeated in an order) is already settled.
+    at the clock its own sustained load settles at, not at one its predecessor left (see bench forward --settle-ms).
     reader: a ClockReader, read after every timed replay (GraphTiming.clocks)."""
     import torch
     names = list(graphs)
@@ -308,16 +306,14 @@ def replay_interleaved(clock, graphs: dict[str, Any], calls: int, samples: int, 
     windows, events, records = [], [], []
     event_times: dict[str, list[float]] = {p: [] for p in live}
     stopped: set[str] = set()
-    last, undrained = None, 0  # the last timed path; the first window since the last drain
     for s in range(samples):
         running = [p for p in live if p not in stopped]
         if not running:
             break
         order = [p for p in orders[s] if p in running] if orders else (running if s % 2 == 0 else running[::-1])
         for p in order:
-            if settle[p] and p != last:
-                records += records_of_windows(clock, windows[undrained:])
-                undrained = len(windows)
+            if settle[p]:
+                records += records_since_last_window(clock, windows)
                 for _ in range(settle[p]):  # synchronized below, before the window opens: outside every window
                     graphs[p].replay()
                 torch.cuda.synchronize()
@@ -331,7 +327,6 @@ def replay_interleaved(clock, graphs: dict[str, Any], calls: int, samples: int, 
             end.record()
             torch.cuda.synchronize()
             windows.append(Window(p, s, t0, clock.now()))
-            last = p
             events.append((start, end))
             if stopping is not None:
                 event_times[p].append(start.elapsed_time(end))

@@ -428,20 +428,6 @@ def test_replays_stop_once_the_stopping_criterion_is_met(monkeypatch):
     assert len(out["noisy"].gpu_us) == 9 and out["noisy"].stop == "max samples (9)"
 
 
-def test_a_graph_repeated_in_an_order_is_settled_once_per_block(monkeypatch):
-    from bench.gpu import replay_interleaved
-    clock, log, ms = _FakeCupti(), [], {"now": 0.0}
-    _fake_cuda(monkeypatch, ms)
-    graphs = {"a": _FakeGraph(clock, ("ka",), [100], log, "a"), "b": _FakeGraph(clock, ("kb",), [100], log, "b")}
-    monkeypatch.setattr("time.perf_counter_ns", iter(range(0, 10 ** 9, 1000)).__next__)  # 1 µs per reading
-    out = replay_interleaved(clock, graphs, 1, 2, settle_s=1e-6, orders=[["a", "a", "a", "b", "b", "b"],
-                                                                          ["b", "b", "b", "a", "a", "a"]])
-    assert all(len(t.gpu_us) == 6 for t in out.values())
-    # two warm-up replays each; then one settle replay where the path changes (a, b, and a again), none between a
-    # path's timed replays and none for b's second block, which follows b's first
-    assert "".join(log) == "aabb" + "a" + "aaa" + "b" + "bbb" + "bbb" + "a" + "aaa"
-
-
 class _FakeCall:
     """A path's callable for time_gpu with a faked capture: the kernels one call runs, by graph size."""
 

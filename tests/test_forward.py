@@ -228,18 +228,6 @@ def test_eager_rounds_shuffle_whole_m_blocks_and_the_paths_inside():
     assert round_orders(keys, 10, seed=7) != orders  # ...and another for another (bench forward draws one per run)
 
 
-def test_block_orders_repeat_each_key_back_to_back_and_keep_the_shuffle():
-    from bench.forward import block_orders, round_orders
-    keys = [(m, p) for m in (1, 8) for p in ("aten", "dispatch", "seed-pr")]
-    orders = block_orders(keys, 12, 5, seed=3)
-    assert [len(o) for o in orders] == [30, 30, 12]  # rounds of 5, 5 and the 2 left
-    for o, n in zip(orders, (5, 5, 2)):
-        runs = [o[i:i + n] for i in range(0, len(o), n)]
-        assert all(len(set(r)) == 1 for r in runs) and sorted(r[0] for r in runs) == sorted(keys)
-    assert [o[::n] for o, n in zip(orders, (5, 5, 2))] == round_orders(keys, 3, seed=3)
-    assert block_orders(keys, 4, 1, seed=3) == round_orders(keys, 4, seed=3)
-
-
 @pytest.mark.evidence
 def test_the_committed_h200_forwards_are_complete_and_count_the_catalogs_linears():
     for name in ("h200-forward", "h200-forward-2"):
@@ -509,7 +497,7 @@ def test_graph_order_artifact_and_the_settled_state_it_hid():
     assert split("h200-bound-forward-14", "table-direct") > 1.10
     assert abs(split("h200-bound-forward-14", "flashinfer-lean:cublaslt") - 1) < 0.01
     # (0.973-0.985: its samples still range 12.4-14.6 ms, the flush before each timed replay idled the GPU for a
-    # varying while; the next runs settle without it, see records_of_windows)
+    # varying while; the next runs settle without it, see records_since_last_window)
     assert all(abs(split("h200-settled-forward-1", p) - 1) < 0.03
                for p in ("aten", "table-direct", "flashinfer-lean:cublaslt"))
     trace = pd.read_csv(EVIDENCE / "h200-sustain-1" / "sustain.csv")
@@ -618,7 +606,7 @@ def test_timed_eager_forwards_run_unprofiled_and_one_profiled_forward_each_follo
     the window's host time 4-6x in h200-settled-forward-1)."""
     import torch
 
-    from bench.forward import block_orders, eager_forwards
+    from bench.forward import eager_forwards
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     log: list = []
     forwards = {(1, "aten"): lambda: log.append("f"), (1, "dispatch"): lambda: log.append("f")}
@@ -626,27 +614,8 @@ def test_timed_eager_forwards_run_unprofiled_and_one_profiled_forward_each_follo
     assert all(len(v["wall"]) == len(v["submit"]) == 3 for v in out.values())
     start, stop = log.index("pause"), log.index("resume")
     assert log[:start] == ["f", "f", "drain"]  # the allocator's first forwards, drained
-    flat = [k for o in block_orders(list(forwards), 3, 1, seed=1) for k in o]
-    settles = sum(1 for i, k in enumerate(flat) if i == 0 or flat[i - 1] != k)  # a path right after itself is settled
-    assert log[start + 1:stop] == ["f"] * (6 + settles)  # 6 timed forwards, each after a settle run; no clock inside
+    assert log[start + 1:stop] == ["f"] * 12  # 6 timed forwards, each after its settle run; no clock inside
     assert log[stop + 1:] == ["drain", "f", "now", "f", "now"] * 2 + ["drain"]  # drain, settle, profiled window
-
-
-def test_a_block_of_eager_forwards_follows_one_settle():
-    import torch
-
-    from bench.forward import eager_forwards
-    log: list = []
-    torch_sync = torch.cuda.synchronize
-    try:
-        torch.cuda.synchronize = lambda *a, **k: None
-        forwards = {(1, "aten"): lambda: log.append("a"), (1, "dispatch"): lambda: log.append("d")}
-        out = eager_forwards(_LoggingClock(log), forwards, samples=4, seed=1, settle_s=1e-9, block=4)
-    finally:
-        torch.cuda.synchronize = torch_sync
-    assert all(len(v["wall"]) == 4 for v in out.values())
-    timed = "".join(log[log.index("pause") + 1:log.index("resume")])
-    assert sorted([timed[:5], timed[5:]]) == ["aaaaa", "ddddd"]  # one settle run, then the block of 4
 
 
 def test_skip_slower_drops_only_single_paths_far_slower_than_all_aten():
