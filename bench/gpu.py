@@ -24,32 +24,14 @@ class Operands:
         return len(self.xs)
 
 
-class WeightPool:
-    """A shape's rotated weight copies, made once and shared by all its M (each cell takes the first copies it
-    needs): random bf16 values scaled by k^-0.5, never zeros (they run faster)."""
-
-    def __init__(self, n: int, k: int, seed: int = 0):
-        import torch
-        self.n, self.k = n, k
-        self.gen = torch.Generator(device="cuda").manual_seed(seed)
-        self.ws: list[Any] = []
-
-    def take(self, rotations: int) -> list[Any]:
-        import torch
-        while len(self.ws) < rotations:
-            w = torch.randn(self.n, self.k, device="cuda", dtype=torch.float32, generator=self.gen) * self.k ** -0.5
-            self.ws.append(w.to(torch.bfloat16))
-        return self.ws[:rotations]
-
-
-def make_operands(m: int, n: int, k: int, rotations: int, seed: int = 0, weights: WeightPool | None = None
-                  ) -> Operands:
-    """Random bf16 inputs (never zeros: they run faster), one independent copy per rotation, and as many weight
-    copies: the shape's pool's, or fresh ones."""
+def make_operands(m: int, n: int, k: int, rotations: int, seed: int = 0) -> Operands:
+    """Random bf16 inputs and weights (never zeros: they run faster), one independent copy per rotation."""
     import torch
     gen = torch.Generator(device="cuda").manual_seed(seed)
+    scale = k ** -0.5
     xs = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(rotations)]
-    ws = (weights or WeightPool(n, k, seed + 1)).take(rotations)
+    ws = [(torch.randn(n, k, device="cuda", dtype=torch.float32, generator=gen) * scale).to(torch.bfloat16)
+          for _ in range(rotations)]
     return Operands(xs, ws)
 
 
@@ -168,34 +150,10 @@ class GraphTiming:
     kernels: tuple[str, ...] = ()
     kernels_per_call: int | None = None
     digest: str = ""  # kernel_digest of one warm-up replay's kernels
-    call_digest: str = ""  # kernel_digest of one call's kernels, where every call of the replay ran the same ones
     error: str | None = None
     gpu_from: str | None = None  # the path whose timed replays these are (a twin with the same kernels), or None
     stop: str = ""  # why its replays stopped: the stopping criterion met, or the maximum count
     clocks: list[tuple[int, float, int] | None] = field(default_factory=list)  # (SM MHz, W, reasons) after each sample
-
-
-def call_digest(names: tuple[str, ...] | list[str], per_call: int, calls: int) -> str:
-    """kernel_digest of one call's kernels where all `calls` calls ran the same sequence, else ''."""
-    one = list(names[:per_call])
-    return kernel_digest(one) if per_call and list(names) == one * calls else ""
-
-
-def probe_kernels(clock, graph, calls: int, exclude: frozenset[str] = frozenset()) -> tuple[int, str] | None:
-    """(kernels per call, call_digest) of one replay of a graph of `calls` like calls, from CUPTI; None where the
-    count does not split into whole calls or the calls ran different kernels."""
-    import torch
-    clock.drain()
-    t0 = clock.now()
-    graph.replay()
-    torch.cuda.synchronize()
-    window = Window("probe", -1, t0, clock.now())
-    timing = attribute([r for r in clock.drain() if r.name not in exclude], [window])[0]
-    if timing.count == 0 or timing.count % calls:
-        return None
-    per_call = timing.count // calls
-    digest = call_digest(timing.names, per_call, calls)
-    return (per_call, digest) if digest else None
 
 
 def replay_seconds(graph) -> float:
@@ -290,7 +248,6 @@ def replay_interleaved(clock, graphs: dict[str, Any], calls: int, samples: int, 
             result[p].kernels_per_call = kpc
             result[p].kernels = tuple(dict.fromkeys(timing.names))
             result[p].digest = kernel_digest(timing.names)
-            result[p].call_digest = call_digest(timing.names, kpc, calls)
     live = [p for p in names if result[p].error is None]
     shared: dict[str, str] = {}
     for p, candidates in (twins or {}).items():

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -12,7 +12,7 @@ from bench import autotune_cache
 from bench.clocks import make_clock
 from bench.envinfo import nvml_clocks, run_info
 from bench.gpu import (REL_ERR_BOUND, L2Flush, Stopping, capture, check_output, flashinfer_choices, make_operands,
-                       WeightPool, probe_kernels, reference, replay_interleaved)
+                       reference, replay_interleaved)
 from bench.hosttime import host_times
 from bench.paths import ATEN, DISPATCH, PATHS, GemmPath
 from bench.results import done_keys, write_parquet, write_results, write_run_json
@@ -27,7 +27,6 @@ from shapes.catalog import Shape
 from shapes.grid import hybrid_buckets
 
 MAX_ROTATION_BYTES = 8 << 30
-PROBE_CALLS = 2  # calls in the short graph that tells whether a public call runs its lean twin's kernels
 
 
 @dataclass
@@ -298,21 +297,20 @@ def time_host(cfg: SweepConfig, group: Group, checked: dict[str, Any], ops, phas
 
 def time_gpu(cfg: SweepConfig, clock, group: Group, checked: dict[str, Any], ops, phase: PhaseTimer, flush,
              flush_names: frozenset[str]) -> None:
-    """Each checked path's CUDA graph of `calls` calls, replayed interleaved; CUPTI kernel time into its row. A public
-    call whose short probe graph runs its lean twin's kernels is not captured in full: its GPU time is the twin's."""
-    twins = {} if cfg.time_twins else kernel_twins(list(checked))
-    probed = probe_twins(clock, group, checked, ops, twins, phase, flush, flush_names)
-    timings = _capture_and_replay(cfg, clock, group, {n: f for n, f in checked.items() if n not in probed}, ops,
-                                  phase, flush, flush_names, twins)
-    unconfirmed = {}
-    for name, (lean, seq) in probed.items():
-        t = timings.get(lean)
-        if t is not None and not t.error and (t.kernels_per_call, t.call_digest) == seq:
-            timings[name] = replace(t, gpu_from=lean)
-        else:  # the lean graph ran other kernels than its probe: the public call is timed itself
-            unconfirmed[name] = checked[name]
-    if unconfirmed:
-        timings.update(_capture_and_replay(cfg, clock, group, unconfirmed, ops, phase, flush, flush_names, {}))
+    """Each checked path's CUDA graph of `calls` calls, replayed interleaved; CUPTI kernel time into its row."""
+    graphs = {}
+    for name, fn in checked.items():
+        try:
+            with phase("capture"):
+                graphs[name] = capture(fn, ops, group.calls, before=flush)
+        except Exception as exc:
+            group.error(name, exc)
+    if not graphs:
+        return
+    with phase("replay"):
+        timings = replay_interleaved(clock, graphs, group.calls, cfg.samples, exclude=flush_names,
+                                     twins=None if cfg.time_twins else kernel_twins(list(graphs)),
+                                     stopping=cfg.stopping)
     for name, t in timings.items():
         if t.error:
             print(f"bench: KERNEL COUNT CHECK FAILED for {group.shape.name} M={group.m}: {t.error}", file=terminal())
@@ -325,50 +323,6 @@ def time_gpu(cfg: SweepConfig, clock, group: Group, checked: dict[str, Any], ops
                                 gpu_samples_us=[round(v, 4) for v in t.gpu_us],
                                 span_samples_us=[round(v, 4) for v in t.span_us], gpu_from=t.gpu_from or "",
                                 stop=t.stop)
-
-
-def _capture_and_replay(cfg: SweepConfig, clock, group: Group, fns: dict[str, Any], ops, phase: PhaseTimer, flush,
-                        flush_names: frozenset[str], twins: dict[str, tuple[str, ...]]) -> dict[str, Any]:
-    graphs = {}
-    for name, fn in fns.items():
-        try:
-            with phase("capture"):
-                graphs[name] = capture(fn, ops, group.calls, before=flush)
-        except Exception as exc:
-            group.error(name, exc)
-    if not graphs:
-        return {}
-    with phase("replay"):
-        return replay_interleaved(clock, graphs, group.calls, cfg.samples, exclude=flush_names, twins=twins,
-                                  stopping=cfg.stopping)
-
-
-def probe_twins(clock, group: Group, checked: dict[str, Any], ops, twins: dict[str, tuple[str, ...]],
-                phase: PhaseTimer, flush, flush_names: frozenset[str]) -> dict[str, tuple[str, tuple[int, str]]]:
-    """Public calls whose probe graph (PROBE_CALLS calls) ran the same kernels per call as their lean twin's: name ->
-    (the twin, (kernels per call, call digest)). A public FlashInfer call costs ~10x F.linear's host time per call,
-    so capturing its full graph (up to hundreds of calls) only to find its twin's kernels is most of a cell's
-    capture time."""
-    if clock.name != "cupti" or group.calls <= PROBE_CALLS:
-        return {}
-    out = {}
-    for name, candidates in twins.items():
-        lean = candidates[0]
-        if name == DISPATCH or not is_lean(lean) or lean not in checked:
-            continue
-        seqs = []
-        for n in (name, lean):
-            try:
-                with phase("capture"):
-                    graph = capture(checked[n], ops, PROBE_CALLS, before=flush)
-                with phase("replay"):
-                    seqs.append(probe_kernels(clock, graph, PROBE_CALLS, flush_names))
-                del graph
-            except Exception:  # the full capture below meets the error again and records it
-                seqs.append(None)
-        if seqs[0] is not None and seqs[0] == seqs[1]:
-            out[name] = (lean, seqs[0])
-    return out
 
 
 def kernel_twins(names: list[str]) -> dict[str, tuple[str, ...]]:
@@ -387,17 +341,16 @@ def kernel_twins(names: list[str]) -> dict[str, tuple[str, ...]]:
 
 def measure_group(cfg: SweepConfig, clock, shape: Shape, m: int, paths: list[GemmPath], fns: dict[str, Any],
                   l2_bytes: int, tune_info: dict[str, tuple[float | None, str | None]],
-                  phase: PhaseTimer | None = None, flush=None, flush_names: frozenset[str] = frozenset(),
-                  weights: WeightPool | None = None) -> list[dict[str, Any]]:
-    """One (shape, M) group: operands (weights from the shape's pool), correctness, host time, capture and replay; a
-    row per path."""
+                  phase: PhaseTimer | None = None, flush=None, flush_names: frozenset[str] = frozenset()
+                  ) -> list[dict[str, Any]]:
+    """One (shape, M) group: operands, correctness, host time, capture and replay; a row per path."""
     import torch
 
     phase = phase or PhaseTimer()
     group = plan_group(cfg, clock, shape, m, paths, l2_bytes, flush)
     try:
         with phase("operands"):
-            ops = make_operands(m, shape.n, shape.k, group.rotations, seed=m * 7919 + shape.n, weights=weights)
+            ops = make_operands(m, shape.n, shape.k, group.rotations, seed=m * 7919 + shape.n)
     except torch.OutOfMemoryError as exc:
         torch.cuda.empty_cache()
         for p in paths:
@@ -533,10 +486,8 @@ def run_sweep(cfg: SweepConfig) -> Path:
                     samples=cfg.samples, ms=cfg.ms, **({"cells": cfg.cells} if cfg.cells is not None else {}),
                     stopping=(cfg.stopping.describe() if cfg.stopping else f"fixed: {cfg.samples} replays"),
                     gpu_twins=("timed in full (--time-twins)" if cfg.time_twins else
-                               f"a public call whose {PROBE_CALLS}-call probe graph runs its lean twin's kernels is not "
-                               f"captured in full and takes the twin's GPU time (confirmed by the twin's full graph); "
-                               f"the dispatcher and the path it chose are replayed once where their warm-up kernels "
-                               f"match; gpu_from names the timed path"),
+                               "a public call and its lean twin, and the dispatcher and the path it chose, are replayed "
+                               "once where their warm-up kernels match; gpu_from names the timed path"),
                     shapes=[s.name for s in cfg.shapes],
                     paths=[p.name for p in cfg.paths], pdl=cfg.profile.pdl, tuning=tuning_info(cfg.vllm_tune_tokens),
                     layout=cfg.layout, table_file=cfg.table_file,
@@ -568,7 +519,6 @@ def run_sweep(cfg: SweepConfig) -> Path:
             todo = [m for m in cfg.ms_of(shape) if any((shape.n, shape.k, m, p.name) not in done for p in cfg.paths)]
             tune_info = tune_group_paths(cfg, shape, todo, sm, fns, bar, phase) if cfg.tune and not pinned else {}
             hopeless: dict[str, str] = {}
-            weights = WeightPool(shape.n, shape.k, seed=shape.n * 31 + shape.k)
             for m in cfg.ms_of(shape):
                 bar.set_postfix_str(f"{shape.name} M={m}")
                 if m not in todo:
@@ -577,7 +527,7 @@ def run_sweep(cfg: SweepConfig) -> Path:
                 live, skipped = split_runnable(cfg.paths, shape, m, sm, done, clock.name, hopeless)
                 rows.extend(skipped)
                 measured = measure_group(cfg, clock, shape, m, live, fns, props.L2_cache_size, tune_info, phase,
-                                         flush, flush_names, weights)
+                                         flush, flush_names)
                 rows.extend(measured)
                 for name, reason in hopeless_after(measured, m, cfg.hopeless_factor).items():
                     hopeless.setdefault(name, reason)
@@ -586,8 +536,6 @@ def run_sweep(cfg: SweepConfig) -> Path:
                         write_results(cfg.out, rows)
                     last_write = time.perf_counter()
                 bar.update(1)
-            del weights  # the next shape's tuning and operands get the memory back
-            torch.cuda.empty_cache()
             if cfg.on_shape_done is not None:
                 with phase("write"):
                     write_results(cfg.out, rows)  # a finished shape is on disk before it is reported

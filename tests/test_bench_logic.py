@@ -428,51 +428,6 @@ def test_replays_stop_once_the_stopping_criterion_is_met(monkeypatch):
     assert len(out["noisy"].gpu_us) == 9 and out["noisy"].stop == "max samples (9)"
 
 
-class _FakeCall:
-    """A path's callable for time_gpu with a faked capture: the kernels one call runs, by graph size."""
-
-    def __init__(self, name: str, small: tuple[str, ...], full: tuple[str, ...] | None = None):
-        self.name, self.small, self.full = name, small, full or small
-
-    def kernels(self, calls: int) -> tuple[str, ...]:
-        return self.small if calls <= 2 else self.full
-
-
-def _time_gpu_with_fakes(monkeypatch, tmp_path, calls: dict) -> tuple[dict, list]:
-    import bench.sweep as sweep
-    from bench.stats import PhaseTimer
-    from shapes.catalog import catalog
-    clock, log, ms = _FakeCupti(), [], {"now": 0.0}
-    _fake_cuda(monkeypatch, ms)
-    monkeypatch.setattr(sweep, "capture", lambda fn, ops, n, before=None: _FakeGraph(
-        clock, fn.kernels(n) * n, [100], log, f"{fn.name}:{n}"))
-    cfg = sweep.SweepConfig(profile=get_profile("h200"), shapes=[], ms=[], paths=[], out=tmp_path, samples=3,
-                            stopping=None)
-    group = sweep.Group(catalog()[0], 8, {n: {} for n in calls}, rotations=8, calls=8, l2_multiple=1.0)
-    sweep.time_gpu(cfg, clock, group, calls, None, PhaseTimer(), None, frozenset())
-    return group.rows, log
-
-
-def test_a_public_call_running_its_lean_twins_kernels_is_never_captured_in_full(monkeypatch, tmp_path):
-    lean, public = "flashinfer-lean:cublaslt", "flashinfer:cublaslt"
-    rows, log = _time_gpu_with_fakes(monkeypatch, tmp_path, {
-        "aten": _FakeCall("aten", ("gemm",)), lean: _FakeCall("lean", ("lt",)), public: _FakeCall("public", ("lt",))})
-    assert "public:8" not in log and log.count("public:2") == 1  # one replay of its two-call probe graph
-    assert rows[public]["gpu_from"] == lean and rows[public]["gpu_us"] == rows[lean]["gpu_us"]
-    assert rows[public]["status"] == rows["aten"]["status"] == "ok" and rows[lean]["gpu_from"] == ""
-
-
-def test_a_public_call_with_other_kernels_than_its_twin_is_timed_itself(monkeypatch, tmp_path):
-    lean, public = "flashinfer-lean:cublaslt", "flashinfer:cublaslt"
-    rows, log = _time_gpu_with_fakes(monkeypatch, tmp_path, {
-        lean: _FakeCall("lean", ("lt",)), public: _FakeCall("public", ("other",))})
-    assert log.count("public:8") == 2 + 3 and rows[public]["gpu_from"] == ""  # two warm-up and three timed replays
-    # probes that agree while the full graphs do not: the public call is captured and timed after all
-    rows, log = _time_gpu_with_fakes(monkeypatch, tmp_path, {
-        lean: _FakeCall("lean", ("lt",), ("lt", "splitk")), public: _FakeCall("public", ("lt",))})
-    assert log.count("public:8") == 2 + 3 and rows[public]["gpu_from"] == "" and rows[public]["status"] == "ok"
-
-
 def test_a_cells_run_expects_each_shape_at_its_own_m_only():
     from bench.results import expected_cells
     info = {"shapes": ["a", "b"], "ms": [8, 80, 96], "paths": ["aten"], "cells": {"a": [80, 96], "b": [8]}}
