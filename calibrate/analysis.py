@@ -35,7 +35,8 @@ def _boot_medians(x: np.ndarray, rng: np.random.Generator, n_boot: int) -> np.nd
 
 def _interval(boot: np.ndarray, level: float) -> tuple[float, float]:
     tail = (1 - level) / 2
-    return float(np.quantile(boot, tail)), float(np.quantile(boot, 1 - tail))
+    lo, hi = np.quantile(boot, (tail, 1 - tail))
+    return float(lo), float(hi)
 
 
 def ratio_ci(a: np.ndarray, b: np.ndarray, n_boot: int = 2000, level: float = 0.95, seed: int = 0
@@ -113,6 +114,7 @@ class Cells:
         for n, k, m, _ in self.samples:
             self._ms.setdefault((n, k), set()).add(m)
         self._ms = {shape: sorted(ms) for shape, ms in self._ms.items()}
+        self._paths = frozenset(p for *_, p in self.samples)
 
     def has(self, n: int, k: int, m: int, path: str) -> bool:
         return (n, k, m, path) in self.samples
@@ -152,8 +154,8 @@ class Cells:
         a, b = self._kernels.get((n, k, m, path)), self._kernels.get((n, k, m, other))
         return isinstance(a, str) and bool(a) and a == b
 
-    def paths(self) -> set[str]:
-        return {p for *_, p in self.samples}
+    def paths(self) -> frozenset[str]:
+        return self._paths
 
     def shapes(self) -> list[tuple[int, int]]:
         return sorted(self._ms)
