@@ -450,3 +450,16 @@ def test_a_modelled_forward_fails_only_beyond_the_forward_floor():
     floor = ForwardFloor({"graph": 0.0155, "eager": 0.15})
     assert sum_exceeds(1.02, "graph") and not sum_exceeds(1.02, "graph", floor)
     assert sum_exceeds(1.03, "graph", floor) and not sum_exceeds(1.10, "eager", floor)
+
+
+def test_one_reference_serves_every_path_of_a_cell():
+    """check_output against a reference computed once per cell gives what it gives with its own, and catches a
+    wrong output all the same (CPU tensors)."""
+    import torch
+    from bench.gpu import check_output, reference
+    x, w = torch.randn(300, 64, dtype=torch.bfloat16), torch.randn(32, 64, dtype=torch.bfloat16)
+    ref = reference(x, w)
+    assert len(ref[0]) == 256  # at most 256 rows, spread over M
+    good = lambda a, b: torch.nn.functional.linear(a, b)
+    assert check_output(good, x, w, ref) == check_output(good, x, w) < 2e-2
+    assert check_output(lambda a, b: good(a, b) * 1.5, x, w, ref) > 0.3
