@@ -76,18 +76,16 @@ def table_section(run: Run, ranges_img: Callable[[], str] | None = None) -> str:
             + table(pd.DataFrame(rows), cols, cls="wrap", left=tuple(c for c, _ in cols)) + "</details>")
 
 
-def shape_jobs(run: Run, rows: pd.DataFrame) -> list[tuple]:
-    """shape_figure's arguments per shape, in the order shapes_section lists them."""
-    xo = shape_crossovers(run)
+def shape_jobs(run: Run, rows: pd.DataFrame, xo: dict[tuple[int, int], float]) -> list[tuple]:
+    """shape_figure's arguments per shape, in the order shapes_section lists them; `xo`: shape_crossovers(run)."""
     cap = run.profile.capture_size if run.profile else None
     return [(g, f"{n}x{k}", run.table.threshold(n, k, "graph") if run.table else None, xo.get((n, k), float("nan")),
              cap) for (n, k), g in rows.groupby(["n", "k"], sort=True)]
 
 
-def shapes_section(run: Run, rows: pd.DataFrame, images: list[str]) -> str:
+def shapes_section(run: Run, rows: pd.DataFrame, images: list[str], xo: dict[tuple[int, int], float]) -> str:
     """Per shape its figure and the table's ranges; `images`: the figures of shape_jobs, in order (build draws them
-    on workers)."""
-    xo = shape_crossovers(run)
+    on workers); `xo`: shape_crossovers(run), computed once for both."""
     out = []
     for ((n, k), g), img in zip(rows.groupby(["n", "k"], sort=True), images):
         first = g.iloc[0]
@@ -420,7 +418,8 @@ def build(results: list[str], out: Path, baseline: str | None = None, anatomy: s
         loaded = {f: load_forward(f, partial) for f in folders}  # read once: the verdict, its section, vLLM terms
         ratios = ratio_rows(primary)
         # the figures draw on forked workers while the verdicts are computed here
-        strips, shape_args = range_strips(primary), shape_jobs(primary, ratios)
+        crossovers = shape_crossovers(primary)
+        strips, shape_args = range_strips(primary), shape_jobs(primary, ratios, crossovers)
         jobs = [*([(figures.ranges_figure, (strips,))] if strips else []),
                 *((figures.shape_figure, a) for a in shape_args)]
         with figures.Drawing(jobs if draw_figures else []) as drawing:
@@ -432,7 +431,7 @@ def build(results: list[str], out: Path, baseline: str | None = None, anatomy: s
     gpus = " vs ".join(dict.fromkeys(r.gpu for r in runs))
     todo = [("summary", "Verdict", lambda: summary_section(primary, head)),
             ("table", "Dispatch table", lambda: table_section(primary, ranges_img)),
-            ("shapes", "Per shape", lambda: shapes_section(primary, rows, shape_imgs)),
+            ("shapes", "Per shape", lambda: shapes_section(primary, rows, shape_imgs, crossovers)),
             ("totals", "Per-forward totals (cell-sum model)", lambda: totals_section(head)),
             ("cells", "Every cell", lambda: cells_section(rows)),
             ("problems", "Failed and skipped cells", lambda: problems_section(rows))]
