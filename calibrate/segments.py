@@ -19,6 +19,7 @@ machine (median_machine), and a range covers as few as it can of the M that some
 from __future__ import annotations
 
 import math
+from statistics import median
 from typing import Any, NamedTuple
 
 import pandas as pd
@@ -197,8 +198,8 @@ def median_machine(own: MachineCosts, others: list[MachineCosts]) -> MachineCost
             continue
         seen = [mc for mc in machines if (m, p) in mc[0] and (m, ATEN) in mc[0]]
         ratios = sorted(mc[0][(m, p)] / mc[0][(m, ATEN)] for mc in seen)
-        cost[(m, p)] = own[0][(m, ATEN)] * _median(ratios)
-        upper[(m, p)] = _median(sorted(mc[1][(m, p)] for mc in seen))
+        cost[(m, p)] = own[0][(m, ATEN)] * median(ratios)
+        upper[(m, p)] = median(mc[1][(m, p)] for mc in seen)
         if len(seen) >= CONSISTENT_MACHINES:  # below the slowest machine's ratio beyond the noise too
             upper[(m, p)] = min(upper[(m, p)], ratios[-1])
         if 2 * sum((m, p) in mc[2] for mc in seen) >= len(seen):
@@ -233,13 +234,8 @@ def machine_bars(ms: list[int], machines: list[MachineCosts], paths: list[str], 
         if allowed:
             out |= {(m, p) for p in worst if p not in allowed}
         out |= {(m, p) for p in ratios if p != ATEN and max(ratios[p]) > 1
-                and _median(sorted(uppers[p])) >= 1 - min_gain}
+                and median(uppers[p]) >= 1 - min_gain}
     return frozenset(out)
-
-
-def _median(xs: list[float]) -> float:
-    h = len(xs) // 2
-    return xs[h] if len(xs) % 2 else 0.5 * (xs[h - 1] + xs[h])
 
 
 def fit_segments(cells: Cells, base: ThresholdTable, tolerance: float = DEFAULT_TOLERANCE, min_gain: float = 0.01,
