@@ -143,12 +143,12 @@ def shape_figure(rows: pd.DataFrame, title: str, threshold: int | None, crossove
         if is_flashinfer(path) and g["ratio"].notna().any():
             ax2.plot(g["m"], g["ratio"], marker=".", color=_color(path), label=path)
             ax2.fill_between(g["m"], g["ratio_lo"], g["ratio_hi"], color=_color(path), alpha=0.25)
-    ax1.set(xscale="log", yscale="log", xlabel="M (tokens)", ylabel="GPU µs per call (CUPTI, in graph)",
-            title=f"{title}: GPU time per call")
+    ax1.set(xscale="log", yscale="log", xlabel="M (tokens)", ylabel="GPU µs per call (CUPTI, in graph)")
+    _title(ax1, f"{title}: GPU time per call")
     _legend_below(ax1)
     ax2.axhline(1.0, color="black", lw=0.8)
-    ax2.set(xscale="log", yscale="log", xlabel="M (tokens)", ylabel="FlashInfer / aten GPU time",
-            title="FlashInfer / aten (below 1: FlashInfer faster)")
+    ax2.set(xscale="log", yscale="log", xlabel="M (tokens)", ylabel="FlashInfer / aten GPU time")
+    _title(ax2, "FlashInfer / aten (below 1: FlashInfer faster)")
     if threshold is not None:
         ax2.axvline(max(threshold, 0.8), color="#66a61e", ls="--", lw=1.2,
                     label=f"dispatcher (graph): FlashInfer up to M = {threshold}" if threshold
@@ -157,8 +157,8 @@ def shape_figure(rows: pd.DataFrame, title: str, threshold: int | None, crossove
         ax2.axvline(crossover, color="#e6ab02", ls=":", lw=1.5, label=f"measured crossover M* = {crossover:.0f}")
     if ax2.has_data():
         _legend_below(ax2)
-    ax3.set(xscale="log", yscale="log", xlabel="M (tokens)", ylabel="µs per call",
-            title="host (solid) vs GPU (dotted) per call")
+    ax3.set(xscale="log", yscale="log", xlabel="M (tokens)", ylabel="µs per call")
+    _title(ax3, "host (solid) vs GPU (dotted) per call")
     if capture_size:
         ax3.axvspan(capture_size, max(ok["m"].max(), capture_size) * 1.1, color="#cccccc", alpha=0.3,
                     label=f"eager above capture size {capture_size}")
@@ -169,8 +169,14 @@ def shape_figure(rows: pd.DataFrame, title: str, threshold: int | None, crossove
         ax.yaxis.set_major_formatter(PLAIN)
         ax.yaxis.set_minor_locator(NullLocator())  # minor log ticks cost most of a figure's drawing time
         ax.xaxis.set_minor_locator(NullLocator())
+        ax.xaxis.set_major_formatter(PLAIN)  # 1, 10, 100: no mathtext to lay out
     fig.subplots_adjust(left=0.05, right=0.99, bottom=0.38, top=0.92, wspace=0.28)
     return to_uri(fig)
+
+
+def _title(ax, text: str) -> None:
+    """A title at a fixed height: matplotlib otherwise measures the tick labels to place it, at every draw."""
+    ax.set_title(text, y=1.0, pad=6)
 
 
 def _legend_below(ax) -> None:
