@@ -6,7 +6,7 @@ Rule, in a sentence: at every measured M a range's path costs at most (1 + toler
 and the paths that beat F.linear beyond the noise at that M; a FlashInfer range's cost over its span (geometric mean
 of its per-M ratios to F.linear, each judged at the upper end of its interval widened by the noise floor) lies below
 (1 - min_gain), judged at the M where its GPU time can be told from F.linear's (where it ran F.linear's very kernels
-in a time the noise cannot tell apart, judged by GPU time, it costs what F.linear costs); among the segmentations with
+in a time the noise cannot tell apart, in a cost that GPU time decides, it costs what F.linear costs); among the segmentations with
 the fewest ranges (F.linear above the last one is not a range), F.linear keeps the M where no FlashInfer path beats it
 beyond the noise, then the lowest total cost wins, then F.linear. An M between two measured ones takes the larger
 one's choice; `refine_cells` names the gaps where the choice changes, for a sweep to measure before the final fit.
@@ -38,7 +38,8 @@ RULE = ("fewest M ranges per shape and regime such that at every measured M the 
         "FlashInfer range's geometric-mean ratio to F.linear over its span (each M at the top of its noise-widened "
         "interval) lies below 1 - min_gain, judged at the M where its GPU time can be told from F.linear's (where "
         "it ran F.linear's very kernels and its GPU-time ratio's noise-widened interval spans 1, in a cost judged by "
-        "GPU time, it costs F.linear's cost); "
+        "GPU time or an eager one where both calls were GPU-bound (host's 80th percentile below GPU's 20th), it "
+        "costs F.linear's cost); "
         "graph cost: GPU time; eager cost: max(host, GPU) per call, and with --forward GPU time from the M where "
         "the shape's models' measured eager forwards were GPU-bound (both between that and the host-bound M), and "
         "at a (model, M) where a single path's whole eager forward beat all-aten beyond the noise in every run, "
@@ -60,10 +61,21 @@ def _upper_ratio(cells: Cells, n: int, k: int, m: int, path: str, regime: str, n
     return cells.cost_bound(n, k, m, path, "p80") * floor / cells.cost_bound(n, k, m, ATEN, "p20")
 
 
-def _alike(cells: Cells, n: int, k: int, m: int, path: str, noise: Any) -> bool:
-    """Whether a path's GPU time at a cell is F.linear's: it ran the same kernels (by name; their launch shapes may
-    still differ, so that alone is not enough) and its ratio to F.linear's, widened by the noise floor, spans 1."""
+def _gpu_bound(cells: Cells, n: int, k: int, m: int, path: str) -> bool:
+    """Whether a call's eager cost max(host, GPU) is its GPU time beyond the spread: host's 80th percentile below
+    GPU's 20th."""
+    host = cells.percentile(n, k, m, path, "host_us", "p80")
+    return not math.isnan(host) and host < cells.percentile(n, k, m, path, "gpu_us", "p20")
+
+
+def _alike(cells: Cells, n: int, k: int, m: int, path: str, how: tuple[str, ...], noise: Any) -> bool:
+    """Whether a path's cost at a cell is F.linear's: it ran the same kernels (by name; their launch shapes may
+    still differ, so that alone is not enough), its GPU-time ratio to F.linear's, widened by the noise floor, spans
+    1, and GPU time decides the cost: judged by GPU time (`how` ('graph',)), or eagerly where both calls are
+    GPU-bound (_gpu_bound)."""
     if not cells.same_kernels(n, k, m, path):
+        return False
+    if how != ("graph",) and not (_gpu_bound(cells, n, k, m, ATEN) and _gpu_bound(cells, n, k, m, path)):
         return False
     _, lo, hi = calibrated_ratio(cells, n, k, m, path, ATEN, noise, m)
     return lo <= 1.0 <= hi
@@ -171,9 +183,9 @@ def _machine_costs(cells: Cells, n: int, k: int, hows: dict[int, tuple[str, ...]
             value = _cost(cells, n, k, m, p, how) if cells.has(n, k, m, p) else math.nan
             if math.isnan(value):
                 continue  # unmeasured, or without the host time its regime is judged by: cannot cover M
-            if p != ATEN and how == ("graph",) and _alike(cells, n, k, m, p, noise):
+            if p != ATEN and _alike(cells, n, k, m, p, how, noise):
                 alike.add((m, p))
-                cost[(m, p)], upper[(m, p)] = cells.gpu(n, k, m, ATEN), 1.0
+                cost[(m, p)], upper[(m, p)] = _cost(cells, n, k, m, ATEN, how), 1.0
                 continue
             cost[(m, p)] = value
             upper[(m, p)] = 1.0 if p == ATEN else max(_upper_ratio(cells, n, k, m, p, h, noise) for h in how)

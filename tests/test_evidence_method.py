@@ -64,3 +64,25 @@ def test_run_g_took_its_legs_seconds_and_fitted_its_ranges():
     counts = range_counts(load_table(path=RUN_G / "table.json"))
     assert (round(counts["mean_ranges"], 2), counts["max_ranges"]) == (3.47, 13)
     assert round(100 * counts["narrowest_share"], 1) == 0.7  # M 1025..1031 (fit.log rounds it to 1%)
+
+
+@pytest.mark.evidence
+def test_run_g_refitted_with_the_eager_alike_rule(tmp_path):
+    """Run g's fit leg on its own data with today's rule (a GPU-bound eager call on F.linear's kernels costs
+    F.linear's): 3.00 ranges per shape and regime, at most 6, none narrower than 6% of its upper M; its cells on
+    machine N's check sweep, with no SLOWER cell (the check forward ran run g's own table, so it is not judged)."""
+    import shlex
+
+    from calibrate.__main__ import main
+    from calibrate.segments import range_counts
+    from dispatch.table import load_table
+    argv = shlex.split(json.loads((RUN_G / "manifest.json").read_text())["legs"]["fit"]["command"])[2:]
+    argv = [str(RUN_G / a.split("/", 3)[3]) if a.startswith("results/h200/h200-20261201g/") else a for a in argv]
+    argv[argv.index("--out") + 1] = str(tmp_path / "t.json")
+    assert main(argv) == 0
+    counts = range_counts(load_table(path=tmp_path / "t.json"))
+    assert (round(counts["mean_ranges"], 2), counts["max_ranges"], round(100 * counts["narrowest_share"], 1)) == (
+        3.0, 6, 6.2)
+    assert main(["validate", str(RUN_G / "check-sweep"), "--thresholds", str(tmp_path / "t.json"),
+                 "--csv", str(tmp_path / "v.csv")]) == 0
+    assert "SLOWER" not in set(pd.read_csv(tmp_path / "v.csv")["verdict"])
