@@ -9,7 +9,7 @@ directly leaves the dispatcher hop and the check out, which understates vLLM's e
 The op is the host anatomy's model of that op (bench/anatomy_ops.py register_gemm_op), registered once per backend
 with its check: for cute-dsl vLLM's (dispatch.vllm.can_use_cutedsl, on this GPU's SM); for another backend, which
 vLLM has no entry for (TinyGEMM on SM90: the mechanism a vLLM change would use), that backend's own rule
-(dispatch/backends.py).
+(dispatch/backends.py, applied by dispatch/eligible.py).
 """
 from __future__ import annotations
 
@@ -23,9 +23,10 @@ def vllm_check(backend: str, sm: int) -> Callable[[Any, Any, Any], bool]:
     """The per-call check the op runs for a backend on an SM (F.linear where it fails)."""
     if backend == FLAG_BACKEND:
         return lambda x, weight, bias: can_use_cutedsl(sm, x, weight, bias)
+    from dispatch.eligible import accepts
     rule = BACKENDS[backend]
     return lambda x, weight, bias: (x.ndim >= 1 and x.shape[-1] == weight.shape[-1]
-                                    and rule.accepts(x, weight, bias, sm))
+                                    and accepts(rule, x, weight, bias, sm))
 
 
 def flashinfer_bf16_mm(mm_bf16: Callable[..., Any]) -> Callable[..., Any]:

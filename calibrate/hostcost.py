@@ -19,8 +19,10 @@ import dispatch
 from bench.hosttime import host_times
 from bench.stats import estimate_call_us
 from bench.sweep import SweepConfig, require_cuda
+import dispatch.layers as dispatch_layers
 from dispatch import capture
-from dispatch.backends import ATEN, BACKENDS, flashinfer_path, input_ok, lean_path
+from dispatch.backends import ATEN, BACKENDS, flashinfer_path, lean_path
+from dispatch.eligible import accepts, input_ok
 from dispatch.profiles import get_profile
 from dispatch.table import load_table
 from harness.errors import HarnessError
@@ -42,9 +44,9 @@ def bound_layers(w) -> dict[str, object]:
     mod = native.module()
     if mod is not None:
         layers["dispatch.bind [C++]"] = layer = dispatch.bind(w, native=True)
-        python, entries = dispatch._python_layer(w, None)
-        layers["dispatch.bind [C++, GIL held]"] = mod.BoundLinear(w, None, entries or dispatch._no_kernel, python,
-                                                                 release_gil=False)
+        python, entries = dispatch_layers._python_layer(w, None)
+        layers["dispatch.bind [C++, GIL held]"] = mod.BoundLinear(w, None, entries or dispatch_layers._no_kernel,
+                                                                 python, release_gil=False)
         assert dispatch.layer_kind(layer) == "C++"
     return layers
 
@@ -52,8 +54,8 @@ def bound_layers(w) -> dict[str, object]:
 def drop_ins(x, w) -> dict[str, object]:
     """dispatch.linear to time: 'dispatch.linear [Python]', and where the C++ one is built 'dispatch.linear [C++]'
     (a fresh one, so its memory starts empty as the Python one's does after configure)."""
-    fns = {"dispatch.linear [Python]": lambda: dispatch._linear_python(x, w)}
-    native_linear = dispatch._native_linear()
+    fns = {"dispatch.linear [Python]": lambda: dispatch_layers._linear_python(x, w)}
+    native_linear = dispatch_layers._native_linear()
     if native_linear is not None:
         fns["dispatch.linear [C++]"] = lambda: native_linear(x, w)
     return fns
@@ -155,7 +157,7 @@ def run_host_cost(profile_name: str, calls: int, out: Path | None) -> int:
                    "part: activation check": lambda: input_ok(x, device, align)}
             for b in dict.fromkeys((profile.low_m_backend, "cublaslt")):
                 backend = BACKENDS[b]
-                if backend.skip_reason(profile.sm, shape.n, shape.k, LEAN_M) or not backend.accepts(x, w, None, profile.sm):
+                if backend.skip_reason(profile.sm, shape.n, shape.k, LEAN_M) or not accepts(backend, x, w, None, profile.sm):
                     continue
                 lean, public = lean_call(b, backend.pdl(profile.pdl)), public_call(b, backend.pdl(profile.pdl))
                 fns[lean_path(b)] = lambda lean=lean: lean(x, w)

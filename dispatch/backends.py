@@ -1,11 +1,9 @@
-"""FlashInfer's mm_bf16 backends and what each accepts: the one eligibility rule per backend. The dispatcher applies
-it to tensors on every call; the bench registry and the analyses apply it to (SM, N, K, M) cells."""
+"""FlashInfer's mm_bf16 backends and what each accepts: the one eligibility rule per backend, as data (SMs, shape
+multiples, alignment, M limit). The bench registry and the analyses apply it to (SM, N, K, M) cells here
+(Backend.skip_reason); the dispatcher applies it to tensors (dispatch/eligible.py, the module that imports torch)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
-
-import torch
 
 # Path names shared by every floor (the bench registry gives each its role): F.linear, and the dispatcher itself.
 ATEN = "aten"
@@ -35,14 +33,6 @@ def is_lean(path: str) -> bool:
 def backend_of(path: str) -> str | None:
     """The FlashInfer backend a path name runs ('flashinfer:tinygemm' and 'flashinfer-lean:tinygemm' alike)."""
     return path.split(":", 1)[1] if is_flashinfer(path) else None
-
-
-def input_ok(x: Any, device: int, align_bytes: int) -> bool:
-    """The per-call half of a backend's rule, for a weight on GPU `device`: the activation's dtype, device, layout
-    and alignment (device indices compared as ints: cheaper than building torch.device objects on every call). A
-    plain function of plain arguments: a bound layer calls it with values resolved at bind time."""
-    return (x.dtype is torch.bfloat16 and x.is_contiguous() and x.data_ptr() % align_bytes == 0
-            and x.get_device() == device)
 
 
 @dataclass(frozen=True)
@@ -85,21 +75,6 @@ class Backend:
     def pdl(self, wanted: bool) -> bool:
         """The pdl flag this backend is called with when the profile wants `wanted`."""
         return wanted and self.supports_pdl
-
-    def accepts_weight(self, weight: Any, bias: Any, sm: int) -> bool:
-        """The half of the rule that depends on the weight alone: checked once when a layer is bound."""
-        n, k = weight.shape[0], weight.shape[-1]
-        return (bias is None and weight.dtype == torch.bfloat16 and weight.dim() == 2 and weight.is_cuda
-                and weight.is_contiguous() and (self.sms is None or sm in self.sms) and n % self.n_multiple == 0
-                and k % self.k_multiple == 0 and weight.data_ptr() % self.align_bytes == 0)
-
-    def accepts_input(self, x: Any, weight: Any) -> bool:
-        return input_ok(x, weight.get_device(), self.align_bytes)
-
-    def accepts(self, x: Any, weight: Any, bias: Any, sm: int) -> bool:
-        """Whether the kernel takes these tensors (bf16, contiguous, on one GPU, no bias, shape multiples, alignment);
-        the dispatcher falls back to F.linear otherwise, instead of letting the kernel raise."""
-        return self.accepts_weight(weight, bias, sm) and self.accepts_input(x, weight)
 
 
 BACKENDS: dict[str, Backend] = {b.name: b for b in (

@@ -17,8 +17,6 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable
 
-import torch
-
 KNOWN_VERSIONS = ("0.7.2.post1",)
 TUNING_OP = "bf16_gemm"  # the custom_op name bf16_gemm_sm100 passes to choose_one
 LeanFn = Callable[[Any, Any, Any], Any]  # (x [M, K], weight [N, K], bias or None) -> y [M, N]; .into(x, w, out)
@@ -108,6 +106,7 @@ def _cublaslt(pdl: bool) -> LeanFn:
     (docs/design.md, "Tuned cuBLASLt only at tuned M"), not always as fast. There the lean call runs F.linear's
     matmul itself. cuBLASLt takes no pdl (FlashInfer raises on it), so `pdl` is not used."""
     import flashinfer.gemm.gemm_base as gb
+    import torch
     from flashinfer.jit.gemm import gen_mm_bf16_cublaslt_module
     run = gen_mm_bf16_cublaslt_module().build_and_load().mm_bf16_cublaslt_run_with_algo
     make_runner = gb.get_mm_bf16_cublaslt_module().cublaslt_bf16_gemm_runner

@@ -260,14 +260,14 @@ def test_every_flashinfer_path_sends_its_own_backend_and_pdl(monkeypatch):
             sent.clear()
             assert torch.allclose(path.build(pdl)(x, w), x @ w.t())
             assert [(s["backend"], s["pdl"]) for s in sent] == [(path.backend.name, pdl and path.backend.name in takes_pdl)], path.name
-    import dispatch
+    import dispatch.layers
     for path, pdl in (("flashinfer:cute-dsl", True), ("flashinfer-lean:cute-dsl", True), ("flashinfer:cublaslt", True)):
-        kernel = dispatch._kernel(path, pdl)
+        kernel = dispatch.layers._kernel(path, pdl)
         sent.clear()
         kernel(x, w, None)
         assert [(s["backend"], s["pdl"]) for s in sent] == [(path.split(":")[1], "cublaslt" not in path)]
     dispatch.reset()
-    dispatch._STATE.kernels.clear()
+    dispatch.layers._STATE.kernels.clear()
 
 
 def test_a_damaged_results_file_stops_a_resume_with_one_line(tmp_path):

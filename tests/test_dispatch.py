@@ -254,7 +254,7 @@ def test_validate_refuses_other_gpu_and_bad_files(tmp_path):
 
 def test_dispatch_linear_on_cpu_is_f_linear():
     torch = pytest.importorskip("torch")
-    import dispatch
+    import dispatch.layers
     x, w, b = torch.randn(3, 5, 64), torch.randn(32, 64), torch.randn(32)
     assert torch.equal(dispatch.linear(x, w, b), torch.nn.functional.linear(x, w, b))
     assert dispatch.linear(x, w).shape == (3, 5, 32)
@@ -310,9 +310,8 @@ def fake_gpu_dispatch(request, monkeypatch):
     activation is on the weight's 'device' -1, so the bound layer's own activation checks apply unchanged)."""
     import torch
 
-    import dispatch
-    from dispatch import native
-    from dispatch.backends import BACKENDS
+    import dispatch.layers
+    from dispatch import eligible, native
     mod = request.getfixturevalue("native_module") if request.param == "C++" else None
     monkeypatch.setattr(native, "module", lambda: mod)
     calls = []
@@ -327,13 +326,17 @@ def fake_gpu_dispatch(request, monkeypatch):
         calls.append(tuple(x.shape))
         out.fill_(7.0)
     kernel.into = into
-    monkeypatch.setattr(dispatch._STATE, "capturing", lambda: state["capturing"])
-    monkeypatch.setattr(dispatch._STATE, "signal", "hooks")
-    monkeypatch.setattr(dispatch, "_kernel", lambda path, pdl: kernel)
-    monkeypatch.setattr(dispatch, "_device", lambda index: (_fake_rule_table(), 90, True))
-    tiny = BACKENDS["tinygemm"]
-    monkeypatch.setattr(type(tiny), "accepts_weight", lambda self, w, b, sm: b is None and w.dtype == torch.bfloat16)
-    monkeypatch.setattr(dispatch, "linear", dispatch._native_linear() or dispatch._linear_python)
+    monkeypatch.setattr(dispatch.layers._STATE, "capturing", lambda: state["capturing"])
+    monkeypatch.setattr(dispatch.layers._STATE, "signal", "hooks")
+    monkeypatch.setattr(dispatch.layers, "_kernel", lambda path, pdl: kernel)
+    monkeypatch.setattr(dispatch.layers, "_device", lambda index: (_fake_rule_table(), 90, True))
+    def cpu_weight_ok(backend, w, b, sm):  # the rule's weight half, with CPU weights allowed
+        return b is None and w.dtype == torch.bfloat16
+    monkeypatch.setattr(eligible, "accepts_weight", cpu_weight_ok)
+    monkeypatch.setattr(dispatch.layers, "accepts_weight", cpu_weight_ok)
+    fresh = dispatch.layers._native_linear() or dispatch.layers._linear_python  # the package's and the layers' name
+    monkeypatch.setattr(dispatch.layers, "linear", fresh)
+    monkeypatch.setattr(dispatch, "linear", fresh)
     assert dispatch.layer_kind(dispatch.linear) == request.param
     dispatch.reset()
     yield dispatch, calls, state
@@ -436,14 +439,14 @@ def test_the_dispatcher_uses_the_hooked_capture_counter_and_can_switch_to_the_cu
     counter, and capture_signal switches dispatch.linear's test at once (a bound layer keeps its own)."""
     import torch
 
-    import dispatch
+    import dispatch.layers
     from dispatch import capture
     assert dispatch.install() == "hooks" and getattr(torch.cuda.CUDAGraph.capture_begin, capture._MARK, False)
-    assert dispatch.capture_signal() == "hooks" and dispatch._STATE.capturing is capture.hooked_flag
+    assert dispatch.capture_signal() == "hooks" and dispatch.layers._STATE.capturing is capture.hooked_flag
     monkeypatch.setattr(capture._CAPTURES, "depth", 1)
     assert dispatch.is_capturing()
     try:
-        assert dispatch.capture_signal("query") == "query" and dispatch._STATE.capturing is capture.cuda_query
+        assert dispatch.capture_signal("query") == "query" and dispatch.layers._STATE.capturing is capture.cuda_query
         assert not dispatch.is_capturing()  # CUDA's answer: no stream of this CPU process is capturing
     finally:
         dispatch.capture_signal("hooks")
@@ -466,19 +469,19 @@ def test_bound_layers_of_one_shape_share_a_bounded_memory_of_choices(fake_gpu_di
     a(x)
     b(x)
     assert calls == [(8, 64), (8, 64)]
-    rules = list(dispatch._STATE.layer_rules.values())
+    rules = list(dispatch.layers._STATE.layer_rules.values())
     assert len(rules) == 1 and set(rules[0][0]) == {(8, 64)}  # one memory, one entry, for both layers
     with pytest.raises(RuntimeError):
         a(torch.randn(8, 32, dtype=torch.bfloat16))  # K mismatch: F.linear's own error, not the kernel
     assert len(calls) == 2
-    monkeypatch.setattr(dispatch, "CHOICES_KEPT", 3)
+    monkeypatch.setattr(dispatch.layers, "CHOICES_KEPT", 3)
     dispatch.reset()
     c = dispatch.bind(w1, native=False)
     for m in (1, 2, 3, 4, 64, 5):
         xm = torch.randn(m, 64, dtype=torch.bfloat16)
         y = c(xm)
         assert (bool((y == 7).all()) if m <= 32 else torch.equal(y, F.linear(xm, w1)))
-        assert len(next(iter(dispatch._STATE.layer_rules.values()))[0]) <= 3
+        assert len(next(iter(dispatch.layers._STATE.layer_rules.values()))[0]) <= 3
     assert calls[-1] == (5, 64) and len(calls) == 7
 
 
@@ -718,7 +721,7 @@ def test_the_cpp_dispatch_linear_runs_f_linear_itself_only_where_both_regimes_do
     import torch.nn.functional as F
     from torch.overrides import TorchFunctionMode
 
-    import dispatch
+    import dispatch.layers
     mod = native_module
     w = torch.randn(16, 64, dtype=torch.bfloat16)
     bias = torch.randn(16, dtype=torch.bfloat16)
@@ -789,7 +792,7 @@ def test_bind_returns_the_cpp_layer_where_it_can_serve(native_module, monkeypatc
     why not. The hooks move the C++ layer's counter as they move their own (capture.add_listener)."""
     import torch
 
-    import dispatch
+    import dispatch.layers
     from dispatch import capture, native
     w = torch.randn(16, 64, dtype=torch.bfloat16)
     monkeypatch.setattr(native, "module", lambda: native_module)
@@ -840,10 +843,10 @@ def test_dispatch_linear_remembers_shapes_where_both_regimes_run_f_linear(fake_g
     table = ThresholdTable("h200", "tinygemm", {"graph": (), "eager": ()},
                            {(16, 64): {"graph": ((8, "flashinfer-lean:tinygemm"), (16, "aten"),
                                                  (32, "flashinfer-lean:tinygemm")), "eager": ()}})
-    monkeypatch.setattr(dispatch, "_device", lambda index: (table, 90, True))
+    monkeypatch.setattr(dispatch.layers, "_device", lambda index: (table, 90, True))
     dispatch.reset()
     w = torch.randn(16, 64, dtype=torch.bfloat16)
-    rule = dispatch._rule(-1, w)
+    rule = dispatch.layers._rule(-1, w)
     x12, x4 = torch.randn(12, 64, dtype=torch.bfloat16), torch.randn(4, 64, dtype=torch.bfloat16)
     for _ in range(2):
         assert torch.equal(dispatch.linear(x12, w), F.linear(x12, w))
@@ -860,7 +863,7 @@ def test_dispatch_linear_remembers_shapes_where_both_regimes_run_f_linear(fake_g
         dispatch.reset()  # a new table: the C++ dispatch.linear forgets its shape rules
         assert dispatch.linear.remembered() == {}
         return
-    monkeypatch.setattr(dispatch, "CHOICES_KEPT", 2)
+    monkeypatch.setattr(dispatch.layers, "CHOICES_KEPT", 2)
     for m in (9, 10, 11):
         dispatch.linear(torch.randn(m, 64, dtype=torch.bfloat16), w)
     assert len(rule.f_linear_shapes) <= 2 and len(calls) == 1
@@ -917,7 +920,7 @@ def test_the_cpp_layer_keeps_autograd_and_inference_mode_as_f_linear_does(native
     import torch
     import torch.nn.functional as F
 
-    import dispatch
+    import dispatch.layers
     from dispatch import native
     monkeypatch.setattr(native, "module", lambda: native_module)
     w = torch.randn(8, 16, requires_grad=True)
@@ -975,18 +978,32 @@ def test_segment_eager_cells_follow_the_forwards_boundness_and_picks():
 
 
 def test_importing_dispatch_changes_nothing_in_torch_until_the_first_call():
-    """A fresh interpreter: after `import dispatch` torch's CUDAGraph is unhooked and no C++ layer is loaded; the
-    first bind hooks it, and dispatch.linear is looked up (C++ or Python) on first use."""
+    """A fresh interpreter: `import dispatch` imports neither torch nor the layers; after torch's import its
+    CUDAGraph is unhooked and no C++ layer is loaded; the first bind hooks it, and dispatch.linear is looked up (C++
+    or Python) on first use."""
     import subprocess
     import sys
-    code = ("import sys, torch, dispatch\n"
+    code = ("import sys, dispatch\n"
+            "assert 'torch' not in sys.modules and 'dispatch.layers' not in sys.modules\n"
+            "import torch\n"
             "from dispatch import capture\n"
             "hooked = lambda: getattr(torch.cuda.CUDAGraph.capture_begin, capture._MARK, False)\n"
-            "assert not hooked() and dispatch._STATE.signal is None and 'blb_bound_linear' not in sys.modules\n"
+            "assert not hooked() and 'dispatch.layers' not in sys.modules and 'blb_bound_linear' not in sys.modules\n"
             "assert 'linear' not in vars(dispatch)\n"
             "dispatch.bind(torch.randn(8, 16))\n"
-            "assert hooked() and dispatch._STATE.signal == 'hooks'\n"
+            "assert hooked() and dispatch.layers._STATE.signal == 'hooks'\n"
             "assert callable(dispatch.linear) and 'linear' in vars(dispatch)\n")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parent.parent)
+
+
+def test_the_analyses_and_the_report_import_no_torch():
+    """The floors that read results (the registry's names, the fit, validate, the report) import without torch: a
+    report is built on a machine where torch's import is most of the wait."""
+    import subprocess
+    import sys
+    code = ("import sys\n"
+            "import bench.paths, bench.forward_paths, calibrate.analysis, calibrate.segments, reports.build\n"
+            "assert 'torch' not in sys.modules, 'torch imported'\n")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parent.parent)
 
 

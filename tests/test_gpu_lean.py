@@ -112,11 +112,13 @@ def _two_regime_table(profile, n, k):
 def _layer_kind(request, monkeypatch, kind: str) -> None:
     """dispatch.bind returns this bound layer, and dispatch.linear is this drop-in: 'Python', or 'C++' built for this
     session (conftest.native_module)."""
-    import dispatch
+    import dispatch.layers
     from dispatch import native
     mod = request.getfixturevalue("native_module") if kind == "C++" else None
     monkeypatch.setattr(native, "module", lambda: mod)
-    monkeypatch.setattr(dispatch, "linear", dispatch._native_linear() or dispatch._linear_python)
+    fresh = dispatch.layers._native_linear() or dispatch.layers._linear_python  # the package's and the layers' name
+    monkeypatch.setattr(dispatch.layers, "linear", fresh)
+    monkeypatch.setattr(dispatch, "linear", fresh)
     assert dispatch.layer_kind(dispatch.linear) == kind
 
 
@@ -128,7 +130,7 @@ def test_the_dispatcher_switches_regime_with_capture(gpu_profile, kind, request,
     import torch
     import torch.nn.functional as F
 
-    import dispatch
+    import dispatch.layers
     _layer_kind(request, monkeypatch, kind)
     from dispatch.backends import BACKENDS
     from dispatch.lean import lean_call
@@ -166,7 +168,7 @@ def test_bound_layers_fall_back_on_inputs_the_kernel_cannot_take(gpu_profile, ki
     import torch
     import torch.nn.functional as F
 
-    import dispatch
+    import dispatch.layers
     _layer_kind(request, monkeypatch, kind)
     n, k = 2048, 4096
     dispatch.configure(_two_regime_table(gpu_profile, n, k))
@@ -205,7 +207,7 @@ def test_the_custom_op_under_torch_compile_and_graph_capture(gpu_profile):
     import torch
     import torch.nn.functional as F
 
-    import dispatch
+    import dispatch.layers
     from dispatch.backends import BACKENDS
     from dispatch.lean import lean_call
     n, k = 2048, 4096
@@ -234,9 +236,8 @@ def test_the_hooked_capture_counter_agrees_with_cuda_in_every_capture(gpu_profil
     on every call the dispatcher makes: eager, inside torch.cuda.graph, after a capture left by an exception, and inside the
     captures torch.compile(mode='reduce-overhead') makes itself, whose replay must run the graph regime's kernel."""
     import torch
-    import torch.nn.functional as F
 
-    import dispatch
+    import dispatch.layers
     from dispatch import capture
     from dispatch.backends import BACKENDS
     from dispatch.lean import lean_call
@@ -248,7 +249,7 @@ def test_the_hooked_capture_counter_agrees_with_cuda_in_every_capture(gpu_profil
         seen.append(pair)
         assert bool(native_module.capture_depth()) == pair[0]
         return pair[0]
-    monkeypatch.setattr(dispatch._STATE, "capturing", both)
+    monkeypatch.setattr(dispatch.layers._STATE, "capturing", both)
     dispatch.configure(_two_regime_table(gpu_profile, n, k))
     try:
         w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16)

@@ -45,8 +45,8 @@ def pieces(layer, x, w) -> dict:
     (the bound layer's code, cut after each step)."""
     import torch.nn.functional as F
 
-    import dispatch
-    choices, once, capturing = dispatch._layer_rule(w.get_device(), w, None)[0], dispatch._F_LINEAR, dispatch._STATE.capturing
+    from dispatch import layers
+    choices, once, capturing = layers._layer_rule(w.get_device(), w, None)[0], layers._F_LINEAR, layers._STATE.capturing
     remembered = choices.get
     layer(x)
 
