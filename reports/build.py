@@ -294,8 +294,8 @@ def forward_section(run: Run, path: str, loaded: tuple[pd.DataFrame, dict]) -> s
         fv = forward_verdicts(fdf, run.profile.capture_size, floor)
         if not fv.empty:
             bad, noisy = fv[~fv["ok"]], fv[fv["verdict"] == "within noise"]
-            parts.append(f"<p><b>Measured verdict, both regimes:</b> the dispatcher's forward is within 1% of the "
-                         f"best measured path (or its paired interval"
+            parts.append("<p><b>Measured verdict, both regimes:</b> the dispatcher's forward is within 1% of the "
+                         "best measured path (or its paired interval"
                          + (f", widened by the run-to-run noise of measured forwards ({esc(floor.describe())}),"
                             if floor else "") + f" reaches there) at {int(fv['ok'].sum())} of "
                          f"{len(fv)} (model, M, regime) points"

@@ -135,7 +135,6 @@ with open(f"{out}/host-phases.csv", "w", newline="") as f:
     w.writeheader(); w.writerows(rows)
 json.dump(meta, open(f"{out}/host-phases.json", "w"), indent=1)
 
-import statistics as st
 for phase in ("no-cupti", "cupti-paused"):
     for pinned in (False, True):
         for cond in ("py", ATEN):
