@@ -16,10 +16,10 @@ import numpy as np
 import pandas as pd
 
 import dispatch
+import dispatch.layers as dispatch_layers
 from bench.hosttime import host_times
 from bench.stats import estimate_call_us
 from bench.sweep import SweepConfig, require_cuda
-import dispatch.layers as dispatch_layers
 from dispatch import capture
 from dispatch.backends import ATEN, BACKENDS, flashinfer_path, lean_path
 from dispatch.eligible import accepts, input_ok
@@ -157,7 +157,8 @@ def run_host_cost(profile_name: str, calls: int, out: Path | None) -> int:
                    "part: activation check": lambda: input_ok(x, device, align)}
             for b in dict.fromkeys((profile.low_m_backend, "cublaslt")):
                 backend = BACKENDS[b]
-                if backend.skip_reason(profile.sm, shape.n, shape.k, LEAN_M) or not accepts(backend, x, w, None, profile.sm):
+                if (backend.skip_reason(profile.sm, shape.n, shape.k, LEAN_M)
+                        or not accepts(backend, x, w, None, profile.sm)):
                     continue
                 lean, public = lean_call(b, backend.pdl(profile.pdl)), public_call(b, backend.pdl(profile.pdl))
                 fns[lean_path(b)] = lambda lean=lean: lean(x, w)

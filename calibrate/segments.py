@@ -6,10 +6,11 @@ Rule, in a sentence: at every measured M a range's path costs at most (1 + toler
 and the paths that beat F.linear beyond the noise at that M; a FlashInfer range's cost over its span (geometric mean
 of its per-M ratios to F.linear, each judged at the upper end of its interval widened by the noise floor) lies below
 (1 - min_gain), judged at the M where its GPU time can be told from F.linear's (where it ran F.linear's very kernels
-in a time the noise cannot tell apart, in a cost that GPU time decides, it costs what F.linear costs); among the segmentations with
-the fewest ranges (F.linear above the last one is not a range), F.linear keeps the M where no FlashInfer path beats it
-beyond the noise, then the lowest total cost wins, then F.linear. An M between two measured ones takes the larger
-one's choice; `refine_cells` names the gaps where the choice changes, for a sweep to measure before the final fit.
+in a time the noise cannot tell apart, in a cost that GPU time decides, it costs what F.linear costs); among the
+segmentations with the fewest ranges (F.linear above the last one is not a range), F.linear keeps the M where no
+FlashInfer path beats it beyond the noise, then the lowest total cost wins, then F.linear. An M between two measured
+ones takes the larger one's choice; `refine_cells` names the gaps where the choice changes, for a sweep to measure
+before the final fit.
 
 From several machines (the same cells measured with the same tactics on other machines of one kind): a cell's
 kernels run several per cent apart on some machines, beyond the run-to-run floor, so each cell is judged by the median
