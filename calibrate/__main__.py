@@ -31,7 +31,6 @@ from calibrate.forward_model import (GPU_BOUND_MARGIN, MODEL_MISS, forward_ratio
                                     model_vs_measured, null_pair_spread, overrides_over_the_table,
                                     picks_in_every_run)
 from calibrate.forward_noise import fit_forward_floor, forward_coverage, forward_noise_path, load_forward_floor
-from calibrate.hostcost import run_host_cost
 from calibrate.l2 import MODES, close_cells, decisions
 from calibrate.noise import LEVEL, coverage, coverage_line, fit_floor, load_noise, noise_path
 from calibrate.regress import measure_runs, regress, regression_paths
@@ -274,6 +273,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _l2_cmd(args)
 
     if args.cmd == "host-cost":
+        from calibrate.hostcost import run_host_cost  # the one command that times the dispatcher: it imports torch
         return run_host_cost(args.gpu, args.calls, output_file(args.out, "--out") if args.out else None)
 
     if args.cmd == "noise":

@@ -997,12 +997,13 @@ def test_importing_dispatch_changes_nothing_in_torch_until_the_first_call():
 
 
 def test_the_analyses_and_the_report_import_no_torch():
-    """The floors that read results (the registry's names, the fit, validate, the report) import without torch: a
-    report is built on a machine where torch's import is most of the wait."""
+    """The floors that read results (the registry's names, the fit, validate and the calibrate command, the report)
+    import without torch: where torch's import would be most of the wait."""
     import subprocess
     import sys
     code = ("import sys\n"
-            "import bench.paths, bench.forward_paths, calibrate.analysis, calibrate.segments, reports.build\n"
+            "import bench.paths, bench.forward_paths, calibrate.analysis, calibrate.segments, calibrate.__main__\n"
+            "import reports.build\n"
             "assert 'torch' not in sys.modules, 'torch imported'\n")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parent.parent)
 
