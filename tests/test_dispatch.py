@@ -1057,6 +1057,26 @@ def test_a_range_over_m_where_the_path_runs_f_linears_kernels_is_judged_where_it
     assert {p for _, p in none} == {"aten"}
 
 
+def test_a_backends_rule_on_tensors_checks_dtype_layout_alignment_and_device():
+    """dispatch.eligible on CPU tensors (device -1): the activation half passes a contiguous bf16 activation on the
+    weight's device and fails any other; the weight half wants a bias-free 2-D bf16 CUDA weight on a listed SM."""
+    import torch
+
+    from dispatch.backends import BACKENDS
+    from dispatch.eligible import accepts, accepts_weight, input_ok
+    x = torch.randn(8, 64, dtype=torch.bfloat16)
+    assert input_ok(x, -1, 16)
+    assert not input_ok(x.float(), -1, 16) and not input_ok(x.t(), -1, 16) and not input_ok(x, 0, 16)
+    off = torch.randn(8 * 64 + 1, dtype=torch.bfloat16)[1:].view(8, 64)  # 2 bytes off the 16-byte alignment
+    assert off.is_contiguous() and not input_ok(off, -1, 16)
+    tiny, w = BACKENDS["tinygemm"], torch.randn(16, 64, dtype=torch.bfloat16)
+    assert not accepts_weight(tiny, w, None, 90) and not accepts(tiny, x, w, None, 90)  # a CPU weight
+    if torch.cuda.is_available():
+        wc = w.cuda()
+        assert accepts_weight(tiny, wc, None, 90) and not accepts_weight(tiny, wc, torch.zeros(16).cuda(), 90)
+        assert not accepts_weight(tiny, wc, None, 80) and not accepts_weight(tiny, wc[:, :60].contiguous(), None, 90)
+
+
 def test_cells_know_where_two_paths_ran_the_same_kernels():
     rows = [{"n": 64, "k": 32, "m": m, "path": p, "status": "ok", "gpu_us": 5.0, "host_us": 9.0,
              "kernels": kern, "gpu_samples_us": "5;5"}
