@@ -149,19 +149,18 @@ def test_the_report_renders_in_headless_chromium(report, tmp_path):
     stat = ImageStat.Stat(img)
     assert max(stat.stddev) > 20, "the page rendered blank"
     assert len(img.getcolors(1 << 20)) > 200  # text, tables and plots, not a flat page
-    dom = subprocess.run([exe, *flags, "--dump-dom", report.as_uri()], check=True, capture_output=True, text=True,
-                         timeout=120).stdout
+    # the page as the browser built it, with the width it laid out at 1400 px (a probe script records it)
+    probe = tmp_path / "probe.html"
+    probe.write_text(report.read_text().replace("</body>", "<script>window.addEventListener('load', function () {"
+                     "document.body.setAttribute('data-sw', document.documentElement.scrollWidth);});</script></body>"))
+    dom = subprocess.run([exe, *flags, "--window-size=1400,2400", "--virtual-time-budget=5000", "--dump-dom",
+                          probe.as_uri()], check=True, capture_output=True, text=True, timeout=120).stdout
     for sid in SECTIONS:
         assert f'id="{sid}"' in dom
     for heading in ("Verdict", "Per shape", "Per-forward totals (cell-sum model)", "Measured forward", "Every cell",
                     "Comparison", "Host-time anatomy"):
         assert f">{heading}</h2>" in dom
     # at 1400 px nothing widens the page itself: wide tables scroll inside their own box
-    probe = tmp_path / "probe.html"
-    probe.write_text(report.read_text().replace("</body>", "<script>window.addEventListener('load', function () {"
-                     "document.body.setAttribute('data-sw', document.documentElement.scrollWidth);});</script></body>"))
-    dom = subprocess.run([exe, *flags, "--window-size=1400,2400", "--virtual-time-budget=5000", "--dump-dom",
-                          probe.as_uri()], check=True, capture_output=True, text=True, timeout=120).stdout
     width = re.search(r'data-sw="(\d+)"', dom)
     assert width is not None and int(width.group(1)) <= 1400, f"the page is {width and width.group(1)} px wide"
 
