@@ -65,3 +65,30 @@ def copy(src: Path, dst: Path) -> None:
     """An atomic byte copy (a pinned file is kept beside the results that ran it)."""
     if Path(src).resolve() != Path(dst).resolve():
         atomic_write(dst, lambda tmp: shutil.copyfile(src, tmp))
+
+
+def _shape_of(key: str) -> tuple[str, int, int, int] | None:
+    """(runner, M, K, N) of an entry key, as FlashInfer's bf16_gemm writes it:
+    "('bf16_gemm', '<Runner>', ((M, K), (K, N), ...), ...)"; None for any other key."""
+    import re
+    hit = re.match(r"\('bf16_gemm', '(\w+)', \(\((\d+), (\d+)\), \((\d+), (\d+)\),", key)
+    if hit is None or hit.group(3) != hit.group(4):
+        return None
+    return hit.group(1), int(hit.group(2)), int(hit.group(3)), int(hit.group(5))
+
+
+def tactic_differences(own: Path, other: Path, cells: list[tuple[int, int, int]]
+                       ) -> list[tuple[int, int, int, str, Any, Any]]:
+    """Per (N, K, M) cell, the runners whose tuned tactic differs between two autotuner files:
+    [(n, k, m, runner, tactic in `own`, tactic in `other`)]; an entry only one file holds is not a difference."""
+    mine, theirs = read_entries(own), read_entries(other)
+    wanted = set(cells)
+    out = []
+    for key, entry in sorted(mine.items()):
+        shape = _shape_of(key)
+        if shape is None or key not in theirs:
+            continue
+        runner, m, k, n = shape
+        if (n, k, m) in wanted and entry[1] != theirs[key][1]:
+            out.append((n, k, m, runner, entry[1], theirs[key][1]))
+    return out

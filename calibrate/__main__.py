@@ -18,7 +18,7 @@ from typing import Sequence
 import pandas as pd
 
 from bench.autotune_cache import copy as copy_atomic
-from bench.autotune_cache import FILE_NAME, sha256
+from bench.autotune_cache import FILE_NAME, sha256, tactic_differences
 from bench.envinfo import fingerprint
 from bench.results import load_results, load_run_info
 from bench.sweep import require_gpu
@@ -383,6 +383,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"\nFAIL: the dispatcher is SLOWER than the best path beyond {args.margin:.0%} on {len(slower)} cell(s):")
         print(slower[["n", "k", "m", "chosen", "oracle", "chosen_us", "oracle_us", "regret", "ratio_lo", "ratio_hi"]]
               .to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+        _say_tactic_differences(args.results, table, slower)
     if not over.empty:
         print("\nFAIL: per-forward total (cell-sum model) more than 1% above the best achievable:")
         print(over.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
@@ -392,6 +393,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     ok = slower.empty and over.empty and measured_over.empty
     print(verdict_word(ok, args.results, df.attrs["incomplete"]))
     return 0 if ok else 1
+
+
+def _say_tactic_differences(results: str, table: ThresholdTable, slower: pd.DataFrame) -> None:
+    """Where the run tuned other tactics than the table's file at a SLOWER cell, those cells judge a tuning the
+    dispatcher does not run (it loads the table's): say so, with the command that judges what it runs."""
+    own = Path(results) / FILE_NAME
+    if table.tactics is None or not own.is_file() or not table.tactics.is_file():
+        return
+    cells = [(int(n), int(k), int(m)) for n, k, m in zip(slower["n"], slower["k"], slower["m"])]
+    diffs = tactic_differences(own, table.tactics, cells)
+    if diffs:
+        print(f"  at {len({d[:3] for d in diffs})} of them this run tuned other tactics than the table's "
+              f"({table.tactics}), which the dispatcher loads: "
+              + "; ".join(f"{n}x{k} M={m} {runner} {mine} (table: {theirs})" for n, k, m, runner, mine, theirs in diffs)
+              + f". To judge the tactics it runs, measure with --autotune-cache {table.tactics}.")
 
 
 def _grid_ms(value: str) -> set[int]:

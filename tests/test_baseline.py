@@ -285,3 +285,25 @@ def test_a_kept_autotuner_cache_is_an_exact_copy(tmp_path):
     assert sha256(dst) == sha256(src) and list(dst.parent.iterdir()) == [dst]  # no temp file left
     copy(dst, dst)  # onto itself: nothing to do
     assert sha256(dst) == sha256(src)
+
+
+def test_tactic_differences_name_the_cells_where_two_tunings_disagree(tmp_path):
+    """Two autotuner files: at the cells asked about, the runners whose tactic differs; an entry one file lacks, a
+    key of another op and a cell not asked about are not reported."""
+    from bench.autotune_cache import tactic_differences
+
+    def key(runner, m, k, n):
+        return f"('bf16_gemm', '{runner}', (({m}, {k}), ({k}, {n}), (0,), (0,), (-1, {n}), (41943040,)), (x))"
+    own = {key("CublasltBf16GemmRunner", 64, 2048, 1): ["CublasltBf16GemmRunner", 1, []],
+           key("CublasltBf16GemmRunner", 2, 2560, 12288): ["CublasltBf16GemmRunner", 2, []],
+           key("CublasltBf16GemmRunner", 8, 2560, 12288): ["CublasltBf16GemmRunner", 3, []],
+           key("TinyGemmBf16GemmRunner", 64, 2048, 1): ["TinyGemmBf16GemmRunner", 0, []],
+           "('other_op', 'X', ((64, 2048), (2048, 1),)": ["X", 5, []]}
+    table = {**own, key("CublasltBf16GemmRunner", 64, 2048, 1): ["CublasltBf16GemmRunner", 0, []],
+             key("CublasltBf16GemmRunner", 8, 2560, 12288): ["CublasltBf16GemmRunner", 4, []],
+             "('other_op', 'X', ((64, 2048), (2048, 1),)": ["X", 6, []]}
+    del table[key("CublasltBf16GemmRunner", 2, 2560, 12288)]
+    (tmp_path / "own.json").write_text(json.dumps({"_metadata": {}, **own}))
+    (tmp_path / "table.json").write_text(json.dumps({"_metadata": {}, **table}))
+    got = tactic_differences(tmp_path / "own.json", tmp_path / "table.json", [(1, 2048, 64), (12288, 2560, 2)])
+    assert got == [(1, 2048, 64, "CublasltBf16GemmRunner", 1, 0)]

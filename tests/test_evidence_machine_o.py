@@ -57,7 +57,7 @@ def test_the_same_table_forward_before_and_after():
 
 
 @pytest.mark.evidence
-def test_the_fresh_default_sweep_and_forward_with_the_shipped_table(tmp_path):
+def test_the_fresh_default_sweep_and_forward_with_the_shipped_table(tmp_path, capsys):
     """The sweep's time and cells; the shipped table FAILs on two cells, where this machine's own cuBLASLt tactic is
     not the table's; make forward's time; 35B-A3B at M = 1, 0.653x captured and 0.573x eagerly."""
     from calibrate.__main__ import main
@@ -65,6 +65,10 @@ def test_the_fresh_default_sweep_and_forward_with_the_shipped_table(tmp_path):
     assert round(info["wall_s"], 1) == 182.2
     csv = tmp_path / "v.csv"
     assert main(["validate", str(SWEEP), "--forward", str(FORWARD), "--csv", str(csv)]) == 1
+    said = capsys.readouterr().out
+    assert ("at 2 of them this run tuned other tactics than the table's" in said
+            and "12288x2560 M=2 CublasltBf16GemmRunner 1 (table: 2); 1x2048 M=64 CublasltBf16GemmRunner 1 (table: 0)"
+            in said)
     v = pd.read_csv(csv)
     slower = {(int(r.n), int(r.k), int(r.m)) for r in v.itertuples() if r.verdict == "SLOWER"}
     assert slower == {(1, 2048, 64), (12288, 2560, 2)}
