@@ -9,6 +9,7 @@ server runs. Every complete sweep writes the tactics it ran to `<out>/autotune-c
 from __future__ import annotations
 
 import hashlib
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,8 @@ from harness.errors import HarnessError
 from harness.io import atomic_write, read_json
 
 FILE_NAME = "autotune-cache.json"
+# an entry key of FlashInfer's bf16_gemm: "('bf16_gemm', '<Runner>', ((M, K), (K, N), ...), ...)"
+_BF16_GEMM_KEY = re.compile(r"\('bf16_gemm', '(\w+)', \(\((\d+), (\d+)\), \((\d+), (\d+)\),")
 
 
 def sha256(path: Path) -> str:
@@ -68,10 +71,8 @@ def copy(src: Path, dst: Path) -> None:
 
 
 def _shape_of(key: str) -> tuple[str, int, int, int] | None:
-    """(runner, M, K, N) of an entry key, as FlashInfer's bf16_gemm writes it:
-    "('bf16_gemm', '<Runner>', ((M, K), (K, N), ...), ...)"; None for any other key."""
-    import re
-    hit = re.match(r"\('bf16_gemm', '(\w+)', \(\((\d+), (\d+)\), \((\d+), (\d+)\),", key)
+    """(runner, M, K, N) of an entry key (_BF16_GEMM_KEY); None for any other key."""
+    hit = _BF16_GEMM_KEY.match(key)
     if hit is None or hit.group(3) != hit.group(4):
         return None
     return hit.group(1), int(hit.group(2)), int(hit.group(3)), int(hit.group(5))

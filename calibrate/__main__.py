@@ -402,7 +402,11 @@ def _say_tactic_differences(results: str, table: ThresholdTable, slower: pd.Data
     if table.tactics is None or not own.is_file() or not table.tactics.is_file():
         return
     cells = [(int(n), int(k), int(m)) for n, k, m in zip(slower["n"], slower["k"], slower["m"])]
-    diffs = tactic_differences(own, table.tactics, cells)
+    try:
+        diffs = tactic_differences(own, table.tactics, cells)
+    except HarnessError as exc:  # a note beside the verdict: an unreadable cache does not stop the verdict
+        print(f"  (tactics not compared with the table's: {exc})")
+        return
     if diffs:
         print(f"  at {len({d[:3] for d in diffs})} of them this run tuned other tactics than the table's "
               f"({table.tactics}), which the dispatcher loads: "

@@ -307,3 +307,25 @@ def test_tactic_differences_name_the_cells_where_two_tunings_disagree(tmp_path):
     (tmp_path / "table.json").write_text(json.dumps({"_metadata": {}, **table}))
     got = tactic_differences(tmp_path / "own.json", tmp_path / "table.json", [(1, 2048, 64), (12288, 2560, 2)])
     assert got == [(1, 2048, 64, "CublasltBf16GemmRunner", 1, 0)]
+
+
+def test_validate_notes_a_damaged_tactics_file_beside_its_verdict(tmp_path, capsys):
+    """The tactics note under validate's SLOWER cells: an unreadable autotune-cache.json in the run is said in one
+    line and does not stop the verdict; a readable one names the differing tactic."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from calibrate.__main__ import _say_tactic_differences
+    key = "('bf16_gemm', 'CublasltBf16GemmRunner', ((64, 2048), (2048, 1), (0,), (0,), (-1, 1), (41943040,)), (x))"
+    (tmp_path / "table.json").write_text(json.dumps({key: ["CublasltBf16GemmRunner", 0, []]}))
+    table = SimpleNamespace(tactics=tmp_path / "table.json")
+    slower = pd.DataFrame([{"n": 1, "k": 2048, "m": 64}])
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "autotune-cache.json").write_text('{"x": 3}')
+    _say_tactic_differences(str(run), table, slower)
+    assert "tactics not compared with the table's" in capsys.readouterr().out
+    (run / "autotune-cache.json").write_text(json.dumps({key: ["CublasltBf16GemmRunner", 1, []]}))
+    _say_tactic_differences(str(run), table, slower)
+    assert "1x2048 M=64 CublasltBf16GemmRunner 1 (table: 0)" in capsys.readouterr().out
