@@ -35,7 +35,7 @@ from calibrate.l2 import MODES, close_cells, decisions
 from calibrate.noise import LEVEL, coverage, coverage_line, fit_floor, load_noise, noise_path
 from calibrate.regress import measure_runs, regress, regression_paths
 from calibrate.table_pipeline import (FIT_MACHINES, MANIFEST, MAX_FIT_MACHINES, check_stop_after, install, parse_scope,
-                                      pending_legs, plan_text, run_pipeline)
+                                      legs, pending_legs, plan_text, refit_legs, run_pipeline, supersede_fit)
 from dispatch.profiles import PROFILES, get_profile, matches
 from dispatch.table import REGIMES, TABLE_DIR, ThresholdTable, load_table
 from harness.cli import Parser, float_in, int_in, parent
@@ -238,6 +238,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                                   "baseline, report, in legs that resume")
     p_table.add_argument("--run-id", help="the run's folder under results/<profile>/ (default: a new UTC time stamp)")
     p_table.add_argument("--resume", action="store_true", help="continue the legs of --run-id that are not done")
+    p_table.add_argument("--refit", action="store_true",
+                         help="fit --run-id's measurements again (a changed fit rule) and run every leg after the fit "
+                              "again; the earlier entries and outputs move to refit-<n>/")
     p_table.add_argument("--dry-run", action="store_true", help="print the legs and write nothing (any machine)")
     p_table.add_argument("--stop-after", metavar="LEG",
                          help="stop after this leg (e.g. fit: the check on another machine with --resume)")
@@ -723,8 +726,11 @@ def _table_cmd(args) -> int:
     scope = parse_scope(args.layout, args.model)
     if scope is not None and args.install:
         raise HarnessError("--install takes the run's own scope: drop --layout/--model")
-    if (args.resume or args.install) and not args.run_id:
-        raise HarnessError("--resume and --install name a run: pass --run-id")
+    if (args.resume or args.install or args.refit) and not args.run_id:
+        raise HarnessError("--resume, --refit and --install name a run: pass --run-id")
+    if args.refit and (args.install or scope is not None or args.machines is not None):
+        raise HarnessError("--refit keeps the run's scope and machines and installs nothing: drop "
+                           "--install/--layout/--model/--machines")
     run_id = args.run_id or datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
     if not run_id.replace("-", "").replace("_", "").replace(".", "").isalnum():
         raise HarnessError(f"--run-id {run_id!r}: letters, digits, '-', '_' and '.' only")
@@ -737,9 +743,18 @@ def _table_cmd(args) -> int:
         for path in install(profile, run):
             print(f"installed {path}")
         return 0
-    if any(leg.gpu for leg in pending_legs(profile, run, args.resume, args.stop_after, args.machines)):
+    if args.refit:
+        late = refit_legs(profile, run)
+        if args.stop_after is not None and args.stop_after not in late:
+            raise HarnessError(f"--stop-after {args.stop_after}: --refit runs {', '.join(late)}; stop after one of them")
+        gpu_late = [leg.gpu for leg in legs(profile, run) if leg.name in late]
+        upto = late.index(args.stop_after) + 1 if args.stop_after in late else len(late)
+        if any(gpu_late[:upto]):
+            require_gpu(profile)  # before any file system change
+        print(f"table: refit {run}: earlier fit and check kept in {supersede_fit(profile, run)}")
+    elif any(leg.gpu for leg in pending_legs(profile, run, args.resume, args.stop_after, args.machines)):
         require_gpu(profile)  # before any file system change
-    manifest = run_pipeline(profile, run, args.resume, stop_after=args.stop_after, same_machine=args.same_machine,
+    manifest = run_pipeline(profile, run, args.resume or args.refit, stop_after=args.stop_after, same_machine=args.same_machine,
                             scope=scope, machines=args.machines)
     if manifest.get("status") != "complete":
         print(f"table: {manifest['status']}; continue with --run-id {run_id} --resume; legs in {run}/{MANIFEST}")

@@ -8,7 +8,9 @@ picks from the forward) -> out-of-sample check on another machine
 serving the table's tactics, as the dispatcher does) -> the noise between the fitting and the checking machine ->
 validate -> regression baseline from both machines' sweeps -> report. Every artifact lives under results/<profile>/<run-id>/ with
 manifest.json (each leg's command, status, seconds, machine and the harness sha). Each leg is its own process, so a
-leg that fails or is interrupted is run again by the same command with --resume, the finished legs kept.
+leg that fails or is interrupted is run again by the same command with --resume, the finished legs kept. A changed
+fit rule refits a run's measurements with --refit: the fit and every leg after it run again (the check on a machine
+that fitted none), the earlier ones' entries and outputs kept under refit-<n>/.
 """
 from __future__ import annotations
 
@@ -40,6 +42,13 @@ FIT_LEGS = ("sweep", "forward", "refine")
 # before machine legs existed fitted one machine's.
 FIT_MACHINES = 3
 MAX_FIT_MACHINES = 8
+
+
+# --refit runs this leg and every one after it again: they read the fit's table
+REFIT_FROM = "fit"
+# what those legs write beside their logs (the rest of the run is what the fitted legs measured)
+REFIT_OUTPUTS = ("table.json", "table.autotune.json", "check-sweep", "check-forward", "noise.json", "baseline.json",
+                 "baseline.autotune.json", "report.html")
 
 
 def machine_legs(machines: int) -> list[str]:
@@ -252,6 +261,44 @@ def pending_legs(profile: GpuProfile, run: Path, resume: bool, stop_after: str |
     return [leg for leg in todo if done.get(leg.name, {}).get("status") != "done"]
 
 
+def refit_legs(profile: GpuProfile, run: Path) -> list[str]:
+    """The legs --refit runs again; refused in one line where the run has not fitted yet (resume it instead)."""
+    manifest = recorded(run)
+    if manifest is None:
+        raise HarnessError(f"{run} has no {MANIFEST}; --refit refits a table run's measurements: run it first")
+    names = [leg.name for leg in legs(profile, run)]
+    late = names[names.index(REFIT_FROM):]
+    done = manifest.get("legs", {})
+    missing = [n for n in names[:names.index(REFIT_FROM)] if done.get(n, {}).get("status") != "done"]
+    if missing or done.get(REFIT_FROM, {}).get("status") != "done":
+        why = f"its legs {', '.join(missing)} are not done" if missing else f"its {REFIT_FROM} leg has not run"
+        raise HarnessError(f"{run}: nothing to refit, {why}; continue it with --resume")
+    return late
+
+
+def supersede_fit(profile: GpuProfile, run: Path) -> Path:
+    """--refit: moves the fit's and every later leg's manifest entries into the manifest's `refits` and their
+    outputs and logs into refit-<n>/ (nothing deleted), so that a resume runs them again. Returns that folder."""
+    late = refit_legs(profile, run)
+    manifest = _read_manifest(run / MANIFEST)
+    n = len(manifest.get("refits", [])) + 1
+    kept = run / f"refit-{n}"
+    if kept.exists():
+        raise HarnessError(f"{kept} exists; move it out of {run} and --refit again")
+    kept.mkdir()
+    moved = [name for name in (*REFIT_OUTPUTS, *(f"{leg}.log" for leg in late)) if (run / name).exists()]
+    for name in moved:
+        (run / name).rename(kept / name)
+    manifest.setdefault("refits", []).append({
+        "at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "harness_sha": git_sha(),
+        "folder": kept.name, "moved": moved, "legs": {leg: manifest["legs"].pop(leg) for leg in late
+                                                      if leg in manifest["legs"]},
+        **{key: manifest.pop(key) for key in ("status", "verdict", "fitted_on", "validated_on", "out_of_machine")
+           if key in manifest}})
+    atomic_write_text(run / MANIFEST, json.dumps(manifest, indent=1) + "\n")
+    return kept
+
+
 def _default_exec(leg: Leg, log: Path) -> int:
     with log.open("w") as fh:
         return subprocess.run(leg.argv, stdout=fh, stderr=subprocess.STDOUT).returncode
@@ -293,7 +340,8 @@ def run_pipeline(profile: GpuProfile, run: Path, resume: bool, execute: Callable
     manifest.setdefault("machines", []).append({"started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                                                 "harness_sha": git_sha(), "gpu_uuid": here,
                                                 "fingerprint": _fingerprint()})
-    for name in names:
+    todo = names[:names.index(stop_after) + 1] if stop_after is not None else names
+    for name in todo:
         leg = next(x for x in legs(profile, run) if x.name == name)  # anew: a leg's command reads earlier outputs
         if manifest["legs"].get(leg.name, {}).get("status") == "done":
             continue
@@ -318,10 +366,10 @@ def run_pipeline(profile: GpuProfile, run: Path, resume: bool, execute: Callable
         if not ok:
             raise HarnessError(f"leg {leg.name} failed (exit {code}); its output is in {run / (leg.name + '.log')}; "
                                f"fix it and run the same command with --resume")
-        if leg.name == stop_after and leg.name != names[-1]:
-            manifest["status"] = f"stopped after {leg.name}"
-            atomic_write_text(manifest_file, json.dumps(manifest, indent=1) + "\n")
-            return manifest
+    if todo != names:
+        manifest["status"] = f"stopped after {stop_after}"
+        atomic_write_text(manifest_file, json.dumps(manifest, indent=1) + "\n")
+        return manifest
     manifest["status"] = "complete"
     manifest["verdict"] = manifest["legs"]["validate"].get("verdict")
     manifest["fitted_on"] = [f for f in fitted_legs(manifest) if manifest["legs"].get(f, {}).get("command")]

@@ -193,3 +193,58 @@ def test_a_damaged_manifest_is_refused_by_resume_and_install_and_left_as_it_is(t
     with pytest.raises(HarnessError, match="table run manifest .* is not valid JSON"):
         install(H200, run)
     assert (run / MANIFEST).read_text() == "{not json" and [p.name for p in run.iterdir()] == [MANIFEST]
+
+
+def test_refit_runs_the_fit_and_every_later_leg_again_and_keeps_the_earlier_ones(tmp_path):
+    """A changed fit rule: --refit keeps what the fitted legs measured, moves the fit's and the check's entries and
+    outputs to refit-1/, and a resume on a machine that fitted none runs the fit and everything after it again."""
+    from calibrate.table_pipeline import refit_legs, supersede_fit
+    run, ran = tmp_path / "run", []
+
+    def execute(leg, log):
+        ran.append(leg.name)
+        log.write_text(f"{leg.name} on its machine\n")
+        if leg.name == "fit":
+            (run / "table.json").write_text(json.dumps({"fit": len(ran)}))
+        if leg.name == "check-sweep":
+            (run / "check-sweep").mkdir()
+        return 0
+    first = run_pipeline(H200, run, resume=False, execute=execute, machine=machines("A"), same_machine=True)
+    assert first["verdict"] == "PASS"
+    old_table = (run / "table.json").read_text()
+    assert refit_legs(H200, run) == LEGS[LEGS.index("fit"):]
+    kept = supersede_fit(H200, run)
+    assert kept == run / "refit-1" and (kept / "table.json").read_text() == old_table
+    assert (kept / "check-sweep").is_dir() and (kept / "fit.log").is_file() and not (run / "table.json").exists()
+    assert (run / "sweep.log").is_file()  # what the fitted legs measured stays where the fit reads it
+    manifest = json.loads((run / MANIFEST).read_text())
+    assert "verdict" not in manifest and set(manifest["legs"]) == set(LEGS[:LEGS.index("fit")])
+    (old,) = manifest["refits"]
+    assert old["verdict"] == "PASS" and old["folder"] == "refit-1" and set(old["legs"]) == set(LEGS[LEGS.index("fit"):])
+    ran.clear()
+    done = run_pipeline(H200, run, resume=True, execute=execute, machine=machines("D"))
+    assert ran == LEGS[LEGS.index("fit"):] and done["verdict"] == "PASS" and done["out_of_machine"] is True
+    assert done["refits"][0]["legs"]["check-sweep"]["machine"] == "A" and done["legs"]["check-sweep"]["machine"] == "D"
+    assert supersede_fit(H200, run) == run / "refit-2"
+
+
+def test_refit_of_a_run_that_has_not_fitted_is_refused_and_changes_nothing(tmp_path):
+    from calibrate.table_pipeline import supersede_fit
+    run = tmp_path / "run"
+    with pytest.raises(HarnessError, match="run it first"):
+        supersede_fit(H200, run)
+    run_pipeline(H200, run, resume=False, execute=lambda leg, log: 0, stop_after="refine", machine=machines("A"))
+    before = sorted(p.name for p in run.iterdir()), (run / MANIFEST).read_bytes()
+    with pytest.raises(HarnessError, match="nothing to refit, its legs machine-2, machine-3 are not done"):
+        supersede_fit(H200, run)
+    assert (sorted(p.name for p in run.iterdir()), (run / MANIFEST).read_bytes()) == before
+
+
+def test_stop_after_a_leg_already_done_runs_nothing_after_it(tmp_path):
+    run, ran = tmp_path / "run", []
+    run_pipeline(H200, run, resume=False, execute=lambda leg, log: ran.append(leg.name) or 0, stop_after="forward",
+                 machine=machines("A"))
+    ran.clear()
+    again = run_pipeline(H200, run, resume=True, execute=lambda leg, log: ran.append(leg.name) or 0,
+                         stop_after="sweep", machine=machines("A"))
+    assert ran == [] and again["status"] == "stopped after sweep"
