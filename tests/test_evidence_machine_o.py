@@ -11,6 +11,8 @@ EVIDENCE = Path(__file__).resolve().parents[1] / "evidence"
 LEASE = EVIDENCE / "h200-dispatcher-split-20261201-O"
 SWEEP = EVIDENCE / "h200-sweep-20261201T2255-3eb9e3"
 FORWARD = EVIDENCE / "h200-forward-20261201T2258-924475"
+# the table shipped while machine O ran (run f's), with its tactics beside it
+RUN_F_TABLE = EVIDENCE / "h200-table-h200-20261201f" / "table.json"
 BIND = "dispatch.bind [C++]"
 BIND_LEAN = "dispatch.bind (the table's eager choice) [C++]"
 
@@ -20,7 +22,7 @@ def test_the_cpp_bound_layer_cost_the_same_before_and_after_the_split():
     """Medians over the shapes, C++ bound layer over F.linear: inside the table's F.linear ranges, above them, and at
     M = 8 where the table's eager choice is lean TinyGEMM, per arm and round."""
     from dispatch.table import load_table
-    table = load_table("h200")
+    table = load_table(path=RUN_F_TABLE)
     got = {}
     for arm in ("before-1", "after-1", "before-2", "after-2"):
         d = pd.read_csv(LEASE / f"{arm}.csv")
@@ -58,13 +60,14 @@ def test_the_same_table_forward_before_and_after():
 
 @pytest.mark.evidence
 def test_the_fresh_default_sweep_and_forward_with_the_shipped_table(tmp_path, capsys):
-    """The sweep's time and cells; the shipped table FAILs on two cells, where this machine's own cuBLASLt tactic is
-    not the table's; make forward's time; 35B-A3B at M = 1, 0.653x captured and 0.573x eagerly."""
+    """The sweep's time and cells; run f's table (shipped then) FAILs on two cells, where this machine's own cuBLASLt
+    tactic is not the table's; make forward's time; 35B-A3B at M = 1, 0.653x captured and 0.573x eagerly."""
     from calibrate.__main__ import main
     info = json.loads((SWEEP / "run.json").read_text())
     assert round(info["wall_s"], 1) == 182.2
     csv = tmp_path / "v.csv"
-    assert main(["validate", str(SWEEP), "--forward", str(FORWARD), "--csv", str(csv)]) == 1
+    assert main(["validate", str(SWEEP), "--thresholds", str(RUN_F_TABLE), "--forward", str(FORWARD), "--csv",
+                 str(csv)]) == 1
     said = capsys.readouterr().out
     assert ("at 2 of them this run tuned other tactics than the table's" in said
             and "12288x2560 M=2 CublasltBf16GemmRunner 1 (table: 2); 1x2048 M=64 CublasltBf16GemmRunner 1 (table: 0)"
@@ -73,8 +76,7 @@ def test_the_fresh_default_sweep_and_forward_with_the_shipped_table(tmp_path, ca
     slower = {(int(r.n), int(r.k), int(r.m)) for r in v.itertuples() if r.verdict == "SLOWER"}
     assert slower == {(1, 2048, 64), (12288, 2560, 2)}
     own = json.loads((SWEEP / "autotune-cache.json").read_text())
-    shipped = json.loads((Path(__file__).resolve().parents[1] / "dispatch" / "thresholds" / "h200.autotune.json")
-                         .read_text())
+    shipped = json.loads(RUN_F_TABLE.with_name("table.autotune.json").read_text())
     for n, k, m in slower:
         key = next(key for key in shipped if "Cublaslt" in key and f"(({m}, {k}), ({k}, {n})," in key)
         assert own[key][1] != shipped[key][1]
