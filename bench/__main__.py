@@ -20,7 +20,7 @@ from bench.multi import run_on_devices
 from bench.shard import assign, full_catalog, full_grid_ms, parse_shard, shard_from_env
 from bench.sweep import SweepConfig, dry_run, require_gpu, run_sweep
 from dispatch import vllm
-from dispatch.backends import flashinfer_path
+from dispatch.backends import ATEN, flashinfer_path
 from dispatch.profiles import PROFILES, get_profile
 from dispatch.table import load_table
 from harness.cli import Parser, float_in, int_in, parent
@@ -28,7 +28,7 @@ from harness.console import divert_noise
 from harness.errors import HarnessError, run_cli
 from harness.io import output_dir, output_file
 from shapes.catalog import catalog, select, select_cells
-from shapes.grid import parse_m
+from shapes.grid import hybrid_buckets, parse_m
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -40,7 +40,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "instead of tuning; shapes or M that FILE lacks run FlashInfer's fallback tactic (-1), "
                              "as in vLLM")),
         (("--save-autotune-cache",), dict(metavar="FILE", help="after tuning, also write the tactics to FILE (they "
-                                                                "are always kept in OUT/autotune-cache.json)")))
+                                                                "are always kept in OUT/autotune-cache.json)")),
+        (("--tune",), dict(action="store_true", help="tune FlashInfer's tactics in this run. Default: serve the "
+                                                     "tactics of the table the dispatch path runs, as the dispatcher "
+                                                     "loads them, where that file holds every shape of the run at "
+                                                     "each of its M that is a tuning bucket; else tune")))
     p_run = sub.add_parser("run", parents=[gpu, tactics], help="sweep the shape catalog x M grid x paths on this GPU")
     p_run.add_argument("--shapes", help="comma list of shape names (n2048_k4096) or NxK; default: the whole catalog")
     p_run.add_argument("--model", help="only the shapes of one model")
@@ -221,7 +225,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                                               else list(default_rules(profile))),
                             out=output_dir(args.out, "--out"), tp=args.tp, samples=args.samples,
                             decoder_layers=args.layers, lm_head=not args.no_lm_head, tune=not args.no_tune,
-                            autotune_cache=_served(args), save_autotune_cache=_saved(args),
+                            autotune_cache=None, save_autotune_cache=_saved(args),
                             resume=args.resume, command=command, quiet=True, order_seed=args.order_seed,
                             settle_ms=0.0 if args.no_settle else args.settle_ms,
                             table=_table(args.table, profile.name) if args.table else None, table_file=args.table,
@@ -229,7 +233,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                             vllm_tune_tokens=vllm_tokens, layout=args.layout)
         if cfg.sustain_ms and args.resume:
             raise HarnessError("--sustain-ms runs cannot be resumed; run it again into a new --out")
-        sequences(cfg)  # a config that cannot be derived stops here, before the GPU is touched
+        seqs = sequences(cfg)  # a config that cannot be derived stops here, before the GPU is touched
+        wanted = [(lin.n, lin.k, m) for seq in seqs.values() for lin in seq for m in cfg.ms]
+        cfg = replace(cfg, autotune_cache=_served(args, profile, wanted, cfg.rules))
         run_forward(cfg)
         return 0
 
@@ -266,8 +272,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     cfg = SweepConfig(profile=profile, shapes=shapes, ms=ms, paths=paths, cells=cells,
                       out=output_dir(args.out, "--out"), timer=args.timer, samples=args.samples, l2=args.l2,
                       resume=args.resume, allow_mismatch=args.allow_mismatch, tune=not args.no_tune, tune_all=args.tune_all,
-                      autotune_cache=_served(args), save_autotune_cache=_saved(args),
-                      max_rotations=args.max_rotations, command=command, quiet=True, shard=shard,
+                      autotune_cache=_served(args, profile, [(s.n, s.k, m) for s in shapes
+                                                             for m in (cells[s.name] if cells else ms)],
+                                             [p.name for p in paths]),
+                      save_autotune_cache=_saved(args), max_rotations=args.max_rotations, command=command, quiet=True, shard=shard,
                       vllm_tune_tokens=vllm_tokens, hopeless_factor=None if args.all else 2.0, layout=args.layout,
                       stopping=Stopping(min(args.min_samples, args.samples), args.max_noise)
                       if args.min_samples < args.samples else None, time_twins=args.time_twins,
@@ -342,9 +350,15 @@ def _table(path: str, profile: str):
     return table
 
 
-def _served(args) -> Path | None:
+def _served(args, profile, cells: list[tuple[int, int, int]], paths: list[str]) -> Path | None:
+    """The tactics file the run serves (None: it tunes): --autotune-cache FILE; else, unless the run tunes or times
+    FlashInfer's default tactics, the tactics of the table its dispatch path runs (the file the dispatcher loads),
+    where that file holds every (N, K) of the run at each of its M that is a tuning bucket. The autotuner's pick
+    among near-tied cuBLASLt tactics differs from process to process, so a run that tunes measures a draw of them."""
+    if args.tune and (args.autotune_cache or args.no_tune or getattr(args, "tuning", "grid") == "vllm"):
+        raise HarnessError("--tune contradicts --autotune-cache, --no-tune and --tuning vllm; pass one of them")
     if not args.autotune_cache:
-        return None
+        return _table_tactics(args, profile, cells, paths)
     path = Path(args.autotune_cache)
     if path.is_dir():
         raise HarnessError(f"--autotune-cache {path} is a folder; name its autotune-cache.json")
@@ -352,6 +366,26 @@ def _served(args) -> Path | None:
         raise HarnessError(f"--autotune-cache {path}: no such file; serve an existing autotune-cache.json, or tune "
                            f"(leave it out) and keep the tactics with --save-autotune-cache FILE")
     return path
+
+
+def _table_tactics(args, profile, cells: list[tuple[int, int, int]], paths: list[str]) -> Path | None:
+    """The default of _served: the table's tactics file, or None (tune) where the run tunes by its options, runs no
+    FlashInfer path, or the file lacks a cell the run would tune."""
+    from bench import autotune_cache
+    if (args.tune or args.no_tune or args.save_autotune_cache or getattr(args, "tuning", "grid") == "vllm"
+            or all(name == ATEN for name in paths)):
+        return None
+    try:
+        tactics = (_table(args.table, profile.name) if args.table else load_table(profile.name)).tactics
+    except HarnessError:
+        return None  # no table for this profile: nothing to serve
+    if tactics is None or not tactics.is_file():
+        return None
+    buckets = set(hybrid_buckets())
+    tuned = sorted({cell for cell in cells if cell[2] in buckets})
+    if autotune_cache.missing(tactics, tuned):
+        return None
+    return tactics
 
 
 def _saved(args) -> Path | None:

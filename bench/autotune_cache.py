@@ -78,6 +78,17 @@ def _shape_of(key: str) -> tuple[str, int, int, int] | None:
     return hit.group(1), int(hit.group(2)), int(hit.group(3)), int(hit.group(5))
 
 
+def missing(path: Path, cells: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
+    """The (N, K, M) cells for which the file holds no bf16_gemm entry of any runner."""
+    held = set()
+    for key in read_entries(path):
+        shape = _shape_of(key)
+        if shape is not None:
+            _, m, k, n = shape
+            held.add((n, k, m))
+    return [cell for cell in cells if cell not in held]
+
+
 def tactic_differences(own: Path, other: Path, cells: list[tuple[int, int, int]]
                        ) -> list[tuple[int, int, int, str, Any, Any]]:
     """Per (N, K, M) cell, the runners whose tuned tactic differs between two autotuner files:

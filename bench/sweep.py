@@ -613,6 +613,8 @@ def dry_run(cfg: SweepConfig) -> str:
         lines.append(f"  {p.name:22s} {p.role:10s} {runs:5d} cells measured{tune}")
         lines += [f"      skipped {n:4d}: {reason}" for reason, n in sorted(reasons.items())]
     est = measured * SECONDS_PER_CELL + tunings * SECONDS_PER_TUNING
+    if cfg.autotune_cache is not None:
+        lines.append(f"  tactics served from {cfg.autotune_cache} (no tuning; --tune tunes afresh)")
     lines.append(f"  {measured} cells to measure, {tunings} (shape, path) tunings; estimated {est / 60:.1f} min "
                  f"(at the committed H200 sweep's rate; another GPU differs)")
     return "\n".join(lines)

@@ -160,7 +160,9 @@ def legs(profile: GpuProfile, run: Path, scope: Scope | None = None, machines: i
     from calibrate.vllm_terms import required_paths
     check_paths = ",".join(dict.fromkeys([ATEN, lean_path(low), *required_paths(profile)]))
     return [
-        Leg("sweep", [*py, "bench", "run", "--gpu", p, *covers, "--paths", fit_paths, "--out", str(sweep)], True),
+        # the first sweep tunes: its tactics become the table's, which every later leg serves
+        Leg("sweep", [*py, "bench", "run", "--gpu", p, *covers, "--paths", fit_paths, "--tune", "--out", str(sweep)],
+            True),
         Leg("forward", [*py, "bench", "forward", "--gpu", p, *covers, "--skip-slower", "3", "--autotune-cache",
                         str(tactics), "--paths", ",".join([ATEN, lean_path(low), lean_path("cublaslt")]), "--out",
                         str(forward)], True),

@@ -463,3 +463,47 @@ def test_one_reference_serves_every_path_of_a_cell():
     good = lambda a, b: torch.nn.functional.linear(a, b)
     assert check_output(good, x, w, ref) == check_output(good, x, w) < 2e-2
     assert check_output(lambda a, b: good(a, b) * 1.5, x, w, ref) > 0.3
+
+
+def _plan(capsys, *extra: str) -> str:
+    from bench.__main__ import main
+    assert main(["run", "--gpu", "h200", "--dry-run", *extra]) == 0
+    return capsys.readouterr().out
+
+
+def test_a_run_serves_the_tactics_of_the_table_its_dispatcher_runs_unless_it_tunes(tmp_path, capsys):
+    """By default a sweep serves the tactics file of the table its dispatch path runs (the file the dispatcher loads),
+    so that two runs of one command run the same cuBLASLt kernels; --tune, a tuning-bucket M the file lacks, or a run
+    of F.linear alone tunes (or needs nothing)."""
+    from dispatch.table import TABLE_DIR
+    shipped = TABLE_DIR / "h200.autotune.json"
+    plan = _plan(capsys)
+    assert f"tactics served from {shipped}" in plan and "0 (shape, path) tunings" in plan
+    for extra in (["--tune"], ["--m", "768"], ["--paths", "aten"], ["--no-tune"]):
+        assert "tactics served" not in _plan(capsys, *extra), extra
+    assert "tactics served" in _plan(capsys, "--m", "1,3000")  # 3000 is no bucket: served as the dispatcher serves it
+    # another table: its own tactics file, beside it, where it holds the run's cells
+    table = json.loads((TABLE_DIR / "h200.json").read_text())
+    table["source"]["tactics"] = {"file": "mine.autotune.json"}
+    (tmp_path / "mine.json").write_text(json.dumps(table))
+    entries = json.loads(shipped.read_text())
+    one = {k: v for k, v in entries.items() if k.startswith("_") or "((1, 2048), (2048, 1024)," in k}
+    (tmp_path / "mine.autotune.json").write_text(json.dumps(one))
+    mine = ["--table", str(tmp_path / "mine.json"), "--shapes", "n1024_k2048"]
+    assert f"tactics served from {tmp_path / 'mine.autotune.json'}" in _plan(capsys, *mine, "--m", "1")
+    assert "tactics served" not in _plan(capsys, *mine, "--m", "1,2")  # M = 2 is a bucket the file lacks
+
+
+def test_a_forward_serves_the_tables_tactics_where_they_hold_its_linears():
+    from argparse import Namespace
+
+    from bench.__main__ import _served
+    from bench.forward import FORWARD_MS
+    from dispatch.table import TABLE_DIR
+    from shapes.catalog import catalog
+    args = Namespace(tune=False, autotune_cache=None, no_tune=False, save_autotune_cache=None, table=None)
+    h200 = get_profile("h200")
+    cells = [(s.n, s.k, m) for s in catalog("Qwen3.5-35B-A3B") for m in FORWARD_MS]
+    assert _served(args, h200, cells, ["aten", "dispatch"]) == TABLE_DIR / "h200.autotune.json"
+    assert _served(args, h200, [*cells, (4096, 4096, 8)], ["aten", "dispatch"]) is None  # a linear it lacks: tune
+    assert _served(Namespace(**{**vars(args), "tune": True}), h200, cells, ["aten", "dispatch"]) is None

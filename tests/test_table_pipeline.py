@@ -32,6 +32,10 @@ def test_the_legs_and_their_order(tmp_path):
     fit = by_name["fit"]  # and every other fitting machine's sweep, each serving the first sweep's tactics
     assert fit[fit.index("--machine") + 1:fit.index("--machine") + 3] == [str(tmp_path / "machine-2"),
                                                                          str(tmp_path / "machine-3")]
+    assert "--tune" in by_name["sweep"]  # the first sweep tunes; every later GPU leg serves a tactics file
+    assert all("--autotune-cache" in argv for name, argv in by_name.items() if name not in ("sweep", "first-fit",
+                                                                                        "fit", "noise", "validate",
+                                                                                        "baseline", "report"))
     other = by_name["machine-2"]
     assert other[other.index("--autotune-cache") + 1] == str(tmp_path / "sweep" / "autotune-cache.json")
     assert other[other.index("--paths") + 1] == "aten,flashinfer-lean:tinygemm,flashinfer-lean:cublaslt"
