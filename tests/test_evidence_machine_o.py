@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from evidence_forward import dispatch_over_aten
 
 EVIDENCE = Path(__file__).resolve().parents[1] / "evidence"
 LEASE = EVIDENCE / "h200-dispatcher-split-20261201-O"
@@ -36,18 +37,12 @@ def test_the_cpp_bound_layer_cost_the_same_before_and_after_the_split():
                    "before-2": (0.998, 0.999, 10, 0.512), "after-2": (0.999, 0.992, 10, 0.514)}
 
 
-def _over_aten(folder: str) -> pd.Series:
-    df = pd.read_csv(LEASE / folder / "forward.csv")
-    df = df[df["status"] == "ok"].set_index(["regime", "m", "path"])["us"]
-    return df.xs("dispatch", level="path") / df.xs("aten", level="path")
-
-
 @pytest.mark.evidence
 def test_the_same_table_forward_before_and_after():
     """Dispatcher / all-aten, after over before: graph within 0.986-1.003 in both rounds; round 2's eager 0.826-1.016;
     the same per-layer choices in all four runs; round 1's before arm measured all-aten eagerly at 6.1-6.6 ms."""
-    r1 = _over_aten("st-after") / _over_aten("st-before")
-    r2 = _over_aten("st-after-2") / _over_aten("st-before-2")
+    r1 = dispatch_over_aten(LEASE / "st-after") / dispatch_over_aten(LEASE / "st-before")
+    r2 = dispatch_over_aten(LEASE / "st-after-2") / dispatch_over_aten(LEASE / "st-before-2")
     assert (round(r1["graph"].min(), 3), round(r1["graph"].max(), 3)) == (0.992, 1.003)
     assert (round(r2["graph"].min(), 3), round(r2["graph"].max(), 3)) == (0.986, 1.003)
     assert (round(r2["eager"].min(), 3), round(r2["eager"].max(), 3)) == (0.826, 1.016)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from evidence_forward import dispatch_over_aten
 
 EVIDENCE = Path(__file__).resolve().parents[1] / "evidence"
 RUN_H = EVIDENCE / "h200-table-h200-20261201h"
@@ -74,25 +75,20 @@ def test_a_fresh_machine_serving_the_shipped_tactics_passes(tmp_path, capsys):
     assert _uuid(REGRESS_Q / "gpu-machine-Q.txt") not in {_uuid(p) for p in RUN_H.glob("gpu-machine-*.txt")}
 
 
-def _over_aten(folder: str) -> pd.Series:
-    df = pd.read_csv(SAME_4B / folder / "forward.csv")
-    df = df[df["status"] == "ok"].set_index(["regime", "m", "path"])["us"]
-    return df.xs("dispatch", level="path") / df.xs("aten", level="path")
-
-
 @pytest.mark.evidence
 def test_the_4b_same_table_forward_moves_as_much_between_two_runs_of_one_code():
     """4B, dispatcher / all-aten, after over before: captured 0.985-1.033 (round 1) and 0.978-1.020 (round 2), eagerly
     0.872-1.144 and 0.903-1.061; the two
     after runs (one code, one table) differ by 5.2% captured at M = 1; the per-layer choices differ only in the
     before code's idle lean TinyGEMM at M = 8; 15 of the 36 tuned keys got other tactics across the four processes."""
-    r1 = _over_aten("st4-after") / _over_aten("st4-before")
-    r2 = _over_aten("st4-after-2") / _over_aten("st4-before-2")
+    r1 = dispatch_over_aten(SAME_4B / "st4-after") / dispatch_over_aten(SAME_4B / "st4-before")
+    r2 = dispatch_over_aten(SAME_4B / "st4-after-2") / dispatch_over_aten(SAME_4B / "st4-before-2")
     assert (round(r1["graph"].min(), 3), round(r1["graph"].max(), 3)) == (0.985, 1.033)
     assert (round(r2["graph"].min(), 3), round(r2["graph"].max(), 3)) == (0.978, 1.02)
     assert (round(r1["eager"].min(), 3), round(r1["eager"].max(), 3)) == (0.872, 1.144)
     assert (round(r2["eager"].min(), 3), round(r2["eager"].max(), 3)) == (0.903, 1.061)
-    same_code = _over_aten("st4-after")["graph"] / _over_aten("st4-after-2")["graph"]
+    after, after_2 = (dispatch_over_aten(SAME_4B / f)["graph"] for f in ("st4-after", "st4-after-2"))
+    same_code = after / after_2
     assert round(same_code[1], 3) == 1.052
     folders = ("st4-before", "st4-after", "st4-after-2", "st4-before-2")
     used = pd.DataFrame({f: pd.read_csv(SAME_4B / f / "forward.csv").query("path == 'dispatch'")
