@@ -275,7 +275,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                       autotune_cache=_served(args, profile, [(s.n, s.k, m) for s in shapes
                                                              for m in (cells[s.name] if cells else ms)],
                                              [p.name for p in paths]),
-                      save_autotune_cache=_saved(args), max_rotations=args.max_rotations, command=command, quiet=True, shard=shard,
+                      save_autotune_cache=_saved(args), max_rotations=args.max_rotations, command=command,
+                      quiet=True, shard=shard,
                       vllm_tune_tokens=vllm_tokens, hopeless_factor=None if args.all else 2.0, layout=args.layout,
                       stopping=Stopping(min(args.min_samples, args.samples), args.max_noise)
                       if args.min_samples < args.samples else None, time_twins=args.time_twins,

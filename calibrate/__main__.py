@@ -746,7 +746,8 @@ def _table_cmd(args) -> int:
     if args.refit:
         late = refit_legs(profile, run)
         if args.stop_after is not None and args.stop_after not in late:
-            raise HarnessError(f"--stop-after {args.stop_after}: --refit runs {', '.join(late)}; stop after one of them")
+            raise HarnessError(f"--stop-after {args.stop_after}: --refit runs {', '.join(late)}; stop after one of "
+                               f"them")
         gpu_late = [leg.gpu for leg in legs(profile, run) if leg.name in late]
         upto = late.index(args.stop_after) + 1 if args.stop_after in late else len(late)
         if any(gpu_late[:upto]):
@@ -754,8 +755,8 @@ def _table_cmd(args) -> int:
         print(f"table: refit {run}: earlier fit and check kept in {supersede_fit(profile, run)}")
     elif any(leg.gpu for leg in pending_legs(profile, run, args.resume, args.stop_after, args.machines)):
         require_gpu(profile)  # before any file system change
-    manifest = run_pipeline(profile, run, args.resume or args.refit, stop_after=args.stop_after, same_machine=args.same_machine,
-                            scope=scope, machines=args.machines)
+    manifest = run_pipeline(profile, run, args.resume or args.refit, stop_after=args.stop_after,
+                            same_machine=args.same_machine, scope=scope, machines=args.machines)
     if manifest.get("status") != "complete":
         print(f"table: {manifest['status']}; continue with --run-id {run_id} --resume; legs in {run}/{MANIFEST}")
         return 0

@@ -575,33 +575,58 @@ def test_the_committed_h200_table_names_its_table_run():
         "legs"]["fit"]["command"]
 
 
-# Where the newest table run's fitted legs are filed: evidence keeps each leg's data once (run h refitted run g's).
-NEWEST_TABLE_RUN = ("h200-20261201h", {leg: f"h200-table-h200-20261201g/{leg}"
-                                       for leg in ("sweep", "forward", "refine", "machine-2", "machine-3")})
+# Where a table run's fitted legs are filed: evidence keeps each leg's data once (run h refitted run g's).
+RUN_H_LEGS = ("h200-20261201h", {leg: f"h200-table-h200-20261201g/{leg}"
+                                 for leg in ("sweep", "forward", "refine", "machine-2", "machine-3")})
+RUN_F_LEGS = ("h200-20261201f", {"sweep": "h200-table-20261201T1244-run/sweep",
+                                 "forward": "h200-table-20261201T1244-run/forward",
+                                 "refine": "h200-table-h200-20261201d/refine",
+                                 "machine-2": "h200-table-h200-20261201c/check-sweep",
+                                 "machine-3": "h200-table-h200-20261201d/check-sweep",
+                                 "machine-4": "h200-table-h200-20261201e/check-sweep",
+                                 "machine-5": "h200-table-h200-20261201f/machine-5"})
 
 
-@pytest.mark.evidence
-def test_the_newest_table_run_is_what_todays_fit_makes_of_its_data(tmp_path):
-    """The newest table run's fit leg, on that run's data (filed in evidence/) and with the noise floor its table
-    recorded, gives the same table with today's fit. A fit change that would change the table shows here, before
-    anyone measures it."""
+def _refit_with_todays_fit(run: tuple[str, dict[str, str]], tmp_path: Path) -> tuple[dict, dict]:
+    """A table run's fit leg on its data (filed in evidence/) and with the noise floor its table recorded, by today's
+    fit: (today's table, the run's)."""
     import shlex
 
     from calibrate.__main__ import main
     root = Path(__file__).parent.parent
-    run_id, legs = NEWEST_TABLE_RUN
-    kept = root / "evidence" / f"h200-table-{run_id}"
-    table = json.loads((kept / "table.json").read_text())
+    run_id, legs = run
+    table = json.loads((root / "evidence" / f"h200-table-{run_id}" / "table.json").read_text())
     argv = shlex.split(table["source"]["fit_command"])[3:]
     for leg, where in legs.items():
         argv = [str(root / "evidence" / where) if a == f"results/h200/{run_id}/{leg}" else a for a in argv]
     argv[argv.index("--out") + 1] = str(tmp_path / "h200.json")
     (tmp_path / "floor.json").write_text(json.dumps(table["source"]["noise_floor"]))
     assert main([*argv, "--noise", str(tmp_path / "floor.json")]) == 0
-    again = json.loads((tmp_path / "h200.json").read_text())
+    return json.loads((tmp_path / "h200.json").read_text()), table
+
+
+@pytest.mark.evidence
+def test_the_newest_table_run_is_what_todays_fit_makes_of_its_data(tmp_path):
+    """Run h's fit leg by today's fit gives run h's table, 3.00 ranges: a fit change that would change the table
+    shows here, before anyone measures it."""
+    again, table = _refit_with_todays_fit(RUN_H_LEGS, tmp_path)
     assert again["default"] == table["default"] and again["shapes"] == table["shapes"]
     from calibrate.segments import range_counts
     assert round(range_counts(load_table(path=tmp_path / "h200.json"))["mean_ranges"], 2) == 3.0
+
+
+@pytest.mark.evidence
+def test_run_f_refitted_moves_only_the_lm_head_eager_ranges(tmp_path):
+    """Run f's fit leg by today's fit: the eager cost of a GPU-bound call on F.linear's kernels is F.linear's
+    (calibrate.segments._alike), which merges the lm_head shapes' eager islands and changes nothing else (2.59
+    ranges, run f's table 2.78)."""
+    again, table = _refit_with_todays_fit(RUN_F_LEGS, tmp_path)
+    assert again["default"] == table["default"]
+    moved = {(a["n"], a["k"], r): (len(a[r]), len(b[r])) for a, b in zip(again["shapes"], table["shapes"], strict=True)
+             for r in ("graph", "eager") if a[r] != b[r]}
+    assert moved == {(248320, 2048, "eager"): (3, 7), (248320, 2560, "eager"): (3, 5)}  # ranges listed, today, then
+    from calibrate.segments import range_counts
+    assert round(range_counts(load_table(path=tmp_path / "h200.json"))["mean_ranges"], 2) == 2.59
 
 
 @pytest.mark.evidence
