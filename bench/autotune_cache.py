@@ -49,7 +49,8 @@ def load(path: Path) -> dict[str, Any]:
     from flashinfer.autotuner import AutoTuner
     if not AutoTuner.get().load_configs(str(path)):
         raise HarnessError(f"FlashInfer ignored the autotuner cache {path}: it was written in another environment "
-                           f"(FlashInfer, CUDA, cuBLAS, cuDNN or GPU differ); tune afresh to write a new one")
+                           f"(FlashInfer, CUDA, cuBLAS, cuDNN or GPU differ); tune afresh (bench: --tune) to write a new "
+                           f"one")
     return describe(path, "loaded")
 
 
