@@ -32,7 +32,8 @@ def _validate(sweep: Path, tmp_path: Path, capsys, *extra: str) -> tuple[int, st
 def test_run_h_fitted_on_k_l_m_and_passed_on_p(tmp_path, capsys):
     """Run h: complete, PASS, checked out of machine on P; 3.00 ranges per shape and regime (at most 6, none under
     6.25% of its upper M); no SLOWER cell in 512 check cells; 35B-A3B at M = 1, 0.643x all-aten captured and 0.554x
-    eagerly (paired per round); GPU legs 983 s."""
+    eagerly (paired per round), the 4B 0.945x and 0.750x; dispatcher / best in vLLM's regime at most 1.003 captured
+    and 1.015 eagerly; GPU legs 983 s."""
     from calibrate.segments import range_counts
     from dispatch.table import load_table
     manifest = json.loads((RUN_H / "manifest.json").read_text())
@@ -49,6 +50,13 @@ def test_run_h_fitted_on_k_l_m_and_passed_on_p(tmp_path, capsys):
     m1 = [line for line in said.splitlines() if "Qwen3.5-35B-A3B" in line and "M=1 " in line]
     assert any("graph*" in line and "/ aten 0.643" in line for line in m1)
     assert any("eager " in line and "/ aten 0.554" in line for line in m1)
+    small = [line for line in said.splitlines() if "Qwen3.5-4B" in line and "M=1 " in line]
+    assert any("graph*" in line and "/ aten 0.945" in line for line in small)
+    assert any("eager " in line and "/ aten 0.750" in line for line in small)
+    in_vllms = [line for line in said.splitlines() if "* / best" in line]  # the regime vLLM runs each M in
+    worst = {regime: max(float(line.split(") ")[1].split()[0]) for line in in_vllms if f"{regime}*" in line)
+             for regime in ("graph", "eager")}
+    assert worst == {"graph": 1.003, "eager": 1.015}
 
 
 @pytest.mark.evidence
