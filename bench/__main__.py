@@ -235,7 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise HarnessError("--sustain-ms runs cannot be resumed; run it again into a new --out")
         seqs = sequences(cfg)  # a config that cannot be derived stops here, before the GPU is touched
         wanted = [(lin.n, lin.k, m) for seq in seqs.values() for lin in seq for m in cfg.ms]
-        cfg = replace(cfg, autotune_cache=_served(args, profile, wanted, cfg.rules))
+        cfg = replace(cfg, autotune_cache=_served(args, profile, cfg.table, wanted, cfg.rules))
         run_forward(cfg)
         return 0
 
@@ -269,10 +269,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise HarnessError(f"shard {i}/{n} has no shape (the grid has {len(grid_shapes)}); use fewer shards")
     if args.host_timing != "serialized" and not args.devices:
         raise HarnessError("--host-timing concurrent is about the workers of --devices; pass --devices too")
+    table = _table(args.table, profile.name) if args.table else None
     cfg = SweepConfig(profile=profile, shapes=shapes, ms=ms, paths=paths, cells=cells,
                       out=output_dir(args.out, "--out"), timer=args.timer, samples=args.samples, l2=args.l2,
                       resume=args.resume, allow_mismatch=args.allow_mismatch, tune=not args.no_tune, tune_all=args.tune_all,
-                      autotune_cache=_served(args, profile, [(s.n, s.k, m) for s in shapes
+                      autotune_cache=_served(args, profile, table, [(s.n, s.k, m) for s in shapes
                                                              for m in (cells[s.name] if cells else ms)],
                                              [p.name for p in paths]),
                       save_autotune_cache=_saved(args), max_rotations=args.max_rotations, command=command,
@@ -280,7 +281,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                       vllm_tune_tokens=vllm_tokens, hopeless_factor=None if args.all else 2.0, layout=args.layout,
                       stopping=Stopping(min(args.min_samples, args.samples), args.max_noise)
                       if args.min_samples < args.samples else None, time_twins=args.time_twins,
-                      table=_table(args.table, profile.name) if args.table else None, table_file=args.table)
+                      table=table, table_file=args.table)
     _check_before_gpu(cfg, args)
     if args.dry_run:
         where = f" ({shard_from_env()[2]})" if args.shard and args.shard.strip() == "auto" else ""
@@ -351,7 +352,7 @@ def _table(path: str, profile: str):
     return table
 
 
-def _served(args, profile, cells: list[tuple[int, int, int]], paths: list[str]) -> Path | None:
+def _served(args, profile, table, cells: list[tuple[int, int, int]], paths: list[str]) -> Path | None:
     """The tactics file the run serves (None: it tunes): --autotune-cache FILE; else, unless the run tunes or times
     FlashInfer's default tactics, the tactics of the table its dispatch path runs (the file the dispatcher loads),
     where that file holds every (N, K) of the run at each of its M that is a tuning bucket. The autotuner's pick
@@ -359,7 +360,7 @@ def _served(args, profile, cells: list[tuple[int, int, int]], paths: list[str]) 
     if args.tune and (args.autotune_cache or args.no_tune or getattr(args, "tuning", "grid") == "vllm"):
         raise HarnessError("--tune contradicts --autotune-cache, --no-tune and --tuning vllm; pass one of them")
     if not args.autotune_cache:
-        return _table_tactics(args, profile, cells, paths)
+        return _table_tactics(args, profile, table, cells, paths)
     path = Path(args.autotune_cache)
     if path.is_dir():
         raise HarnessError(f"--autotune-cache {path} is a folder; name its autotune-cache.json")
@@ -369,17 +370,19 @@ def _served(args, profile, cells: list[tuple[int, int, int]], paths: list[str]) 
     return path
 
 
-def _table_tactics(args, profile, cells: list[tuple[int, int, int]], paths: list[str]) -> Path | None:
-    """The default of _served: the table's tactics file, or None (tune) where the run tunes by its options, runs no
-    FlashInfer path, or the file lacks a cell the run would tune."""
+def _table_tactics(args, profile, table, cells: list[tuple[int, int, int]], paths: list[str]) -> Path | None:
+    """The default of _served: the tactics file of `table` (the run's --table; None: the profile's table), or None
+    (tune) where the run tunes by its options, runs no FlashInfer path, or the file lacks a cell the run would tune."""
     from bench import autotune_cache
     if (args.tune or args.no_tune or args.save_autotune_cache or getattr(args, "tuning", "grid") == "vllm"
             or all(name == ATEN for name in paths)):
         return None
-    try:
-        tactics = (_table(args.table, profile.name) if args.table else load_table(profile.name)).tactics
-    except HarnessError:
-        return None  # no table for this profile: nothing to serve
+    if table is None:
+        try:
+            table = load_table(profile.name)
+        except HarnessError:
+            return None  # no table for this profile: nothing to serve
+    tactics = table.tactics
     if tactics is None or not tactics.is_file():
         return None
     buckets = set(hybrid_buckets())

@@ -501,9 +501,9 @@ def test_a_forward_serves_the_tables_tactics_where_they_hold_its_linears():
     from bench.forward import FORWARD_MS
     from dispatch.table import TABLE_DIR
     from shapes.catalog import catalog
-    args = Namespace(tune=False, autotune_cache=None, no_tune=False, save_autotune_cache=None, table=None)
+    args = Namespace(tune=False, autotune_cache=None, no_tune=False, save_autotune_cache=None)
     h200 = get_profile("h200")
     cells = [(s.n, s.k, m) for s in catalog("Qwen3.5-35B-A3B") for m in FORWARD_MS]
-    assert _served(args, h200, cells, ["aten", "dispatch"]) == TABLE_DIR / "h200.autotune.json"
-    assert _served(args, h200, [*cells, (4096, 4096, 8)], ["aten", "dispatch"]) is None  # a linear it lacks: tune
-    assert _served(Namespace(**{**vars(args), "tune": True}), h200, cells, ["aten", "dispatch"]) is None
+    assert _served(args, h200, None, cells, ["aten", "dispatch"]) == TABLE_DIR / "h200.autotune.json"
+    assert _served(args, h200, None, [*cells, (4096, 4096, 8)], ["aten", "dispatch"]) is None  # a linear it lacks: tune
+    assert _served(Namespace(**{**vars(args), "tune": True}), h200, None, cells, ["aten", "dispatch"]) is None
