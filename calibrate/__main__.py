@@ -748,9 +748,8 @@ def _table_cmd(args) -> int:
         if args.stop_after is not None and args.stop_after not in late:
             raise HarnessError(f"--stop-after {args.stop_after}: --refit runs {', '.join(late)}; stop after one of "
                                f"them")
-        gpu_late = [leg.gpu for leg in legs(profile, run) if leg.name in late]
-        upto = late.index(args.stop_after) + 1 if args.stop_after in late else len(late)
-        if any(gpu_late[:upto]):
+        todo = late[:late.index(args.stop_after) + 1] if args.stop_after is not None else late
+        if any(leg.gpu for leg in legs(profile, run) if leg.name in todo):
             require_gpu(profile)  # before any file system change
         print(f"table: refit {run}: earlier fit and check kept in {supersede_fit(profile, run)}")
     elif any(leg.gpu for leg in pending_legs(profile, run, args.resume, args.stop_after, args.machines)):

@@ -46,9 +46,6 @@ MAX_FIT_MACHINES = 8
 
 # --refit runs this leg and every one after it again: they read the fit's table
 REFIT_FROM = "fit"
-# what those legs write beside their logs (the rest of the run is what the fitted legs measured)
-REFIT_OUTPUTS = ("table.json", "table.autotune.json", "check-sweep", "check-forward", "noise.json", "baseline.json",
-                 "baseline.autotune.json", "report.html")
 
 
 def machine_legs(machines: int) -> list[str]:
@@ -263,11 +260,21 @@ def pending_legs(profile: GpuProfile, run: Path, resume: bool, stop_after: str |
     return [leg for leg in todo if done.get(leg.name, {}).get("status") != "done"]
 
 
+def leg_outputs(leg: Leg) -> list[str]:
+    """The names a leg writes in the run folder besides its log: its --out (or -o), and a JSON output's tactics file
+    beside it."""
+    flag = next((f for f in ("--out", "-o") if f in leg.argv), None)
+    if flag is None:
+        return []
+    out = Path(leg.argv[leg.argv.index(flag) + 1])
+    return [out.name, *([out.stem + ".autotune.json"] if out.suffix == ".json" else [])]
+
+
 def refit_legs(profile: GpuProfile, run: Path) -> list[str]:
     """The legs --refit runs again; refused in one line where the run has not fitted yet (resume it instead)."""
-    manifest = recorded(run)
-    if manifest is None:
+    if not (run / MANIFEST).is_file():
         raise HarnessError(f"{run} has no {MANIFEST}; --refit refits a table run's measurements: run it first")
+    manifest = _read_manifest(run / MANIFEST)  # a damaged one is refused in one line
     names = [leg.name for leg in legs(profile, run)]
     late = names[names.index(REFIT_FROM):]
     done = manifest.get("legs", {})
@@ -288,7 +295,9 @@ def supersede_fit(profile: GpuProfile, run: Path) -> Path:
     if kept.exists():
         raise HarnessError(f"{kept} exists; move it out of {run} and --refit again")
     kept.mkdir()
-    moved = [name for name in (*REFIT_OUTPUTS, *(f"{leg}.log" for leg in late)) if (run / name).exists()]
+    written = [name for leg in legs(profile, run) if leg.name in late
+               for name in (*leg_outputs(leg), f"{leg.name}.log")]
+    moved = [name for name in written if (run / name).exists()]
     for name in moved:
         (run / name).rename(kept / name)
     manifest.setdefault("refits", []).append({

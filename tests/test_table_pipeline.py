@@ -196,6 +196,9 @@ def test_a_damaged_manifest_is_refused_by_resume_and_install_and_left_as_it_is(t
         run_pipeline(H200, run, resume=True, execute=lambda leg, log: 0, machine=machines("A"))
     with pytest.raises(HarnessError, match="table run manifest .* is not valid JSON"):
         install(H200, run)
+    from calibrate.table_pipeline import supersede_fit
+    with pytest.raises(HarnessError, match="table run manifest .* is not valid JSON"):
+        supersede_fit(H200, run)
     assert (run / MANIFEST).read_text() == "{not json" and [p.name for p in run.iterdir()] == [MANIFEST]
 
 
