@@ -312,6 +312,8 @@ def _e2e(args, profile, command: list[str]) -> int:
     require_gpu(profile)  # before any file system change
     import dispatch
     dispatch.configure(table)
+    out.mkdir(parents=True, exist_ok=True)
+    divert_noise(out / "log.txt")
     rows = run_e2e(E2EConfig(name, hf, out, args.layers, prefill, args.tokens, args.rounds))
     write_e2e(out, rows, run_info(command, kind="e2e", profile=profile.name, model=name, layers=args.layers,
                                   prefill=list(prefill), tokens=args.tokens, rounds=args.rounds, table_file=args.table,

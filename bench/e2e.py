@@ -62,8 +62,10 @@ def build_model(hf_config: dict[str, Any], layers: int | None, device: str):
         if isinstance(getattr(cfg, "layer_types", None), list):
             cfg.layer_types = cfg.layer_types[:cfg.num_hidden_layers]
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
-    return model.to(device).eval()
+    # initialised where it runs: a random init on the host takes minutes for a model of tens of billions
+    with torch.device(device):
+        model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    return model.eval()
 
 
 def _timed(fn: Callable[[], Any], sync: Callable[[], None]) -> float:
@@ -106,6 +108,9 @@ def run_e2e(cfg: E2EConfig) -> list[dict[str, Any]]:
     import torch
 
     import dispatch
+    from bench.sweep import _progress
+    bar = _progress(cfg.rounds + 1, "e2e")
+    bar.set_postfix_str(f"{cfg.model}: building, fp32 reference")
     model = build_model(cfg.hf_config, cfg.layers, cfg.device)
     vocab = model.config.get_text_config().vocab_size if hasattr(model.config, "get_text_config") else \
         model.config.vocab_size
@@ -118,8 +123,10 @@ def run_e2e(cfg: E2EConfig) -> list[dict[str, Any]]:
     logits: dict[str, Any] = {}
     first = prompts[cfg.prefill[0]]
     logits["fp32"] = fp32_logits(model, first)
+    bar.update()
     rng = random.Random(cfg.seed)
     for r in range(cfg.rounds):
+        bar.set_postfix_str(f"{cfg.model}: round {r + 1} of {cfg.rounds}")
         for variant in rng.sample(VARIANTS, len(VARIANTS)):
             handle = dispatch.patch(model) if variant == "patched" else None
             patched_count = len(handle) if handle is not None else patched_count
@@ -145,6 +152,8 @@ def run_e2e(cfg: E2EConfig) -> list[dict[str, Any]]:
             finally:
                 if handle is not None:
                     handle.remove()
+        bar.update()
+    bar.close()
     rel = rel_err(logits["patched"], logits["stock"])
     err = {v: rel_err(logits[v], logits["fp32"]) for v in VARIANTS}
     bound = max(LOGITS_FACTOR * err["stock"], LOGITS_FLOOR)
