@@ -764,9 +764,10 @@ def _table_cmd(args) -> int:
 
 
 def _e2e_cmd(args) -> int:
-    from calibrate.e2e_terms import load_e2e, predictions
+    from calibrate.e2e_terms import check_same_layers, load_e2e, predictions
     df, info = load_e2e(args.results)
     fdf, finfo = load_forward(args.forward)
+    check_same_layers(info, finfo, args.results, args.forward)
     profile = _profile_of(info, None)
     _check_gpu(finfo, profile, args.forward)
     if finfo.get("layout", "vllm") != "transformers":

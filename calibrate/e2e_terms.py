@@ -41,9 +41,23 @@ def load_e2e(folder: str | Path) -> tuple[pd.DataFrame, dict[str, Any]]:
     return df, info
 
 
+def check_same_layers(e2e_info: dict[str, Any], forward_info: dict[str, Any], e2e_dir: str, forward_dir: str) -> None:
+    """The linears' share of a step is only known for a forward of the same decoder layers as the e2e model."""
+    ran, measured = e2e_info.get("layers"), forward_info.get("decoder_layers")
+    if (ran or None) != (measured or None):
+        said = {None: "every decoder layer"}
+        fix = f"--layers {ran}" if ran else "no --layers"
+        raise HarnessError(f"{e2e_dir} ran {said.get(ran, f'{ran} decoder layers')} but {forward_dir} measured "
+                           f"{said.get(measured, f'{measured} decoder layers')}; pass a forward of the same model "
+                           f"(bench forward --layout transformers {fix})")
+
+
 def predictions(e2e: pd.DataFrame, forward: pd.DataFrame) -> pd.DataFrame:
     """Per measured step: measured patched / stock, the linears' dispatch / aten at that M and regime, their share
-    of the stock step and the predicted ratio (NaN where the forward did not measure that M)."""
+    of the stock step and the predicted ratio (NaN where the forward did not measure that M). In the graph regime,
+    dispatch_busy_over_span is the dispatcher forward's summed kernel time over its span: above 1, neighbouring
+    linears' kernels overlapped (programmatic dependent launch), which a model with other kernels between its linears
+    need not repeat, so the prediction is then an upper bound on the gain."""
     ok = e2e[e2e["status"] == "ok"]
     fw = forward[forward["status"] == "ok"]
     rows = []
@@ -55,10 +69,15 @@ def predictions(e2e: pd.DataFrame, forward: pd.DataFrame) -> pd.DataFrame:
         cell = fw[(fw["model"] == model) & (fw["m"] == m) & (fw["regime"] == STEP_REGIME.get(step, "eager"))]
         lin = cell.set_index("path")["us"] if not cell.empty else pd.Series(dtype=float)
         aten, disp = lin.get(ATEN, math.nan), lin.get(DISPATCH, math.nan)
+        overlap = math.nan
+        if STEP_REGIME.get(step) == "graph" and {"gpu_busy_us", "span_us"} <= set(cell.columns):
+            d = cell[cell["path"] == DISPATCH]
+            if len(d) == 1 and float(d["span_us"].iloc[0]) > 0:
+                overlap = float(d["gpu_busy_us"].iloc[0]) / float(d["span_us"].iloc[0])
         stock = float(by["stock"]) / (int(tokens) if step == "generate" else 1)  # generate: per token
         share = aten / stock if stock > 0 else math.nan
         predicted = 1 - share * (1 - disp / aten) if aten > 0 else math.nan
         rows.append({"model": model, "step": step, "tokens": int(tokens), "measured": by["patched"] / by["stock"],
                      "linears_dispatch_over_aten": disp / aten if aten > 0 else math.nan,
-                     "linears_share_of_step": share, "predicted": predicted})
+                     "linears_share_of_step": share, "predicted": predicted, "dispatch_busy_over_span": overlap})
     return pd.DataFrame(rows)

@@ -86,3 +86,36 @@ def test_an_e2e_file_with_a_nan_time_is_one_line(tmp_path):
     (tmp_path / "run.json").write_text("{}")
     with pytest.raises(HarnessError, match="no positive time"):
         load_e2e(tmp_path)
+
+
+def test_a_forward_of_other_decoder_layers_is_refused():
+    """An e2e of the first 20 decoder layers cannot take its linears' share from a forward of every layer."""
+    from calibrate.e2e_terms import check_same_layers
+    from harness.errors import HarnessError
+    check_same_layers({"layers": None}, {"decoder_layers": None}, "e2e", "fw")
+    check_same_layers({"layers": 20}, {"decoder_layers": 20}, "e2e", "fw")
+    with pytest.raises(HarnessError, match="e2e ran 20 decoder layers but fw measured every decoder layer.*--layers 20"):
+        check_same_layers({"layers": 20}, {"decoder_layers": None}, "e2e", "fw")
+    with pytest.raises(HarnessError, match="ran every decoder layer but fw measured 8 decoder layers.*no --layers"):
+        check_same_layers({}, {"decoder_layers": 8}, "e2e", "fw")
+
+
+def test_a_captured_step_says_how_much_the_forwards_kernels_overlapped():
+    """Graph regime: the dispatcher forward's summed kernel time over its span (1.2 where 1200 µs of kernels ran in
+    1000 µs); eager steps get none."""
+    import math
+
+    import pandas as pd
+
+    from calibrate.e2e_terms import predictions
+    e2e = pd.DataFrame([{"model": "A", "step": s, "tokens": n, "variant": v, "status": "ok", "us": us}
+                        for s, n in (("decode-graph", 1), ("prefill", 8)) for v, us in (("stock", 4000.0),
+                                                                                         ("patched", 3800.0))])
+    fw = pd.DataFrame([{"model": "A", "m": m, "regime": r, "path": p, "status": "ok", "us": us, "gpu_busy_us": busy,
+                        "span_us": us if r == "graph" else math.nan}
+                       for m, r in ((1, "graph"), (8, "eager"))
+                       for p, us, busy in (("aten", 2000.0, 1900.0), ("dispatch", 1000.0, 1200.0))])
+    out = predictions(e2e, fw).set_index("step")
+    assert out.at["decode-graph", "dispatch_busy_over_span"] == pytest.approx(1.2)
+    assert out.at["decode-graph", "predicted"] == pytest.approx(0.75)
+    assert math.isnan(out.at["prefill", "dispatch_busy_over_span"])

@@ -18,7 +18,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 EVIDENCE = ROOT / "evidence"
 MANIFEST = EVIDENCE / "manifest.json"
-RESULT_FILES = ("results.csv", "forward.csv", "host_cost.csv", "sustain.csv")
+RESULT_FILES = ("results.csv", "forward.csv", "host_cost.csv", "sustain.csv", "e2e.csv")
 
 
 def _fail(msg: str) -> None:
