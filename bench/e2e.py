@@ -4,7 +4,7 @@ One model built from a catalog config with random weights (bf16), patched and un
 so the memory of one model), in rounds whose variant order is shuffled: eager prefill at several lengths, eager
 greedy generate, and one decode step captured in a CUDA graph with a static cache (where the dispatcher's graph
 choices run). Each row is one (step, tokens, variant) with its samples; the logits of both variants at the first
-prefill length are compared with those of an fp32 copy of the model (LOGITS_FACTOR). transformers is an optional
+prefill length are compared with those of the model run in fp32, a layer at a time (LOGITS_FACTOR). transformers is an optional
 extra (pip install -e '.[e2e]').
 """
 from __future__ import annotations
@@ -181,18 +181,61 @@ def run_e2e(cfg: E2EConfig) -> list[dict[str, Any]]:
 
 
 def fp32_logits(model, ids):
-    """The logits of a float32 copy of the model (the stock model's reference; the copy is freed after)."""
-    import copy
-
+    """The logits of the model run in float32, one decoder layer in float32 at a time: the model's own tensors are
+    swapped back after each layer, so the reference costs one layer's fp32 copy (plus the embeddings and the head)
+    rather than a copy of the whole model, and leaves the model exactly as it was."""
     import torch
-    ref = copy.deepcopy(model).float()
+    layers = _decoder_layers(model)
+    in_layers = {id(t) for layer in layers for t in _tensors(layer)}
+    outside = [t for t in _tensors(model) if id(t) not in in_layers]
+    handles = []
+    saved = _to_fp32(outside)
     try:
+        for layer in layers:
+            kept: list = []
+            handles.append(layer.register_forward_pre_hook(lambda _m, _a, layer=layer, kept=kept:
+                                                           kept.append(_to_fp32(_tensors(layer)))))
+            handles.append(layer.register_forward_hook(lambda _m, _a, _o, kept=kept: _restore(kept.pop())))
         with torch.no_grad():
-            return ref(ids).logits.float()
+            return model(ids).logits.float()
     finally:
-        del ref
+        for h in handles:
+            h.remove()
+        _restore(saved)
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+
+
+def _decoder_layers(model) -> list:
+    """The model's decoder layers (transformers keeps them in one ModuleList, `layers`), or none."""
+    import torch
+    decoder = model.get_decoder() if hasattr(model, "get_decoder") else model
+    layers = getattr(decoder, "layers", None)
+    return list(layers) if isinstance(layers, torch.nn.ModuleList) else []
+
+
+def _tensors(module) -> list:
+    """Each floating-point parameter and buffer of the module not in float32 yet, once (a tied weight appears once)."""
+    import torch
+    seen, out = set(), []
+    for t in [*module.parameters(), *module.buffers()]:
+        if t.is_floating_point() and t.dtype != torch.float32 and id(t) not in seen:
+            seen.add(id(t))
+            out.append(t)
+    return out
+
+
+def _to_fp32(tensors: list) -> list:
+    """Point each tensor at a float32 copy of its data; what _restore needs to put the original data back."""
+    saved = [(t, t.data) for t in tensors]
+    for t, data in saved:
+        t.data = data.float()
+    return saved
+
+
+def _restore(saved: list) -> None:
+    for t, data in saved:
+        t.data = data
 
 
 def ratio_lines(rows: list[dict[str, Any]]) -> list[str]:

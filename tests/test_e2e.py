@@ -119,3 +119,34 @@ def test_a_captured_step_says_how_much_the_forwards_kernels_overlapped():
     assert out.at["decode-graph", "dispatch_busy_over_span"] == pytest.approx(1.2)
     assert out.at["decode-graph", "predicted"] == pytest.approx(0.75)
     assert math.isnan(out.at["prefill", "dispatch_busy_over_span"])
+
+
+def test_the_fp32_reference_runs_a_layer_at_a_time_and_leaves_the_model_as_it_was():
+    """The layer-at-a-time fp32 logits equal those of a whole fp32 copy, and afterwards every parameter is the
+    same bf16 tensor as before (its storage and values)."""
+    import copy
+
+    import torch
+
+    from bench.e2e import build_model, fp32_logits
+    model = build_model(TINY, None, "cpu")
+    before = {n: (p.dtype, p.data_ptr(), p.detach().clone()) for n, p in model.named_parameters()}
+    ids = torch.randint(0, TINY["vocab_size"], (1, 7), generator=torch.Generator().manual_seed(0))
+    layers = model.model.layers
+    seen = []
+    probe = layers[1].mlp.register_forward_hook(lambda *_: seen.append(
+        [next(layer.parameters()).dtype for layer in layers]))
+    got = fp32_logits(model, ids)
+    probe.remove()
+    assert seen == [[torch.bfloat16, torch.float32, torch.bfloat16]]  # one layer in fp32 while it runs
+    with torch.no_grad():
+        want = copy.deepcopy(model).float()(ids).logits.float()
+    assert got.dtype == torch.float32 and torch.allclose(got, want, rtol=1e-5, atol=1e-5)
+    after = dict(model.named_parameters())
+    assert set(after) == set(before)
+    for n, (dtype, ptr, value) in before.items():
+        assert after[n].dtype == dtype == torch.bfloat16 and after[n].data_ptr() == ptr
+        assert torch.equal(after[n].detach(), value)
+    with torch.no_grad():
+        bf16 = model(ids).logits.float()
+    assert not torch.equal(bf16, got)  # the reference did run in another precision
