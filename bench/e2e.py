@@ -188,19 +188,20 @@ def fp32_logits(model, ids):
     layers = _decoder_layers(model)
     in_layers = {id(t) for layer in layers for t in _tensors(layer)}
     outside = [t for t in _tensors(model) if id(t) not in in_layers]
-    handles = []
+    handles, pending = [], []  # pending: the layers in fp32 now (one, unless a layer raised)
     saved = _to_fp32(outside)
     try:
         for layer in layers:
-            kept: list = []
-            handles.append(layer.register_forward_pre_hook(lambda _m, _a, layer=layer, kept=kept:
-                                                           kept.append(_to_fp32(_tensors(layer)))))
-            handles.append(layer.register_forward_hook(lambda _m, _a, _o, kept=kept: _restore(kept.pop())))
+            handles.append(layer.register_forward_pre_hook(lambda _m, _a, layer=layer:
+                                                           pending.append(_to_fp32(_tensors(layer)))))
+            handles.append(layer.register_forward_hook(lambda _m, _a, _o: _restore(pending.pop())))
         with torch.no_grad():
             return model(ids).logits.float()
     finally:
         for h in handles:
             h.remove()
+        while pending:
+            _restore(pending.pop())
         _restore(saved)
         if torch.cuda.is_available():
             torch.cuda.empty_cache()

@@ -150,3 +150,18 @@ def test_the_fp32_reference_runs_a_layer_at_a_time_and_leaves_the_model_as_it_wa
     with torch.no_grad():
         bf16 = model(ids).logits.float()
     assert not torch.equal(bf16, got)  # the reference did run in another precision
+
+
+def test_a_layer_that_raises_inside_the_fp32_reference_leaves_the_model_in_bf16():
+    import torch
+
+    from bench.e2e import build_model, fp32_logits
+    model = build_model(TINY, None, "cpu")
+
+    def boom(*_):
+        raise RuntimeError("boom")
+    probe = model.model.layers[1].mlp.register_forward_hook(boom)
+    with pytest.raises(RuntimeError, match="boom"):
+        fp32_logits(model, torch.zeros(1, 3, dtype=torch.long))
+    probe.remove()
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
