@@ -4,8 +4,8 @@ One model built from a catalog config with random weights (bf16), patched and un
 so the memory of one model), in rounds whose variant order is shuffled: eager prefill at several lengths, eager
 greedy generate, and one decode step captured in a CUDA graph with a static cache (where the dispatcher's graph
 choices run). Each row is one (step, tokens, variant) with its samples; the logits of both variants at the first
-prefill length are compared with those of the model run in fp32, a layer at a time (LOGITS_FACTOR). transformers is an optional
-extra (pip install -e '.[e2e]').
+prefill length are compared with those of the model run in fp32, a layer at a time (LOGITS_FACTOR). transformers is
+an optional extra (pip install -e '.[e2e]').
 """
 from __future__ import annotations
 

@@ -57,7 +57,7 @@ def predictions(e2e: pd.DataFrame, forward: pd.DataFrame) -> pd.DataFrame:
     of the stock step and the predicted ratio (NaN where the forward did not measure that M). In the graph regime,
     dispatch_busy_over_span is the dispatcher forward's summed kernel time over its span: above 1, neighbouring
     linears' kernels overlapped (programmatic dependent launch), which a model with other kernels between its linears
-    need not repeat, so the prediction is then an upper bound on the gain."""
+    need not repeat, so the prediction may then overstate the gain."""
     ok = e2e[e2e["status"] == "ok"]
     fw = forward[forward["status"] == "ok"]
     rows = []
