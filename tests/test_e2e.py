@@ -94,7 +94,8 @@ def test_a_forward_of_other_decoder_layers_is_refused():
     from harness.errors import HarnessError
     check_same_layers({"layers": None}, {"decoder_layers": None}, "e2e", "fw")
     check_same_layers({"layers": 20}, {"decoder_layers": 20}, "e2e", "fw")
-    with pytest.raises(HarnessError, match="e2e ran 20 decoder layers but fw measured every decoder layer.*--layers 20"):
+    with pytest.raises(HarnessError, match="e2e ran 20 decoder layers but fw measured every decoder layer.*"
+                                           "--layers 20"):
         check_same_layers({"layers": 20}, {"decoder_layers": None}, "e2e", "fw")
     with pytest.raises(HarnessError, match="ran every decoder layer but fw measured 8 decoder layers.*no --layers"):
         check_same_layers({}, {"decoder_layers": 8}, "e2e", "fw")

@@ -86,8 +86,8 @@ def test_the_35b_transformers_table_is_its_sweeps_fit(tmp_path):
 @pytest.mark.evidence
 def test_the_35b_e2e_gains_less_than_a_forward_of_its_linears():
     """35B-A3B, first 8 and 20 decoder layers: captured decode 0.972 and 0.966; a forward of every layer is refused
-    for them. Scaled per layer (the forward's LM head runs F.linear, as the e2e's), the forward predicts 0.937 and 0.932. The
-    forward's dispatcher kernels overlap (summed kernel time 1.186x its span)."""
+    for them. Scaled per layer (the forward's LM head runs F.linear, as the e2e's), the forward predicts 0.937 and
+    0.932. The forward's dispatcher kernels overlap (summed kernel time 1.186x its span)."""
     from calibrate.__main__ import main
     assert _e2e_ratios(E2E_35B_8)[("decode-graph", 1)] == 0.972
     assert _e2e_ratios(E2E_35B_20)[("decode-graph", 1)] == 0.966
