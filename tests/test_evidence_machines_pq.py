@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from evidence_forward import dispatch_over_aten
+from evidence_forward import dispatch_over_aten, gpu_uuid
 
 EVIDENCE = Path(__file__).resolve().parents[1] / "evidence"
 RUN_H = EVIDENCE / "h200-table-h200-20261201h"
@@ -15,10 +15,6 @@ OWN_P = EVIDENCE / "h200-sweep-20261201T2344-074a4c"
 PINNED_Q = EVIDENCE / "h200-sweep-20261201T2356-7a82d9"
 SAME_4B = EVIDENCE / "h200-same-table-4b-20261201-P"
 REGRESS_Q = EVIDENCE / "h200-regress-20261201T2356-Q"
-
-
-def _uuid(path: Path) -> str:
-    return path.read_text().splitlines()[1].split(", ")[1]
 
 
 def _validate(sweep: Path, tmp_path: Path, capsys, *extra: str) -> tuple[int, str, pd.DataFrame]:
@@ -39,7 +35,7 @@ def test_run_h_fitted_on_k_l_m_and_passed_on_p(tmp_path, capsys):
     manifest = json.loads((RUN_H / "manifest.json").read_text())
     assert (manifest["status"], manifest["verdict"], manifest["out_of_machine"]) == ("complete", "PASS", True)
     legs = manifest["legs"]
-    assert legs["check-sweep"]["machine"] == legs["check-forward"]["machine"] == _uuid(RUN_H / "gpu-machine-P.txt")
+    assert legs["check-sweep"]["machine"] == legs["check-forward"]["machine"] == gpu_uuid(RUN_H / "gpu-machine-P.txt")
     assert manifest["refits"][0]["verdict"] == "PASS" and manifest["refits"][0]["folder"] == "refit-1"
     assert round(sum(v["seconds"] for v in legs.values() if v.get("machine")), 1) == 983.0
     counts = range_counts(load_table(path=RUN_H / "table.json"))
@@ -80,7 +76,7 @@ def test_a_fresh_machine_serving_the_shipped_tactics_passes(tmp_path, capsys):
     assert (PINNED_Q / "autotune-cache.json").read_bytes() == (RUN_H / "table.autotune.json").read_bytes()
     code, _, cells = _validate(PINNED_Q, tmp_path, capsys)
     assert code == 0 and "SLOWER" not in set(cells["verdict"]) and len(cells) == 400
-    assert _uuid(REGRESS_Q / "gpu-machine-Q.txt") not in {_uuid(p) for p in RUN_H.glob("gpu-machine-*.txt")}
+    assert gpu_uuid(REGRESS_Q / "gpu-machine-Q.txt") not in {gpu_uuid(p) for p in RUN_H.glob("gpu-machine-*.txt")}
 
 
 @pytest.mark.evidence

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from evidence_forward import dispatch_over_aten
+from evidence_forward import dispatch_over_aten, gpu_uuid
 
 EVIDENCE = Path(__file__).resolve().parents[1] / "evidence"
 RUN_H = EVIDENCE / "h200-table-h200-20261201h"
@@ -18,10 +18,6 @@ TF_4B = EVIDENCE / "h200-tf-table-20261201T1624-E"
 E2E_35B_8, E2E_35B_20, E2E_4B = (EVIDENCE / f"h200-e2e-20261202T{s}" for s in ("0104-633f9d", "0105-4edfcb",
                                                                                  "0106-53f90d"))
 E2E_4B_F = EVIDENCE / "h200-e2e-20261201T1643-F"
-
-
-def _uuid(path: Path) -> str:
-    return path.read_text().splitlines()[1].split(", ")[1]
 
 
 def _e2e_ratios(folder: Path) -> pd.Series:
@@ -45,9 +41,9 @@ def test_a_fresh_machines_default_sweep_passes_the_shipped_table(tmp_path, capsy
     cells = pd.read_csv(csv)
     assert code == 0 and "PASS" in capsys.readouterr().out
     assert len(cells) == 400 and "SLOWER" not in set(cells["verdict"])
-    uuid = _uuid(SWEEP_R / "gpu-machine-R.txt")
+    uuid = gpu_uuid(SWEEP_R / "gpu-machine-R.txt")
     others = [p for p in EVIDENCE.rglob("gpu-machine-*.txt") if "20261202" not in str(p)]
-    assert others and uuid not in {_uuid(p) for p in others}
+    assert others and uuid not in {gpu_uuid(p) for p in others}
 
 
 @pytest.mark.evidence
