@@ -27,6 +27,10 @@ def test_stock_and_patched_rounds_give_a_row_per_step_and_variant(tmp_path):
     # both variants' error against the fp32 model, the same here: bf16 rounding alone
     errs = {got[("prefill", 4, v)]["logits_err_fp32"] for v in ("stock", "patched")}
     assert len(errs) == 1 and 0 < errs.pop() < 0.05
+    # each patched linear against F.linear in fp32 on its own input: bf16 output rounding, from a named linear
+    patched = got[("prefill", 4, "patched")]
+    assert 0 < patched["linear_rel_err"] < 0.01 and patched["linear_worst"].startswith("model.layers.")
+    assert got[("prefill", 4, "stock")]["linear_worst"] == ""
     assert any("patched / stock" in line for line in ratio_lines(rows))
     write_e2e(tmp_path / "out", rows, {"kind": "e2e"})
     header = (tmp_path / "out" / "e2e.csv").read_text().splitlines()[0]
@@ -76,6 +80,7 @@ def test_patched_logits_that_differ_fail_every_patched_row(tmp_path, monkeypatch
     rows = run_e2e(E2EConfig("tiny", TINY, tmp_path, layers=1, prefill=(4,), generate_tokens=2, rounds=1, device="cpu"))
     patched = [r for r in rows if r["variant"] == "patched"]
     assert patched and all(r["status"] == "failed" and "logits differ from the fp32 model" in r["reason"] for r in patched)
+    assert all("differs from F.linear in fp32 by 0.5" in r["reason"] for r in patched)
     assert all(r["status"] != "failed" for r in rows if r["variant"] == "stock")
 
 
