@@ -118,3 +118,17 @@ def test_the_4b_e2e_again_and_its_prediction(capsys):
     for folder, share in ((E2E_4B, 0.85), (E2E_4B_F, 0.75)):
         step = pd.read_csv(folder / "e2e.csv").query("step == 'decode-graph'").set_index("variant")["us"]
         assert round((step["stock"] - step["patched"]) / saved, 2) == share
+
+
+@pytest.mark.evidence
+def test_the_moe_logits_move_far_beyond_rounding():
+    """Logits against the fp32 reference, stock / patched: 0.631 / 0.621 (35B, 8 layers), 0.165 / 0.243 (20 layers,
+    under the 1.5x bound of 0.247), 0.0583 / 0.0585 (4B); every row ok."""
+    for folder, want in ((E2E_35B_8, (0.631, 0.621)), (E2E_35B_20, (0.165, 0.243)), (E2E_4B, (0.0583, 0.0585))):
+        df = pd.read_csv(folder / "e2e.csv")
+        err = df.groupby("variant")["logits_err_fp32"].first()
+        digits = 4 if folder == E2E_4B else 3
+        assert (round(err["stock"], digits), round(err["patched"], digits)) == want
+        assert set(df["status"]) == {"ok"}
+    err = pd.read_csv(E2E_35B_20 / "e2e.csv").groupby("variant")["logits_err_fp32"].first()
+    assert err["patched"] < 1.5 * err["stock"] and round(1.5 * err["stock"], 3) == 0.247
