@@ -3,15 +3,18 @@
 One model built from a catalog config with random weights (bf16), patched and unpatched in turn (the same weights,
 so the memory of one model), in rounds whose variant order is shuffled: eager prefill at several lengths, eager
 greedy generate, and one decode step captured in a CUDA graph with a static cache (where the dispatcher's graph
-choices run). Each row is one (step, tokens, variant) with its samples; the logits of both variants at the first
-prefill length are compared with those of the model run in fp32, a layer at a time (LOGITS_FACTOR). transformers is
-an optional extra (pip install -e '.[e2e]').
+choices run). Before the rounds, replays of that step are split by kernel (bench.e2e_kernels: what the changed
+linears took, and the rest). Each row is one (step, tokens, variant) with its samples; the logits of both variants
+at the first prefill length are compared with those of the model run in fp32, a layer at a time (LOGITS_FACTOR), and
+each patched linear with F.linear in fp32 on its own input. transformers is an optional extra (pip install -e
+'.[e2e]').
 """
 from __future__ import annotations
 
+import contextlib
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -21,7 +24,8 @@ from harness.errors import HarnessError
 
 E2E_FILE = "e2e.csv"
 COLUMNS = ("model", "step", "tokens", "variant", "status", "reason", "us", "us_p20", "us_p80", "samples",
-           "samples_us", "patched_linears", "logits_rel_err", "logits_err_fp32", "linear_rel_err", "linear_worst")
+           "samples_us", "patched_linears", "logits_rel_err", "logits_err_fp32", "linear_rel_err", "linear_worst",
+           "kernels", "kernels_us", "own_kernels_us", "shared_kernels_us", "kernels_reason")
 VARIANTS = ("stock", "patched")
 # The logits check: each variant's relative Frobenius error against the same model run in fp32. Over many layers of
 # random weights bf16 rounding grows far beyond a single GEMM's, so the patched model is held to the stock model's own
@@ -106,60 +110,98 @@ def captured_decode(model, prompt, device: str) -> tuple[Callable[[], None] | No
     return graph.replay, ""
 
 
+@dataclass
+class _Measured:
+    """What the rounds collect: samples per (step, tokens, variant), why a step was not measured, the logits of the
+    first prefill, and the patched model's linear check."""
+    samples: dict[tuple[str, int, str], list[float]] = field(default_factory=dict)
+    reasons: dict[tuple[str, int, str], str] = field(default_factory=dict)
+    logits: dict[str, Any] = field(default_factory=dict)
+    patched_count: int = 0
+    linear_err: float = 0.0
+    linear_worst: str = ""
+
+
 def run_e2e(cfg: E2EConfig) -> list[dict[str, Any]]:
     """The rows of one end-to-end run (see the module); also written to cfg.out/e2e.csv by the caller."""
     import torch
 
     import dispatch
+    from bench.e2e_kernels import decode_split, make_clock
     from bench.sweep import _progress
     bar = _progress(cfg.rounds + 1, "e2e")
-    bar.set_postfix_str(f"{cfg.model}: building, fp32 reference")
+    bar.set_postfix_str(f"{cfg.model}: building, fp32 reference, kernel split")
+    clock, split_why = make_clock(cfg.device)  # before any capture or JIT load
     model = build_model(cfg.hf_config, cfg.layers, cfg.device)
     vocab = model.config.get_text_config().vocab_size if hasattr(model.config, "get_text_config") else \
         model.config.vocab_size
     gen = torch.Generator().manual_seed(cfg.seed)
     prompts = {n: torch.randint(0, vocab, (1, n), generator=gen).to(cfg.device) for n in cfg.prefill}
-    sync = torch.cuda.synchronize if cfg.device == "cuda" else (lambda: None)
-    samples: dict[tuple[str, int, str], list[float]] = {}
-    reasons: dict[tuple[str, int, str], str] = {}
-    patched_count, linear_err, linear_worst = 0, 0.0, ""
-    logits: dict[str, Any] = {}
+    got = _Measured()
     first = prompts[cfg.prefill[0]]
-    logits["fp32"] = fp32_logits(model, first)
+    got.logits["fp32"] = fp32_logits(model, first)
+    split = None
+    if clock is not None:
+        try:
+            split, split_why = decode_split(clock, lambda: captured_decode(model, first, cfg.device),
+                                            lambda: dispatch.patch(model))
+        except Exception as exc:  # the split is a diagnostic: the timed steps go on without it
+            split_why = f"kernel split failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     bar.update()
     rng = random.Random(cfg.seed)
-    for r in range(cfg.rounds):
-        bar.set_postfix_str(f"{cfg.model}: round {r + 1} of {cfg.rounds}")
-        for variant in rng.sample(VARIANTS, len(VARIANTS)):
-            handle = dispatch.patch(model) if variant == "patched" else None
-            patched_count = len(handle) if handle is not None else patched_count
-            try:
-                with torch.no_grad():
-                    if r == 0 and handle is not None:
-                        linear_err, linear_worst = checked_linears(handle, lambda: logits.__setitem__(
-                            variant, model(first).logits.float()))
-                    elif r == 0:
-                        logits[variant] = model(first).logits.float()
-                    for n, ids in prompts.items():
-                        model(ids)  # warm: allocator and lazy init outside the timed call
-                        samples.setdefault(("prefill", n, variant), []).append(_timed(lambda: model(ids), sync))
-                    gen_fn = lambda: model.generate(first, max_new_tokens=cfg.generate_tokens,  # noqa: E731
-                                                    min_new_tokens=cfg.generate_tokens, do_sample=False)
-                    if r == 0:
-                        gen_fn()
-                    samples.setdefault(("generate", cfg.generate_tokens, variant), []).append(_timed(gen_fn, sync))
-                replay, why = captured_decode(model, first, cfg.device)
-                key = ("decode-graph", 1, variant)
-                if replay is None:
-                    reasons[key] = why
-                else:
-                    replay()
-                    samples.setdefault(key, []).append(_timed(replay, sync))
-            finally:
-                if handle is not None:
-                    handle.remove()
-        bar.update()
+    with clock.paused() if clock is not None else contextlib.nullcontext():  # the timed steps run without CUPTI
+        for r in range(cfg.rounds):
+            bar.set_postfix_str(f"{cfg.model}: round {r + 1} of {cfg.rounds}")
+            _round(cfg, model, prompts, r, rng, got)
+            bar.update()
+    if clock is not None:
+        clock.close()
     bar.close()
+    return _rows(cfg, got, split, split_why)
+
+
+def _round(cfg: E2EConfig, model, prompts: dict[int, Any], r: int, rng: random.Random, got: _Measured) -> None:
+    """One round: each variant in shuffled order, its prefills, a greedy generate and a captured decode step."""
+    import torch
+
+    import dispatch
+    sync = torch.cuda.synchronize if cfg.device == "cuda" else (lambda: None)
+    first = prompts[cfg.prefill[0]]
+    for variant in rng.sample(VARIANTS, len(VARIANTS)):
+        handle = dispatch.patch(model) if variant == "patched" else None
+        got.patched_count = len(handle) if handle is not None else got.patched_count
+        try:
+            with torch.no_grad():
+                if r == 0 and handle is not None:
+                    got.linear_err, got.linear_worst = checked_linears(handle, lambda: got.logits.__setitem__(
+                        variant, model(first).logits.float()))
+                elif r == 0:
+                    got.logits[variant] = model(first).logits.float()
+                for n, ids in prompts.items():
+                    model(ids)  # warm: allocator and lazy init outside the timed call
+                    got.samples.setdefault(("prefill", n, variant), []).append(_timed(lambda: model(ids), sync))
+                gen_fn = lambda: model.generate(first, max_new_tokens=cfg.generate_tokens,  # noqa: E731
+                                                min_new_tokens=cfg.generate_tokens, do_sample=False)
+                if r == 0:
+                    gen_fn()
+                got.samples.setdefault(("generate", cfg.generate_tokens, variant), []).append(_timed(gen_fn, sync))
+            replay, why = captured_decode(model, first, cfg.device)
+            key = ("decode-graph", 1, variant)
+            if replay is None:
+                got.reasons[key] = why
+            else:
+                replay()
+                got.samples.setdefault(key, []).append(_timed(replay, sync))
+        finally:
+            if handle is not None:
+                handle.remove()
+
+
+def _rows(cfg: E2EConfig, got: _Measured, split: dict[str, dict[str, float]] | None, split_why: str
+          ) -> list[dict[str, Any]]:
+    """A row per (step, tokens, variant); the decode step's rows carry the kernel split; the patched rows fail where
+    a patched linear or the logits fail their check."""
+    logits = got.logits
     rel = rel_err(logits["patched"], logits["stock"])
     err = {v: rel_err(logits[v], logits["fp32"]) for v in VARIANTS}
     bound = max(LOGITS_FACTOR * err["stock"], LOGITS_FLOOR)
@@ -169,20 +211,23 @@ def run_e2e(cfg: E2EConfig) -> list[dict[str, Any]]:
         for variant in VARIANTS:
             key = (step, n, variant)
             base = {"model": cfg.model, "step": step, "tokens": n, "variant": variant,
-                    "patched_linears": patched_count if variant == "patched" else 0,
+                    "patched_linears": got.patched_count if variant == "patched" else 0,
                     "logits_rel_err": round(rel, 6) if variant == "patched" else 0.0,
                     "logits_err_fp32": round(err[variant], 6),
-                    "linear_rel_err": round(linear_err, 6) if variant == "patched" else 0.0,
-                    "linear_worst": linear_worst if variant == "patched" else ""}
-            if key not in samples:
-                rows.append({**base, "status": "skipped", "reason": reasons.get(key, "not measured")})
+                    "linear_rel_err": round(got.linear_err, 6) if variant == "patched" else 0.0,
+                    "linear_worst": got.linear_worst if variant == "patched" else ""}
+            if step == "decode-graph":
+                base.update({c: round(v, 2) for c, v in split[variant].items()} if split else
+                            {"kernels_reason": split_why})
+            if key not in got.samples:
+                rows.append({**base, "status": "skipped", "reason": got.reasons.get(key, "not measured")})
                 continue
-            us, p20, p80 = summary(samples[key])
+            us, p20, p80 = summary(got.samples[key])
             rows.append({**base, "status": "ok", "reason": "", "us": us, "us_p20": p20, "us_p80": p80,
-                         "samples": len(samples[key]), "samples_us": [round(v, 1) for v in samples[key]]})
+                         "samples": len(got.samples[key]), "samples_us": [round(v, 1) for v in got.samples[key]]})
     why = []
-    if linear_err > REL_ERR_BOUND:
-        why.append(f"the patched {linear_worst} differs from F.linear in fp32 by {linear_err:.3g}, above "
+    if got.linear_err > REL_ERR_BOUND:
+        why.append(f"the patched {got.linear_worst} differs from F.linear in fp32 by {got.linear_err:.3g}, above "
                    f"{REL_ERR_BOUND}")
     if err["patched"] > bound:
         why.append(f"logits differ from the fp32 model's by {err['patched']:.3g}, above {LOGITS_FACTOR}x the stock "
@@ -286,6 +331,10 @@ def ratio_lines(rows: list[dict[str, Any]]) -> list[str]:
                        f"({r['us']:.0f} / {stock['us']:.0f} µs)")
         else:
             out.append(f"  {step:13s} {n:6d} tokens: {r.get('status')}: {r.get('reason')}")
+        if step == "decode-graph" and stock is not None:
+            from bench.e2e_kernels import split_line
+            line = split_line(stock, r)
+            out += [line] if line else []
     return out
 
 

@@ -21,6 +21,7 @@ def test_stock_and_patched_rounds_give_a_row_per_step_and_variant(tmp_path):
     assert all(got[k]["status"] == "ok" and got[k]["samples"] == 2 for k in got if k[0] != "decode-graph")
     assert got[("decode-graph", 1, "patched")]["status"] == "skipped"
     assert "needs CUDA" in got[("decode-graph", 1, "patched")]["reason"]
+    assert got[("decode-graph", 1, "stock")]["kernels_reason"] == "a kernel split needs CUDA"
     # two layers of 7 linears, the LM head left as is; on CPU the dispatcher runs F.linear: identical logits
     assert got[("prefill", 4, "patched")]["patched_linears"] == 14
     assert got[("prefill", 4, "patched")]["logits_rel_err"] == 0.0
@@ -171,3 +172,23 @@ def test_a_layer_that_raises_inside_the_fp32_reference_leaves_the_model_in_bf16(
         fp32_logits(model, torch.zeros(1, 3, dtype=torch.long))
     probe.remove()
     assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+
+
+def test_the_kernel_split_matches_kernels_by_name_and_count():
+    """Stock runs norm, gemm_a twice, attn; patched runs norm, tinygemm twice, attn (slower beside the new kernels):
+    the shared time is norm + attn in each, the own time the linears'."""
+    from bench.e2e_kernels import kernel_split, median_split
+    stock = [("norm", 2.0), ("gemm_a", 10.0), ("gemm_a", 12.0), ("attn", 5.0)]
+    patched = [("norm", 2.0), ("tinygemm", 6.0), ("tinygemm", 6.0), ("attn", 6.0)]
+    split = kernel_split(stock, patched)
+    assert split["stock"] == {"kernels": 4, "kernels_us": 29.0, "own_kernels_us": 22.0, "shared_kernels_us": 7.0}
+    assert split["patched"] == {"kernels": 4, "kernels_us": 20.0, "own_kernels_us": 12.0, "shared_kernels_us": 8.0}
+    # a name both run, more often in one: as many as both have are shared
+    uneven = kernel_split([("gemm_a", 4.0)] * 3, [("gemm_a", 4.0)])
+    assert uneven["stock"]["own_kernels_us"] == 8.0 and uneven["patched"]["own_kernels_us"] == 0.0
+    from bench.e2e import ratio_lines
+    rows = [{"step": "decode-graph", "tokens": 1, "variant": v, "status": "ok", "us": us, **split[v]}
+            for v, us in (("stock", 40.0), ("patched", 31.0))]
+    assert ratio_lines(rows)[1] == "  decode-graph kernels: the changed linears 22 -> 12 µs (saved 10), the rest +1 µs"
+    again = median_split([split, kernel_split(stock, [("norm", 2.0), ("tinygemm", 8.0), ("attn", 6.0)]), split])
+    assert again["patched"]["own_kernels_us"] == 12.0 and again["stock"]["kernels_us"] == 29.0
