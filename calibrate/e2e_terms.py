@@ -57,7 +57,9 @@ def predictions(e2e: pd.DataFrame, forward: pd.DataFrame) -> pd.DataFrame:
     of the stock step and the predicted ratio (NaN where the forward did not measure that M). In the graph regime,
     dispatch_busy_over_span is the dispatcher forward's summed kernel time over its span: above 1, neighbouring
     linears' kernels overlapped (programmatic dependent launch), which a model with other kernels between its linears
-    need not repeat, so the prediction may then overstate the gain."""
+    need not repeat, so the prediction may then overstate the gain. Where the e2e split its captured step by kernel,
+    in_step_linears_saved is what the changed linears' kernels saved inside the step and in_step_rest_moved what the
+    other kernels' time moved, each as a share of the stock step."""
     ok = e2e[e2e["status"] == "ok"]
     fw = forward[forward["status"] == "ok"]
     rows = []
@@ -77,7 +79,22 @@ def predictions(e2e: pd.DataFrame, forward: pd.DataFrame) -> pd.DataFrame:
         stock = float(by["stock"]) / (int(tokens) if step == "generate" else 1)  # generate: per token
         share = aten / stock if stock > 0 else math.nan
         predicted = 1 - share * (1 - disp / aten) if aten > 0 else math.nan
+        saved, moved = _in_step(g)
         rows.append({"model": model, "step": step, "tokens": int(tokens), "measured": by["patched"] / by["stock"],
                      "linears_dispatch_over_aten": disp / aten if aten > 0 else math.nan,
-                     "linears_share_of_step": share, "predicted": predicted, "dispatch_busy_over_span": overlap})
+                     "linears_share_of_step": share, "predicted": predicted, "dispatch_busy_over_span": overlap,
+                     "in_step_linears_saved": saved, "in_step_rest_moved": moved})
     return pd.DataFrame(rows)
+
+
+def _in_step(g: pd.DataFrame) -> tuple[float, float]:
+    """A step's kernel split (bench e2e's own_kernels_us and shared_kernels_us, stock and patched) as shares of the
+    stock step: (saved by the changed linears, moved in the rest); NaN where the run has none."""
+    if not {"own_kernels_us", "shared_kernels_us"} <= set(g.columns):
+        return math.nan, math.nan
+    v = g.set_index("variant")[["us", "own_kernels_us", "shared_kernels_us"]].apply(pd.to_numeric, errors="coerce")
+    stock, patched = v.loc["stock"], v.loc["patched"]
+    if not stock["us"] > 0:
+        return math.nan, math.nan
+    return ((stock["own_kernels_us"] - patched["own_kernels_us"]) / stock["us"],
+            (patched["shared_kernels_us"] - stock["shared_kernels_us"]) / stock["us"])

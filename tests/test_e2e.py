@@ -123,6 +123,7 @@ def test_a_captured_step_says_how_much_the_forwards_kernels_overlapped():
                        for m, r in ((1, "graph"), (8, "eager"))
                        for p, us, busy in (("aten", 2000.0, 1900.0), ("dispatch", 1000.0, 1200.0))])
     out = predictions(e2e, fw).set_index("step")
+    assert math.isnan(out.at["decode-graph", "in_step_linears_saved"])  # no kernel split in this run
     assert out.at["decode-graph", "dispatch_busy_over_span"] == pytest.approx(1.2)
     assert out.at["decode-graph", "predicted"] == pytest.approx(0.75)
     assert math.isnan(out.at["prefill", "dispatch_busy_over_span"])
@@ -192,3 +193,20 @@ def test_the_kernel_split_matches_kernels_by_name_and_count():
     assert ratio_lines(rows)[1] == "  decode-graph kernels: the changed linears 22 -> 12 µs (saved 10), the rest +1 µs"
     again = median_split([split, kernel_split(stock, [("norm", 2.0), ("tinygemm", 8.0), ("attn", 6.0)]), split])
     assert again["patched"]["own_kernels_us"] == 12.0 and again["stock"]["kernels_us"] == 29.0
+
+
+def test_the_kernel_split_as_shares_of_the_stock_step():
+    """Stock step 4000 µs, the changed linears' kernels 1000 -> 700 µs, the rest 2500 -> 2540 µs: 7.5% saved
+    inside the step, the rest 1% slower."""
+    import pandas as pd
+
+    from calibrate.e2e_terms import predictions
+    e2e = pd.DataFrame([{"model": "A", "step": "decode-graph", "tokens": 1, "variant": v, "status": "ok", "us": us,
+                         "own_kernels_us": own, "shared_kernels_us": shared}
+                        for v, us, own, shared in (("stock", 4000.0, 1000.0, 2500.0),
+                                                   ("patched", 3740.0, 700.0, 2540.0))])
+    fw = pd.DataFrame([{"model": "A", "m": 1, "regime": "graph", "path": p, "status": "ok", "us": us}
+                       for p, us in (("aten", 1600.0), ("dispatch", 1200.0))])
+    row = predictions(e2e, fw).iloc[0]
+    assert row["in_step_linears_saved"] == pytest.approx(0.075) and row["in_step_rest_moved"] == pytest.approx(0.01)
+    assert row["predicted"] == pytest.approx(0.9) and row["measured"] == pytest.approx(0.935)
