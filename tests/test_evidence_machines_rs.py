@@ -92,6 +92,8 @@ def test_the_35b_e2e_gains_less_than_a_forward_of_its_linears():
                                            r"--layers 20\)"):
         main(["e2e", str(E2E_35B_20), "--forward", str(TF_35B / "forward")])
     fw = pd.read_csv(TF_35B / "forward" / "forward.csv").query("regime == 'graph' and m == 1").set_index("path")
+    assert fw.at["dispatch", "paths_used"].startswith("aten:1;flashinfer-lean:tinygemm:280;")
+    assert fw.at["dispatch", "linears"] == 391
     layers = json.loads((EVIDENCE.parent / "shapes/configs/qwen3.5-35b-a3b.json").read_text())["text_config"][
         "num_hidden_layers"]
     saved_per_layer = (fw.at["aten", "us"] - fw.at["dispatch", "us"]) / layers
@@ -115,6 +117,9 @@ def test_the_4b_e2e_again_and_its_prediction(capsys):
     fw = pd.read_csv(TF_4B / "forward" / "forward.csv").query("regime == 'graph' and m == 1").set_index("path")["us"]
     saved = fw["aten"] - fw["dispatch"]
     assert round(saved) == 394
+    stock = pd.read_csv(E2E_4B / "e2e.csv").query("step == 'decode-graph' and variant == 'stock'")["us"].iloc[0]
+    share, ratio = fw["aten"] / stock, fw["dispatch"] / fw["aten"]  # the prediction's uncertainty: the graph floor
+    assert round(100 * share * ratio * 0.016, 1) == 0.6
     for folder, share in ((E2E_4B, 0.85), (E2E_4B_F, 0.75)):
         step = pd.read_csv(folder / "e2e.csv").query("step == 'decode-graph'").set_index("variant")["us"]
         assert round((step["stock"] - step["patched"]) / saved, 2) == share
