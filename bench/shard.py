@@ -14,10 +14,11 @@ from shapes.catalog import Shape, catalog
 from shapes.grid import NAMED_GRIDS
 
 FULL_TPS = (1, 2, 4, 8)
-# Rates of an H200 default sweep (its wall time less tuning, per cell measured; tuning per (shape, FlashInfer path)
-# pair; docs/design.md, A sweep's cost). The dry run's estimate and the queue order scale them; they are guesses.
-SECONDS_PER_CELL = (255.5 - 29.0) / 1915
-SECONDS_PER_TUNING = 29.0 / 32
+# Rates of an H200 default sweep that tuned for itself (its wall time less tuning, per cell the dry run counts;
+# tuning per (shape, FlashInfer path) pair; the run is named in docs/results-h200.md, "The dry run's estimate"). The
+# dry run's estimate and the queue order scale them; they are guesses.
+SECONDS_PER_CELL = (196.7 - 28.78) / 2630
+SECONDS_PER_TUNING = 28.78 / 31
 # A shape's cost for ordering work: the fixed cost per cell (operands, check, capture, host blocks) plus the GPU
 # time of what a cell runs: host blocks and replays, ~40 calls' worth.
 CALLS_PER_CELL = 40

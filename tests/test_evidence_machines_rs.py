@@ -137,3 +137,20 @@ def test_the_moe_logits_move_far_beyond_rounding():
         assert set(df["status"]) == {"ok"}
     err = pd.read_csv(E2E_35B_20 / "e2e.csv").groupby("variant")["logits_err_fp32"].first()
     assert err["patched"] < 1.5 * err["stock"] and round(1.5 * err["stock"], 3) == 0.247
+
+
+@pytest.mark.evidence
+def test_the_dry_runs_rates_are_p_own_tuned_sweeps(capsys):
+    """bench/shard.py's rates: P's own-tuned default sweep, less its tuning, over the cells and tunings the dry run
+    counts for that command; the default's estimate, 2.8 min, beside R's 164 s."""
+    from bench.__main__ import main
+    from bench.shard import SECONDS_PER_CELL, SECONDS_PER_TUNING
+    info = json.loads((EVIDENCE / "h200-sweep-20261201T2344-074a4c" / "run.json").read_text())
+    assert main(["run", "--gpu", "h200", "--tune", "--dry-run"]) == 0
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last.startswith("  2630 cells to measure, 31 (shape, path) tunings; estimated 3.3 min")
+    assert SECONDS_PER_CELL == pytest.approx((info["wall_s"] - info["phase_s"]["tune"]) / 2630)
+    assert SECONDS_PER_TUNING == pytest.approx(info["phase_s"]["tune"] / 31)
+    assert main(["run", "--gpu", "h200", "--dry-run"]) == 0
+    assert "estimated 2.8 min" in capsys.readouterr().out
+    assert round(json.loads((SWEEP_R / "run.json").read_text())["wall_s"]) == 164
