@@ -67,6 +67,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                             "at most --max-noise (nvbench's stdrel; default 5; = --samples: a fixed count)")
     p_run.add_argument("--max-noise", type=float_in(0, 1), default=0.005,
                        help="the stopping criterion's relative standard deviation (default 0.005)")
+    p_run.add_argument("--replay-us", type=float_in(10, 100_000), default=500.0,
+                       help="the GPU time one captured graph of a path aims at, which sets its calls per graph "
+                            "(default 500)")
+    p_run.add_argument("--host-calls", type=int_in(1, 1000), default=10,
+                       help="eager calls per block of the host timing (default 10; at most 5 where a call is GPU-bound)")
+    p_run.add_argument("--host-rounds", type=int_in(1, 100), default=5,
+                       help="interleaved rounds of those blocks (default 5; at most 3 where a call is GPU-bound)")
     p_run.add_argument("--time-twins", action="store_true",
                        help="replay a public FlashInfer call and its lean twin, and the dispatcher, in full even where "
                             "their kernels match (default: once, gpu_from names the timed path)")
@@ -281,7 +288,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                       vllm_tune_tokens=vllm_tokens, hopeless_factor=None if args.all else 2.0, layout=args.layout,
                       stopping=Stopping(min(args.min_samples, args.samples), args.max_noise)
                       if args.min_samples < args.samples else None, time_twins=args.time_twins,
-                      table=table, table_file=args.table)
+                      table=table, table_file=args.table, target_replay_us=args.replay_us,
+                      host_calls=args.host_calls, host_rounds=args.host_rounds)
     _check_before_gpu(cfg, args)
     if args.dry_run:
         where = f" ({shard_from_env()[2]})" if args.shard and args.shard.strip() == "auto" else ""

@@ -290,7 +290,8 @@ def time_host(cfg: SweepConfig, group: Group, checked: dict[str, Any], ops, phas
     gpu_bound = estimate(cfg, group.shape, group.m) >= cfg.gpu_bound_us
     with phase("host"), (cfg.host_lock if cfg.host_lock is not None else nullcontext()):
         host = host_times({n: (lambda f=f: f(x0, w0)) for n, f in checked.items()},
-                          calls=5 if gpu_bound else cfg.host_calls, rounds=3 if gpu_bound else cfg.host_rounds)
+                          calls=min(5, cfg.host_calls) if gpu_bound else cfg.host_calls,
+                          rounds=min(3, cfg.host_rounds) if gpu_bound else cfg.host_rounds)
     for name, (med, p20, p80, busy) in host.items():
         group.rows[name].update(host_us=med, host_us_p20=p20, host_us_p80=p80, host_gpu_busy=busy)
 
@@ -484,6 +485,9 @@ def run_sweep(cfg: SweepConfig) -> Path:
         extra["host_timing"] = cfg.host_timing
     info = run_info(cfg.command, profile=cfg.profile.name, timer=cfg.timer, l2=cfg.l2, warm_l2=cfg.l2 == "warm", **extra,
                     samples=cfg.samples, ms=cfg.ms, **({"cells": cfg.cells} if cfg.cells is not None else {}),
+                    replay_us=cfg.target_replay_us,
+                    host_blocks=f"{cfg.host_calls} calls x {cfg.host_rounds} rounds (at most 5 x 3 where a call is "
+                                f"estimated at >= {cfg.gpu_bound_us:g} µs of GPU time)",
                     stopping=(cfg.stopping.describe() if cfg.stopping else f"fixed: {cfg.samples} replays"),
                     gpu_twins=("timed in full (--time-twins)" if cfg.time_twins else
                                "a public call and its lean twin, and the dispatcher and the path it chose, are replayed "
@@ -590,7 +594,8 @@ def dry_run(cfg: SweepConfig) -> str:
     sm = cfg.profile.sm
     buckets = sorted(set(cfg.ms) & set(hybrid_buckets()))
     lines = [f"dry run: {cfg.profile.name} (SM{sm}), {cfg.grid_text()} = {cfg.cell_count() * len(cfg.paths)} rows; "
-             f"L2 {cfg.l2}; {cfg.samples} replays"]
+             f"L2 {cfg.l2}; {cfg.samples} replays of graphs of ~{cfg.target_replay_us:g} µs; host blocks of "
+             f"{cfg.host_calls} calls x {cfg.host_rounds} rounds"]
     measured = tunings = 0
     for p in cfg.paths:
         reasons: dict[str, int] = {}

@@ -507,3 +507,25 @@ def test_a_forward_serves_the_tables_tactics_where_they_hold_its_linears():
     assert _served(args, h200, None, cells, ["aten", "dispatch"]) == TABLE_DIR / "h200.autotune.json"
     assert _served(args, h200, None, [*cells, (4096, 4096, 8)], ["aten", "dispatch"]) is None  # a linear it lacks: tune
     assert _served(Namespace(**{**vars(args), "tune": True}), h200, None, cells, ["aten", "dispatch"]) is None
+
+
+def test_replay_and_host_block_sizes_reach_the_sweep(monkeypatch, tmp_path, capsys):
+    """--replay-us sets the GPU time a path's graph aims at (fewer calls per graph, where the rotated copies do not
+    set them), --host-calls and --host-rounds the host blocks; the dry run says them."""
+    import bench.__main__ as cli
+    from bench.sweep import plan_group
+    from shapes.catalog import catalog
+    seen = {}
+    monkeypatch.setattr(cli, "run_sweep", lambda cfg: seen.setdefault("cfg", cfg))
+    args = ["run", "--gpu", "h200", "--replay-us", "125", "--host-calls", "4", "--host-rounds", "3",
+            "--out", str(tmp_path / "out")]
+    assert cli.main(args) == 0
+    cfg = seen["cfg"]
+    assert (cfg.target_replay_us, cfg.host_calls, cfg.host_rounds) == (125.0, 4, 3)
+    shape = next(s for s in catalog() if (s.n, s.k) == (12288, 2560))  # few rotations: the replay time sets calls
+    fewer = plan_group(cfg, type("Clock", (), {"name": "cupti"})(), shape, 8, cfg.paths, 50 << 20, None).calls
+    more = plan_group(cli.SweepConfig(profile=cfg.profile, shapes=cfg.shapes, ms=cfg.ms, paths=cfg.paths, out=cfg.out),
+                      type("Clock", (), {"name": "cupti"})(), shape, 8, cfg.paths, 50 << 20, None).calls
+    assert fewer < more
+    assert cli.main([*args, "--dry-run"]) == 0
+    assert "graphs of ~125 µs; host blocks of 4 calls x 3 rounds" in capsys.readouterr().out
