@@ -217,7 +217,8 @@ def _rows(cfg: E2EConfig, got: _Measured, split: dict[str, dict[str, float]] | N
                     "linear_rel_err": round(got.linear_err, 6) if variant == "patched" else 0.0,
                     "linear_worst": got.linear_worst if variant == "patched" else ""}
             if step == "decode-graph":
-                base.update({c: round(v, 2) for c, v in split[variant].items()} if split else
+                base.update({c: int(v) if c == "kernels" else round(v, 2) for c, v in split[variant].items()}
+                            if split else
                             {"kernels_reason": split_why})
             if key not in got.samples:
                 rows.append({**base, "status": "skipped", "reason": got.reasons.get(key, "not measured")})

@@ -1,10 +1,11 @@
-"""(GPU) Where a captured decode step's time goes, stock against patched: the kernels of one replay of each, by CUPTI.
+"""(GPU) Where a captured decode step's time goes, stock against patched: the kernels of replays of each, by CUPTI.
 
 The two variants run the same model, so the kernels both run (norms, attention, routing, the linears the dispatcher
 leaves on F.linear) match by name; what one variant runs and the other does not is its own: the linears the
 dispatcher changed. Stock's own time minus patched's own time is what the changed linears saved inside the step;
 the shared time's change is what patching did to the rest (a kernel that waits longer on its neighbour, a cache
-left otherwise).
+left otherwise). A changed linear whose kernels carry the same names as F.linear's (a lean cuBLASLt call at an
+untuned M runs F.linear's matmul) counts as shared.
 """
 from __future__ import annotations
 
