@@ -154,3 +154,20 @@ def test_the_dry_runs_rates_are_p_own_tuned_sweeps(capsys):
     assert main(["run", "--gpu", "h200", "--dry-run"]) == 0
     assert "estimated 2.8 min" in capsys.readouterr().out
     assert round(json.loads((SWEEP_R / "run.json").read_text())["wall_s"]) == 164
+
+
+@pytest.mark.evidence
+def test_where_rs_default_sweep_spends_its_time():
+    """Estimates from R's rows: calls per graph x host time 33.2 s (capture phase 35.2 s), 24.2 s of it at the four
+    smallest shapes; 299 copies at 256x2048 and M = 1;
+    the 92 rows of >= 1 ms GPU time cost about 13.2 s of host timing, their host time at most 0.46x their GPU time."""
+    ok = pd.read_csv(SWEEP_R / "results.csv.xz").query("status == 'ok'")
+    assert round((ok["calls_per_graph"] * ok["host_us"]).sum() / 1e6, 1) == 33.2
+    assert json.loads((SWEEP_R / "run.json").read_text())["phase_s"]["capture"] == 35.15
+    cell = ok.query("n == 256 and k == 2048 and m == 1")
+    assert set(cell["rotations"]) == set(cell["calls_per_graph"]) == {299}
+    small = ok[ok["shape"].isin(["n1_k2048", "n64_k2048", "n256_k2048", "n64_k2560"])]
+    assert round((small["calls_per_graph"] * small["host_us"]).sum() / 1e6, 1) == 24.2
+    big = ok[ok["gpu_us"] >= 1000]
+    assert len(big) == 92 and round((20 * np.maximum(big["host_us"], big["gpu_us"])).sum() / 1e6, 1) == 13.2
+    assert round((big["host_us"] / big["gpu_us"]).max(), 2) == 0.46
