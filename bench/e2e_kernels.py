@@ -13,6 +13,8 @@ import statistics
 from collections import defaultdict
 from typing import Any, Callable, Sequence
 
+from bench.stats import Window, in_window
+
 VARIANTS = ("stock", "patched")
 REPLAYS = 5
 COLUMNS = ("kernels", "kernels_us", "own_kernels_us", "shared_kernels_us")
@@ -78,14 +80,15 @@ def decode_split(clock, capture: Callable[[], tuple[Callable[[], None] | None, s
                 t0 = clock.now()
                 replay[v]()
                 torch.cuda.synchronize()
-                windows.append((s, v, t0, clock.now()))
-        records = clock.drain()
+                windows.append(Window(v, s, t0, clock.now()))
+        records = clock.drain()  # sorted by start
     finally:
         handle.remove()
+    starts = [r.start for r in records]
     per = defaultdict(dict)
-    for s, v, t0, t1 in windows:
-        if s:
-            per[s][v] = [(r.name, (r.end - r.start) / 1e3) for r in records if t0 <= r.start <= t1 and r.graph_id]
+    for w in windows:
+        if w.sample:
+            per[w.sample][w.path] = [(r.name, (r.end - r.start) / 1e3) for r in in_window(records, starts, w)]
     if any(not k for pair in per.values() for k in pair.values()):
         return None, "CUPTI reported no kernel for a replay of the captured step"
     return median_split([kernel_split(pair["stock"], pair["patched"]) for pair in per.values()]), ""

@@ -93,6 +93,14 @@ class KernelCountError(HarnessError):
     pass
 
 
+def in_window(records: Sequence[KernelRecord], starts: Sequence[int], w: Window, graph: bool = True
+              ) -> list[KernelRecord]:
+    """The records that started inside window w (records sorted by start; starts their start times), launched by a
+    CUDA-graph replay (graph) or eagerly (not graph)."""
+    lo, hi = bisect_left(starts, w.t0), bisect_right(starts, w.t1)
+    return [r for r in records[lo:hi] if (r.graph_id != 0) == graph]
+
+
 def attribute(records: Sequence[KernelRecord], windows: Sequence[Window], expected: dict[str, int] | None = None,
               graph: bool = True) -> list[WindowTiming]:
     """Assign kernel records to windows by time; check each window's count exactly.
@@ -103,8 +111,7 @@ def attribute(records: Sequence[KernelRecord], windows: Sequence[Window], expect
     starts = [r.start for r in records]
     out = []
     for w in windows:
-        lo, hi = bisect_left(starts, w.t0), bisect_right(starts, w.t1)
-        ks = [r for r in records[lo:hi] if (r.graph_id != 0) == graph]
+        ks = in_window(records, starts, w, graph)
         error = count_error(w, len(ks), expected[w.path]) if expected is not None else None
         if error:
             raise KernelCountError(error)
