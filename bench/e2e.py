@@ -173,8 +173,8 @@ def _round(cfg: E2EConfig, model, prompts: dict[int, Any], r: int, rng: random.R
         try:
             with torch.no_grad():
                 if r == 0 and handle is not None:
-                    got.linear_err, got.linear_worst = checked_linears(handle, lambda: got.logits.__setitem__(
-                        variant, model(first).logits.float()))
+                    got.logits[variant], got.linear_err, got.linear_worst = checked_linears(
+                        handle, lambda: model(first).logits.float())
                 elif r == 0:
                     got.logits[variant] = model(first).logits.float()
                 for n, ids in prompts.items():
@@ -240,9 +240,9 @@ def _rows(cfg: E2EConfig, got: _Measured, split: dict[str, dict[str, float]] | N
     return rows
 
 
-def checked_linears(handle, run: Callable[[], None]) -> tuple[float, str]:
-    """run() with each linear patched by `handle` checked against F.linear in fp32 on its own input: the largest
-    relative error, and the linear it came from."""
+def checked_linears(handle, run: Callable[[], Any]) -> tuple[Any, float, str]:
+    """run() with each linear patched by `handle` checked against F.linear in fp32 on its own input: what run()
+    returned, the largest relative error, and the linear it came from."""
     import torch
     worst: list[Any] = [0.0, ""]
 
@@ -253,11 +253,11 @@ def checked_linears(handle, run: Callable[[], None]) -> tuple[float, str]:
     hooks = [module.register_forward_hook(lambda m, a, o, name=name: check(m, a, o, name))
              for name, module in handle.patched]
     try:
-        run()
+        result = run()
     finally:
         for h in hooks:
             h.remove()
-    return worst[0], worst[1]
+    return result, worst[0], worst[1]
 
 
 def fp32_logits(model, ids):
