@@ -18,7 +18,7 @@ from bench.paths import PATHS, paths_for
 from bench.merge import merge_shards
 from bench.multi import run_on_devices
 from bench.shard import assign, full_catalog, full_grid_ms, parse_shard, shard_from_env
-from bench.sweep import SweepConfig, dry_run, require_gpu, run_sweep
+from bench.sweep import GPU_BOUND_HOST_BLOCKS, SweepConfig, dry_run, require_gpu, run_sweep
 from dispatch import vllm
 from dispatch.backends import ATEN, flashinfer_path
 from dispatch.profiles import PROFILES, get_profile
@@ -71,9 +71,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                        help="the GPU time one captured graph of a path aims at, which sets its calls per graph "
                             "(default 500)")
     p_run.add_argument("--host-calls", type=int_in(1, 1000), default=10,
-                       help="eager calls per block of the host timing (default 10; at most 5 where a call is GPU-bound)")
+                       help=f"eager calls per block of the host timing (default 10; at most {GPU_BOUND_HOST_BLOCKS[0]} "
+                            f"where a call is GPU-bound)")
     p_run.add_argument("--host-rounds", type=int_in(1, 100), default=5,
-                       help="interleaved rounds of those blocks (default 5; at most 3 where a call is GPU-bound)")
+                       help=f"interleaved rounds of those blocks (default 5; at most {GPU_BOUND_HOST_BLOCKS[1]} "
+                            f"where a call is GPU-bound)")
     p_run.add_argument("--time-twins", action="store_true",
                        help="replay a public FlashInfer call and its lean twin, and the dispatcher, in full even where "
                             "their kernels match (default: once, gpu_from names the timed path)")

@@ -27,6 +27,8 @@ from shapes.catalog import Shape
 from shapes.grid import hybrid_buckets
 
 MAX_ROTATION_BYTES = 8 << 30
+# (calls, rounds) at most, of the host timing of a GPU-bound call: its host time cannot decide its eager cost there
+GPU_BOUND_HOST_BLOCKS = (5, 3)
 
 
 @dataclass
@@ -45,7 +47,7 @@ class SweepConfig:
     table_file: str | None = None
     host_calls: int = 10  # per round; host time is the median over rounds of each round's median
     host_rounds: int = 5
-    gpu_bound_us: float = 100.0  # a call estimated this long on the GPU is host-timed with 5 calls x 3 rounds
+    gpu_bound_us: float = 100.0  # a call estimated this long on the GPU is host-timed in GPU_BOUND_HOST_BLOCKS
     write_every_s: float = 5.0  # results are rewritten at most this often (and always at the end or on interrupt)
     # A low-M backend is no longer timed on a shape from the M after one where its GPU time exceeded this many times
     # F.linear's cost there in both regimes (GPU time, and max(host, GPU)): it only grows with M, so it cannot win
@@ -290,8 +292,8 @@ def time_host(cfg: SweepConfig, group: Group, checked: dict[str, Any], ops, phas
     gpu_bound = estimate(cfg, group.shape, group.m) >= cfg.gpu_bound_us
     with phase("host"), (cfg.host_lock if cfg.host_lock is not None else nullcontext()):
         host = host_times({n: (lambda f=f: f(x0, w0)) for n, f in checked.items()},
-                          calls=min(5, cfg.host_calls) if gpu_bound else cfg.host_calls,
-                          rounds=min(3, cfg.host_rounds) if gpu_bound else cfg.host_rounds)
+                          calls=min(GPU_BOUND_HOST_BLOCKS[0], cfg.host_calls) if gpu_bound else cfg.host_calls,
+                          rounds=min(GPU_BOUND_HOST_BLOCKS[1], cfg.host_rounds) if gpu_bound else cfg.host_rounds)
     for name, (med, p20, p80, busy) in host.items():
         group.rows[name].update(host_us=med, host_us_p20=p20, host_us_p80=p80, host_gpu_busy=busy)
 
@@ -486,8 +488,9 @@ def run_sweep(cfg: SweepConfig) -> Path:
     info = run_info(cfg.command, profile=cfg.profile.name, timer=cfg.timer, l2=cfg.l2, warm_l2=cfg.l2 == "warm", **extra,
                     samples=cfg.samples, ms=cfg.ms, **({"cells": cfg.cells} if cfg.cells is not None else {}),
                     replay_us=cfg.target_replay_us,
-                    host_blocks=f"{cfg.host_calls} calls x {cfg.host_rounds} rounds (at most 5 x 3 where a call is "
-                                f"estimated at >= {cfg.gpu_bound_us:g} µs of GPU time)",
+                    host_blocks=f"{cfg.host_calls} calls x {cfg.host_rounds} rounds (at most "
+                                f"{GPU_BOUND_HOST_BLOCKS[0]} x {GPU_BOUND_HOST_BLOCKS[1]} where a call is estimated at "
+                                f">= {cfg.gpu_bound_us:g} µs of GPU time)",
                     stopping=(cfg.stopping.describe() if cfg.stopping else f"fixed: {cfg.samples} replays"),
                     gpu_twins=("timed in full (--time-twins)" if cfg.time_twins else
                                "a public call and its lean twin, and the dispatcher and the path it chose, are replayed "
