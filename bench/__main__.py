@@ -76,6 +76,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_run.add_argument("--host-rounds", type=int_in(1, 100), default=5,
                        help=f"interleaved rounds of those blocks (default 5; at most {GPU_BOUND_HOST_BLOCKS[1]} "
                             f"where a call is GPU-bound)")
+    p_run.add_argument("--host-block-us", type=float_in(0, 1_000_000), default=1000.0,
+                       help="a host-timing block holds the calls that last this long by a warm-up estimate, at least "
+                            "3 and at most --host-calls (default 1000; 0: always --host-calls)")
     p_run.add_argument("--time-twins", action="store_true",
                        help="replay a public FlashInfer call and its lean twin, and the dispatcher, in full even where "
                             "their kernels match (default: once, gpu_from names the timed path)")
@@ -106,7 +109,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                             "for SM >= 90; default), or forced on/off to measure what it changes; run.json records it")
     p_run.add_argument("--all", action="store_true",
                        help="time every cell (default: a low-M backend is skipped on a shape above an M where its GPU "
-                            "time exceeded 2x F.linear's cost in both regimes)")
+                            "time exceeded 2x F.linear's cost in both regimes, and a backend without a lean call, "
+                            "which the dispatcher cannot choose, is skipped)")
     p_run.add_argument("--dry-run", action="store_true",
                        help="print the plan (paths, skips with reasons, tuning buckets, cells, estimated time); no GPU")
     p_an = sub.add_parser("host-anatomy", parents=[gpu],
@@ -291,7 +295,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                       stopping=Stopping(min(args.min_samples, args.samples), args.max_noise)
                       if args.min_samples < args.samples else None, time_twins=args.time_twins,
                       table=table, table_file=args.table, target_replay_us=args.replay_us,
-                      host_calls=args.host_calls, host_rounds=args.host_rounds)
+                      host_calls=args.host_calls, host_rounds=args.host_rounds,
+                      host_block_us=args.host_block_us or None, skip_unchoosable=not args.all and args.paths is None)
     _check_before_gpu(cfg, args)
     if args.dry_run:
         where = f" ({shard_from_env()[2]})" if args.shard and args.shard.strip() == "auto" else ""

@@ -11,6 +11,7 @@ from typing import Any, Callable
 from bench.stats import Window, attribute, count_error, kernel_digest, kernels_per_call, rel_err
 
 L2_MODES = ("rotate", "flush", "warm")
+ALIGN_ELEMENTS = 128  # bf16 elements in 256 bytes: every operand copy starts aligned (cute-dsl wants 32 bytes)
 REL_ERR_BOUND = 2e-2  # bf16 output rounding is ~4e-3; K-long fp32 accumulation keeps the Frobenius error well below this
 
 
@@ -25,14 +26,19 @@ class Operands:
 
 
 def make_operands(m: int, n: int, k: int, rotations: int, seed: int = 0) -> Operands:
-    """Random bf16 inputs and weights (never zeros: they run faster), one independent copy per rotation."""
+    """Random bf16 inputs and weights (never zeros: they run faster), one independent copy per rotation. Each side is
+    one allocation filled by one randn call, every copy a view starting on a 256-byte boundary: a few launches per
+    cell, not several per copy."""
     import torch
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    scale = k ** -0.5
-    xs = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(rotations)]
-    ws = [(torch.randn(n, k, device="cuda", dtype=torch.float32, generator=gen) * scale).to(torch.bfloat16)
-          for _ in range(rotations)]
-    return Operands(xs, ws)
+
+    def copies(rows: int, scale: float) -> list[Any]:
+        stride = -(-rows * k // ALIGN_ELEMENTS) * ALIGN_ELEMENTS
+        flat = torch.randn(rotations * stride, device="cuda", dtype=torch.bfloat16, generator=gen)
+        if scale != 1.0:
+            flat.mul_(scale)
+        return [flat[i * stride:i * stride + rows * k].view(rows, k) for i in range(rotations)]
+    return Operands(copies(m, 1.0), copies(n, k ** -0.5))
 
 
 def reference(x, w, max_rows: int = 256) -> tuple[Any, Any]:
@@ -46,7 +52,11 @@ def reference(x, w, max_rows: int = 256) -> tuple[Any, Any]:
 
 def check_output(fn: Callable, x, w, ref: tuple[Any, Any] | None = None) -> float:
     """Relative error of fn(x, w) against an fp32 reference (reference(x, w), computed here when not given)."""
-    out = fn(x, w)
+    return output_error(fn(x, w), x, w, ref)
+
+
+def output_error(out, x, w, ref: tuple[Any, Any] | None = None) -> float:
+    """Relative error of an output for (x, w) against the fp32 reference; a wrong shape raises."""
     rows, expected = ref if ref is not None else reference(x, w)
     if tuple(out.shape) != (x.shape[0], w.shape[0]):
         raise ValueError(f"output shape {tuple(out.shape)}, expected {(x.shape[0], w.shape[0])}")
@@ -202,27 +212,32 @@ class Stopping:
 def replay_interleaved(clock, graphs: dict[str, Any], calls: int, samples: int, warmup: int = 2,
                        exclude: frozenset[str] = frozenset(), settle_s: float = 0.0, reader=None,
                        orders: list[list[str]] | None = None, twins: dict[str, tuple[str, ...]] | None = None,
-                       stopping: Stopping | None = None) -> dict[str, GraphTiming]:
+                       stopping: Stopping | None = None, keep: list | None = None) -> dict[str, GraphTiming]:
     """Replays every path's graph up to `samples` times in A B B A order (or in orders[s] for sample s); attributes
     kernel records to each replay.
     Kernels named in `exclude` (an L2 flush captured between calls) are not counted, nor timed.
 
-    twins: path -> the paths that may run the same kernels (a lean call and its public twin, the dispatcher and what
-    it chose). Where a warm-up replay's kernel digest equals the first such path's, the twin is not replayed again:
-    its timing is that path's, and `gpu_from` names it. A digest that differs times the twin in full.
+    twins: path -> the paths that may run the same kernels (the dispatcher and what it chose). A twin is replayed in
+    its warm-ups only; where its warm-up kernel digest then equals the first timed such path's, its timing is that
+    path's and `gpu_from` names it. A digest that differs times the twin in full, in a second pass.
     stopping: a path stops before `samples` once the criterion is met (GraphTiming.stop says which ended it).
+    keep: where given, every kernel record drained here is appended to it (the caller's own windows, earlier in the
+    same drain, read them there).
 
     settle_s: each timed replay follows untimed replays of the same graph lasting at least this long, so that it runs
     at the clock its own sustained load settles at, not at one its predecessor left (see bench forward --settle-ms).
-    reader: a ClockReader, read after every timed replay (GraphTiming.clocks)."""
+    reader: a ClockReader, read after every timed replay (GraphTiming.clocks).
+    Without a settle, CUPTI is drained once, after the last replay (each drain costs milliseconds)."""
     import torch
     names = list(graphs)
     result = {p: GraphTiming() for p in names}
     use_records = clock.name == "cupti"
+    deferred = [p for p in (twins or {}) if p in graphs] if use_records else []
 
     # Warm-up replays calibrate kernels per call (cuBLAS may add a split-K reduce kernel) and the host launch time.
-    clock.drain()
-    windows, launch_ns, replay_ns = [], {p: float("inf") for p in names}, {p: float("inf") for p in names}
+    if settle_s > 0:
+        _keep(keep, clock.drain())
+    warm, launch_ns, replay_ns = [], {p: float("inf") for p in names}, {p: float("inf") for p in names}
     for p in names:
         for s in range(warmup):
             t0 = clock.now()
@@ -231,36 +246,79 @@ def replay_interleaved(clock, graphs: dict[str, Any], calls: int, samples: int, 
             launch_ns[p] = min(launch_ns[p], time.perf_counter_ns() - h0)  # the first replay also uploads the graph
             torch.cuda.synchronize()
             replay_ns[p] = min(replay_ns[p], time.perf_counter_ns() - h0)
-            windows.append(Window(p, -1 - s, t0, clock.now()))
+            warm.append(Window(p, -1 - s, t0, clock.now()))
     settle = {p: math.ceil(settle_s * 1e9 / replay_ns[p]) if settle_s > 0 else 0 for p in names}
-    records = [r for r in clock.drain() if r.name not in exclude]
+    # the settle runs drain CUPTI before each window (records_since_last_window): the warm-ups' records go first
+    records = _keep(keep, clock.drain()) if settle_s > 0 else []
+    timed = [p for p in names if p not in deferred]
+    windows, events = _timed_replays(clock, graphs, timed, samples, launch_ns, settle, reader, orders, stopping,
+                                     result, records)
+    records = sorted((r for r in records + _keep(keep, clock.drain()) if r.name not in exclude), key=lambda r: r.start)
     if use_records:
-        seen: dict[str, int] = {}
+        _calibrate(records, warm, calls, result)
+    for (start, end), w in zip(events, windows):
+        result[w.path].event_us.append(start.elapsed_time(end) * 1e3 / calls)
+    if use_records:
         for w, timing in zip(windows, attribute(records, windows)):
-            p = w.path
-            try:
-                kpc = kernels_per_call(timing.count, calls, p)
-            except Exception as exc:
-                result[p].error = str(exc)
+            if result[w.path].error:
                 continue
-            if seen.setdefault(p, kpc) != kpc:
-                result[p].error = f"{p}: kernels per call changed between warm-up replays ({seen[p]} vs {kpc})"
-            result[p].kernels_per_call = kpc
-            result[p].kernels = tuple(dict.fromkeys(timing.names))
-            result[p].digest = kernel_digest(timing.names)
-    live = [p for p in names if result[p].error is None]
-    shared: dict[str, str] = {}
-    for p, candidates in (twins or {}).items():
-        if p not in live:
+            error = count_error(w, timing.count, calls * result[w.path].kernels_per_call)
+            if error:
+                result[w.path].error = error
+                continue
+            result[w.path].gpu_us.append(timing.busy_ns / 1e3 / calls)
+            result[w.path].span_us.append(timing.span_ns / 1e3 / calls)
+    else:
+        for p in timed:
+            result[p].gpu_us = list(result[p].event_us)
+            result[p].span_us = list(result[p].event_us)
+    unmatched = []
+    for p in deferred:
+        rep = next((c for c in twins[p] if c in timed and result[c].error is None and result[p].error is None
+                    and result[c].digest == result[p].digest
+                    and result[c].kernels_per_call == result[p].kernels_per_call), None)
+        if rep is None:
+            unmatched.append(p)
             continue
-        rep = next((c for c in candidates if c in live and c not in shared and c != p
-                    and result[c].digest == result[p].digest and result[c].kernels_per_call == result[p].kernels_per_call),
-                   None)
-        if rep is not None and use_records:
-            shared[p] = rep
-    live = [p for p in live if p not in shared]
+        r = result[rep]
+        result[p] = replace(r, gpu_from=rep, kernels=result[p].kernels, digest=result[p].digest,
+                            gpu_us=list(r.gpu_us), span_us=list(r.span_us), event_us=list(r.event_us),
+                            clocks=list(r.clocks))
+    if unmatched:
+        result.update(replay_interleaved(clock, {p: graphs[p] for p in unmatched}, calls, samples, warmup, exclude,
+                                         settle_s, reader, None, None, stopping, keep))
+    return result
 
-    windows, events, records = [], [], []
+
+def _keep(keep: list | None, records: list) -> list:
+    if keep is not None:
+        keep.extend(records)
+    return records
+
+
+def _calibrate(records: list, warm: list[Window], calls: int, result: dict[str, GraphTiming]) -> None:
+    """Kernels per call, kernel names and digest of each path from its warm-up replays."""
+    seen: dict[str, int] = {}
+    for w, timing in zip(warm, attribute(records, warm)):
+        p = w.path
+        try:
+            kpc = kernels_per_call(timing.count, calls, p)
+        except Exception as exc:
+            result[p].error = str(exc)
+            continue
+        if seen.setdefault(p, kpc) != kpc:
+            result[p].error = f"{p}: kernels per call changed between warm-up replays ({seen[p]} vs {kpc})"
+        result[p].kernels_per_call = kpc
+        result[p].kernels = tuple(dict.fromkeys(timing.names))
+        result[p].digest = kernel_digest(timing.names)
+
+
+def _timed_replays(clock, graphs: dict[str, Any], live: list[str], samples: int, launch_ns: dict[str, float],
+                   settle: dict[str, int], reader, orders, stopping: Stopping | None, result: dict[str, GraphTiming],
+                   records: list) -> tuple[list[Window], list[tuple[Any, Any]]]:
+    """The timed replays of `live`, interleaved; (windows, CUDA-event pairs). A settle drains CUPTI into `records`."""
+    import torch
+    windows, events = [], []
     event_times: dict[str, list[float]] = {p: [] for p in live}
     stopped: set[str] = set()
     for s in range(samples):
@@ -296,24 +354,4 @@ def replay_interleaved(clock, graphs: dict[str, Any], calls: int, samples: int, 
                     result[p].stop = f"stdrel <= {stopping.max_noise:g} after {len(event_times[p])}"
     for p in live:
         result[p].stop = result[p].stop or f"max samples ({samples})"
-    records = [r for r in records + clock.drain() if r.name not in exclude]
-    for (start, end), w in zip(events, windows):
-        result[w.path].event_us.append(start.elapsed_time(end) * 1e3 / calls)
-    if use_records:
-        for w, timing in zip(windows, attribute(records, windows)):
-            error = count_error(w, timing.count, calls * result[w.path].kernels_per_call)
-            if error:
-                result[w.path].error = error
-                continue
-            result[w.path].gpu_us.append(timing.busy_ns / 1e3 / calls)
-            result[w.path].span_us.append(timing.span_ns / 1e3 / calls)
-    else:
-        for p in live:
-            result[p].gpu_us = list(result[p].event_us)
-            result[p].span_us = list(result[p].event_us)
-    for p, rep in shared.items():
-        r = result[rep]
-        result[p] = replace(r, gpu_from=rep, kernels=result[p].kernels, digest=result[p].digest,
-                            gpu_us=list(r.gpu_us), span_us=list(r.span_us), event_us=list(r.event_us),
-                            clocks=list(r.clocks))
-    return result
+    return windows, events

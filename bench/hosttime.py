@@ -3,17 +3,24 @@ sleep kernel so that no call waits on it (no back-pressure). Pure Python apart f
 from __future__ import annotations
 
 import gc
+import math
 import time
 from typing import Any, Callable
 
 from bench.gpu import sleep_cycles_per_us
 from bench.stats import summary
 
+MIN_CALLS = 3  # the fewest calls in a block sized by time (time_blocks' block_us)
+
 
 def time_blocks(layers: dict[str, Callable[[], Any]], calls: int, rounds: int,
                 before_block: Callable[[float], Any] | None = None,
-                after_block: Callable[[Any], bool] | None = None) -> tuple[dict[str, list[float]], dict[str, bool]]:
+                after_block: Callable[[Any], bool] | None = None,
+                block_us: float | None = None) -> tuple[dict[str, list[float]], dict[str, bool]]:
     """Per-round median µs per call of every layer, rounds interleaved (A B C, C B A, ...), gc off.
+
+    block_us: a layer's block holds as many calls as last this long by its warm-up estimate, between MIN_CALLS and
+    `calls` (None: `calls` for every layer): a slow call's median needs fewer calls to be as precise.
 
     before_block(expected_us) runs before each layer's block of calls (the GPU side enqueues a sleep kernel there, so
     no call waits on the GPU) and returns a token; after_block(token) says whether that protection held.
@@ -29,15 +36,16 @@ def time_blocks(layers: dict[str, Callable[[], Any]], calls: int, rounds: int,
             t0 = time.perf_counter_ns()
             layers[n]()
             estimate_us[n] = max(estimate_us[n], (time.perf_counter_ns() - t0) / 1e3)
+    per_block = {n: block_calls(estimate_us[n], calls, block_us) for n in names}
     gc_on = gc.isenabled()
     gc.disable()
     try:
         for r in range(rounds):
             for n in (names if r % 2 == 0 else names[::-1]):
                 fn = layers[n]
-                token = before_block(estimate_us[n] * calls) if before_block else None
+                token = before_block(estimate_us[n] * per_block[n]) if before_block else None
                 times = []
-                for _ in range(calls):
+                for _ in range(per_block[n]):
                     t0 = time.perf_counter_ns()
                     fn()
                     times.append(time.perf_counter_ns() - t0)
@@ -48,6 +56,13 @@ def time_blocks(layers: dict[str, Callable[[], Any]], calls: int, rounds: int,
         if gc_on:
             gc.enable()
     return per_round, protected
+
+
+def block_calls(estimate_us: float, calls: int, block_us: float | None) -> int:
+    """Calls in one block of a layer estimated at estimate_us per call (time_blocks' block_us)."""
+    if block_us is None:
+        return calls
+    return max(min(MIN_CALLS, calls), min(calls, math.ceil(block_us / max(estimate_us, 1e-3))))
 
 
 def sleep_guard(factor: float = 1.5, margin_us: float = 200.0) -> tuple[Callable[[float], Any], Callable[[Any], bool]]:
@@ -71,9 +86,9 @@ def sleep_guard(factor: float = 1.5, margin_us: float = 200.0) -> tuple[Callable
     return before, after
 
 
-def host_times(fns: dict[str, Callable[[], Any]], calls: int, rounds: int, factor: float = 1.5
-               ) -> dict[str, tuple[float, float, float, bool]]:
+def host_times(fns: dict[str, Callable[[], Any]], calls: int, rounds: int, factor: float = 1.5,
+               block_us: float | None = None) -> dict[str, tuple[float, float, float, bool]]:
     """(GPU) median, p20, p80 over rounds of the per-round median µs per call, and whether the GPU stayed busy."""
     before, after = sleep_guard(factor)
-    per_round, busy = time_blocks(fns, calls, rounds, before, after)
+    per_round, busy = time_blocks(fns, calls, rounds, before, after, block_us)
     return {n: (*summary(v), busy[n]) for n, v in per_round.items()}

@@ -114,6 +114,16 @@ def _flashinfer_paths(b: Backend) -> list[GemmPath]:
     return paths
 
 
+def unchoosable_reason(path: GemmPath) -> str | None:
+    """Why a default sweep does not time this path: a candidate backend without a lean call is one the dispatcher
+    cannot run (it runs lean calls and F.linear only), and whose public call's host time already rules it out
+    eagerly; None for every other path."""
+    if path.role != "candidate" or path.backend is None or path.backend.name in LEAN_BACKENDS:
+        return None
+    return (f"{path.name} has no lean call, so the dispatcher cannot choose it: not timed by default "
+            f"(--all or --paths times it)")
+
+
 def vllm_op_path(backend: str) -> str:
     """The registry name of a backend called the way vLLM calls FlashInfer (bench/vllm_op.py)."""
     return f"vllm-op:{backend}"

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -11,13 +11,14 @@ import dispatch
 from bench import autotune_cache
 from bench.clocks import make_clock
 from bench.envinfo import nvml_clocks, run_info
-from bench.gpu import (REL_ERR_BOUND, L2Flush, Stopping, capture, check_output, flashinfer_choices, make_operands,
+from bench.gpu import (REL_ERR_BOUND, L2Flush, Stopping, capture, flashinfer_choices, make_operands, output_error,
                        reference, replay_interleaved)
-from bench.hosttime import host_times
-from bench.paths import ATEN, DISPATCH, PATHS, GemmPath
+from bench.hosttime import MIN_CALLS, host_times
+from bench.paths import ATEN, DISPATCH, PATHS, GemmPath, unchoosable_reason
 from bench.results import done_keys, write_parquet, write_results, write_run_json
 from bench.shard import SECONDS_PER_CELL, SECONDS_PER_TUNING
-from bench.stats import PhaseTimer, calls_per_graph, estimate_call_us, rotation_count, summary
+from bench.stats import (PhaseTimer, Window, calls_per_graph, estimate_call_us, in_window, kernel_digest,
+                         rotation_count, summary)
 from dispatch import vllm
 from dispatch.backends import backend_of, is_lean, lean_path
 from dispatch.profiles import GpuProfile, check_device, this_gpu
@@ -47,12 +48,16 @@ class SweepConfig:
     table_file: str | None = None
     host_calls: int = 10  # per round; host time is the median over rounds of each round's median
     host_rounds: int = 5
+    host_block_us: float | None = 1000.0  # a slower call gets fewer calls per block (at least 3; bench.hosttime)
     gpu_bound_us: float = 100.0  # a call estimated this long on the GPU is host-timed in GPU_BOUND_HOST_BLOCKS
     write_every_s: float = 5.0  # results are rewritten at most this often (and always at the end or on interrupt)
     # A low-M backend is no longer timed on a shape from the M after one where its GPU time exceeded this many times
     # F.linear's cost there in both regimes (GPU time, and max(host, GPU)): it only grows with M, so it cannot win
     # above. None (--all): every cell is timed.
     hopeless_factor: float | None = None  # bench run sets 2.0 unless --all; baselines time every cell
+    # Paths the dispatcher cannot choose (paths.unchoosable_reason) get a skipped row per cell; bench run sets it
+    # unless --all or --paths.
+    skip_unchoosable: bool = False
     l2: str = "rotate"  # rotate | flush | warm (bench.gpu.L2_MODES)
     resume: bool = False
     allow_mismatch: bool = False
@@ -249,17 +254,20 @@ def plan_group(cfg: SweepConfig, clock, shape: Shape, m: int, paths: list[GemmPa
     return Group(shape, m, rows, rotations, calls, l2_multiple)
 
 
-def check_paths(group: Group, paths: list[GemmPath], fns: dict[str, Any], ops, tune_info, phase: PhaseTimer
-                ) -> dict[str, Any]:
-    """Each path's output against the fp32 reference; the paths that pass, ready to time."""
+def check_paths(clock, group: Group, paths: list[GemmPath], fns: dict[str, Any], ops, tune_info, phase: PhaseTimer
+                ) -> tuple[dict[str, Any], dict[str, Window]]:
+    """Each path's output against the fp32 reference; the paths that pass, ready to time, and each checked call's
+    window (its eager kernels, read from CUPTI after the group's one drain)."""
+    import torch
     checked: dict[str, Any] = {}
+    windows: dict[str, Window] = {}
     try:
         with phase("check"):
             ref = reference(ops.xs[0], ops.ws[0])
     except Exception as exc:  # out of memory for the fp32 reference: every path's row says so
         for p in paths:
             group.error(p.name, exc)
-        return checked
+        return checked, windows
     for p in paths:
         row = group.rows[p.name]
         tune_s, tune_err = tune_info.get(p.name, (None, None))
@@ -270,7 +278,12 @@ def check_paths(group: Group, paths: list[GemmPath], fns: dict[str, Any], ops, t
             continue
         try:
             with flashinfer_choices() as choices, phase("check"), third_party_stdout():
-                err = check_output(fns[p.name], ops.xs[0], ops.ws[0], ref)
+                torch.cuda.synchronize()  # nothing else runs inside the call's window
+                t0 = clock.now()
+                out = fns[p.name](ops.xs[0], ops.ws[0])
+                torch.cuda.synchronize()
+                windows[p.name] = Window(p.name, 0, t0, clock.now())
+                err = output_error(out, ops.xs[0], ops.ws[0], ref)
         except Exception as exc:
             group.error(p.name, exc)
             continue
@@ -281,7 +294,7 @@ def check_paths(group: Group, paths: list[GemmPath], fns: dict[str, Any], ops, t
             group.fail(p.name, "failed", f"output differs from the fp32 reference: rel_err {err:.3g} > {REL_ERR_BOUND}")
             continue
         checked[p.name] = fns[p.name]
-    return checked
+    return checked, windows
 
 
 def time_host(cfg: SweepConfig, group: Group, checked: dict[str, Any], ops, phase: PhaseTimer) -> None:
@@ -293,27 +306,44 @@ def time_host(cfg: SweepConfig, group: Group, checked: dict[str, Any], ops, phas
     with phase("host"), (cfg.host_lock if cfg.host_lock is not None else nullcontext()):
         host = host_times({n: (lambda f=f: f(x0, w0)) for n, f in checked.items()},
                           calls=min(GPU_BOUND_HOST_BLOCKS[0], cfg.host_calls) if gpu_bound else cfg.host_calls,
-                          rounds=min(GPU_BOUND_HOST_BLOCKS[1], cfg.host_rounds) if gpu_bound else cfg.host_rounds)
+                          rounds=min(GPU_BOUND_HOST_BLOCKS[1], cfg.host_rounds) if gpu_bound else cfg.host_rounds,
+                          block_us=cfg.host_block_us)
     for name, (med, p20, p80, busy) in host.items():
         group.rows[name].update(host_us=med, host_us_p20=p20, host_us_p80=p80, host_gpu_busy=busy)
 
 
 def time_gpu(cfg: SweepConfig, clock, group: Group, checked: dict[str, Any], ops, phase: PhaseTimer, flush,
-             flush_names: frozenset[str]) -> None:
-    """Each checked path's CUDA graph of `calls` calls, replayed interleaved; CUPTI kernel time into its row."""
-    graphs = {}
-    for name, fn in checked.items():
-        try:
-            with phase("capture"):
-                graphs[name] = capture(fn, ops, group.calls, before=flush)
-        except Exception as exc:
-            group.error(name, exc)
+             flush_names: frozenset[str], check_windows: dict[str, Window] | None = None) -> None:
+    """Each checked path's CUDA graph of `calls` calls, replayed interleaved; CUPTI kernel time into its row.
+
+    A public FlashInfer call with a lean twin is not captured at first: where its checked call ran the very kernels
+    of the lean twin's checked call, its GPU time is the twin's (gpu_from); otherwise it is captured and timed."""
+    twins = None if cfg.time_twins else kernel_twins(list(checked))
+    deferred = {p: c[0] for p, c in (twins or {}).items()
+                if p != DISPATCH and clock.name == "cupti" and check_windows and {p, c[0]} <= set(check_windows)}
+    graphs = _captured(group, {n: f for n, f in checked.items() if n not in deferred}, ops, group.calls, flush, phase)
     if not graphs:
         return
+    records: list = []
     with phase("replay"):
         timings = replay_interleaved(clock, graphs, group.calls, cfg.samples, exclude=flush_names,
-                                     twins=None if cfg.time_twins else kernel_twins(list(graphs)),
-                                     stopping=cfg.stopping)
+                                     twins={p: c for p, c in (twins or {}).items() if p not in deferred},
+                                     stopping=cfg.stopping, keep=records)
+    late = {}
+    for p, rep in deferred.items():
+        digest = eager_digest(records, check_windows, p)
+        same = rep in timings and not timings[rep].error and digest and digest == eager_digest(records, check_windows, rep)
+        if same:
+            r = timings[rep]
+            timings[p] = replace(r, gpu_from=rep, gpu_us=list(r.gpu_us), span_us=list(r.span_us),
+                                 event_us=list(r.event_us))
+        else:
+            late[p] = checked[p]
+    if late:  # a public call whose kernels differ from its twin's: captured and timed itself
+        graphs = _captured(group, late, ops, group.calls, flush, phase)
+        with phase("replay"):
+            timings.update(replay_interleaved(clock, graphs, group.calls, cfg.samples, exclude=flush_names,
+                                              stopping=cfg.stopping))
     for name, t in timings.items():
         if t.error:
             print(f"bench: KERNEL COUNT CHECK FAILED for {group.shape.name} M={group.m}: {t.error}", file=terminal())
@@ -326,6 +356,24 @@ def time_gpu(cfg: SweepConfig, clock, group: Group, checked: dict[str, Any], ops
                                 gpu_samples_us=[round(v, 4) for v in t.gpu_us],
                                 span_samples_us=[round(v, 4) for v in t.span_us], gpu_from=t.gpu_from or "",
                                 stop=t.stop)
+
+
+def _captured(group: Group, fns: dict[str, Any], ops, calls: int, flush, phase: PhaseTimer) -> dict[str, Any]:
+    """Each path's graph of `calls` calls; a path that fails to capture gets its row's error."""
+    graphs = {}
+    for name, fn in fns.items():
+        try:
+            with phase("capture"):
+                graphs[name] = capture(fn, ops, calls, before=flush)
+        except Exception as exc:
+            group.error(name, exc)
+    return graphs
+
+
+def eager_digest(records: list, windows: dict[str, Window], path: str) -> str:
+    """The kernel digest of a path's checked (eager) call, from the records of the group's drain."""
+    recs = sorted(records, key=lambda r: r.start)
+    return kernel_digest([r.name for r in in_window(recs, [r.start for r in recs], windows[path], graph=False)])
 
 
 def kernel_twins(names: list[str]) -> dict[str, tuple[str, ...]]:
@@ -360,10 +408,10 @@ def measure_group(cfg: SweepConfig, clock, shape: Shape, m: int, paths: list[Gem
             group.fail(p.name, "skipped", f"out of memory allocating {group.rotations} operand copies: "
                                           f"{str(exc).splitlines()[0]}")
         return list(group.rows.values())
-    checked = check_paths(group, paths, fns, ops, tune_info, phase)
+    checked, windows = check_paths(clock, group, paths, fns, ops, tune_info, phase)
     if checked:
         time_host(cfg, group, checked, ops, phase)
-        time_gpu(cfg, clock, group, checked, ops, phase, flush, flush_names)
+        time_gpu(cfg, clock, group, checked, ops, phase, flush, flush_names, windows)
     with phase("free"):
         del ops
         torch.cuda.empty_cache()
@@ -452,14 +500,16 @@ def hopeless_after(rows: list[dict[str, Any]], m: int, factor: float | None) -> 
 
 
 def split_runnable(paths: list[GemmPath], shape: Shape, m: int, sm: int, done: set[tuple], timer: str,
-                   hopeless: dict[str, str] | None = None) -> tuple[list[GemmPath], list[dict[str, Any]]]:
+                   hopeless: dict[str, str] | None = None, skip_unchoosable: bool = False
+                   ) -> tuple[list[GemmPath], list[dict[str, Any]]]:
     """The paths still to measure at (shape, M), and the rows of those that cannot run here or cannot matter, with
     the reason."""
     live, skipped = [], []
     for p in paths:
         if (shape.n, shape.k, m, p.name) in done:
             continue
-        reason = p.skip_reason(sm, shape.n, shape.k, m) or (hopeless or {}).get(p.name)
+        reason = (p.skip_reason(sm, shape.n, shape.k, m) or (hopeless or {}).get(p.name)
+                  or (unchoosable_reason(p) if skip_unchoosable else None))
         if reason:
             skipped.append({**_shape_fields(shape), "m": m, "path": p.name, "status": "skipped", "reason": reason,
                             "timer": timer})
@@ -490,7 +540,9 @@ def run_sweep(cfg: SweepConfig) -> Path:
                     replay_us=cfg.target_replay_us,
                     host_blocks=f"{cfg.host_calls} calls x {cfg.host_rounds} rounds (at most "
                                 f"{GPU_BOUND_HOST_BLOCKS[0]} x {GPU_BOUND_HOST_BLOCKS[1]} where a call is estimated at "
-                                f">= {cfg.gpu_bound_us:g} µs of GPU time)",
+                                f">= {cfg.gpu_bound_us:g} µs of GPU time)" + (
+                                    f"; a block holds the calls that last {cfg.host_block_us:g} µs by a warm-up "
+                                    f"estimate, at least {MIN_CALLS}" if cfg.host_block_us else ""),
                     stopping=(cfg.stopping.describe() if cfg.stopping else f"fixed: {cfg.samples} replays"),
                     gpu_twins=("timed in full (--time-twins)" if cfg.time_twins else
                                "a public call and its lean twin, and the dispatcher and the path it chose, are replayed "
@@ -498,6 +550,8 @@ def run_sweep(cfg: SweepConfig) -> Path:
                     shapes=[s.name for s in cfg.shapes],
                     paths=[p.name for p in cfg.paths], pdl=cfg.profile.pdl, tuning=tuning_info(cfg.vllm_tune_tokens),
                     layout=cfg.layout, table_file=cfg.table_file,
+                    skip_unchoosable=("paths the dispatcher cannot choose are skipped" if cfg.skip_unchoosable
+                                      else "off"),
                     skip_hopeless=(f"low-M paths above {cfg.hopeless_factor:g}x F.linear's cost at a smaller M of the "
                                    f"shape are skipped" if cfg.hopeless_factor else "off (--all)"),
                     clocks_start=nvml_clocks())
@@ -531,7 +585,8 @@ def run_sweep(cfg: SweepConfig) -> Path:
                 if m not in todo:
                     bar.update(1)
                     continue
-                live, skipped = split_runnable(cfg.paths, shape, m, sm, done, clock.name, hopeless)
+                live, skipped = split_runnable(cfg.paths, shape, m, sm, done, clock.name, hopeless,
+                                               cfg.skip_unchoosable)
                 rows.extend(skipped)
                 measured = measure_group(cfg, clock, shape, m, live, fns, props.L2_cache_size, tune_info, phase,
                                          flush, flush_names)
@@ -604,10 +659,11 @@ def dry_run(cfg: SweepConfig) -> str:
         reasons: dict[str, int] = {}
         runs = 0
         for shape in cfg.shapes:
-            ms = [m for m in cfg.ms_of(shape) if not p.skip_reason(sm, shape.n, shape.k, m)]
+            unchoosable = unchoosable_reason(p) if cfg.skip_unchoosable else None
+            ms = [m for m in cfg.ms_of(shape) if not (unchoosable or p.skip_reason(sm, shape.n, shape.k, m))]
             runs += len(ms)
             for m in cfg.ms_of(shape):
-                reason = p.skip_reason(sm, shape.n, shape.k, m)
+                reason = p.skip_reason(sm, shape.n, shape.k, m) or unchoosable
                 if reason:
                     key = reason.split(", N =")[0].split(", K =")[0].split(", this GPU")[0]
                     reasons[key] = reasons.get(key, 0) + 1

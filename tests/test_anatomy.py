@@ -120,3 +120,23 @@ def test_inductor_wrapper_asserts_the_output_layout():
 def test_null_op_segment_names_existing_layers():
     from bench.anatomy import ATEN_LAYERS
     assert NULL_OP_SEGMENT.inner[0] in ATEN_LAYERS
+
+
+def test_a_block_sized_by_time_gives_a_slow_call_fewer_calls():
+    from bench.hosttime import MIN_CALLS, block_calls
+    assert block_calls(20.0, 10, 1000.0) == 10  # a fast call: the most calls
+    assert block_calls(400.0, 10, 1000.0) == MIN_CALLS  # 1200 µs already
+    assert block_calls(120.0, 10, 1000.0) == 9
+    assert block_calls(400.0, 10, None) == 10  # no block size: every layer `calls`
+    assert block_calls(400.0, 2, 1000.0) == 2  # never more than asked for
+    counts = {"fast": 0, "slow": 0}
+
+    def call(name, ns):
+        def fn():
+            counts[name] += 1
+            t0 = time.perf_counter_ns()
+            while time.perf_counter_ns() - t0 < ns:
+                pass
+        return fn
+    time_blocks({"fast": call("fast", 0), "slow": call("slow", 2_000_000)}, calls=10, rounds=2, block_us=1000.0)
+    assert counts == {"fast": 5 + 2 * 10, "slow": 5 + 2 * MIN_CALLS}  # 5 warm-up calls each

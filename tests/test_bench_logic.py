@@ -336,6 +336,20 @@ def test_a_low_m_path_far_behind_f_linear_is_skipped_above_that_m():
     assert skipped[0]["path"] == "flashinfer-lean:tinygemm" and "--all" in skipped[0]["reason"]
 
 
+def test_a_backend_the_dispatcher_cannot_choose_is_a_skipped_row_unless_asked_for():
+    from bench.paths import unchoosable_reason
+    from bench.sweep import split_runnable
+    from shapes.catalog import catalog
+    assert unchoosable_reason(PATHS["flashinfer:cudnn"]) and not unchoosable_reason(PATHS["flashinfer:cublaslt"])
+    assert not unchoosable_reason(PATHS["aten"]) and not unchoosable_reason(PATHS["flashinfer-lean:tinygemm"])
+    paths = [PATHS[p] for p in ("aten", "flashinfer:cudnn")]
+    shape = catalog()[0]
+    live, skipped = split_runnable(paths, shape, 8, 90, set(), "cupti", None, skip_unchoosable=True)
+    assert [p.name for p in live] == ["aten"] and skipped[0]["status"] == "skipped" and "--all" in skipped[0]["reason"]
+    live, skipped = split_runnable(paths, shape, 8, 90, set(), "cupti", None)
+    assert len(live) == 2 and not skipped
+
+
 class _FakeCupti:
     """A CUPTI stand-in on a counter clock: each fake graph replay records its kernels at the current time."""
     name = "cupti"
@@ -388,7 +402,8 @@ def _fake_cuda(monkeypatch, event_ms: dict):
 
 def test_twins_with_the_same_kernels_are_replayed_once_and_a_mismatch_is_timed_in_full(monkeypatch):
     """A public call whose warm-up kernels match its lean twin's is not replayed after the warm-up: its timing is the
-    twin's, gpu_from says so; the dispatcher with other kernels than every candidate is timed itself."""
+    twin's, gpu_from says so; the dispatcher with other kernels than every candidate is timed itself, in a second
+    pass (its warm-ups again, then its timed replays)."""
     from bench.gpu import replay_interleaved
     from bench.sweep import kernel_twins
     clock, log, ms = _FakeCupti(), [], {"now": 0.0}
@@ -401,10 +416,66 @@ def test_twins_with_the_same_kernels_are_replayed_once_and_a_mismatch_is_timed_i
     assert twins == {"flashinfer:cublaslt": ("flashinfer-lean:cublaslt",),
                      "dispatch": ("flashinfer-lean:cublaslt", "aten", "flashinfer:cublaslt")}
     out = replay_interleaved(clock, graphs, 1, 4, twins=twins)
-    assert log.count("public") == 2 and log.count("lean") == 6 and log.count("dispatch") == 6  # 2 warm-up each
+    assert log.count("public") == 2 and log.count("lean") == 6 and log.count("dispatch") == 2 + 6
     assert out["flashinfer:cublaslt"].gpu_from == "flashinfer-lean:cublaslt" and out["dispatch"].gpu_from is None
     assert out["flashinfer:cublaslt"].gpu_us == out["flashinfer-lean:cublaslt"].gpu_us == [0.08] * 4
     assert out["dispatch"].gpu_us == [0.09] * 4
+
+
+def test_without_a_settle_cupti_is_drained_once_and_the_records_are_kept(monkeypatch):
+    """One drain per call of replay_interleaved (each costs milliseconds); `keep` gets every record drained, so that
+    windows from before the replays (a checked call's) can be read from the same drain."""
+    from bench.gpu import replay_interleaved
+    clock, log, ms = _FakeCupti(), [], {"now": 0.0}
+    _fake_cuda(monkeypatch, ms)
+    drains = []
+    drain = clock.drain
+    clock.drain = lambda: drains.append(1) or drain()
+    from bench.stats import KernelRecord
+    clock.records.append(KernelRecord(0, 1, "eager_gemm", graph_id=0))  # an eager call before the replays
+    kept: list = []
+    out = replay_interleaved(clock, {"a": _FakeGraph(clock, ("k",), [50], log, "a")}, 1, 3, keep=kept)
+    assert len(drains) == 1 and out["a"].gpu_us == [0.05] * 3 and out["a"].kernels_per_call == 1
+    assert kept[0].name == "eager_gemm" and len(kept) == 1 + 2 + 3
+
+
+def test_a_public_call_running_its_lean_twins_kernels_is_not_captured(monkeypatch):
+    """The sweep reads a public call's GPU time off its lean twin where their checked (eager) calls ran the same
+    kernels, without capturing it; where they differ, the public call is captured and timed itself."""
+    import bench.sweep as sweep
+    from bench.stats import KernelRecord
+    from shapes.catalog import catalog
+    clock, log, ms = _FakeCupti(), [], {"now": 0.0}
+    _fake_cuda(monkeypatch, ms)
+    kernels = {"aten": ("gemm_a",), "flashinfer-lean:cublaslt": ("lt",), "flashinfer:cublaslt": ("lt",),
+               "flashinfer-lean:tinygemm": ("tg",), "flashinfer:tinygemm": ("tg", "extra")}
+    captured = []
+
+    def fake_capture(fn, ops, calls, before=None):
+        captured.append(fn.name)
+        return _FakeGraph(clock, kernels[fn.name], [70], log, fn.name)
+    monkeypatch.setattr(sweep, "capture", fake_capture)
+    fns, windows = {}, {}
+    for name, ks in kernels.items():  # each checked call ran its kernels eagerly inside its window
+        fn = lambda x, w: None  # noqa: E731
+        fn.name = name
+        fns[name] = fn
+        t0 = clock.now()
+        for k in ks:
+            start = clock.now()
+            clock.records.append(KernelRecord(start, start + 1, k, graph_id=0))
+        windows[name] = Window(name, 0, t0, clock.now())
+    shape = catalog()[0]
+    cfg = sweep.SweepConfig(profile=get_profile("h200"), shapes=[shape], ms=[8],
+                            paths=[PATHS[n] for n in kernels], out=Path("unused"), samples=3)
+    group = sweep.plan_group(cfg, clock, shape, 8, cfg.paths, L2, None)
+    group.calls = 1  # a fake graph records one call's kernels per replay
+    sweep.time_gpu(cfg, clock, group, fns, None, sweep.PhaseTimer(), None, frozenset(), windows)
+    assert "flashinfer:cublaslt" not in captured and captured.count("flashinfer:tinygemm") == 1
+    rows = group.rows
+    assert rows["flashinfer:cublaslt"]["gpu_from"] == "flashinfer-lean:cublaslt"
+    assert rows["flashinfer:cublaslt"]["gpu_us"] == rows["flashinfer-lean:cublaslt"]["gpu_us"]
+    assert rows["flashinfer:tinygemm"]["gpu_from"] == "" and rows["flashinfer:tinygemm"]["status"] == "ok"
 
 
 def test_replays_stop_once_the_stopping_criterion_is_met(monkeypatch):
