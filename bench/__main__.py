@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Sequence
 
 from bench.anatomy_gpu import run_anatomy
-from bench.forward import DEFAULT_SETTLE_MS, FORWARD_MS, ForwardConfig, models_for, run_forward, sequences
+from bench.forward import DEFAULT_SETTLE_MS, FORWARD_MS, SETTLE_AT, ForwardConfig, models_for, run_forward, sequences
 from bench.forward_paths import check_rules, default_rules
 from bench.gpu import L2_MODES, Stopping
 from bench.paths import PATHS, paths_for
@@ -156,6 +156,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                       help=f"each timed forward, graph and eager, follows untimed runs of itself lasting at least this "
                            f"long (default {DEFAULT_SETTLE_MS:g}; 0: none): at the GPU's power cap a forward's time "
                            f"depends on the load before it")
+    p_fw.add_argument("--settle-at", choices=SETTLE_AT, default="capped",
+                      help="capped (default): settle only at an M whose heaviest forward, run --settle-ms long, then "
+                           "runs power-capped or below the maximum SM clock (NVML; run.json's settle_probes), and the "
+                           "first uncapped eager forward after capped ones; every: settle every timed forward")
     p_fw.add_argument("--no-settle", action="store_true", help="the same as --settle-ms 0")
     p_fw.add_argument("--sustain-ms", type=float_in(1, 60_000),
                       help="instead of timing rows: after --idle-ms, replay each path's captured forward back to back "
@@ -240,7 +244,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                             decoder_layers=args.layers, lm_head=not args.no_lm_head, tune=not args.no_tune,
                             autotune_cache=None, save_autotune_cache=_saved(args),
                             resume=args.resume, command=command, quiet=True, order_seed=args.order_seed,
-                            settle_ms=0.0 if args.no_settle else args.settle_ms,
+                            settle_ms=0.0 if args.no_settle else args.settle_ms, settle_at=args.settle_at,
                             table=_table(args.table, profile.name) if args.table else None, table_file=args.table,
                             sustain_ms=args.sustain_ms or 0.0, idle_ms=args.idle_ms, skip_slower=args.skip_slower,
                             vllm_tune_tokens=vllm_tokens, layout=args.layout)

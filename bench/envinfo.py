@@ -79,6 +79,15 @@ class ClockReader:
         except Exception:
             self._nv = None
 
+    def max_mhz(self) -> int | None:
+        """The SM clock's maximum (NVML), or None."""
+        if self._nv is None:
+            return None
+        try:
+            return int(self._nv.nvmlDeviceGetMaxClockInfo(self._h, self._nv.NVML_CLOCK_SM))
+        except Exception:
+            return None
+
     def read(self) -> tuple[int, float, int] | None:
         if self._nv is None:
             return None

@@ -42,6 +42,11 @@ FORWARD_COLUMNS = ("model", "tp", "m", "path", "regime", "status", "reason", "us
 # than its first replays after idle once the GPU's power cap engages, and settles within this much of its own load
 # (docs/design.md, The settle; measured with bench forward --sustain-ms).
 DEFAULT_SETTLE_MS = 200.0
+# --settle-at: "capped" settles only the forwards of an M whose heaviest forward, run for settle_ms, then reads a
+# power or thermal cap (or a clock below the maximum) in NVML; "every" settles every timed forward.
+SETTLE_AT = ("capped", "every")
+# NVML clock-event reasons that lower the SM clock under load: SW power cap, HW slowdown, SW and HW thermal, power brake
+CAP_REASONS = 0x4 | 0x8 | 0x20 | 0x40 | 0x80
 REGIMES = ("graph", "eager")
 # run.json's account of the graph replays' order (runs before it replayed in A B B A order)
 GRAPH_ORDER = "shuffled per round like the eager rounds, seed eager_order_seed + M"
@@ -76,10 +81,12 @@ class ForwardConfig:
     # low-power one runs faster than after a heavy one, so a path's ratio would depend on its place in the order.
     # Settled, every path is timed at the clock its own sustained load holds (docs/design.md, The settle).
     settle_ms: float = DEFAULT_SETTLE_MS
+    settle_at: str = "capped"  # SETTLE_AT
     sustain_ms: float = 0.0  # > 0: instead of timing rows, each graph replayed this long after idle_ms (bench/sustain.py)
     idle_ms: float = 1000.0
     skip_slower: float | None = None  # skip (both regimes) a rule whose graph replay takes > this x all-aten's
     table_file: str | None = None  # --table; None: the profile's committed table
+    probes: dict[str, dict[str, Any]] = field(default_factory=dict)  # --settle-at capped: per model and M, the probe
 
 
 def models_for(names: list[str] | None, config_path: str | None) -> dict[str, dict[str, Any]]:
@@ -182,7 +189,7 @@ def round_orders(keys: list[Any], rounds: int, seed: int = 0) -> list[list[Any]]
 
 
 def eager_forwards(clock, forwards: dict[Any, Bound], samples: int, seed: int = 0, settle_s: float = 0.0,
-                   reader: ClockReader | None = None) -> dict[Any, dict[str, list]]:
+                   reader: ClockReader | None = None, capped: set | None = None) -> dict[Any, dict[str, list]]:
     """`samples` eager forwards of each, in a shuffled order per round (round_orders), gc off, each from an idle GPU
     to one synchronize at its end: wall µs, host submission µs (until the last call returned) and the clocks read
     after it; then one more of each, profiled: CUPTI's busy µs and kernel count.
@@ -194,7 +201,9 @@ def eager_forwards(clock, forwards: dict[Any, Bound], samples: int, seed: int = 
 
     settle_s: each timed forward follows untimed runs of the same forward lasting at least this long (at least one
     when > 0). What ran before a forward moves its time (the slow samples follow heavier forwards), and one fixed
-    shuffle would give each path the same predecessors in every run (docs/design.md, The settle)."""
+    shuffle would give each path the same predecessors in every run (docs/design.md, The settle).
+    capped: where given, only these forwards settle (those of an M that runs power-capped), and they run first in
+    each round; the first other forward after them settles too, so that it starts at the clock its own load holds."""
     import torch
     names = list(forwards)
     out: dict[Any, dict[str, list]] = {p: {"wall": [], "submit": [], "busy": [], "kernels": [], "digest": [],
@@ -220,8 +229,13 @@ def eager_forwards(clock, forwards: dict[Any, Bound], samples: int, seed: int = 
     try:
         with clock.paused():
             for s, order in enumerate(round_orders(names, samples, seed)):
+                if capped is not None:
+                    order = [p for p in order if p in capped] + [p for p in order if p not in capped]
+                previous = None
                 for p in order:
-                    settle(p)
+                    if capped is None or p in capped or previous in capped:
+                        settle(p)
+                    previous = p
                     t0 = time.perf_counter_ns()
                     forwards[p]()
                     t1 = time.perf_counter_ns()
@@ -346,11 +360,16 @@ def graph_m(cfg: ForwardConfig, clock, model: str, seq, weights, m: int, sm: int
             print(summary_line(rule, records), file=terminal(), flush=True)
             rows += [{"model": model, "m": m, "path": rule, "status": "ok", **r} for r in records]
         return [{c: r.get(c) for c in SUSTAIN_COLUMNS} for r in rows], {}, twins
+    capped = True
+    if graphs and cfg.settle_at == "capped" and cfg.settle_ms > 0:
+        with phase("graph replay"):
+            capped, probe = power_capped(graphs, cfg.settle_ms / 1e3, reader)
+        cfg.probes.setdefault(model, {})[str(m)] = probe
     if graphs:
         with phase("graph replay"):
             # shuffled like the eager rounds: in a fixed A B B A order the dispatcher always sat next to the same
             # forwards, which moved it against table-direct at the power cap (docs/design.md, The settle)
-            timings = replay_interleaved(clock, graphs, 1, cfg.samples, settle_s=cfg.settle_ms / 1e3,
+            timings = replay_interleaved(clock, graphs, 1, cfg.samples, settle_s=cfg.settle_ms / 1e3 if capped else 0.0,
                                          reader=reader, orders=round_orders(list(graphs), cfg.samples,
                                                                             (cfg.order_seed or 0) + m))
         for rule, t in timings.items():
@@ -369,13 +388,31 @@ def graph_m(cfg: ForwardConfig, clock, model: str, seq, weights, m: int, sm: int
     return rows, eager_bound, twins
 
 
+def power_capped(graphs: dict[str, Any], seconds: float, reader: ClockReader | None) -> tuple[bool, dict[str, Any]]:
+    """Replays the heaviest of the graphs (longest replay) for `seconds`, then reads NVML: (whether its sustained load
+    runs capped, what was read). Without NVML every forward counts as capped (the settle is the safe side)."""
+    import torch
+    heaviest = max(graphs, key=lambda rule: replay_seconds(graphs[rule]))
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        graphs[heaviest].replay()
+        torch.cuda.synchronize()
+    read, top = (reader.read(), reader.max_mhz()) if reader is not None else (None, None)
+    if read is None or top is None:
+        return True, {"path": heaviest, "capped": True, "why": "no NVML reading: every forward settles"}
+    mhz, watts, reasons = read
+    capped = mhz < top or bool(reasons & CAP_REASONS)
+    return capped, {"path": heaviest, "capped": capped, "sm_mhz": mhz, "max_mhz": top, "power_w": round(watts),
+                    "reasons": reasons}
+
+
 def eager_rows(cfg: ForwardConfig, clock, model: str, n_linears: int, bound: dict[tuple[int, str], Bound],
-               phase: PhaseTimer, reader: ClockReader | None = None) -> list[dict[str, Any]]:
+               phase: PhaseTimer, reader: ClockReader | None = None, capped: set | None = None) -> list[dict[str, Any]]:
     """Every (M, rule) forward of a model timed eagerly, all of them interleaved round by round, so that the slow
     drift of host speed (on the H200 host whole minutes ran 1.3-1.7x slower) spreads over every M and path alike
     instead of landing on the M that happened to run then."""
     with phase("eager"):
-        eager = eager_forwards(clock, bound, cfg.samples, cfg.order_seed or 0, cfg.settle_ms / 1e3, reader)
+        eager = eager_forwards(clock, bound, cfg.samples, cfg.order_seed or 0, cfg.settle_ms / 1e3, reader, capped)
     rows = []
     for (m, rule), e in eager.items():
         us, p20, p80 = summary(e["wall"])
@@ -439,7 +476,7 @@ def run_forward(cfg: ForwardConfig) -> Path:
                     ms=cfg.ms, paths=cfg.rules, regimes=list(REGIMES), samples=cfg.samples, pdl=cfg.profile.pdl,
                     decoder_layers=cfg.decoder_layers, lm_head=cfg.lm_head, lm_head_rule=LM_HEAD_RULE,
                     eager_order_seed=cfg.order_seed, graph_order=GRAPH_ORDER, eager_settle=cfg.settle_ms > 0,
-                    settle_ms=cfg.settle_ms,
+                    settle_ms=cfg.settle_ms, settle_at=cfg.settle_at,
                     settle_drain="before the settle", eager_profiler=EAGER_PROFILER,
                     sustain_ms=cfg.sustain_ms or None, idle_ms=cfg.idle_ms if cfg.sustain_ms else None,
                     table_file=cfg.table_file, skip_slower=cfg.skip_slower,
@@ -496,7 +533,10 @@ def run_forward(cfg: ForwardConfig) -> Path:
                 bar.update(1)
             bar.set_postfix_str(f"{model} eager, every M interleaved")
             if not cfg.sustain_ms:
-                fresh += eager_rows(cfg, clock, model, len(seq), bound, phase, reader)
+                probes = cfg.probes.get(model, {})
+                capped = None if cfg.settle_at == "every" else {
+                    key for key in bound if probes.get(str(key[0]), {}).get("capped", True)}
+                fresh += eager_rows(cfg, clock, model, len(seq), bound, phase, reader, capped)
                 fresh += twin_rows(fresh, twins)
             rows = [r for r in rows if not (r["model"] == model and int(r["m"]) in todo)] + fresh
             atomic_write_text(out_csv, rows_to_csv(rows, columns))
@@ -510,6 +550,7 @@ def run_forward(cfg: ForwardConfig) -> Path:
             atomic_write_text(out_csv, rows_to_csv(rows, columns))
             info.update(status="interrupted" if interrupted else "complete",
                         wall_s=round(time.perf_counter() - t0, 1), phase_s=phase.rounded(), clocks_end=nvml_clocks(),
+                        settle_probes=cfg.probes or None,
                         kernel_records=clock.records_seen)
             if any(PATHS[p].flashinfer_backend for p in used):
                 info["autotune_cache"] = _keep_tactics(cfg, pinned)

@@ -618,6 +618,53 @@ def test_timed_eager_forwards_run_unprofiled_and_one_profiled_forward_each_follo
     assert log[stop + 1:] == ["drain", "f", "now", "f", "now"] * 2 + ["drain"]  # drain, settle, profiled window
 
 
+def test_only_capped_eager_forwards_settle_and_they_run_first_in_each_round(monkeypatch):
+    """--settle-at capped: the forwards of a power-capped M settle and run first in a round; of the others only the
+    first after them settles (its clock recovers from their load), the rest run straight after one another."""
+    import torch
+
+    from bench.forward import eager_forwards
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    log: list = []
+    names = [(1, "aten"), (1, "dispatch"), (4096, "aten"), (4096, "dispatch")]
+    forwards = {k: (lambda k=k: log.append(k)) for k in names}
+    eager_forwards(_LoggingClock(log), forwards, samples=2, seed=3, settle_s=1e-9, capped=set(names[2:]))
+    timed = log[log.index("pause") + 1:log.index("resume")]
+    assert len(timed) == 2 * 7  # a settle is one untimed run just before the timed one: 2 + 2 + 2 + 1 per round
+    for r in (timed[:7], timed[7:]):
+        assert {r[0], r[2]} == set(names[2:]) and r[0] == r[1] and r[2] == r[3]  # capped first, each settled
+        assert r[4] == r[5] and r[4][0] == 1 and r[6][0] == 1 and r[6] != r[4]  # one recovery, then straight on
+
+
+def test_the_settle_probe_reads_a_cap_from_nvml():
+    from bench.forward import power_capped
+
+    class Graph:
+        def replay(self):
+            pass
+
+    class Reader:
+        def __init__(self, read):
+            self.value = read
+
+        def read(self):
+            return self.value
+
+        def max_mhz(self):
+            return 1980
+    graphs = {"aten": Graph()}
+    import bench.forward as fw
+    fw.replay_seconds, real = (lambda g: 0.001), fw.replay_seconds
+    try:
+        assert power_capped(graphs, 0.0, Reader((1980, 400.0, 0)))[0] is False
+        assert power_capped(graphs, 0.0, Reader((1980, 690.0, 4)))[0] is True  # SW power cap
+        capped, probe = power_capped(graphs, 0.0, Reader((1755, 700.0, 0)))
+        assert capped and probe["sm_mhz"] == 1755 and probe["path"] == "aten"
+        assert power_capped(graphs, 0.0, Reader(None))[0] is True  # no NVML: the safe side
+    finally:
+        fw.replay_seconds = real
+
+
 def test_skip_slower_drops_only_single_paths_far_slower_than_all_aten():
     from bench.forward import too_slow
     seconds = {"aten": 0.012, "flashinfer-lean:tinygemm": 0.268, "flashinfer-lean:cublaslt": 0.0121,
