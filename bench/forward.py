@@ -45,6 +45,9 @@ DEFAULT_SETTLE_MS = 200.0
 # --settle-at: "capped" settles only the forwards of an M whose heaviest forward, run for settle_ms, then reads a
 # power or thermal cap (or a clock below the maximum) in NVML; "every" settles every timed forward.
 SETTLE_AT = ("capped", "every")
+# An eager forward of an uncapped M still follows this much of itself (at least one run): host-bound, its time depends
+# on how warm the host's caches are for its own calls, which a different forward before it leaves cold.
+LIGHT_SETTLE_MS = 20.0
 # NVML clock-event reasons that lower the SM clock under load: SW power cap, HW slowdown, SW and HW thermal, power brake
 CAP_REASONS = 0x4 | 0x8 | 0x20 | 0x40 | 0x80
 REGIMES = ("graph", "eager")
@@ -202,19 +205,20 @@ def eager_forwards(clock, forwards: dict[Any, Bound], samples: int, seed: int = 
     settle_s: each timed forward follows untimed runs of the same forward lasting at least this long (at least one
     when > 0). What ran before a forward moves its time (the slow samples follow heavier forwards), and one fixed
     shuffle would give each path the same predecessors in every run (docs/design.md, The settle).
-    capped: where given, only these forwards settle (those of an M that runs power-capped), and they run first in
-    each round; the first other forward after them settles too, so that it starts at the clock its own load holds."""
+    capped: where given, only these forwards settle in full (those of an M that runs power-capped), and they run first
+    in each round; the first other forward after them settles in full too, so that it starts at the clock its own
+    load holds; every other forward follows LIGHT_SETTLE_MS of itself."""
     import torch
     names = list(forwards)
     out: dict[Any, dict[str, list]] = {p: {"wall": [], "submit": [], "busy": [], "kernels": [], "digest": [],
                                            "clocks": []} for p in names}
 
-    def settle(p: Any) -> None:
+    def settle(p: Any, seconds: float = settle_s) -> None:
         t_settle = time.perf_counter()
-        while settle_s > 0:
+        while seconds > 0:
             forwards[p]()
             torch.cuda.synchronize()
-            if time.perf_counter() - t_settle >= settle_s:
+            if time.perf_counter() - t_settle >= seconds:
                 break
         torch.cuda.synchronize()
 
@@ -235,6 +239,8 @@ def eager_forwards(clock, forwards: dict[Any, Bound], samples: int, seed: int = 
                 for p in order:
                     if capped is None or p in capped or previous in capped:
                         settle(p)
+                    else:  # no cap to settle at, but the host's caches warm up for this forward's own calls
+                        settle(p, min(settle_s, LIGHT_SETTLE_MS / 1e3))
                     previous = p
                     t0 = time.perf_counter_ns()
                     forwards[p]()

@@ -619,8 +619,8 @@ def test_timed_eager_forwards_run_unprofiled_and_one_profiled_forward_each_follo
 
 
 def test_only_capped_eager_forwards_settle_and_they_run_first_in_each_round(monkeypatch):
-    """--settle-at capped: the forwards of a power-capped M settle and run first in a round; of the others only the
-    first after them settles (its clock recovers from their load), the rest run straight after one another."""
+    """--settle-at capped: the forwards of a power-capped M settle and run first in a round; of the others the first
+    after them settles in full (its clock recovers from their load), the rest briefly (LIGHT_SETTLE_MS)."""
     import torch
 
     from bench.forward import eager_forwards
@@ -630,10 +630,16 @@ def test_only_capped_eager_forwards_settle_and_they_run_first_in_each_round(monk
     forwards = {k: (lambda k=k: log.append(k)) for k in names}
     eager_forwards(_LoggingClock(log), forwards, samples=2, seed=3, settle_s=1e-9, capped=set(names[2:]))
     timed = log[log.index("pause") + 1:log.index("resume")]
-    assert len(timed) == 2 * 7  # a settle is one untimed run just before the timed one: 2 + 2 + 2 + 1 per round
-    for r in (timed[:7], timed[7:]):
+    assert len(timed) == 2 * 8  # a settle is one untimed run just before the timed one (the settle is 1 ns)
+    for r in (timed[:8], timed[8:]):
         assert {r[0], r[2]} == set(names[2:]) and r[0] == r[1] and r[2] == r[3]  # capped first, each settled
-        assert r[4] == r[5] and r[4][0] == 1 and r[6][0] == 1 and r[6] != r[4]  # one recovery, then straight on
+        assert r[4] == r[5] and r[4][0] == 1 and r[6] == r[7] and r[6][0] == 1 and r[6] != r[4]
+    import bench.forward as fw
+    monkeypatch.setattr(fw, "LIGHT_SETTLE_MS", 0.0)  # the brief settle alone goes: the last forward runs once
+    log.clear()
+    eager_forwards(_LoggingClock(log), forwards, samples=1, seed=3, settle_s=1e-9, capped=set(names[2:]))
+    timed = log[log.index("pause") + 1:log.index("resume")]
+    assert len(timed) == 7 and timed[4] == timed[5] and timed[6][0] == 1 and timed[6] != timed[5]
 
 
 def test_the_settle_probe_reads_a_cap_from_nvml():
