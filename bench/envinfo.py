@@ -37,6 +37,21 @@ def git_sha() -> str | None:
     return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
+SOURCE_PACKAGES = ("harness", "shapes", "dispatch", "bench", "calibrate", "reports")
+
+
+def source_digest(root: Path | None = None) -> str:
+    """A digest of the harness's own source (every .py and .cpp file of its packages, by path and content): which code
+    ran, also where the copy's git state is stale or absent (a GPU host's copy of a working tree)."""
+    import hashlib
+    root = root or ROOT
+    h = hashlib.sha256()
+    for pkg in SOURCE_PACKAGES:
+        for f in sorted(p for p in (root / pkg).rglob("*") if p.suffix in (".py", ".cpp") and p.is_file()):
+            h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes() + b"\0")
+    return h.hexdigest()[:12]
+
+
 def nvml_index(cuda_device: int = 0) -> int:
     """NVML's index of a CUDA device: NVML ignores CUDA_VISIBLE_DEVICES (a --devices worker sees its GPU as CUDA
     device 0, which NVML may call 1). torch maps it where it can (its private helper); else the same index."""
@@ -137,6 +152,7 @@ def fingerprint() -> dict[str, Any]:
         "cutlass_dsl": _version("nvidia-cutlass-dsl"),
         "python": platform.python_version(),
         "harness_sha": git_sha(),
+        "harness_source": source_digest(),
         "preferred_blas": str(torch.backends.cuda.preferred_blas_library()),
         "allow_bf16_reduced_precision_reduction": torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction,
     }

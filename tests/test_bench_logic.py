@@ -600,3 +600,16 @@ def test_replay_and_host_block_sizes_reach_the_sweep(monkeypatch, tmp_path, caps
     assert fewer < more
     assert cli.main([*args, "--dry-run"]) == 0
     assert "graphs of ~125 µs; host blocks of 4 calls x 3 rounds" in capsys.readouterr().out
+
+
+def test_the_source_digest_names_the_code_that_ran(tmp_path):
+    """run.json's harness_source changes with any harness source file and with nothing else."""
+    from bench.envinfo import source_digest
+    (tmp_path / "bench").mkdir()
+    (tmp_path / "bench" / "a.py").write_text("x = 1\n")
+    (tmp_path / "bench" / "notes.txt").write_text("not code\n")
+    first = source_digest(tmp_path)
+    (tmp_path / "bench" / "notes.txt").write_text("still not code\n")
+    assert source_digest(tmp_path) == first
+    (tmp_path / "bench" / "a.py").write_text("x = 2\n")
+    assert source_digest(tmp_path) != first and len(first) == 12
