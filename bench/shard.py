@@ -14,10 +14,11 @@ from shapes.catalog import Shape, catalog
 from shapes.grid import NAMED_GRIDS
 
 FULL_TPS = (1, 2, 4, 8)
-# Rates of an H200 default sweep that tuned for itself (its wall time less tuning, per cell the dry run counts;
-# tuning per (shape, FlashInfer path) pair; the run is named in docs/results-h200.md, "The dry run's estimate"). The
-# dry run's estimate and the queue order scale them; they are guesses.
-SECONDS_PER_CELL = (196.7 - 28.78) / 2630
+# Rates of H200 default sweeps: per cell the dry run counts, machine U's default sweep serving the shipped tactics
+# (its wall time over 2230 cells); per (shape, FlashInfer path) tuning, P's own-tuned sweep (28.78 s over 31). The runs
+# are named in docs/results-h200.md, "The dry run's estimate". The dry run's estimate and the queue order scale them;
+# they are guesses.
+SECONDS_PER_CELL = 77.8 / 2230
 SECONDS_PER_TUNING = 28.78 / 31
 # A shape's cost for ordering work: the fixed cost per cell (operands, check, capture, host blocks) plus the GPU
 # time of what a cell runs: host blocks and replays, ~40 calls' worth.

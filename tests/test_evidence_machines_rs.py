@@ -140,23 +140,6 @@ def test_the_moe_logits_move_far_beyond_rounding():
 
 
 @pytest.mark.evidence
-def test_the_dry_runs_rates_are_p_own_tuned_sweeps(capsys):
-    """bench/shard.py's rates: P's own-tuned default sweep, less its tuning, over the cells and tunings the dry run
-    counts for that command; the default's estimate, 2.8 min, beside R's 164 s."""
-    from bench.__main__ import main
-    from bench.shard import SECONDS_PER_CELL, SECONDS_PER_TUNING
-    info = json.loads((EVIDENCE / "h200-sweep-20261201T2344-074a4c" / "run.json").read_text())
-    assert main(["run", "--gpu", "h200", "--tune", "--dry-run"]) == 0
-    last = capsys.readouterr().out.splitlines()[-1]
-    assert last.startswith("  2630 cells to measure, 31 (shape, path) tunings; estimated 3.3 min")
-    assert SECONDS_PER_CELL == pytest.approx((info["wall_s"] - info["phase_s"]["tune"]) / 2630)
-    assert SECONDS_PER_TUNING == pytest.approx(info["phase_s"]["tune"] / 31)
-    assert main(["run", "--gpu", "h200", "--dry-run"]) == 0
-    assert "estimated 2.8 min" in capsys.readouterr().out
-    assert round(json.loads((SWEEP_R / "run.json").read_text())["wall_s"]) == 164
-
-
-@pytest.mark.evidence
 def test_where_rs_default_sweep_spends_its_time():
     """Estimates from R's rows: calls per graph x host time 33.2 s (capture phase 35.2 s), 24.2 s of it at the four
     smallest shapes; 299 copies at 256x2048 and M = 1;
