@@ -37,16 +37,15 @@ def git_sha() -> str | None:
     return out.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
-SOURCE_PACKAGES = ("harness", "shapes", "dispatch", "bench", "calibrate", "reports")
-
-
 def source_digest(root: Path | None = None) -> str:
     """A digest of the harness's own source (every .py and .cpp file of its packages, by path and content): which code
     ran, also where the copy's git state is stale or absent (a GPU host's copy of a working tree)."""
     import hashlib
+
+    from harness.floors import FLOORS
     root = root or ROOT
     h = hashlib.sha256()
-    for pkg in SOURCE_PACKAGES:
+    for pkg in FLOORS:
         for f in sorted(p for p in (root / pkg).rglob("*") if p.suffix in (".py", ".cpp") and p.is_file()):
             h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes() + b"\0")
     return h.hexdigest()[:12]
