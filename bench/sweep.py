@@ -545,8 +545,9 @@ def run_sweep(cfg: SweepConfig) -> Path:
                                     f"estimate, at least {MIN_CALLS}" if cfg.host_block_us else ""),
                     stopping=(cfg.stopping.describe() if cfg.stopping else f"fixed: {cfg.samples} replays"),
                     gpu_twins=("timed in full (--time-twins)" if cfg.time_twins else
-                               "a public call and its lean twin, and the dispatcher and the path it chose, are replayed "
-                               "once where their warm-up kernels match; gpu_from names the timed path"),
+                               "a public call is not captured where its checked call ran its lean twin's kernels, the "
+                               "dispatcher is replayed in its warm-ups only where they ran the path it chose; both take "
+                               "that path's GPU time, gpu_from names it; a mismatch is timed itself"),
                     shapes=[s.name for s in cfg.shapes],
                     paths=[p.name for p in cfg.paths], pdl=cfg.profile.pdl, tuning=tuning_info(cfg.vllm_tune_tokens),
                     layout=cfg.layout, table_file=cfg.table_file,
