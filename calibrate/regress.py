@@ -32,6 +32,7 @@ def measure(profile: GpuProfile, out: Path, shapes: list[Shape] | None = None, m
     cfg = SweepConfig(profile=profile, shapes=shapes or catalog(), ms=list(ms),
                       paths=[PATHS[p] for p in regression_paths(profile)], out=out, samples=samples,
                       autotune_cache=autotune_cache, quiet=True,  # FlashInfer's own output to <out>/log.txt
+                      host_block_us=None,  # every call path host-timed in full blocks, as the baselines' runs were
                       command=["(regression grid, run by)", *sys.argv])  # run.json also lists its shapes and M
     run_sweep(cfg)
     return cells_from_results(load_results(out), regression_paths(profile)[1:]), load_run_info(out)

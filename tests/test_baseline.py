@@ -344,3 +344,16 @@ def test_validate_notes_a_damaged_tactics_file_beside_its_verdict(tmp_path, caps
     (run / "autotune-cache.json").write_text(json.dumps({key: ["CublasltBf16GemmRunner", 1, []]}))
     _say_tactic_differences(str(run), table, slower)
     assert "1x2048 M=64 CublasltBf16GemmRunner 1 (table: 0)" in capsys.readouterr().out
+
+
+def test_the_regression_grid_host_times_as_its_baselines_did(monkeypatch, tmp_path):
+    """The gate compares with baselines whose host blocks held --host-calls calls each: it does not size them by time."""
+    import calibrate.regress as regress
+    from dispatch.profiles import get_profile
+    seen = []
+    monkeypatch.setattr(regress, "run_sweep", lambda cfg: seen.append(cfg))
+    monkeypatch.setattr(regress, "load_results", lambda out: None)
+    monkeypatch.setattr(regress, "cells_from_results", lambda *a: [])
+    monkeypatch.setattr(regress, "load_run_info", lambda out: {})
+    regress.measure(get_profile("h200"), tmp_path)
+    assert seen[0].host_block_us is None and not seen[0].skip_unchoosable
