@@ -51,10 +51,10 @@ def make_clock(device: str) -> tuple[Any, str]:
     """A CUPTI clock for the step's kernels, created before any capture or JIT load; (None, why) where there is none."""
     if device != "cuda":
         return None, "a kernel split needs CUDA"
-    from bench.clocks import CuptiClock
+    from bench.clocks import make_clock as clock_of
     from harness.errors import HarnessError
     try:
-        return CuptiClock(), ""
+        return clock_of("cupti"), ""
     except HarnessError as exc:
         return None, str(exc)
 

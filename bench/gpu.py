@@ -165,6 +165,11 @@ class GraphTiming:
     stop: str = ""  # why its replays stopped: the stopping criterion met, or the maximum count
     clocks: list[tuple[int, float, int] | None] = field(default_factory=list)  # (SM MHz, W, reasons) after each sample
 
+    def read_off(self, path: str, **own: Any) -> GraphTiming:
+        """This timing as a twin's, read off `path` (gpu_from) in lists of its own; `own` keeps the twin's fields."""
+        return replace(self, gpu_from=path, gpu_us=list(self.gpu_us), span_us=list(self.span_us),
+                       event_us=list(self.event_us), clocks=list(self.clocks), **own)
+
 
 def replay_seconds(graph) -> float:
     """Wall seconds of one replay of a warm graph (after one untimed replay), to size settles and runs by time."""
@@ -280,10 +285,7 @@ def replay_interleaved(clock, graphs: dict[str, Any], calls: int, samples: int, 
         if rep is None:
             unmatched.append(p)
             continue
-        r = result[rep]
-        result[p] = replace(r, gpu_from=rep, kernels=result[p].kernels, digest=result[p].digest,
-                            gpu_us=list(r.gpu_us), span_us=list(r.span_us), event_us=list(r.event_us),
-                            clocks=list(r.clocks))
+        result[p] = result[rep].read_off(rep, kernels=result[p].kernels, digest=result[p].digest)
     if unmatched:
         result.update(replay_interleaved(clock, {p: graphs[p] for p in unmatched}, calls, samples, warmup, exclude,
                                          settle_s, reader, None, None, stopping, keep))

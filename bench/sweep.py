@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -17,7 +17,7 @@ from bench.hosttime import MIN_CALLS, host_times
 from bench.paths import ATEN, DISPATCH, PATHS, GemmPath, unchoosable_reason
 from bench.results import done_keys, write_parquet, write_results, write_run_json
 from bench.shard import SECONDS_PER_CELL, SECONDS_PER_TUNING
-from bench.stats import (PhaseTimer, Window, calls_per_graph, estimate_call_us, in_window, kernel_digest,
+from bench.stats import (PhaseTimer, Window, attribute, calls_per_graph, estimate_call_us, kernel_digest,
                          rotation_count, summary)
 from dispatch import vllm
 from dispatch.backends import backend_of, is_lean, lean_path
@@ -330,13 +330,10 @@ def time_gpu(cfg: SweepConfig, clock, group: Group, checked: dict[str, Any], ops
                                      twins={p: c for p, c in (twins or {}).items() if p not in deferred},
                                      stopping=cfg.stopping, keep=records)
     late = {}
+    digests = eager_digests(records, check_windows) if deferred else {}
     for p, rep in deferred.items():
-        digest = eager_digest(records, check_windows, p)
-        same = rep in timings and not timings[rep].error and digest and digest == eager_digest(records, check_windows, rep)
-        if same:
-            r = timings[rep]
-            timings[p] = replace(r, gpu_from=rep, gpu_us=list(r.gpu_us), span_us=list(r.span_us),
-                                 event_us=list(r.event_us))
+        if rep in timings and not timings[rep].error and digests[p] and digests[p] == digests[rep]:
+            timings[p] = timings[rep].read_off(rep)
         else:
             late[p] = checked[p]
     if late:  # a public call whose kernels differ from its twin's: captured and timed itself
@@ -370,10 +367,11 @@ def _captured(group: Group, fns: dict[str, Any], ops, calls: int, flush, phase: 
     return graphs
 
 
-def eager_digest(records: list, windows: dict[str, Window], path: str) -> str:
-    """The kernel digest of a path's checked (eager) call, from the records of the group's drain."""
-    recs = sorted(records, key=lambda r: r.start)
-    return kernel_digest([r.name for r in in_window(recs, [r.start for r in recs], windows[path], graph=False)])
+def eager_digests(records: list, windows: dict[str, Window]) -> dict[str, str]:
+    """Per path, the kernel digest of its checked (eager) call, from the records of the group's drain."""
+    ordered = list(windows.values())
+    timings = attribute(sorted(records, key=lambda r: r.start), ordered, graph=False)
+    return {w.path: kernel_digest(t.names) for w, t in zip(ordered, timings)}
 
 
 def kernel_twins(names: list[str]) -> dict[str, tuple[str, ...]]:
