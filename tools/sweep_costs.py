@@ -12,6 +12,12 @@ import time
 if len(sys.argv) != 2:
     print("python -m tools.sweep_costs: error: usage: python -m tools.sweep_costs OUT", file=sys.stderr)
     sys.exit(2)
+import pathlib  # noqa: E402
+
+if pathlib.Path(sys.argv[1]).exists() and not pathlib.Path(sys.argv[1]).is_dir():
+    print(f"python -m tools.sweep_costs: error: {sys.argv[1]} is not a folder; name a folder for sweep-costs.csv",
+          file=sys.stderr)
+    sys.exit(2)
 import torch  # noqa: E402
 
 if not torch.cuda.is_available():
@@ -75,7 +81,6 @@ def one(clock, fn, ops, calls: int, paused: bool) -> dict:
 
 
 def main(out: str) -> None:
-    import pathlib
     clock = make_clock("cupti")
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     rows = []
