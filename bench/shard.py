@@ -14,10 +14,10 @@ from shapes.catalog import Shape, catalog
 from shapes.grid import NAMED_GRIDS
 
 FULL_TPS = (1, 2, 4, 8)
-# Rates of H200 default sweeps: per cell the dry run counts, machine U's default sweep serving the shipped tactics
-# (its wall time over 2230 cells); per (shape, FlashInfer path) tuning, P's own-tuned sweep (28.78 s over 31). The runs
-# are named in docs/results-h200.md, "The dry run's estimate". The dry run's estimate and the queue order scale them;
-# they are guesses.
+# Rates of H200 default sweeps: per cell the dry run counts, a default sweep serving the shipped tactics (its wall
+# time over its cells); per (shape, FlashInfer path) tuning, an own-tuned sweep's tuning time over its tunings. The
+# runs are named in docs/results-h200.md, "The dry run's estimate". The dry run's estimate and the queue order scale
+# them; they are guesses.
 SECONDS_PER_CELL = 77.8 / 2230
 SECONDS_PER_TUNING = 28.78 / 31
 # A shape's cost for ordering work: the fixed cost per cell (operands, check, capture, host blocks) plus the GPU
