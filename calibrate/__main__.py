@@ -216,12 +216,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_base.add_argument("--retune", action="store_true",
                         help="tune FlashInfer afresh in run 1 instead of serving the committed <profile>.autotune.json")
     p_base.add_argument("--partial", **partial)
-    p_e2e = sub.add_parser("e2e", help="an end-to-end run (bench e2e) beside what its model's measured linears "
-                                       "predict for each step")
+    p_e2e = sub.add_parser("e2e", help="an end-to-end run (bench e2e): each step's patched / stock with its interval "
+                                       "and verdict, and with --forward what its model's measured linears predict")
     p_e2e.add_argument("results", help="the folder python -m bench e2e wrote")
-    p_e2e.add_argument("--forward", required=True, metavar="DIR",
+    p_e2e.add_argument("--forward", metavar="DIR",
                        help="a measured forward of the same model and layout (bench forward --layout transformers "
-                            "--paths aten,dispatch), on the same GPU")
+                            "--paths aten,dispatch), on the same GPU: adds each step's prediction")
     p_vllm = sub.add_parser("vllm", parents=[gpu_of_runs],
                             help="the answer in vLLM's terms from measured forwards: vLLM default, its flag, the seed"
                                  " PR's rule, the best single threshold and the table")
@@ -765,18 +765,22 @@ def _table_cmd(args) -> int:
 
 def _e2e_cmd(args) -> int:
     from calibrate.e2e_terms import check_same_layers, load_e2e, predictions
+    from calibrate.e2e_terms import E2E_MARGIN
     df, info = load_e2e(args.results)
-    fdf, finfo = load_forward(args.forward)
-    check_same_layers(info, finfo, args.results, args.forward)
-    profile = _profile_of(info, None)
-    _check_gpu(finfo, profile, args.forward)
-    if finfo.get("layout", "vllm") != "transformers":
-        raise HarnessError(f"{args.forward} measured vLLM's layout; an e2e run of transformers' model needs a forward "
-                           f"of --layout transformers")
+    fdf = None
+    if args.forward:
+        fdf, finfo = load_forward(args.forward)
+        check_same_layers(info, finfo, args.results, args.forward)
+        _check_gpu(finfo, _profile_of(info, None), args.forward)
+        if finfo.get("layout", "vllm") != "transformers":
+            raise HarnessError(f"{args.forward} measured vLLM's layout; an e2e run of transformers' model needs a "
+                               f"forward of --layout transformers")
     table = predictions(df, fdf)
     if table.empty:
         raise HarnessError(f"{args.results} has no step measured in both variants")
     print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    print(f"\nper_round: median of the rounds' patched / stock, [lo, hi] its 95% bootstrap interval; SAME within "
+          f"±{E2E_MARGIN:.0%}")
     return 0
 
 

@@ -6,6 +6,10 @@ under F.linear and under the dispatcher. If the rest of the step is unchanged, t
 1 - (aten linears / stock step) x (1 - dispatch / aten) of the stock step: that is the prediction. Prefill at L
 tokens is an eager forward at M = L; a captured decode step is the graph regime at M = 1; generate is eager at M = 1
 per token, its prompt aside.
+
+Each step also gets a verdict on its own samples: the rounds pair a patched sample with a stock one, and the median
+of their ratios has a bootstrap interval (calibrate.analysis.paired_ratio_ci); SLOWER or FASTER only when the whole
+interval is beyond E2E_MARGIN, SAME when it lies within it, AMBIGUOUS otherwise.
 """
 from __future__ import annotations
 
@@ -15,11 +19,13 @@ from typing import Any
 
 import pandas as pd
 
+from calibrate.analysis import paired_ratio_ci, parse_samples, ratio_ci, verdict
 from dispatch.backends import ATEN, DISPATCH
 from harness.errors import HarnessError
 from harness.io import read_json_object
 
 STEP_REGIME = {"prefill": "eager", "generate": "eager", "decode-graph": "graph"}
+E2E_MARGIN = 0.01  # the band around 1 within which a step's interval says SAME
 
 
 def load_e2e(folder: str | Path) -> tuple[pd.DataFrame, dict[str, Any]]:
@@ -52,8 +58,19 @@ def check_same_layers(e2e_info: dict[str, Any], forward_info: dict[str, Any], e2
                            f"(bench forward --layout transformers {fix})")
 
 
-def predictions(e2e: pd.DataFrame, forward: pd.DataFrame) -> pd.DataFrame:
-    """Per measured step: measured patched / stock, the linears' dispatch / aten at that M and regime, their share
+def step_verdict(stock: Any, patched: Any, margin: float = E2E_MARGIN) -> dict[str, Any]:
+    """patched / stock over a step's samples (bench e2e's samples_us, in round order): the median of the per-round
+    ratios, its interval and the verdict; unpaired (ratio of medians) where the variants have different counts."""
+    a, b = parse_samples(patched), parse_samples(stock)
+    if len(a) < 2 or len(b) < 2:
+        return {"ratio": math.nan, "lo": math.nan, "hi": math.nan, "verdict": "AMBIGUOUS", "rounds": min(len(a), len(b))}
+    ratio, lo, hi = paired_ratio_ci(a, b) if len(a) == len(b) else ratio_ci(a, b)
+    return {"ratio": ratio, "lo": lo, "hi": hi, "verdict": verdict(lo, hi, margin), "rounds": min(len(a), len(b))}
+
+
+def predictions(e2e: pd.DataFrame, forward: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per measured step: measured patched / stock (the ratio of the medians), the per-round ratio with its interval
+    and verdict (step_verdict), and, with a forward, the linears' dispatch / aten at that M and regime, their share
     of the stock step and the predicted ratio (NaN where the forward did not measure that M). In the graph regime,
     dispatch_busy_over_span is the dispatcher forward's summed kernel time over its span: above 1, neighbouring
     linears' kernels overlapped (programmatic dependent launch), which a model with other kernels between its linears
@@ -61,30 +78,39 @@ def predictions(e2e: pd.DataFrame, forward: pd.DataFrame) -> pd.DataFrame:
     in_step_linears_saved is what the changed linears' kernels saved inside the step and in_step_rest_moved what the
     other kernels' time moved, each as a share of the stock step."""
     ok = e2e[e2e["status"] == "ok"]
-    fw = forward[forward["status"] == "ok"]
+    fw = forward[forward["status"] == "ok"] if forward is not None else None
     rows = []
     for (model, step, tokens), g in ok.groupby(["model", "step", "tokens"]):
         by = g.set_index("variant")["us"]
         if not {"stock", "patched"} <= set(by.index):
             continue
-        m = 1 if step in ("generate", "decode-graph") else int(tokens)
-        cell = fw[(fw["model"] == model) & (fw["m"] == m) & (fw["regime"] == STEP_REGIME.get(step, "eager"))]
-        lin = cell.set_index("path")["us"] if not cell.empty else pd.Series(dtype=float)
-        aten, disp = lin.get(ATEN, math.nan), lin.get(DISPATCH, math.nan)
-        overlap = math.nan
-        if STEP_REGIME.get(step) == "graph" and {"gpu_busy_us", "span_us"} <= set(cell.columns):
-            d = cell[cell["path"] == DISPATCH]
-            if len(d) == 1 and float(d["span_us"].iloc[0]) > 0:
-                overlap = float(d["gpu_busy_us"].iloc[0]) / float(d["span_us"].iloc[0])
-        stock = float(by["stock"]) / (int(tokens) if step == "generate" else 1)  # generate: per token
-        share = aten / stock if stock > 0 else math.nan
-        predicted = 1 - share * (1 - disp / aten) if aten > 0 else math.nan
+        samples = g.set_index("variant")["samples_us"] if "samples_us" in g.columns else None
+        judged = step_verdict(samples["stock"], samples["patched"]) if samples is not None else step_verdict("", "")
+        row = {"model": model, "step": step, "tokens": int(tokens), "measured": by["patched"] / by["stock"],
+               "per_round": judged["ratio"], "lo": judged["lo"], "hi": judged["hi"], "verdict": judged["verdict"],
+               "rounds": judged["rounds"]}
+        if fw is not None:
+            row.update(_predicted(fw, model, step, int(tokens), float(by["stock"])))
         saved, moved = _in_step(g)
-        rows.append({"model": model, "step": step, "tokens": int(tokens), "measured": by["patched"] / by["stock"],
-                     "linears_dispatch_over_aten": disp / aten if aten > 0 else math.nan,
-                     "linears_share_of_step": share, "predicted": predicted, "dispatch_busy_over_span": overlap,
-                     "in_step_linears_saved": saved, "in_step_rest_moved": moved})
+        rows.append({**row, "in_step_linears_saved": saved, "in_step_rest_moved": moved})
     return pd.DataFrame(rows)
+
+
+def _predicted(fw: pd.DataFrame, model: str, step: str, tokens: int, stock_us: float) -> dict[str, float]:
+    """What a forward's linears predict for one step (see predictions)."""
+    m = 1 if step in ("generate", "decode-graph") else tokens
+    cell = fw[(fw["model"] == model) & (fw["m"] == m) & (fw["regime"] == STEP_REGIME.get(step, "eager"))]
+    lin = cell.set_index("path")["us"] if not cell.empty else pd.Series(dtype=float)
+    aten, disp = lin.get(ATEN, math.nan), lin.get(DISPATCH, math.nan)
+    overlap = math.nan
+    if STEP_REGIME.get(step) == "graph" and {"gpu_busy_us", "span_us"} <= set(cell.columns):
+        d = cell[cell["path"] == DISPATCH]
+        if len(d) == 1 and float(d["span_us"].iloc[0]) > 0:
+            overlap = float(d["gpu_busy_us"].iloc[0]) / float(d["span_us"].iloc[0])
+    stock = stock_us / (tokens if step == "generate" else 1)  # generate: per token
+    share = aten / stock if stock > 0 else math.nan
+    return {"linears_dispatch_over_aten": disp / aten if aten > 0 else math.nan, "linears_share_of_step": share,
+            "predicted": 1 - share * (1 - disp / aten) if aten > 0 else math.nan, "dispatch_busy_over_span": overlap}
 
 
 def _in_step(g: pd.DataFrame) -> tuple[float, float]:

@@ -210,3 +210,26 @@ def test_the_kernel_split_as_shares_of_the_stock_step():
     row = predictions(e2e, fw).iloc[0]
     assert row["in_step_linears_saved"] == pytest.approx(0.075) and row["in_step_rest_moved"] == pytest.approx(0.01)
     assert row["predicted"] == pytest.approx(0.9) and row["measured"] == pytest.approx(0.935)
+
+
+def test_a_step_slower_in_every_round_is_slower_and_a_noisy_one_ambiguous():
+    """The verdict pairs each round's patched sample with its stock one: 5% slower in all eight rounds is SLOWER
+    whatever the spread between rounds; ratios straddling 1 widely are AMBIGUOUS; a run without --forward still
+    gets its verdicts."""
+    import pandas as pd
+
+    from calibrate.e2e_terms import predictions, step_verdict
+    stock = [100.0, 140.0, 90.0, 120.0, 100.0, 150.0, 95.0, 110.0]
+    slower = ";".join(str(1.05 * s) for s in stock)
+    noisy = ";".join(str(s * f) for s, f in zip(stock, (0.8, 1.25, 0.9, 1.2, 0.85, 1.15, 1.1, 0.95)))
+    same = ";".join(str(s * f) for s, f in zip(stock, (1.001, 0.999, 1.002, 0.998, 1.0, 1.001, 0.999, 1.0)))
+    joined = ";".join(map(str, stock))
+    assert step_verdict(joined, slower)["verdict"] == "SLOWER"
+    assert step_verdict(joined, slower)["ratio"] == pytest.approx(1.05)
+    assert step_verdict(joined, noisy)["verdict"] == "AMBIGUOUS"
+    assert step_verdict(joined, same)["verdict"] == "SAME"
+    assert step_verdict(joined, "100.0")["verdict"] == "AMBIGUOUS"  # one sample: no interval
+    e2e = pd.DataFrame([{"model": "A", "step": "prefill", "tokens": 8, "variant": v, "status": "ok", "us": 100.0,
+                         "samples_us": s} for v, s in (("stock", joined), ("patched", slower))])
+    row = predictions(e2e).iloc[0]
+    assert row["verdict"] == "SLOWER" and row["rounds"] == 8 and "predicted" not in row
