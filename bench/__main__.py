@@ -131,7 +131,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_e2e.add_argument("--layers", type=int_in(1, 1024), help="only the first N decoder layers (memory)")
     p_e2e.add_argument("--prefill", default="8,128,1031", help="prompt lengths timed eagerly (default 8,128,1031)")
     p_e2e.add_argument("--tokens", type=int_in(1, 4096), default=24, help="greedy tokens generated (default 24)")
-    p_e2e.add_argument("--rounds", type=int_in(1, 1000), default=5, help="rounds, variant order shuffled (default 5)")
+    p_e2e.add_argument("--rounds", type=int_in(1, 1000), default=10,
+                       help="rounds, variant order shuffled; each gives one sample per step and variant (default 10)")
+    p_e2e.add_argument("--repeats", type=int_in(1, 100), default=3,
+                       help="timed calls per sample; the sample is the fastest (default 3)")
     p_e2e.add_argument("--table", metavar="FILE", help="the table the patched model runs (default: the profile's)")
     p_e2e.add_argument("--out", required=True, help="results folder: e2e.csv and run.json")
     p_fw = sub.add_parser("forward", parents=[gpu, tactics],
@@ -333,9 +336,11 @@ def _e2e(args, profile, command: list[str]) -> int:
     dispatch.configure(table)
     out.mkdir(parents=True, exist_ok=True)
     divert_noise(out / "log.txt")
-    rows = run_e2e(E2EConfig(name, hf, out, args.layers, prefill, args.tokens, args.rounds))
+    rows = run_e2e(E2EConfig(name, hf, out, args.layers, prefill, args.tokens, args.rounds,
+                                repeats=args.repeats))
     write_e2e(out, rows, run_info(command, kind="e2e", profile=profile.name, model=name, layers=args.layers,
-                                  prefill=list(prefill), tokens=args.tokens, rounds=args.rounds, table_file=args.table,
+                                  prefill=list(prefill), tokens=args.tokens, rounds=args.rounds, repeats=args.repeats,
+                                  table_file=args.table,
                                   variants="stock, and the same model after dispatch.patch (LM head left as is)"))
     print("\n".join([f"e2e {name}: {out}/{E2E_FILE}", *ratio_lines(rows)]))
     return 0

@@ -3,7 +3,9 @@
 One model built from a catalog config with random weights (bf16), patched and unpatched in turn (the same weights,
 so the memory of one model), in rounds whose variant order is shuffled: eager prefill at several lengths, eager
 greedy generate, and one decode step captured in a CUDA graph with a static cache (where the dispatcher's graph
-choices run). Before the rounds, replays of that step are split by kernel (bench.e2e_kernels: what the changed
+choices run). Within a round each step runs in both variants back to back, and each sample is the fastest of a few
+calls: the eager steps of a model whose reference kernels are Python are host-bound, and a host's slow phases and
+single slow calls move them by far more than the linears do. Before the rounds, replays of that step are split by kernel (bench.e2e_kernels: what the changed
 linears took, and the rest). Each row is one (step, tokens, variant) with its samples; the logits of both variants
 at the first prefill length are compared with those of the model run in fp32, a layer at a time (LOGITS_FACTOR), and
 each patched linear with F.linear in fp32 on its own input. transformers is an optional extra (pip install -e
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import random
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -43,7 +46,8 @@ class E2EConfig:
     layers: int | None = None
     prefill: tuple[int, ...] = (8, 128, 1031)
     generate_tokens: int = 24
-    rounds: int = 5
+    rounds: int = 10
+    repeats: int = 3
     seed: int = 0
     device: str = "cuda"
 
@@ -164,41 +168,56 @@ def run_e2e(cfg: E2EConfig) -> list[dict[str, Any]]:
     return _rows(cfg, got, split, split_why)
 
 
-def _round(cfg: E2EConfig, model, prompts: dict[int, Any], r: int, rng: random.Random, got: _Measured) -> None:
-    """One round: each variant in shuffled order, its prefills, a greedy generate and a captured decode step."""
-    import torch
-
+@contextmanager
+def _as_variant(model, variant: str, got: _Measured):
+    """The model as one variant: patched by dispatch.patch for 'patched' (removed on the way out), as is for 'stock'."""
     import dispatch
+    handle = dispatch.patch(model) if variant == "patched" else None
+    got.patched_count = len(handle) if handle is not None else got.patched_count
+    try:
+        yield handle
+    finally:
+        if handle is not None:
+            handle.remove()
+
+
+def _round(cfg: E2EConfig, model, prompts: dict[int, Any], r: int, rng: random.Random, got: _Measured) -> None:
+    """One round, its variant order shuffled: each step runs in both variants back to back (a pair of samples a
+    moment apart, so that the host's slow phases hit both), each sample the fastest of cfg.repeats calls; prefill
+    after an untimed call of the same length, generate after one in the first round; then a decode step captured
+    in a CUDA graph per variant."""
+    import torch
     sync = torch.cuda.synchronize if cfg.device == "cuda" else (lambda: None)
     first = prompts[cfg.prefill[0]]
-    for variant in rng.sample(VARIANTS, len(VARIANTS)):
-        handle = dispatch.patch(model) if variant == "patched" else None
-        got.patched_count = len(handle) if handle is not None else got.patched_count
-        try:
-            with torch.no_grad():
-                if r == 0 and handle is not None:
+    order = rng.sample(VARIANTS, len(VARIANTS))
+    if r == 0:
+        for variant in order:
+            with _as_variant(model, variant, got) as handle, torch.no_grad():
+                if handle is not None:
                     got.logits[variant], got.linear_err, got.linear_worst = checked_linears(
                         handle, lambda: model(first).logits.float())
-                elif r == 0:
+                else:
                     got.logits[variant] = model(first).logits.float()
-                for n, ids in prompts.items():
-                    model(ids)  # warm: allocator and lazy init outside the timed call
-                    got.samples.setdefault(("prefill", n, variant), []).append(_timed(lambda: model(ids), sync))
-                gen_fn = lambda: model.generate(first, max_new_tokens=cfg.generate_tokens,  # noqa: E731
-                                                min_new_tokens=cfg.generate_tokens, do_sample=False)
-                if r == 0:
-                    gen_fn()
-                got.samples.setdefault(("generate", cfg.generate_tokens, variant), []).append(_timed(gen_fn, sync))
+    gen_fn = lambda: model.generate(first, max_new_tokens=cfg.generate_tokens,  # noqa: E731
+                                    min_new_tokens=cfg.generate_tokens, do_sample=False)
+    steps = [("prefill", n, (lambda ids=ids: model(ids)), True) for n, ids in prompts.items()]
+    steps.append(("generate", cfg.generate_tokens, gen_fn, r == 0))
+    for step, n, fn, warm in steps:
+        for variant in order:
+            with _as_variant(model, variant, got), torch.no_grad():
+                if warm:
+                    fn()  # allocator and lazy init outside the timed calls
+                got.samples.setdefault((step, n, variant), []).append(
+                    min(_timed(fn, sync) for _ in range(cfg.repeats)))
+    for variant in order:
+        with _as_variant(model, variant, got):
             replay, why = captured_decode(model, first, cfg.device)
             key = ("decode-graph", 1, variant)
             if replay is None:
                 got.reasons[key] = why
             else:
                 replay()
-                got.samples.setdefault(key, []).append(_timed(replay, sync))
-        finally:
-            if handle is not None:
-                handle.remove()
+                got.samples.setdefault(key, []).append(min(_timed(replay, sync) for _ in range(cfg.repeats)))
 
 
 def _rows(cfg: E2EConfig, got: _Measured, split: dict[str, dict[str, float]] | None, split_why: str

@@ -233,3 +233,32 @@ def test_a_step_slower_in_every_round_is_slower_and_a_noisy_one_ambiguous():
                          "samples_us": s} for v, s in (("stock", joined), ("patched", slower))])
     row = predictions(e2e).iloc[0]
     assert row["verdict"] == "SLOWER" and row["rounds"] == 8 and "predicted" not in row
+
+
+def test_a_sample_is_the_fastest_of_its_repeats_and_pairs_run_back_to_back(tmp_path, monkeypatch):
+    """Each (round, step, variant) sample is the minimum of `repeats` timed calls, and a step's two variants are
+    timed one right after the other."""
+    import bench.e2e as e2e
+    seen, times = [], iter([5.0, 3.0, 4.0] * 1000)
+
+    def fake(fn, sync):
+        fn()
+        seen.append("patched" if any("forward" in m.__dict__ for m in model_ref[0].modules()) else "stock")
+        return next(times)
+    model_ref = []
+    real_build = e2e.build_model
+
+    def build(*a, **k):
+        model_ref.append(real_build(*a, **k))
+        return model_ref[0]
+    monkeypatch.setattr(e2e, "_timed", fake)
+    monkeypatch.setattr(e2e, "build_model", build)
+    rows = e2e.run_e2e(e2e.E2EConfig("tiny", TINY, tmp_path, layers=1, prefill=(4, 6), generate_tokens=2, rounds=2,
+                                     repeats=3, device="cpu"))
+    timed = [r for r in rows if r["status"] == "ok"]
+    assert timed and all(r["samples"] == 2 and r["us"] == 3.0 for r in timed)
+    # per round: 3 steps x 2 variants x 3 repeats, each step's variants in one block of six calls
+    assert len(seen) == 2 * 3 * 2 * 3
+    blocks = [seen[i:i + 3] for i in range(0, len(seen), 3)]
+    assert all(len(set(b)) == 1 for b in blocks)
+    assert all({blocks[i][0], blocks[i + 1][0]} == {"stock", "patched"} for i in range(0, len(blocks), 2))
