@@ -3,8 +3,8 @@
 One model built from a catalog config with random weights (bf16), patched and unpatched in turn (the same weights,
 so the memory of one model), in rounds whose variant order is shuffled: eager prefill at several lengths, eager
 greedy generate, and one decode step captured in a CUDA graph with a static cache (where the dispatcher's graph
-choices run). Within a round each step runs in both variants back to back, and each sample is the fastest of a few
-calls: the eager steps of a model whose reference kernels are Python are host-bound, and a host's slow phases and
+choices run). Within a round each step's timed calls alternate between the variants, and each sample is the fastest
+of a few calls: the eager steps of a model whose reference kernels are Python are host-bound, and a host's slow phases and
 single slow calls move them by far more than the linears do. Before the rounds, replays of that step are split by kernel (bench.e2e_kernels: what the changed
 linears took, and the rest). Each row is one (step, tokens, variant) with its samples; the logits of both variants
 at the first prefill length are compared with those of the model run in fp32, a layer at a time (LOGITS_FACTOR), and
@@ -182,10 +182,10 @@ def _as_variant(model, variant: str, got: _Measured):
 
 
 def _round(cfg: E2EConfig, model, prompts: dict[int, Any], r: int, rng: random.Random, got: _Measured) -> None:
-    """One round, its variant order shuffled: each step runs in both variants back to back (a pair of samples a
-    moment apart, so that the host's slow phases hit both), each sample the fastest of cfg.repeats calls; prefill
-    after an untimed call of the same length, generate after one in the first round; then a decode step captured
-    in a CUDA graph per variant."""
+    """One round, its variant order shuffled. Each step's timed calls alternate between the variants (A B B A A B
+    ...: a host's slow phase or a drift hits both), and each variant's sample is the fastest of its cfg.repeats
+    calls; prefill after an untimed call of the same length, generate after one in the first round. Then a decode
+    step captured in a CUDA graph per variant, its replays alternating the same way."""
     import torch
     sync = torch.cuda.synchronize if cfg.device == "cuda" else (lambda: None)
     first = prompts[cfg.prefill[0]]
@@ -203,21 +203,35 @@ def _round(cfg: E2EConfig, model, prompts: dict[int, Any], r: int, rng: random.R
     steps = [("prefill", n, (lambda ids=ids: model(ids)), True) for n, ids in prompts.items()]
     steps.append(("generate", cfg.generate_tokens, gen_fn, r == 0))
     for step, n, fn, warm in steps:
-        for variant in order:
+        def call(variant: str, fn=fn, timed: bool = True) -> float:
             with _as_variant(model, variant, got), torch.no_grad():
-                if warm:
-                    fn()  # allocator and lazy init outside the timed calls
-                got.samples.setdefault((step, n, variant), []).append(
-                    min(_timed(fn, sync) for _ in range(cfg.repeats)))
+                return _timed(fn, sync) if timed else fn()
+        if warm:  # allocator and lazy init outside the timed calls
+            for variant in order:
+                call(variant, timed=False)
+        _alternate(cfg.repeats, order, call, step, n, got)
+    replays = {}
     for variant in order:
         with _as_variant(model, variant, got):
-            replay, why = captured_decode(model, first, cfg.device)
-            key = ("decode-graph", 1, variant)
-            if replay is None:
-                got.reasons[key] = why
-            else:
-                replay()
-                got.samples.setdefault(key, []).append(min(_timed(replay, sync) for _ in range(cfg.repeats)))
+            replays[variant], why = captured_decode(model, first, cfg.device)
+        if replays[variant] is None:
+            got.reasons[("decode-graph", 1, variant)] = why
+    captured = [v for v in order if replays[v] is not None]
+    for variant in captured:
+        replays[variant]()
+    _alternate(cfg.repeats, captured, lambda v: _timed(replays[v], sync), "decode-graph", 1, got)
+
+
+def _alternate(repeats: int, order: list[str], call: Callable[[str], float], step: str, n: int,
+               got: _Measured) -> None:
+    """repeats timed calls per variant, alternating A B B A A B ...; each variant's fastest is its sample."""
+    best: dict[str, float] = {}
+    for i in range(repeats):
+        for variant in (order if i % 2 == 0 else order[::-1]):
+            t = call(variant)
+            best[variant] = min(best.get(variant, t), t)
+    for variant in order:
+        got.samples.setdefault((step, n, variant), []).append(best[variant])
 
 
 def _rows(cfg: E2EConfig, got: _Measured, split: dict[str, dict[str, float]] | None, split_why: str

@@ -235,17 +235,17 @@ def test_a_step_slower_in_every_round_is_slower_and_a_noisy_one_ambiguous():
     assert row["verdict"] == "SLOWER" and row["rounds"] == 8 and "predicted" not in row
 
 
-def test_a_sample_is_the_fastest_of_its_repeats_and_pairs_run_back_to_back(tmp_path, monkeypatch):
-    """Each (round, step, variant) sample is the minimum of `repeats` timed calls, and a step's two variants are
-    timed one right after the other."""
+def test_a_sample_is_the_fastest_of_its_repeats_and_the_variants_alternate(tmp_path, monkeypatch):
+    """Each (round, step, variant) sample is the minimum of `repeats` timed calls, and a step's timed calls alternate
+    between the variants A B B A A B, so that a slow phase of the host hits both."""
     import bench.e2e as e2e
-    seen, times = [], iter([5.0, 3.0, 4.0] * 1000)
+    seen, model_ref = [], []
+    times = iter([5.0, 6.0, 3.0, 2.0, 4.0, 7.0] * 1000)  # A B B A A B: A's fastest 2, B's 3
 
     def fake(fn, sync):
         fn()
         seen.append("patched" if any("forward" in m.__dict__ for m in model_ref[0].modules()) else "stock")
         return next(times)
-    model_ref = []
     real_build = e2e.build_model
 
     def build(*a, **k):
@@ -255,10 +255,11 @@ def test_a_sample_is_the_fastest_of_its_repeats_and_pairs_run_back_to_back(tmp_p
     monkeypatch.setattr(e2e, "build_model", build)
     rows = e2e.run_e2e(e2e.E2EConfig("tiny", TINY, tmp_path, layers=1, prefill=(4, 6), generate_tokens=2, rounds=2,
                                      repeats=3, device="cpu"))
-    timed = [r for r in rows if r["status"] == "ok"]
-    assert timed and all(r["samples"] == 2 and r["us"] == 3.0 for r in timed)
-    # per round: 3 steps x 2 variants x 3 repeats, each step's variants in one block of six calls
-    assert len(seen) == 2 * 3 * 2 * 3
-    blocks = [seen[i:i + 3] for i in range(0, len(seen), 3)]
-    assert all(len(set(b)) == 1 for b in blocks)
-    assert all({blocks[i][0], blocks[i + 1][0]} == {"stock", "patched"} for i in range(0, len(blocks), 2))
+    timed = {(r["step"], r["tokens"], r["variant"]): r for r in rows if r["status"] == "ok"}
+    assert len(timed) == 6 and all(r["samples"] == 2 for r in timed.values())
+    assert len(seen) == 2 * 3 * 6  # per round: 3 steps x 6 alternating timed calls; warm-up calls are not timed
+    for block in (seen[i:i + 6] for i in range(0, len(seen), 6)):
+        a, b = block[0], block[1]
+        assert a != b and block == [a, b, b, a, a, b]
+    # the first variant of each round gets 2.0, the second 3.0; the order is shuffled per round
+    assert {tuple(sorted(r["samples_us"])) for r in timed.values()} <= {(2.0, 3.0), (2.0, 2.0), (3.0, 3.0)}
