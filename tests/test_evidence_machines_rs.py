@@ -112,8 +112,10 @@ def test_the_4b_e2e_again_and_its_prediction(capsys):
     assert _e2e_ratios(E2E_4B)[("decode-graph", 1)] == 0.959
     assert _e2e_ratios(E2E_4B_F)[("decode-graph", 1)] == 0.964
     assert main(["e2e", str(E2E_4B), "--forward", str(TF_4B / "forward")]) == 0
-    row = next(line.split() for line in capsys.readouterr().out.splitlines() if "decode-graph" in line)
-    assert row[3:7] == ["0.959", "0.878", "0.393", "0.952"]
+    lines = capsys.readouterr().out.splitlines()
+    row = dict(zip(lines[0].split(), next(line.split() for line in lines if "decode-graph" in line)))
+    assert [row[c] for c in ("measured", "linears_dispatch_over_aten", "linears_share_of_step", "predicted")] == [
+        "0.959", "0.878", "0.393", "0.952"]
     fw = pd.read_csv(TF_4B / "forward" / "forward.csv").query("regime == 'graph' and m == 1").set_index("path")["us"]
     saved = fw["aten"] - fw["dispatch"]
     assert round(saved) == 394
