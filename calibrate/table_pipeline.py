@@ -135,12 +135,14 @@ class Leg:
 
 def legs(profile: GpuProfile, run: Path, scope: Scope | None = None, machines: int | None = None) -> list[Leg]:
     """The run's legs; `scope` and `machines` (fitting machines) None: what its manifest records."""
-    from bench.paths import DISPATCH, paths_for
+    from bench.paths import DISPATCH, paths_for, unchoosable_reason
     p, low = profile.name, profile.low_m_backend
     covers = (scope if scope is not None else run_scope(run)).args()
     py = [sys.executable, "-m"]
-    # the fitted sweep leaves the dispatcher out (it would run the table being replaced); the check runs the new one
-    fit_paths = ",".join(x.name for x in paths_for(profile.flashinfer_backends, None) if x.name != DISPATCH)
+    # the fitted sweep leaves out the dispatcher (it would run the table being replaced; the check runs the new one)
+    # and what the dispatcher cannot choose (a backend without a lean call), as a default sweep does
+    fit_paths = ",".join(x.name for x in paths_for(profile.flashinfer_backends, None)
+                         if x.name != DISPATCH and unchoosable_reason(x) is None)
     from shapes.grid import default_grid
     check_ms = ",".join(map(str, sorted(set(default_grid(profile.capture_size)) | set(UNSEEN_M))))
     table, sweep, forward, refine = run / "table.json", run / "sweep", run / "forward", run / "refine"

@@ -33,6 +33,8 @@ def test_the_legs_and_their_order(tmp_path):
     assert fit[fit.index("--machine") + 1:fit.index("--machine") + 3] == [str(tmp_path / "machine-2"),
                                                                          str(tmp_path / "machine-3")]
     assert "--tune" in by_name["sweep"]  # the first sweep tunes; every later GPU leg serves a tactics file
+    fitted = by_name["sweep"][by_name["sweep"].index("--paths") + 1].split(",")
+    assert "flashinfer-lean:tinygemm" in fitted and "flashinfer:cudnn" not in fitted  # no lean call: unchoosable
     assert all("--autotune-cache" in argv for name, argv in by_name.items() if name not in ("sweep", "first-fit",
                                                                                         "fit", "noise", "validate",
                                                                                         "baseline", "report"))
