@@ -25,7 +25,7 @@ from dispatch.profiles import PROFILES, get_profile
 from dispatch.table import load_table
 from harness.cli import Parser, float_in, int_in, parent
 from harness.console import divert_noise
-from harness.errors import HarnessError, run_cli
+from harness.errors import HarnessError, Interrupted, run_cli, signals_deferred
 from harness.io import output_dir, output_file
 from shapes.catalog import catalog, select, select_cells
 from shapes.grid import hybrid_buckets, parse_m
@@ -318,7 +318,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _e2e(args, profile, command: list[str]) -> int:
-    from bench.e2e import E2E_FILE, E2EConfig, ratio_lines, run_e2e, write_e2e
+    from datetime import datetime, timezone
+
+    from bench.e2e import E2E_FILE, E2EConfig, RoundsInterrupted, ratio_lines, run_e2e, write_e2e
     from bench.envinfo import run_info
     if args.model and args.config:
         raise HarnessError("--model and --config exclude each other; pass one")
@@ -336,13 +338,24 @@ def _e2e(args, profile, command: list[str]) -> int:
     dispatch.configure(table)
     out.mkdir(parents=True, exist_ok=True)
     divert_noise(out / "log.txt")
-    rows = run_e2e(E2EConfig(name, hf, out, args.layers, prefill, args.tokens, args.rounds,
-                                repeats=args.repeats))
-    write_e2e(out, rows, run_info(command, kind="e2e", profile=profile.name, model=name, layers=args.layers,
-                                  prefill=list(prefill), tokens=args.tokens, rounds=args.rounds, repeats=args.repeats,
-                                  table_file=args.table,
-                                  variants="stock, and the same model after dispatch.patch (LM head left as is)"))
+    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    stopped: RoundsInterrupted | None = None
+    try:
+        rows = run_e2e(E2EConfig(name, hf, out, args.layers, prefill, args.tokens, args.rounds,
+                                 repeats=args.repeats))
+    except RoundsInterrupted as exc:
+        rows, stopped = exc.rows, exc
+    with signals_deferred():  # the fingerprint after the run: its imports stay out of the kernel split's way
+        write_e2e(out, rows, run_info(command, kind="e2e", profile=profile.name, model=name, layers=args.layers,
+                                      prefill=list(prefill), tokens=args.tokens, rounds=args.rounds,
+                                      repeats=args.repeats, table_file=args.table, started=started,
+                                      status="interrupted" if stopped else "complete",
+                                      rounds_done=stopped.rounds if stopped else args.rounds,
+                                      variants="stock, and the same model after dispatch.patch (LM head left as is)"))
     print("\n".join([f"e2e {name}: {out}/{E2E_FILE}", *ratio_lines(rows)]))
+    if stopped is not None:
+        raise Interrupted(f"interrupted after {stopped.rounds} of {args.rounds} rounds; their rows are in "
+                          f"{out / E2E_FILE}", stopped.signum)
     return 0
 
 

@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from bench.gpu import REL_ERR_BOUND
 from bench.stats import rel_err, summary
-from harness.errors import HarnessError
+from harness.errors import HarnessError, signal_of
 
 E2E_FILE = "e2e.csv"
 COLUMNS = ("model", "step", "tokens", "variant", "status", "reason", "us", "us_p20", "us_p80", "samples",
@@ -160,12 +160,29 @@ def run_e2e(cfg: E2EConfig) -> list[dict[str, Any]]:
     if clock is not None:  # detached before the timed steps: a wall-timed step must not pay for the profiler
         clock.close()
     rng = random.Random(cfg.seed)
-    for r in range(cfg.rounds):
-        bar.set_postfix_str(f"{cfg.model}: round {r + 1} of {cfg.rounds}")
-        _round(cfg, model, prompts, r, rng, got)
-        bar.update()
-    bar.close()
+    done = 0
+    try:
+        for r in range(cfg.rounds):
+            bar.set_postfix_str(f"{cfg.model}: round {r + 1} of {cfg.rounds}")
+            _round(cfg, model, prompts, r, rng, got)
+            done += 1
+            bar.update()
+    except KeyboardInterrupt as exc:
+        if not done:
+            raise
+        got.samples = {key: samples[:done] for key, samples in got.samples.items()}  # whole rounds only
+        raise RoundsInterrupted(_rows(cfg, got, split, split_why), done, signal_of(exc)) from None
+    finally:
+        bar.close()
     return _rows(cfg, got, split, split_why)
+
+
+class RoundsInterrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM after at least one whole round: the rows of the rounds that finished."""
+
+    def __init__(self, rows: list[dict[str, Any]], rounds: int, signum: int):
+        super().__init__()
+        self.rows, self.rounds, self.signum = rows, rounds, signum
 
 
 @contextmanager

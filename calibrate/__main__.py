@@ -222,6 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_e2e.add_argument("--forward", metavar="DIR",
                        help="a measured forward of the same model and layout (bench forward --layout transformers "
                             "--paths aten,dispatch), on the same GPU: adds each step's prediction")
+    p_e2e.add_argument("--partial", **partial)
     p_vllm = sub.add_parser("vllm", parents=[gpu_of_runs],
                             help="the answer in vLLM's terms from measured forwards: vLLM default, its flag, the seed"
                                  " PR's rule, the best single threshold and the table")
@@ -766,7 +767,7 @@ def _table_cmd(args) -> int:
 def _e2e_cmd(args) -> int:
     from calibrate.e2e_terms import check_same_layers, load_e2e, predictions
     from calibrate.e2e_terms import E2E_MARGIN
-    df, info = load_e2e(args.results)
+    df, info = load_e2e(args.results, args.partial)
     fdf = None
     if args.forward:
         fdf, finfo = load_forward(args.forward)

@@ -28,12 +28,16 @@ STEP_REGIME = {"prefill": "eager", "generate": "eager", "decode-graph": "graph"}
 E2E_MARGIN = 0.01  # the band around 1 within which a step's interval says SAME
 
 
-def load_e2e(folder: str | Path) -> tuple[pd.DataFrame, dict[str, Any]]:
+def load_e2e(folder: str | Path, partial: bool = False) -> tuple[pd.DataFrame, dict[str, Any]]:
+    """e2e.csv and its run.json, validated; a run that was interrupted only with `partial`."""
     p = Path(folder)
     csv = p / "e2e.csv"
     if not csv.is_file():
         raise HarnessError(f"{p} holds no e2e.csv; pass a folder that python -m bench e2e wrote")
     info = read_json_object(p / "run.json", "run.json", "pass the folder bench e2e wrote, with its run.json")
+    if info.get("status", "complete") != "complete" and not partial:
+        raise HarnessError(f"{p} was interrupted after {info.get('rounds_done', '?')} of {info.get('rounds', '?')} "
+                           f"rounds; no verdict on it (pass --partial to judge what it holds)")
     df = pd.read_csv(csv)
     missing = [c for c in ("model", "step", "tokens", "variant", "status", "us") if c not in df.columns]
     if missing:

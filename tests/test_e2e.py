@@ -263,3 +263,34 @@ def test_a_sample_is_the_fastest_of_its_repeats_and_the_variants_alternate(tmp_p
         assert a != b and block == [a, b, b, a, a, b]
     # the first variant of each round gets 2.0, the second 3.0; the order is shuffled per round
     assert {tuple(sorted(r["samples_us"])) for r in timed.values()} <= {(2.0, 3.0), (2.0, 2.0), (3.0, 3.0)}
+
+
+def test_an_interrupt_after_a_round_keeps_the_whole_rounds_and_calibrate_wants_partial(tmp_path, monkeypatch):
+    """Ctrl-C or SIGTERM in round 2: the rows of round 1 (one sample each, the half-done round dropped); before any
+    round finished, nothing. calibrate e2e gives no verdict on an interrupted run unless --partial."""
+    import bench.e2e as e2e
+    from calibrate.e2e_terms import load_e2e
+    from harness.errors import HarnessError, Terminated
+    real = e2e._round
+
+    def stop_in_round_2(cfg, model, prompts, r, rng, got):
+        if r == 1:
+            got.samples[("prefill", 4, "stock")].append(1.0)  # a half-done round
+            raise Terminated()
+        real(cfg, model, prompts, r, rng, got)
+    monkeypatch.setattr(e2e, "_round", stop_in_round_2)
+    cfg = e2e.E2EConfig("tiny", TINY, tmp_path, layers=1, prefill=(4,), generate_tokens=2, rounds=3, repeats=1,
+                        device="cpu")
+    with pytest.raises(e2e.RoundsInterrupted) as stop:
+        e2e.run_e2e(cfg)
+    assert stop.value.rounds == 1 and stop.value.signum == 15
+    assert all(r["samples"] == 1 for r in stop.value.rows if r["status"] == "ok")
+    e2e.write_e2e(tmp_path / "out", stop.value.rows, {"kind": "e2e", "status": "interrupted", "rounds": 3,
+                                                      "rounds_done": 1})
+    with pytest.raises(HarnessError, match="interrupted after 1 of 3 rounds; no verdict on it .*--partial"):
+        load_e2e(tmp_path / "out")
+    assert not load_e2e(tmp_path / "out", partial=True)[0].empty
+    monkeypatch.setattr(e2e, "_round", lambda *a: (_ for _ in ()).throw(KeyboardInterrupt()))
+    with pytest.raises(KeyboardInterrupt) as first:
+        e2e.run_e2e(cfg)
+    assert not isinstance(first.value, e2e.RoundsInterrupted)
