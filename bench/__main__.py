@@ -345,14 +345,16 @@ def _e2e(args, profile, command: list[str]) -> int:
                                  repeats=args.repeats))
     except RoundsInterrupted as exc:
         rows, stopped = exc.rows, exc
-    with signals_deferred():  # the fingerprint after the run: its imports stay out of the kernel split's way
+    with signals_deferred():  # run.json is written after the run, as before; `started` is when it began
         write_e2e(out, rows, run_info(command, kind="e2e", profile=profile.name, model=name, layers=args.layers,
                                       prefill=list(prefill), tokens=args.tokens, rounds=args.rounds,
                                       repeats=args.repeats, table_file=args.table, started=started,
                                       status="interrupted" if stopped else "complete",
                                       rounds_done=stopped.rounds if stopped else args.rounds,
                                       variants="stock, and the same model after dispatch.patch (LM head left as is)"))
-    print("\n".join([f"e2e {name}: {out}/{E2E_FILE}", *ratio_lines(rows)]))
+    print("\n".join([f"e2e {name}: {out}/{E2E_FILE}", *ratio_lines(rows),
+                     f"  next: python -m calibrate e2e {out}{' --partial' if stopped else ''}   (each step's interval "
+                     f"and verdict)"]))
     if stopped is not None:
         raise Interrupted(f"interrupted after {stopped.rounds} of {args.rounds} rounds; their rows are in "
                           f"{out / E2E_FILE}", stopped.signum)

@@ -1,15 +1,15 @@
 """(GPU) End to end in transformers' own model: the stock model against the same model served by dispatch.patch.
 
-One model built from a catalog config with random weights (bf16), patched and unpatched in turn (the same weights,
-so the memory of one model), in rounds whose variant order is shuffled: eager prefill at several lengths, eager
-greedy generate, and one decode step captured in a CUDA graph with a static cache (where the dispatcher's graph
-choices run). Within a round each step's timed calls alternate between the variants, and each sample is the fastest
-of a few calls: the eager steps of a model whose reference kernels are Python are host-bound, and a host's slow phases and
-single slow calls move them by far more than the linears do. Before the rounds, replays of that step are split by kernel (bench.e2e_kernels: what the changed
-linears took, and the rest). Each row is one (step, tokens, variant) with its samples; the logits of both variants
-at the first prefill length are compared with those of the model run in fp32, a layer at a time (LOGITS_FACTOR), and
-each patched linear with F.linear in fp32 on its own input. transformers is an optional extra (pip install -e
-'.[e2e]').
+One model built from a catalog config with random weights (bf16), patched and unpatched in turn (the same weights, so
+the memory of one model), in rounds whose variant order is shuffled: eager prefill at several lengths, eager greedy
+generate, and one decode step captured in a CUDA graph with a static cache (where the dispatcher's graph choices run).
+Within a round each step's timed calls alternate between the variants, and each sample is the fastest of a few calls:
+the eager steps of a model whose reference kernels are Python are host-bound, and a host's slow phases and single slow
+calls move them by far more than the linears do. Before the rounds, replays of that step are split by kernel
+(bench.e2e_kernels: what the changed linears took, and the rest). Each row is one (step, tokens, variant) with its
+samples; the logits of both variants at the first prefill length are compared with those of the model run in fp32, a
+layer at a time (LOGITS_FACTOR), and each patched linear with F.linear in fp32 on its own input. transformers is an
+optional extra (pip install -e '.[e2e]').
 """
 from __future__ import annotations
 
@@ -220,7 +220,7 @@ def _round(cfg: E2EConfig, model, prompts: dict[int, Any], r: int, rng: random.R
     steps = [("prefill", n, (lambda ids=ids: model(ids)), True) for n, ids in prompts.items()]
     steps.append(("generate", cfg.generate_tokens, gen_fn, r == 0))
     for step, n, fn, warm in steps:
-        def call(variant: str, fn=fn, timed: bool = True) -> float:
+        def call(variant: str, fn=fn, timed: bool = True) -> Any:
             with _as_variant(model, variant, got), torch.no_grad():
                 return _timed(fn, sync) if timed else fn()
         if warm:  # allocator and lazy init outside the timed calls

@@ -765,8 +765,7 @@ def _table_cmd(args) -> int:
 
 
 def _e2e_cmd(args) -> int:
-    from calibrate.e2e_terms import check_same_layers, load_e2e, predictions
-    from calibrate.e2e_terms import E2E_MARGIN
+    from calibrate.e2e_terms import E2E_MARGIN, check_same_layers, load_e2e, predictions
     df, info = load_e2e(args.results, args.partial)
     fdf = None
     if args.forward:
