@@ -497,6 +497,14 @@ def hopeless_after(rows: list[dict[str, Any]], m: int, factor: float | None) -> 
     return out
 
 
+def skip_reason_at(p: GemmPath, shape: Shape, m: int, sm: int, skip_unchoosable: bool,
+                   hopeless: str | None = None) -> str | None:
+    """Why a path is not timed at (shape, M), or None: it cannot run here, it cannot matter above an M where it lost
+    (hopeless, known only during a run), or the dispatcher cannot choose it (where those are skipped)."""
+    return (p.skip_reason(sm, shape.n, shape.k, m) or hopeless
+            or (unchoosable_reason(p) if skip_unchoosable else None))
+
+
 def split_runnable(paths: list[GemmPath], shape: Shape, m: int, sm: int, done: set[tuple], timer: str,
                    hopeless: dict[str, str] | None = None, skip_unchoosable: bool = False
                    ) -> tuple[list[GemmPath], list[dict[str, Any]]]:
@@ -506,8 +514,7 @@ def split_runnable(paths: list[GemmPath], shape: Shape, m: int, sm: int, done: s
     for p in paths:
         if (shape.n, shape.k, m, p.name) in done:
             continue
-        reason = (p.skip_reason(sm, shape.n, shape.k, m) or (hopeless or {}).get(p.name)
-                  or (unchoosable_reason(p) if skip_unchoosable else None))
+        reason = skip_reason_at(p, shape, m, sm, skip_unchoosable, (hopeless or {}).get(p.name))
         if reason:
             skipped.append({**_shape_fields(shape), "m": m, "path": p.name, "status": "skipped", "reason": reason,
                             "timer": timer})
@@ -658,14 +665,15 @@ def dry_run(cfg: SweepConfig) -> str:
         reasons: dict[str, int] = {}
         runs = 0
         for shape in cfg.shapes:
-            unchoosable = unchoosable_reason(p) if cfg.skip_unchoosable else None
-            ms = [m for m in cfg.ms_of(shape) if not (unchoosable or p.skip_reason(sm, shape.n, shape.k, m))]
-            runs += len(ms)
+            ms = []
             for m in cfg.ms_of(shape):
-                reason = p.skip_reason(sm, shape.n, shape.k, m) or unchoosable
+                reason = skip_reason_at(p, shape, m, sm, cfg.skip_unchoosable)
                 if reason:
                     key = reason.split(", N =")[0].split(", K =")[0].split(", this GPU")[0]
                     reasons[key] = reasons.get(key, 0) + 1
+                else:
+                    ms.append(m)
+            runs += len(ms)
             tuned = p.backend is not None and (p.tune_by_default or cfg.tune_all) and cfg.tune and ms
             first = p.backend is not None and next(q for q in cfg.paths if q.backend is p.backend) is p
             tunings += bool(tuned and first and cfg.autotune_cache is None)
