@@ -19,6 +19,7 @@ from typing import Any
 
 import pandas as pd
 
+from bench.results import samples_ok
 from calibrate.analysis import paired_ratio_ci, parse_samples, ratio_ci, verdict
 from dispatch.backends import ATEN, DISPATCH
 from harness.errors import HarnessError
@@ -48,6 +49,9 @@ def load_e2e(folder: str | Path, partial: bool = False) -> tuple[pd.DataFrame, d
     if not (us > 0).all() or us.isna().any() or tokens.isna().any() or (tokens != tokens.round()).any():
         raise HarnessError(f"{csv}: an ok row has no positive time, or a row's tokens are not an integer; restore "
                            f"the file bench e2e wrote or run it again")
+    if "samples_us" in df.columns and not df.loc[ok, "samples_us"].map(samples_ok).all():
+        raise HarnessError(f"{csv}: an ok row's samples_us is not ';'-separated positive numbers; restore the file "
+                           f"bench e2e wrote or run it again")
     return df, info
 
 

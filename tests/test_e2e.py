@@ -92,6 +92,11 @@ def test_an_e2e_file_with_a_nan_time_is_one_line(tmp_path):
     (tmp_path / "run.json").write_text("{}")
     with pytest.raises(HarnessError, match="no positive time"):
         load_e2e(tmp_path)
+    for samples in ("12;abc", "12;nan", "12;-3"):  # the verdict is computed from the samples
+        (tmp_path / "e2e.csv").write_text(f"model,step,tokens,variant,status,us,samples_us\nA,prefill,8,stock,ok,12,"
+                                          f"{samples}\n")
+        with pytest.raises(HarnessError, match="samples_us is not ';'-separated positive numbers"):
+            load_e2e(tmp_path)
 
 
 def test_a_forward_of_other_decoder_layers_is_refused():
