@@ -136,6 +136,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_e2e.add_argument("--repeats", type=int_in(1, 100), default=3,
                        help="timed calls per sample; the sample is the fastest (default 3)")
     p_e2e.add_argument("--table", metavar="FILE", help="the table the patched model runs (default: the profile's)")
+    p_e2e.add_argument("--control", action="store_true",
+                       help="an A/A run: the patched model's table has no ranges, so both variants run F.linear's "
+                            "kernels and only the bound layers differ; its ratios are this host's noise, for "
+                            "calibrate e2e --control")
     p_e2e.add_argument("--out", required=True, help="results folder: e2e.csv and run.json")
     p_fw = sub.add_parser("forward", parents=[gpu, tactics],
                           help="per-forward linear time of whole models, CUDA graph and eager, per path")
@@ -332,7 +336,9 @@ def _e2e(args, profile, command: list[str]) -> int:
     out = output_dir(args.out, "--out")
     if (out / E2E_FILE).exists():
         raise HarnessError(f"{out / E2E_FILE} exists; choose another --out")
-    table = _table(args.table, profile.name) if args.table else None
+    if args.control and args.table:
+        raise HarnessError("--control runs a table of no ranges; it excludes --table, pass one of them")
+    table = _table(args.table, profile.name) if args.table else no_ranges(profile) if args.control else None
     require_gpu(profile)  # before any file system change
     import dispatch
     dispatch.configure(table)
@@ -348,11 +354,14 @@ def _e2e(args, profile, command: list[str]) -> int:
     with signals_deferred():  # run.json is written after the run, as before; `started` is when it began
         write_e2e(out, rows, run_info(command, kind="e2e", profile=profile.name, model=name, layers=args.layers,
                                       prefill=list(prefill), tokens=args.tokens, rounds=args.rounds,
-                                      repeats=args.repeats, table_file=args.table, started=started,
+                                      repeats=args.repeats, table_file=args.table, control=args.control,
+                                      started=started,
                                       status="interrupted" if stopped else "complete",
                                       rounds_done=stopped.rounds if stopped else args.rounds,
                                       variants="stock, and the same model after dispatch.patch (LM head left as is)"))
     print("\n".join([f"e2e {name}: {out}/{E2E_FILE}", *ratio_lines(rows),
+                     f"  next: python -m calibrate e2e RUN --control {out}   (this host's noise as each step's margin)"
+                     if args.control else
                      f"  next: python -m calibrate e2e {out}{' --partial' if stopped else ''}   (each step's interval "
                      f"and verdict)"]))
     if stopped is not None:
@@ -383,6 +392,13 @@ def _vllm_tokens(args, profile) -> int | None:
     if args.no_tune or args.autotune_cache:
         raise HarnessError("--tuning vllm tunes; it contradicts --no-tune and --autotune-cache; pass one of them")
     return args.max_num_batched_tokens or profile.server.max_num_batched_tokens
+
+
+def no_ranges(profile):
+    """The A/A control's table: no range in either regime, so every bound layer runs F.linear."""
+    from dispatch.table import ThresholdTable
+    return ThresholdTable.from_thresholds(profile.name, profile.low_m_backend, 0,
+                                          source={"note": "no ranges: an A/A control (bench e2e --control)"})
 
 
 def _table(path: str, profile: str):

@@ -222,6 +222,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_e2e.add_argument("--forward", metavar="DIR",
                        help="a measured forward of the same model and layout (bench forward --layout transformers "
                             "--paths aten,dispatch), on the same GPU: adds each step's prediction")
+    p_e2e.add_argument("--control", metavar="DIR", nargs="+",
+                       help="A/A runs of the same model (bench e2e --control) on the same GPU: each step's margin "
+                            "becomes the farthest their medians moved from 1 (at least 1%%)")
     p_e2e.add_argument("--partial", **partial)
     p_vllm = sub.add_parser("vllm", parents=[gpu_of_runs],
                             help="the answer in vLLM's terms from measured forwards: vLLM default, its flag, the seed"
@@ -765,8 +768,19 @@ def _table_cmd(args) -> int:
 
 
 def _e2e_cmd(args) -> int:
-    from calibrate.e2e_terms import E2E_MARGIN, check_same_layers, load_e2e, predictions
+    from calibrate.e2e_terms import E2E_MARGIN, check_same_layers, control_margins, load_e2e, predictions
     df, info = load_e2e(args.results, args.partial)
+    margins = None
+    if args.control:
+        controls = []
+        for folder in args.control:
+            cdf, cinfo = load_e2e(folder)
+            if (cinfo.get("layers") or None) != (info.get("layers") or None):
+                raise HarnessError(f"{folder} ran --layers {cinfo.get('layers') or 'all'}, {args.results} --layers "
+                                   f"{info.get('layers') or 'all'}; run the control with the same --layers")
+            _check_gpu(cinfo, _profile_of(info, None), folder)
+            controls.append((folder, cdf))
+        margins = control_margins(df, controls)
     fdf = None
     if args.forward:
         fdf, finfo = load_forward(args.forward)
@@ -775,12 +789,13 @@ def _e2e_cmd(args) -> int:
         if finfo.get("layout", "vllm") != "transformers":
             raise HarnessError(f"{args.forward} measured vLLM's layout; an e2e run of transformers' model needs a "
                                f"forward of --layout transformers")
-    table = predictions(df, fdf)
+    table = predictions(df, fdf, margins)
     if table.empty:
         raise HarnessError(f"{args.results} has no step measured in both variants")
     print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     print(f"\nper_round: median of the rounds' patched / stock, [lo, hi] its 95% bootstrap interval; SAME within "
-          f"±{E2E_MARGIN:.0%}")
+          + (f"±margin: the farthest the {len(args.control)} control run(s)' medians moved from 1, at least "
+             f"{E2E_MARGIN:.0%}" if margins is not None else f"±{E2E_MARGIN:.0%}"))
     return 0
 
 

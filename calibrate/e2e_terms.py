@@ -9,7 +9,10 @@ per token, its prompt aside.
 
 Each step also gets a verdict on its own samples: the rounds pair a patched sample with a stock one, and the median
 of their ratios has a bootstrap interval (calibrate.analysis.paired_ratio_ci); SLOWER or FASTER only when the whole
-interval is beyond E2E_MARGIN, SAME when it lies within it, AMBIGUOUS otherwise.
+interval is beyond the margin, SAME when it lies within it, AMBIGUOUS otherwise. The margin is E2E_MARGIN, or, with
+A/A control runs (bench e2e --control: the same model, both variants on F.linear's kernels), the farthest a control's
+median moved from 1 at that step, where that is more: an eager step's median moves between runs by more than one run's
+interval shows.
 """
 from __future__ import annotations
 
@@ -76,7 +79,32 @@ def step_verdict(stock: Any, patched: Any, margin: float = E2E_MARGIN) -> dict[s
     return {"ratio": ratio, "lo": lo, "hi": hi, "verdict": verdict(lo, hi, margin), "rounds": min(len(a), len(b))}
 
 
-def predictions(e2e: pd.DataFrame, forward: pd.DataFrame | None = None) -> pd.DataFrame:
+def control_margins(e2e: pd.DataFrame, controls: list[tuple[str, pd.DataFrame]]) -> dict[tuple[str, int], float]:
+    """Per (step, tokens) of the e2e run: the largest |median per-round ratio - 1| over the A/A control runs, at least
+    E2E_MARGIN. A control must be of the same model, have every step of the run, and show patched logits equal to
+    the stock ones (else it changed kernels and is no A/A run)."""
+    models = set(e2e["model"])
+    margins: dict[tuple[str, int], float] = {}
+    for where, c in controls:
+        if set(c["model"]) != models:
+            raise HarnessError(f"{where} ran {', '.join(sorted(set(c['model'])))}, not {', '.join(sorted(models))}; "
+                               f"pass a control run of the same model (bench e2e --control)")
+        patched = c[c["variant"] == "patched"]
+        if "logits_rel_err" not in c.columns or not (pd.to_numeric(patched["logits_rel_err"]) == 0).all():
+            raise HarnessError(f"{where}: the patched logits differ from the stock ones, so it is no A/A run; make "
+                               f"one with bench e2e --control")
+        judged = predictions(c).set_index(["step", "tokens"])["per_round"]
+        for key in e2e[e2e["status"] == "ok"].groupby(["step", "tokens"]).groups:
+            key = (str(key[0]), int(key[1]))
+            if key not in judged.index or math.isnan(judged[key]):
+                raise HarnessError(f"{where} has no {key[0]} at {key[1]} tokens in both variants; run the control "
+                                   f"with the same --prefill and --tokens")
+            margins[key] = max(margins.get(key, E2E_MARGIN), abs(float(judged[key]) - 1))
+    return margins
+
+
+def predictions(e2e: pd.DataFrame, forward: pd.DataFrame | None = None,
+                margins: dict[tuple[str, int], float] | None = None) -> pd.DataFrame:
     """Per measured step: measured patched / stock (the ratio of the medians), the per-round ratio with its interval
     and verdict (step_verdict), and, with a forward, the linears' dispatch / aten at that M and regime, their share
     of the stock step and the predicted ratio (NaN where the forward did not measure that M). In the graph regime,
@@ -84,7 +112,8 @@ def predictions(e2e: pd.DataFrame, forward: pd.DataFrame | None = None) -> pd.Da
     linears' kernels overlapped (programmatic dependent launch), which a model with other kernels between its linears
     need not repeat, so the prediction may then overstate the gain. Where the e2e split its captured step by kernel,
     in_step_linears_saved is what the changed linears' kernels saved inside the step and in_step_rest_moved what the
-    other kernels' time moved, each as a share of the stock step."""
+    other kernels' time moved, each as a share of the stock step. margins (control_margins): each step's margin,
+    added as a column."""
     ok = e2e[e2e["status"] == "ok"]
     fw = forward[forward["status"] == "ok"] if forward is not None else None
     rows = []
@@ -93,10 +122,11 @@ def predictions(e2e: pd.DataFrame, forward: pd.DataFrame | None = None) -> pd.Da
         if not {"stock", "patched"} <= set(by.index):
             continue
         samples = g.set_index("variant")["samples_us"] if "samples_us" in g.columns else None
-        judged = step_verdict(samples["stock"], samples["patched"]) if samples is not None else step_verdict("", "")
+        margin = (margins or {}).get((str(step), int(tokens)), E2E_MARGIN)
+        judged = step_verdict(*((samples["stock"], samples["patched"]) if samples is not None else ("", "")), margin)
         row = {"model": model, "step": step, "tokens": int(tokens), "measured": by["patched"] / by["stock"],
                "per_round": judged["ratio"], "lo": judged["lo"], "hi": judged["hi"], "verdict": judged["verdict"],
-               "rounds": judged["rounds"]}
+               "rounds": judged["rounds"], **({"margin": margin} if margins is not None else {})}
         if fw is not None:
             row.update(_predicted(fw, model, step, int(tokens), float(by["stock"])))
         saved, moved = _in_step(g)

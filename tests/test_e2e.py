@@ -299,3 +299,65 @@ def test_an_interrupt_after_a_round_keeps_the_whole_rounds_and_calibrate_wants_p
     with pytest.raises(KeyboardInterrupt) as first:
         e2e.run_e2e(cfg)
     assert not isinstance(first.value, e2e.RoundsInterrupted)
+
+
+def _e2e_frame(model: str, stock: list[float], patched: list[float], logits_rel_err: float = 0.0,
+               steps=(("prefill", 8), ("generate", 4))):
+    import pandas as pd
+    return pd.DataFrame([{"model": model, "step": step, "tokens": n, "variant": v, "status": "ok", "us": 100.0,
+                          "samples_us": ";".join(map(str, s)), "logits_rel_err": logits_rel_err if v == "patched"
+                          else 0.0} for step, n in steps for v, s in (("stock", stock), ("patched", patched))])
+
+
+def test_a_control_run_sets_each_steps_margin_from_its_medians_move():
+    """A/A runs (bench e2e --control) widen a step's SAME band to the farthest their medians moved from 1: a step 3%
+    slower in every round is SLOWER against the 1% margin and SAME against a control whose median moved 4%. A
+    control of another model, one whose patched logits differ (no A/A run) or one lacking a step is refused."""
+    from calibrate.e2e_terms import E2E_MARGIN, control_margins, predictions
+    from harness.errors import HarnessError
+    stock = [100.0, 140.0, 90.0, 120.0, 100.0, 150.0, 95.0, 110.0]
+    run = _e2e_frame("A", stock, [1.03 * s for s in stock])
+    quiet = _e2e_frame("A", stock, [1.002 * s for s in stock])
+    moved = _e2e_frame("A", stock, [0.96 * s for s in stock])
+    assert set(predictions(run)["verdict"]) == {"SLOWER"}
+    margins = control_margins(run, [("quiet", quiet), ("moved", moved)])
+    assert margins == {("prefill", 8): pytest.approx(0.04), ("generate", 4): pytest.approx(0.04)}
+    assert control_margins(run, [("quiet", quiet)]) == {("prefill", 8): E2E_MARGIN, ("generate", 4): E2E_MARGIN}
+    judged = predictions(run, margins=margins)
+    assert set(judged["verdict"]) == {"SAME"} and list(judged["margin"]) == pytest.approx([0.04, 0.04])
+    with pytest.raises(HarnessError, match="ran B, not A; pass a control run of the same model"):
+        control_margins(run, [("other", _e2e_frame("B", stock, stock))])
+    with pytest.raises(HarnessError, match="patched logits differ from the stock ones, so it is no A/A run"):
+        control_margins(run, [("real", _e2e_frame("A", stock, stock, logits_rel_err=0.002))])
+    with pytest.raises(HarnessError, match="has no generate at 4 tokens in both variants; run the control with the "
+                                           "same --prefill and --tokens"):
+        control_margins(run, [("short", _e2e_frame("A", stock, stock, steps=(("prefill", 8),)))])
+
+
+def test_calibrate_e2e_control_from_the_command_line(tmp_path, capsys):
+    """calibrate e2e RUN --control DIR prints each step's margin; a control of other --layers is one line."""
+    from bench.e2e import write_e2e
+    from calibrate.__main__ import main
+    from harness.errors import HarnessError
+    stock = [100.0, 140.0, 90.0, 120.0, 100.0, 150.0, 95.0, 110.0]
+    fp = {"fingerprint": {"gpu_name": "NVIDIA H200", "sm": 90}, "kind": "e2e", "profile": "h200"}
+    for name, factor, layers in (("run", 1.03, None), ("aa", 0.96, None), ("aa-2", 1.0, 2)):
+        write_e2e(tmp_path / name, _e2e_frame("A", stock, [factor * s for s in stock]).to_dict("records"),
+                  {**fp, "layers": layers})
+    assert main(["e2e", str(tmp_path / "run"), "--control", str(tmp_path / "aa")]) == 0
+    out = capsys.readouterr().out
+    assert "margin" in out.splitlines()[0] and "SAME within ±margin" in out and "SLOWER" not in out
+    with pytest.raises(HarnessError, match="ran --layers 2, .* --layers all; run the control with the same --layers"):
+        main(["e2e", str(tmp_path / "run"), "--control", str(tmp_path / "aa-2")])
+
+
+def test_bench_e2e_control_runs_a_table_of_no_ranges_and_excludes_table(tmp_path):
+    from bench.__main__ import main, no_ranges
+    from harness.errors import HarnessError
+    from dispatch.profiles import get_profile
+    table = no_ranges(get_profile("h200"))
+    assert all(table.choose(n, 2048, m, r) == "aten" for n in (1, 4096) for m in (1, 64, 16384)
+               for r in ("graph", "eager"))
+    with pytest.raises(HarnessError, match="--control runs a table of no ranges; it excludes --table"):
+        main(["e2e", "--gpu", "h200", "--control", "--table", "x.json", "--out", str(tmp_path / "o")])
+    assert not (tmp_path / "o").exists()

@@ -89,3 +89,18 @@ def test_the_variant_run_first_is_not_the_faster_one():
             half = {who: statistics.median(r for r, o in zip(ratio, order) if o == who) for who in ("stock", "patched")}
             moves.append(half["patched"] - half["stock"])
     assert min(moves) < 0 < max(moves)
+
+
+@pytest.mark.evidence
+def test_the_a_a_runs_as_controls():
+    """calibrate e2e --control with both A/A runs: margins 2.6%, 3.8%, 1.9% and 6.5%; both 4B runs' prefill at 128
+    tokens SAME, the other eager steps AMBIGUOUS."""
+    from calibrate.e2e_terms import control_margins
+    controls = [(f.name, load_e2e(f)[0]) for f in (Z_AA, Z_AA2)]
+    for run in (Z4, Z4_B):
+        df = load_e2e(run)[0]
+        margins = control_margins(df, controls)
+        assert {k: round(v, 3) for k, v in margins.items() if k[0] != "decode-graph"} == {
+            ("prefill", 8): 0.026, ("prefill", 128): 0.038, ("prefill", 1031): 0.019, ("generate", 24): 0.065}
+        v = predictions(df, margins=margins).set_index(["step", "tokens"])["verdict"]
+        assert v[("prefill", 128)] == "SAME" and set(v[[k for k in EAGER if k != ("prefill", 128)]]) == {"AMBIGUOUS"}
