@@ -6,7 +6,7 @@ import statistics
 from pathlib import Path
 
 import pytest
-from test_evidence_machines_wx import gpu_uuid
+from test_evidence_machines_wx import gpu_uuid, gpus_in
 
 from calibrate.e2e_terms import load_e2e, predictions
 from calibrate.forward_model import load_forward
@@ -24,8 +24,7 @@ def _verdicts(folder: Path, forward: Path | None = None):
 
 @pytest.mark.evidence
 def test_z_is_a_new_gpu_and_ran_the_final_code():
-    earlier = {t for p in EVIDENCE.glob("*/gpu-machine-[A-Y].txt") for t in p.read_text().replace(",", " ").split()
-               if t.startswith("GPU-")}
+    earlier = gpus_in("gpu-machine-[A-Y].txt")
     z = {gpu_uuid(f / "gpu-machine-Z.txt") for f in RUNS}
     assert len(z) == 1 and not z & earlier
     for f in RUNS:

@@ -20,14 +20,19 @@ def gpu_uuid(path: Path) -> str:
     return next(t for t in path.read_text().replace(",", " ").split() if t.startswith("GPU-"))
 
 
+def gpus_in(pattern: str) -> set[str]:
+    """Every GPU UUID in the evidence/*/<pattern> files (gpu-machine-*.txt)."""
+    return {t for p in EVIDENCE.glob(f"*/{pattern}") for t in p.read_text().replace(",", " ").split()
+            if t.startswith("GPU-")}
+
+
 def _verdicts(folder: Path):
     return predictions(load_e2e(folder)[0]).set_index(["step", "tokens"])
 
 
 @pytest.mark.evidence
 def test_machines_w_and_x_are_new_gpus():
-    earlier = {line for p in EVIDENCE.glob("*/gpu-machine-[A-V].txt") for line in p.read_text().replace(",", "\n").split()
-               if line.startswith("GPU-")}
+    earlier = gpus_in("gpu-machine-[A-V].txt")
     w, x = gpu_uuid(W_NEW_FW / "gpu-machine-W.txt"), gpu_uuid(X4 / "gpu-machine-X.txt")
     assert w != x and not {w, x} & earlier
     assert {gpu_uuid(f / "gpu-machine-W.txt") for f in (W_OLD_FW, W4, W35)} == {w}

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from test_evidence_machines_wx import gpu_uuid
+from test_evidence_machines_wx import gpu_uuid, gpus_in
 
 from bench.results import load_results
 from calibrate.baseline import REGRESSION_MS, cells_from_results, compare, load_baseline, merge_runs
@@ -38,8 +38,7 @@ def _run_h_baseline(tmp_path: Path):
 
 @pytest.mark.evidence
 def test_z2_and_z3_are_new_gpus():
-    earlier = {t for p in EVIDENCE.glob("*/gpu-machine-[A-Z].txt") for t in p.read_text().replace(",", " ").split()
-               if t.startswith("GPU-")}
+    earlier = gpus_in("gpu-machine-[A-Z].txt")
     z2, z3 = gpu_uuid(Z2 / "gpu-machine-Z2.txt"), gpu_uuid(Z3 / "gpu-machine-Z3.txt")
     assert z2 != z3 and not {z2, z3} & earlier
 
