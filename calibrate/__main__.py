@@ -224,7 +224,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                             "--paths aten,dispatch), on the same GPU: adds each step's prediction")
     p_e2e.add_argument("--control", metavar="DIR", nargs="+",
                        help="A/A runs of the same model (bench e2e --control) on the same GPU: each step's margin "
-                            "becomes the farthest their medians moved from 1 (at least 1%%)")
+                            "becomes the farthest their medians moved from 1 (at least 1%%); --partial also admits "
+                            "interrupted ones")
     p_e2e.add_argument("--partial", **partial)
     p_vllm = sub.add_parser("vllm", parents=[gpu_of_runs],
                             help="the answer in vLLM's terms from measured forwards: vLLM default, its flag, the seed"
@@ -774,7 +775,7 @@ def _e2e_cmd(args) -> int:
     if args.control:
         controls = []
         for folder in args.control:
-            cdf, cinfo = load_e2e(folder)
+            cdf, cinfo = load_e2e(folder, args.partial)
             if (cinfo.get("layers") or None) != (info.get("layers") or None):
                 raise HarnessError(f"{folder} ran --layers {cinfo.get('layers') or 'all'}, {args.results} --layers "
                                    f"{info.get('layers') or 'all'}; run the control with the same --layers")

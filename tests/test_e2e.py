@@ -349,6 +349,11 @@ def test_calibrate_e2e_control_from_the_command_line(tmp_path, capsys):
     assert "margin" in out.splitlines()[0] and "SAME within ±margin" in out and "SLOWER" not in out
     with pytest.raises(HarnessError, match="ran --layers 2, .* --layers all; run the control with the same --layers"):
         main(["e2e", str(tmp_path / "run"), "--control", str(tmp_path / "aa-2")])
+    write_e2e(tmp_path / "aa-cut", _e2e_frame("A", stock, stock).to_dict("records"),
+              {**fp, "status": "interrupted", "rounds": 10, "rounds_done": 8})
+    with pytest.raises(HarnessError, match="interrupted after 8 of 10 rounds"):
+        main(["e2e", str(tmp_path / "run"), "--control", str(tmp_path / "aa-cut")])
+    assert main(["e2e", str(tmp_path / "run"), "--control", str(tmp_path / "aa-cut"), "--partial"]) == 0
 
 
 def test_bench_e2e_control_runs_a_table_of_no_ranges_and_excludes_table(tmp_path):
