@@ -88,6 +88,10 @@ def test_the_variant_run_first_is_not_the_faster_one():
             half = {who: statistics.median(r for r, o in zip(ratio, order) if o == who) for who in ("stock", "patched")}
             moves.append(half["patched"] - half["stock"])
     assert min(moves) < 0 < max(moves)
+    rows = load_e2e(Z_AA)[0]
+    gen = rows[(rows["step"] == "generate") & (rows["variant"] == "stock")]["samples_us"].iloc[0]
+    seconds = [float(x) / 1e6 for x in gen.split(";")]
+    assert (round(min(seconds), 2), round(max(seconds), 2)) == (1.05, 1.65)
 
 
 @pytest.mark.evidence

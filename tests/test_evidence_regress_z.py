@@ -91,6 +91,11 @@ def test_the_shipped_baseline_is_the_six_runs_and_holds_z3(tmp_path):
     caught = sum(c.gpu_ratio * 1.10 > c.gpu_ratio_hi * (1 + shipped.tolerance) for c in shipped.cells)
     assert caught == 214
     run_h = _run_h_baseline(tmp_path)
+    assert sum(c.gpu_ratio * 1.10 > c.gpu_ratio_hi * (1 + run_h.tolerance) for c in run_h.cells) == 180
+    now = {c.key: c for c in shipped.cells}
+    wider = [((now[c.key].gpu_ratio_hi - now[c.key].gpu_ratio_lo) / now[c.key].gpu_ratio)
+             / ((c.gpu_ratio_hi - c.gpu_ratio_lo) / c.gpu_ratio) for c in run_h.cells]
+    assert (round(statistics.median(wider), 2), round(sorted(wider)[int(0.9 * len(wider))], 2)) == (1.28, 2.04)
     for run in ("new1", "new2", "new3", "old1", "old2", "old3"):
         fresh = [c for c in _cells(Z3 / run) if c.key in {k.key for k in shipped.cells}]
         assert {c.status for c in compare(shipped, fresh) if c.cell.key in {f.key for f in fresh}} == {"ok"}
