@@ -34,8 +34,9 @@ from calibrate.forward_noise import fit_forward_floor, forward_coverage, forward
 from calibrate.l2 import MODES, close_cells, decisions
 from calibrate.noise import LEVEL, coverage, coverage_line, fit_floor, load_noise, noise_path
 from calibrate.regress import measure_runs, regress, regression_paths
-from calibrate.table_pipeline import (FIT_MACHINES, MANIFEST, MAX_FIT_MACHINES, check_stop_after, install, parse_scope,
-                                      legs, pending_legs, plan_text, refit_legs, run_pipeline, supersede_fit)
+from calibrate.table_pipeline import (FIT_MACHINES, MANIFEST, MAX_FIT_MACHINES, check_stop_after,
+                                      fewer_baseline_runs, install, legs, parse_scope, pending_legs, plan_text,
+                                      refit_legs, run_pipeline, supersede_fit)
 from dispatch.profiles import PROFILES, get_profile, matches
 from dispatch.table import REGIMES, TABLE_DIR, ThresholdTable, load_table
 from harness.cli import Parser, float_in, int_in, parent
@@ -745,8 +746,11 @@ def _table_cmd(args) -> int:
         print(plan_text(profile, run, scope, args.machines))
         return 0
     if args.install:
+        fewer = fewer_baseline_runs(profile, run)
         for path in install(profile, run):
             print(f"installed {path}")
+        if fewer:
+            print(f"table: note: {fewer}", file=sys.stderr)
         return 0
     if args.refit:
         late = refit_legs(profile, run)

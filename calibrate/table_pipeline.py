@@ -394,6 +394,24 @@ def run_pipeline(profile: GpuProfile, run: Path, resume: bool, execute: Callable
     return manifest
 
 
+def fewer_baseline_runs(profile: GpuProfile, run: Path) -> str | None:
+    """A note when the run's baseline holds fewer source runs than the shipped one it replaces: a cell with two
+    speeds across processes can then fail make regress on a healthy machine (docs/design.md, Noise floors)."""
+    from calibrate.baseline import baseline_path
+
+    def runs(path: Path) -> int:
+        try:
+            return len(json.loads(path.read_text()).get("sources") or [])
+        except (OSError, ValueError, AttributeError):
+            return 0
+    shipped, new = runs(baseline_path(profile.name)), runs(run / "baseline.json")
+    if new >= shipped:
+        return None
+    return (f"the shipped baseline held {shipped} source runs, this run's holds {new}. To widen it, run make regress "
+            f"with BENCH_REGRESSION_WORK=DIR on other machines, then python -m calibrate baseline --gpu {profile.name} "
+            f"--from {run / 'sweep'} {run / 'check-sweep'} DIR/fresh ... --install")
+
+
 def install(profile: GpuProfile, run: Path) -> list[Path]:
     """The run's table (with its tactics) and baseline as the shipped files: only from a complete run whose
     out-of-sample verdict is PASS. The run's cross-machine floor (noise.json) is installed on its own, where it should

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from calibrate.table_pipeline import MANIFEST, install, legs, plan_text, run_pipeline
+from calibrate.table_pipeline import MANIFEST, fewer_baseline_runs, install, legs, plan_text, run_pipeline
 from dispatch.profiles import get_profile
 from harness.errors import HarnessError
 
@@ -119,6 +119,13 @@ def test_install_writes_the_shipped_files_of_a_passing_run(tmp_path, monkeypatch
     shipped = json.loads((tmp_path / "thresholds" / "h200.json").read_text())
     assert shipped["source"]["tactics"]["file"] == "h200.autotune.json"  # beside it, under its shipped name
     assert shipped["source"]["manifest"]["file"].endswith(MANIFEST) and len(shipped["source"]["manifest"]["sha256"]) == 64
+    # a baseline of fewer source runs than the shipped one gets a note that says how to widen it
+    assert fewer_baseline_runs(H200, run) is None
+    (tmp_path / "baselines" / "h200.json").write_text(json.dumps({"sources": [{}] * 6}))
+    (run / "baseline.json").write_text(json.dumps({"sources": [{}] * 2}))
+    note = fewer_baseline_runs(H200, run)
+    assert note.startswith("the shipped baseline held 6 source runs, this run's holds 2")
+    assert "BENCH_REGRESSION_WORK" in note
 
 
 def test_the_check_waits_for_another_machine_and_resumes_there(tmp_path):
