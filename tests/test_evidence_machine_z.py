@@ -107,3 +107,16 @@ def test_the_a_a_runs_as_controls():
             ("prefill", 8): 0.026, ("prefill", 128): 0.038, ("prefill", 1031): 0.019, ("generate", 24): 0.065}
         v = predictions(df, margins=margins).set_index(["step", "tokens"])["verdict"]
         assert v[("prefill", 128)] == "SAME" and set(v[[k for k in EAGER if k != ("prefill", 128)]]) == {"AMBIGUOUS"}
+
+
+@pytest.mark.evidence
+def test_the_a_a_runs_table_is_the_one_bench_e2e_control_runs():
+    """The A/A runs passed a table file of no ranges; bench e2e --control builds the same table in code."""
+    from bench.__main__ import no_ranges
+    from dispatch.profiles import get_profile
+    from dispatch.table import load_table
+    built = no_ranges(get_profile("h200"))
+    for folder in (Z_AA, Z_AA2):
+        filed = load_table(path=folder / "empty-table.json")
+        assert (filed.profile, filed.low_m_backend, filed.default, filed.shapes, filed.tactics) == (
+            built.profile, built.low_m_backend, built.default, built.shapes, built.tactics)
