@@ -775,6 +775,7 @@ def _table_cmd(args) -> int:
 def _e2e_cmd(args) -> int:
     from calibrate.e2e_terms import E2E_MARGIN, check_same_layers, control_margins, load_e2e, predictions
     df, info = load_e2e(args.results, args.partial)
+    profile = _profile_of(info, None)
     margins = None
     if args.control:
         controls = []
@@ -783,14 +784,14 @@ def _e2e_cmd(args) -> int:
             if (cinfo.get("layers") or None) != (info.get("layers") or None):
                 raise HarnessError(f"{folder} ran --layers {cinfo.get('layers') or 'all'}, {args.results} --layers "
                                    f"{info.get('layers') or 'all'}; run the control with the same --layers")
-            _check_gpu(cinfo, _profile_of(info, None), folder)
+            _check_gpu(cinfo, profile, folder)
             controls.append((folder, cdf))
         margins = control_margins(df, controls)
     fdf = None
     if args.forward:
         fdf, finfo = load_forward(args.forward)
         check_same_layers(info, finfo, args.results, args.forward)
-        _check_gpu(finfo, _profile_of(info, None), args.forward)
+        _check_gpu(finfo, profile, args.forward)
         if finfo.get("layout", "vllm") != "transformers":
             raise HarnessError(f"{args.forward} measured vLLM's layout; an e2e run of transformers' model needs a "
                                f"forward of --layout transformers")
