@@ -17,7 +17,6 @@ from typing import Sequence
 
 import pandas as pd
 
-from bench.autotune_cache import copy as copy_atomic
 from bench.autotune_cache import FILE_NAME, sha256, tactic_differences
 from bench.envinfo import fingerprint
 from bench.results import load_results, load_run_info
@@ -42,7 +41,8 @@ from dispatch.table import REGIMES, TABLE_DIR, ThresholdTable, load_table
 from harness.cli import Parser, float_in, int_in, parent
 from harness.console import terminal
 from harness.errors import HarnessError, run_cli
-from harness.io import (ROOT, atomic_write_text, check_target, claim_work_dir, distinct, output_file, same_gpu,
+from calibrate.install import Artifact, baseline_check, noise_check, shipped_layout, table_check, write_outputs
+from harness.io import (ROOT, atomic_write_text, is_shipped, check_target, claim_work_dir, distinct, output_file, same_gpu,
                         shipped_or_results)
 
 RESULTS = Path("results")  # where a command writes by default: never a shipped file
@@ -513,6 +513,12 @@ def _with_added(results: str, df: pd.DataFrame, info: dict, added: list[str], pa
 def _fit_cmd(args, argv, profile, df, info, cells) -> int:
     out = shipped_or_results(args.out, TABLE_DIR / f"{profile.name}.json", RESULTS / profile.name / "table.json",
                              args.install)
+    if is_shipped(out):
+        want, got = shipped_layout(profile.name), info.get("layout", "vllm")
+        if got != want:
+            raise HarnessError(f"{args.results} measured {got}'s layout; the shipped {profile.name} table covers "
+                               f"{want}'s. Fit it to a file of its own (--out FILE) and give the dispatcher that "
+                               f"file; nothing was written")
     plan_file = output_file(args.plan_refine, "--plan-refine") if args.plan_refine else None
     _sibling_free(out.with_name(out.stem + ".autotune.json"), out, args.install)
     hold_out = _grid_ms(args.hold_out)
@@ -656,9 +662,9 @@ def _fit_cmd(args, argv, profile, df, info, cells) -> int:
           + ")" + (" (incomplete data, --partial)" if df.attrs["incomplete"] else ""))
     print(report.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     if not args.dry_run:
-        if kept.is_file():
-            copy_atomic(kept, tactics_file)
-        atomic_write_text(out, json.dumps(table.to_json(), indent=2) + "\n")
+        write_outputs([*([Artifact(tactics_file, kept.read_bytes(), "the table's tactics")] if kept.is_file() else []),
+                       Artifact(out, (json.dumps(table.to_json(), indent=2) + "\n").encode(), "the table",
+                                table_check(profile.name, shipped_layout(profile.name)))])
         if args.plan_refine:
             from calibrate.segments import cells_spec, refine_cells
             names = {(int(n), int(k)): str(name) for name, n, k in zip(df["shape"], df["n"], df["k"])}
@@ -853,8 +859,8 @@ def _noise_cmd(args) -> int:
         print(coverage_line(coverage(a, b, held), floor.level,
                             f"{args.runs[i + 1]} in {args.runs[i]}" + (", floor from the other pairs" if others else
                                                                       ", in-sample: one pair")))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out, json.dumps(floor.to_json(), indent=2) + "\n")
+    write_outputs([Artifact(out, (json.dumps(floor.to_json(), indent=2) + "\n").encode(), "the noise floor",
+                            noise_check(profile.name))])
     print(f"wrote {out}")
     return 0
 
@@ -884,8 +890,8 @@ def _forward_noise_cmd(args) -> int:
             print(coverage_line(cov[cov["regime"] == regime], floor.level,
                                 f"{regime}, {args.runs[i + 1]} in {args.runs[i]}"
                                 + (", floor from the other pairs" if others else ", in-sample")))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out, json.dumps(floor.to_json(), indent=2) + "\n")
+    write_outputs([Artifact(out, (json.dumps(floor.to_json(), indent=2) + "\n").encode(),
+                            "the forward noise floor", noise_check(profile.name, forward=True))])
     print(f"wrote {out}")
     return 0
 
@@ -1013,9 +1019,7 @@ def _baseline_cmd(args, argv) -> int:
         served = shared_tactics(sources)
         tactics = {"file": cache_file.name, "sha256": sha256(served)} if served else None
         text = baseline_text(profile.name, runs, cells, tactics)
-        if served:
-            copy_atomic(served, cache_file)
-        write_baseline(out, text)
+        write_baseline(out, text, served, baseline_check(profile.name))
         print(f"wrote {out}: {len(cells)} cells from {len(runs)} run(s); "
               + (f"tactics pinned in {cache_file}" if served else
                  "the runs served different FlashInfer tactics, so a regression run tunes afresh"))

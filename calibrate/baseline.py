@@ -205,9 +205,13 @@ def cell_from_json(data: Any) -> BaselineCell:
     return BaselineCell(**cell)
 
 
-def write_baseline(path: Path, text: str) -> Path:
+def write_baseline(path: Path, text: str, tactics: Path | None = None, check=None) -> Path:
+    """The baseline, and the tactics its runs served beside it (autotune_cache_path), both or neither (a shipped
+    baseline through the installer, which reads it back with `check`)."""
+    from calibrate.install import Artifact, write_outputs
     json.loads(text)  # never write a file that cannot be read back
-    atomic_write_text(path, text)
+    write_outputs([*([Artifact(autotune_cache_path(path), Path(tactics).read_bytes(), "the baseline's tactics")]
+                     if tactics else []), Artifact(path, text.encode(), "the baseline", check)])
     return path
 
 

@@ -53,19 +53,50 @@ def machine_legs(machines: int) -> list[str]:
 
 
 def recorded(run: Path) -> dict | None:
-    """A run's manifest as the legs read it: None where there is none yet, {} where it cannot be read."""
-    try:
-        data = json.loads((run / MANIFEST).read_text())
-    except FileNotFoundError:
+    """A run's manifest as the legs read it: None where there is none yet; a damaged one is refused in one line."""
+    if not (run / MANIFEST).exists():
         return None
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+    return _read_manifest(run / MANIFEST)
+
+
+_FIX = "restore it from the run's copy, or start another --run-id"
+# key -> what its value must be; keys not named here are kept as they are
+_MANIFEST_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
+    "profile": ((str,), "a profile name"), "started": ((str,), "a time"), "harness_sha": ((str, type(None)), "a sha"),
+    "legs": ((dict,), "an object of legs"), "fit_machines": ((int,), "an integer"),
+    "machines": ((list,), "a list of machines"), "refits": ((list,), "a list of refits"),
+    "status": ((str,), "a status"), "verdict": ((str, type(None)), "a verdict"),
+    "fitted_on": ((list,), "a list of legs"), "validated_on": ((list,), "a list of legs"),
+    "out_of_machine": ((bool, type(None)), "true, false or null"), "scope": ((dict,), "an object"),
+}
 
 
 def _read_manifest(path: Path) -> dict:
-    """A run's manifest where the run goes on from it (resume, install): a damaged one is refused in one line."""
-    return read_json_object(path, "table run manifest", "restore it from the run's copy, or start another --run-id")
+    """A run's manifest where the run goes on from it (resume, install): each key of the type the legs write and
+    fit_machines within 1..MAX_FIT_MACHINES; a damaged one is refused in one line."""
+    data = read_json_object(path, "table run manifest", _FIX)
+    for key, (types, what) in _MANIFEST_TYPES.items():
+        value = data.get(key)
+        if key in data and (not isinstance(value, types) or (isinstance(value, bool) and bool not in types)):
+            raise HarnessError(f"table run manifest {path}: {key} is {value!r:.60}, not {what}; {_FIX}")
+    fit = data.get("fit_machines", FIT_MACHINES)
+    if not 1 <= fit <= MAX_FIT_MACHINES:
+        raise HarnessError(f"table run manifest {path}: fit_machines {fit} is outside 1..{MAX_FIT_MACHINES}; {_FIX}")
+    for name, entry in data.get("legs", {}).items():
+        if not isinstance(entry, dict) or not isinstance(entry.get("status", ""), str):
+            raise HarnessError(f"table run manifest {path}: leg {name!r} is not an object with a status; {_FIX}")
+    for key in ("machines", "refits"):
+        if not all(isinstance(item, dict) for item in data.get(key, [])):
+            raise HarnessError(f"table run manifest {path}: {key} must be a list of objects; {_FIX}")
+    for key in ("fitted_on", "validated_on"):
+        if not all(isinstance(item, str) for item in data.get(key, [])):
+            raise HarnessError(f"table run manifest {path}: {key} must be a list of leg names; {_FIX}")
+    scope = data.get("scope", {})
+    models = scope.get("models")
+    if not isinstance(scope.get("layout", "vllm"), str) or not (
+            models is None or (isinstance(models, list) and all(isinstance(m, str) for m in models))):
+        raise HarnessError(f"table run manifest {path}: scope must be {{layout, models}}; {_FIX}")
+    return data
 
 
 def run_machines(run: Path) -> int:
@@ -73,10 +104,9 @@ def run_machines(run: Path) -> int:
     data = recorded(run)
     if data is None:
         return FIT_MACHINES
-    try:
-        return int(data.get("fit_machines") or 1)
-    except (TypeError, ValueError):
-        return 1
+    return int(data.get("fit_machines") or 1)
+
+
 # The fit's tolerance: wide enough that near-equal paths over neighbouring M become one range, and a regret that
 # validate cannot call SLOWER (beyond its 3% margin) once the noise floor's smallest band widens it (docs/design.md)
 FIT_TOLERANCE = 0.04
@@ -413,14 +443,15 @@ def fewer_baseline_runs(profile: GpuProfile, run: Path) -> str | None:
 
 
 def install(profile: GpuProfile, run: Path) -> list[Path]:
-    """The run's table (with its tactics) and baseline as the shipped files: only from a complete run whose
-    out-of-sample verdict is PASS. The run's cross-machine floor (noise.json) is installed on its own, where it should
-    replace the profile's (python -m calibrate noise ... --install): every verdict and fit reads that floor."""
-    import shutil
-
+    """The run's table (with its tactics) and baseline (with its tactics) as the shipped files, all or none
+    (calibrate.install): only from a complete run whose out-of-sample verdict is PASS, and only files that pass the
+    runtime's readers. The run's cross-machine floor (noise.json) is installed on its own, where it should replace the
+    profile's (python -m calibrate noise ... --install): every verdict and fit reads that floor."""
     from bench.autotune_cache import sha256
     from calibrate.baseline import autotune_cache_path, baseline_path
+    from calibrate.install import Artifact, baseline_check, install as install_all, table_check
     from dispatch.table import TABLE_DIR
+    from harness.io import parse_json_text, read_input, read_input_text
     manifest_file = run / MANIFEST
     if not manifest_file.is_file():
         raise HarnessError(f"{run} has no {MANIFEST}; run python -m calibrate table first")
@@ -432,11 +463,24 @@ def install(profile: GpuProfile, run: Path) -> list[Path]:
         raise HarnessError(f"{run} covers {run_scope(run).to_json()}; the shipped table covers every catalog model "
                            f"in vLLM's layout. Give the dispatcher {run / 'table.json'} instead "
                            f"(dispatch.configure, or --table)")
+    for name in ("table.json", "baseline.json"):
+        if not (run / name).is_file():
+            raise HarnessError(f"{run} has no {name}; a passing run has both: restore it, or run the legs again with "
+                               f"--refit; nothing was installed")
     table, base = TABLE_DIR / f"{profile.name}.json", baseline_path(profile.name)
     where = manifest_file.resolve()
     named = {"file": str(where.relative_to(ROOT) if ROOT in where.parents else where), "sha256": sha256(manifest_file)}
+    fix = f"restore it from the run's copy, or run the table again (--run-id {run.name} --refit)"
+
+    def edited(src: Path, what: str, edit) -> bytes:
+        data = parse_json_text(read_input_text(src, what, fix), str(src), what, fix)
+        if not isinstance(data, dict):
+            raise HarnessError(f"{what} {src} holds a JSON {type(data).__name__}, not an object; {fix}")
+        return (json.dumps(edit(data), indent=2) + "\n").encode()
 
     def as_table(data: dict) -> dict:  # the tactics beside the shipped table under its shipped name; the manifest
+        if not isinstance(data.get("source", {}), dict):
+            raise HarnessError(f"{run / 'table.json'}: source is not an object; {fix}")
         data.setdefault("source", {})["manifest"] = named
         if isinstance(data["source"].get("tactics"), dict):
             data["source"]["tactics"]["file"] = autotune_cache_path(table).name
@@ -446,15 +490,13 @@ def install(profile: GpuProfile, run: Path) -> list[Path]:
         if isinstance(data.get("autotune_cache"), dict):
             data["autotune_cache"]["file"] = autotune_cache_path(base).name
         return data
-    pairs = [(run / "table.json", table, as_table), (run / "table.autotune.json", autotune_cache_path(table), None),
-             (run / "baseline.json", base, as_baseline),
-             (autotune_cache_path(run / "baseline.json"), autotune_cache_path(base), None)]
-    written = []
-    for src, dst, edit in pairs:
+    artifacts = [Artifact(table, edited(run / "table.json", "the run's table", as_table), "the table",
+                          table_check(profile.name, "vllm")),
+                 Artifact(base, edited(run / "baseline.json", "the run's baseline", as_baseline), "the baseline",
+                          baseline_check(profile.name))]
+    for src, dst, what in ((run / "table.autotune.json", autotune_cache_path(table), "the table's tactics"),
+                           (autotune_cache_path(run / "baseline.json"), autotune_cache_path(base),
+                            "the baseline's tactics")):
         if src.is_file():
-            if edit is not None:
-                atomic_write_text(dst, json.dumps(edit(json.loads(src.read_text())), indent=2) + "\n")
-            else:
-                shutil.copyfile(src, dst)
-            written.append(dst)
-    return written
+            artifacts.append(Artifact(dst, read_input(src, what, fix), what))
+    return install_all(artifacts)

@@ -33,14 +33,42 @@ def signal_of(exc: BaseException) -> int:
     return int(getattr(exc, "signum", signal.SIGINT))
 
 
+# The process that installed the handlers. A child forked from it (a drawing pool's worker, a compiler's helper)
+# inherits them; there a signal ends the child quietly instead of raising into code that would print a traceback.
+_OWNER = [os.getpid()]
+
+
+def _quiet_child_exit(signum: int) -> None:
+    signal.signal(signum, signal.SIG_DFL)
+    os._exit(128 + signum)
+
+
 def _on_sigterm(signum, frame):
+    if os.getpid() != _OWNER[0]:
+        _quiet_child_exit(signum)
     raise Terminated()
 
 
+def _on_sigint(signum, frame):
+    if os.getpid() != _OWNER[0]:
+        _quiet_child_exit(signum)
+    raise KeyboardInterrupt()
+
+
 def raise_on_sigterm() -> None:
-    """SIGTERM raises Terminated (a KeyboardInterrupt) in the main thread, so the cleanup of Ctrl-C runs for it too."""
+    """SIGTERM raises Terminated (a KeyboardInterrupt) in the main thread, so the cleanup of Ctrl-C runs for it too;
+    SIGINT raises KeyboardInterrupt. Both only in this process: a forked child that inherits them exits quietly."""
     if threading.current_thread() is threading.main_thread():
+        _OWNER[0] = os.getpid()
         signal.signal(signal.SIGTERM, _on_sigterm)
+        signal.signal(signal.SIGINT, _on_sigint)
+
+
+def worker_signals() -> None:
+    """For a pool worker: Ctrl-C is left to the parent (which ends the command with its one line), SIGTERM (the
+    pool's own teardown) ends the worker at once and quietly."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 @contextmanager
@@ -61,6 +89,8 @@ def quiet_interrupts(prog: str) -> None:
     """Ctrl-C or SIGTERM while a command's modules still import: one line and 130/143, no traceback. run_cli puts
     the usual handlers back once it runs."""
     def stop(signum, frame):
+        if os.getpid() != _OWNER[0]:
+            _quiet_child_exit(signum)
         try:
             print(f"{prog}: interrupted", file=sys.stderr, flush=True)
         finally:
@@ -74,9 +104,11 @@ def run_cli(main: Callable[[Sequence[str] | None], int], prog: str, argv: Sequen
     """Runs a command's main: bad input is one line `prog: error: ...` and exit 2, an interrupt exits 130 (SIGINT) or
     143 (SIGTERM), a closed stdout (`| head`) ends quietly with 141, as for any Unix tool; a standard output that
     cannot be written (a full disk, /dev/full) is one line and exit 2."""
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, signal.default_int_handler)
     raise_on_sigterm()
+    if sys.stdout is None:  # started with standard output closed (`>&-`)
+        print(f"{prog}: error: standard output is closed; redirect it to a file or /dev/null", file=terminal(),
+              flush=True)
+        return 2
     try:
         code = main(argv)
         sys.stdout.flush()

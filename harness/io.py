@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
+import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
@@ -25,6 +27,22 @@ def resolved(path: Path, option: str = "the output") -> Path:
         raise HarnessError(f"{option} {path} runs through a symlink loop; name a file that exists or can") from None
 
 
+def is_tracked(path: Path) -> bool:
+    """Whether `path` (links followed) is a file of the project's checkout: tracked by git where git can tell, else
+    anything inside the project's folder but results/."""
+    real = resolved(path)
+    if real != ROOT and ROOT not in real.parents:
+        return False
+    try:
+        done = subprocess.run(["git", "-C", str(ROOT), "ls-files", "--error-unmatch", "--", str(real)],
+                              capture_output=True, timeout=10)
+        if done.returncode in (0, 1) and b"not a git repository" not in done.stderr:
+            return done.returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return (ROOT / "results") not in real.parents
+
+
 def is_shipped(path: Path) -> bool:
     real = resolved(path)
     return any(real == d or d in real.parents for d in SHIPPED_DIRS)
@@ -36,6 +54,9 @@ def check_target(path: Path, option: str, install: bool = False) -> Path:
     path = Path(path)
     real = resolved(path, option) if path.is_symlink() else path
     resolved(real, option)  # a loop further up the path
+    if path.is_symlink() and is_tracked(real):
+        raise HarnessError(f"{option} {path} is a symlink to {real}, a file of the project's own; nothing was "
+                           f"written: name another output, or remove the link")
     if real.exists() and not real.is_file():
         raise HarnessError(f"{option} {path} is not a regular file (a folder, device, FIFO or socket); name a "
                            f"regular file to write")
@@ -50,21 +71,74 @@ def check_target(path: Path, option: str, install: bool = False) -> Path:
     return real
 
 
-def read_json(path: str | Path, what: str, fix: str) -> Any:
-    """The parsed JSON of `path`; one HarnessError naming `what` and `fix` when it is missing, not UTF-8 or not JSON."""
+MAX_INPUT_BYTES = 256 << 20  # no input file the harness reads is near this; /dev/zero and the like stop here
+MAX_JSON_DEPTH = 32  # the deepest file the harness writes nests 6 levels
+
+
+def read_input(path: str | Path, what: str, fix: str, limit: int = MAX_INPUT_BYTES) -> bytes:
+    """The bytes of an input file: a regular file (never a FIFO, device or socket, which could block or never end)
+    of at most `limit` bytes; one HarnessError naming `what` and `fix` otherwise."""
     path = Path(path)
-    if path.is_dir():
-        raise HarnessError(f"{what} {path} is a folder, not a file; {fix}")
     try:
-        return json.loads(path.read_bytes().decode("utf-8"))
+        st = os.stat(path)
     except FileNotFoundError:
         raise HarnessError(f"{what} {path} not found; {fix}") from None
-    except UnicodeDecodeError as exc:
-        raise HarnessError(f"{what} {path} is not UTF-8 text (byte {exc.start}); {fix}") from None
-    except ValueError as exc:
-        raise HarnessError(f"{what} {path} is not valid JSON ({exc}); {fix}") from None
     except OSError as exc:
         raise HarnessError(f"{what} {path} cannot be read ({exc.strerror}); {fix}") from None
+    if stat.S_ISDIR(st.st_mode):
+        raise HarnessError(f"{what} {path} is a folder, not a file; {fix}")
+    if not stat.S_ISREG(st.st_mode):
+        raise HarnessError(f"{what} {path} is not a regular file (a device, FIFO or socket); {fix}")
+    if st.st_size > limit:
+        raise HarnessError(f"{what} {path} is {st.st_size} bytes, over the {limit} this input can be; {fix}")
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(limit + 1)
+    except OSError as exc:
+        raise HarnessError(f"{what} {path} cannot be read ({exc.strerror}); {fix}") from None
+    if len(data) > limit:
+        raise HarnessError(f"{what} {path} grew past {limit} bytes while read; {fix}")
+    return data
+
+
+def read_input_text(path: str | Path, what: str, fix: str, limit: int = MAX_INPUT_BYTES) -> str:
+    data = read_input(path, what, fix, limit)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise HarnessError(f"{what} {path} is not UTF-8 text (byte {exc.start}); {fix}") from None
+
+
+def json_depth(value: Any) -> int:
+    """How deep objects and lists nest (a scalar: 0), without recursion."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, depth)
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+    return deepest
+
+
+def parse_json_text(text: str, where: str, what: str, fix: str) -> Any:
+    try:
+        data = json.loads(text)
+    except RecursionError:
+        raise HarnessError(f"{what} {where} nests deeper than any file the harness writes; {fix}") from None
+    except ValueError as exc:
+        raise HarnessError(f"{what} {where} is not valid JSON ({exc}); {fix}") from None
+    if json_depth(data) > MAX_JSON_DEPTH:
+        raise HarnessError(f"{what} {where} nests deeper than {MAX_JSON_DEPTH} levels, deeper than any file the "
+                           f"harness writes; {fix}")
+    return data
+
+
+def read_json(path: str | Path, what: str, fix: str) -> Any:
+    """The parsed JSON of `path`; one HarnessError naming `what` and `fix` when it is missing, not a regular file,
+    too large, not UTF-8, not JSON or nested deeper than MAX_JSON_DEPTH."""
+    return parse_json_text(read_input_text(path, what, fix), str(path), what, fix)
 
 
 def read_json_object(path: str | Path, what: str, fix: str) -> dict[str, Any]:
@@ -86,9 +160,14 @@ def atomic_write(path: Path, fill: Callable[[Path], object]) -> None:
     symlink is written through (its target replaced, the link kept); a non-regular file is never replaced."""
     path = Path(path)
     if path.is_symlink():
+        if is_tracked(path):
+            raise HarnessError(f"{path} is a symlink to {resolved(path)}, a file of the project's own; nothing "
+                               f"was written")
         path = resolved(path)
     if path.is_dir():
         raise HarnessError(f"{path} is a folder; name a file to write")
+    if is_shipped(path):
+        raise HarnessError(f"{path} is a file the project ships; it changes only through the installer (--install)")
     if path.exists() and not path.is_file():
         raise HarnessError(f"{path} is not a regular file (a device, FIFO or socket); nothing was written")
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -112,6 +191,9 @@ def output_file(value: str | Path, option: str, install: bool = False) -> Path:
     path = Path(value)
     if str(value) == "":
         raise HarnessError(f"{option} is empty; name a file to write")
+    if str(value).endswith(os.sep):
+        raise HarnessError(f"{option} {value} ends in '{os.sep}', which names a folder; name a file to write "
+                           f"(e.g. {path / 'out'})")
     if path.is_dir():
         raise HarnessError(f"{option} {path} is a folder; name a file to write (e.g. {path / 'out'})")
     for parent in path.parents:

@@ -19,6 +19,7 @@ from bench.forward_paths import (FLASHINFER_EVERYWHERE, SEED_PR, TABLE_DIRECT, V
                                  VLLM_FLAG)
 from bench.paths import TUNED_CUBLASLT  # noqa: E402
 from dispatch.backends import ATEN, DISPATCH, flashinfer_path, is_flashinfer, lean_path  # noqa: E402
+from harness.errors import worker_signals  # noqa: E402
 
 PLAIN = FuncFormatter(lambda v, _: f"{v:g}")  # 0.6, 2, 300 instead of 6x10^-1 on log axes
 
@@ -66,12 +67,6 @@ def _draw_one(draw, args: tuple) -> str:
     return draw(*args)
 
 
-def _quiet_worker() -> None:
-    """A drawing worker leaves Ctrl-C to the parent, which ends the build with its one line."""
-    import signal
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
 class Drawing:
     """draw(*args) for every (draw, args), started on forked workers (Agg figures render independently; a forked
     worker inherits the imports) while the caller computes; `images()` waits for them, in order. With one core or no
@@ -85,7 +80,7 @@ class Drawing:
         workers = min(len(jobs), os.cpu_count() or 1)
         if workers >= 2 and "fork" in multiprocessing.get_all_start_methods():
             try:
-                self.pool = multiprocessing.get_context("fork").Pool(workers, initializer=_quiet_worker)
+                self.pool = multiprocessing.get_context("fork").Pool(workers, initializer=worker_signals)
                 self.pending = self.pool.starmap_async(_draw_one, jobs)
             except OSError:
                 self.pool = None
@@ -99,9 +94,14 @@ class Drawing:
         return self
 
     def __exit__(self, *exc) -> None:
-        if self.pool is not None:
-            self.pool.terminate()
-            self.pool.join()
+        if self.pool is None:
+            return
+        if exc[0] is not None:  # interrupted or failed: the workers go at once, before the pool's own teardown
+            for worker in list(getattr(self.pool, "_pool", [])):
+                if worker.is_alive():
+                    worker.kill()
+        self.pool.terminate()
+        self.pool.join()
 
 
 def ranges_figure(strips: list[tuple[str, tuple]]) -> str:

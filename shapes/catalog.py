@@ -106,10 +106,8 @@ def select_cells(shapes: list[Shape], spec: str) -> tuple[list[Shape], dict[str,
     from shapes.grid import parse_m
     hint = "give e.g. n256_k2048:80,96;n1024_k2048:20 or @FILE"
     if spec.startswith("@"):
-        try:
-            spec = Path(spec[1:]).read_text()
-        except (OSError, UnicodeDecodeError) as exc:
-            raise HarnessError(f"--cells {spec}: cannot read {spec[1:]} ({exc.__class__.__name__}); {hint}") from None
+        from harness.io import read_input_text
+        spec = read_input_text(spec[1:], "--cells file", hint, limit=1 << 20)
     parts = [p.strip() for p in spec.split(";") if p.strip()]
     if not parts:
         raise HarnessError(f"--cells {spec!r} names no cell; {hint}")

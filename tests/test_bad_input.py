@@ -319,7 +319,7 @@ CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
     ("bench run --cells unknown shape", lambda t: ["bench", "run", "--gpu", "h200", "--cells", "n3_k5:8", "--dry-run"],
      "not in the catalog"),
     ("bench run --cells @missing", lambda t: ["bench", "run", "--gpu", "h200", "--cells", f"@{t / 'none.txt'}",
-                                              "--dry-run"], "cannot read"),
+                                              "--dry-run"], "not found"),
     ("fit --add the same run", lambda t: ["calibrate", "fit", str(SWEEP), "--gpu", "h200", "--add", str(SWEEP),
                                           "--out", str(t / "t.json")], "the same run"),
     ("fit --add a run of other tactics", lambda t: ["calibrate", "fit", str(LEAN), "--gpu", "h200", "--add", run_folder(

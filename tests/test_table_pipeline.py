@@ -1,11 +1,13 @@
 """calibrate table: its legs, the manifest, resume, the verdict and --install (legs faked: no GPU here)."""
 import json
+import shutil
 
 import pytest
 
 from calibrate.table_pipeline import MANIFEST, fewer_baseline_runs, install, legs, plan_text, run_pipeline
 from dispatch.profiles import get_profile
 from harness.errors import HarnessError
+from harness.io import ROOT
 
 H200 = get_profile("h200")
 LEGS = ["sweep", "forward", "first-fit", "refine", "machine-2", "machine-3", "fit", "check-sweep", "check-forward",
@@ -97,22 +99,34 @@ def test_a_failing_check_is_a_verdict_and_blocks_install(tmp_path):
         install(H200, run)
 
 
-def test_install_writes_the_shipped_files_of_a_passing_run(tmp_path, monkeypatch):
+def _passing_run(tmp_path, monkeypatch):
+    """A passing run whose table, baseline and tactics are the shipped ones, and the shipped folders in tmp_path."""
     import calibrate.baseline as baseline
     import dispatch.table as table
+    for name in ("thresholds", "baselines"):
+        (tmp_path / name).mkdir()
     monkeypatch.setattr(table, "TABLE_DIR", tmp_path / "thresholds")
     monkeypatch.setattr(baseline, "BASELINE_DIR", tmp_path / "baselines")
+    run = tmp_path / "run"
+    run_pipeline(H200, run, resume=False, execute=lambda leg, log: 0, same_machine=True)
+    shipped_table = json.loads((ROOT / "dispatch/thresholds/h200.json").read_text())
+    shipped_table["source"]["tactics"]["file"] = "table.autotune.json"
+    (run / "table.json").write_text(json.dumps(shipped_table))
+    shutil.copyfile(ROOT / "dispatch/thresholds/h200.autotune.json", run / "table.autotune.json")
+    shutil.copyfile(ROOT / "tests/baselines/h200.json", run / "baseline.json")
+    shutil.copyfile(ROOT / "tests/baselines/h200.autotune.json", run / "baseline.autotune.json")
+    old = {tmp_path / "thresholds" / "h200.json": "old table", tmp_path / "baselines" / "h200.json": "old baseline"}
+    for path, text in old.items():
+        path.write_text(text)
+    return run, old
+
+
+def test_install_writes_the_shipped_files_of_a_passing_run(tmp_path, monkeypatch):
     import calibrate.noise as noise
     monkeypatch.setattr(noise, "NOISE_DIR", tmp_path / "noise")
     (tmp_path / "noise").mkdir()
-    (tmp_path / "thresholds").mkdir()
-    (tmp_path / "baselines").mkdir()
-    run = tmp_path / "run"
-    run_pipeline(H200, run, resume=False, execute=lambda leg, log: 0, same_machine=True)
+    run, _ = _passing_run(tmp_path, monkeypatch)
     (run / "noise.json").write_text("{}")
-    (run / "table.json").write_text(json.dumps({"format": 2, "profile": "h200",
-                                                "source": {"tactics": {"file": "table.autotune.json"}}}))
-    (run / "baseline.json").write_text("{}")
     written = install(H200, run)
     assert tmp_path / "thresholds" / "h200.json" in written
     assert tmp_path / "noise" / "h200.json" not in written  # the floor every verdict reads: installed on its own
@@ -126,6 +140,38 @@ def test_install_writes_the_shipped_files_of_a_passing_run(tmp_path, monkeypatch
     note = fewer_baseline_runs(H200, run)
     assert note.startswith("the shipped baseline held 6 source runs, this run's holds 2")
     assert "BENCH_REGRESSION_WORK" in note
+
+
+@pytest.mark.parametrize("damage, needle", [
+    (lambda run: (run / "table.json").write_text("{}"), "lacks profile"),
+    (lambda run: shutil.copyfile(ROOT / "dispatch/thresholds/b200.json", run / "table.json"), "'b200' profile"),
+    (lambda run: (run / "table.json").unlink(), "has no table.json"),
+    (lambda run: (run / "table.json").write_text((run / "table.json").read_text().replace('"aten"', '"nosuch"')),
+     "not one the dispatcher can run"),
+    (lambda run: (run / "baseline.json").write_text((run / "baseline.json").read_text()[:300]), "not valid JSON"),
+    (lambda run: (run / "baseline.json").write_text("[" * 100000), "nests deeper"),
+    (lambda run: (run / "table.autotune.json").write_text('{"k": [1, 2], "x": [3, 4]}'), "fitted with"),
+    (lambda run: (run / "baseline.autotune.json").unlink(), "autotuner cache"),
+], ids=["empty table", "another GPU's table", "no table", "unknown path", "truncated baseline",
+        "deep baseline", "other tactics", "missing baseline tactics"])
+def test_install_is_all_or_nothing(tmp_path, monkeypatch, damage, needle):
+    """Every artifact is read back by the runtime's reader before any shipped file changes: one bad file and none is
+    written, the old ones stay byte for byte, and no staging folder is left behind."""
+    run, old = _passing_run(tmp_path, monkeypatch)
+    damage(run)
+    with pytest.raises(HarnessError, match=needle):
+        install(H200, run)
+    for path, text in old.items():
+        assert path.read_text() == text
+        assert sorted(p.name for p in path.parent.iterdir()) == [path.name]
+
+
+def test_install_of_a_sound_run_replaces_every_file(tmp_path, monkeypatch):
+    run, old = _passing_run(tmp_path, monkeypatch)
+    written = install(H200, run)
+    assert {p.name for p in written} == {"h200.json", "h200.autotune.json"}
+    assert len(written) == 4 and all(p.read_text() not in old.values() for p in written)
+    assert sorted(p.name for p in (tmp_path / "thresholds").iterdir()) == ["h200.autotune.json", "h200.json"]
 
 
 def test_the_check_waits_for_another_machine_and_resumes_there(tmp_path):

@@ -1,0 +1,168 @@
+"""The one installer: every write of a shipped file (dispatch/thresholds, calibrate/noise, tests/baselines) goes
+through `install`, which stages all of an install's files, reads each staged file back with the reader the runtime
+uses, and only then renames them all into place. On any failure the shipped files are as they were.
+
+Each artifact is staged in a hidden folder beside its destination, under its final name, so that a check that
+looks for a sibling (a table's tactics file, a baseline's autotuner cache) finds the staged sibling, and the final
+rename stays on one file system.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from harness.errors import HarnessError, signals_deferred
+from harness.io import check_target
+
+
+@dataclass(frozen=True)
+class Artifact:
+    dest: Path
+    content: bytes
+    what: str  # "the table", "the baseline", ...: names it in a refusal
+    check: Callable[[Path], None] | None = None  # reads the staged file as the runtime would; raises HarnessError
+
+
+def install(artifacts: list[Artifact]) -> list[Path]:
+    """Writes every artifact or none. Returns the destinations written."""
+    if not artifacts:
+        raise HarnessError("nothing to install")
+    dests = [Path(a.dest) for a in artifacts]
+    if len(set(map(os.path.abspath, dests))) != len(dests):
+        raise HarnessError("an install names one destination twice")
+    for a in artifacts:
+        check_target(a.dest, a.what, install=True)
+    stages: dict[Path, Path] = {}
+    try:
+        staged = []
+        for a in artifacts:
+            parent = Path(a.dest).parent
+            parent.mkdir(parents=True, exist_ok=True)
+            if parent not in stages:
+                stages[parent] = Path(tempfile.mkdtemp(prefix=".install-", dir=parent))
+            path = stages[parent] / Path(a.dest).name
+            path.write_bytes(a.content)
+            os.chmod(path, 0o666 & ~_umask())
+            staged.append(path)
+        for a, path in zip(artifacts, staged):
+            if a.check is not None:
+                try:
+                    a.check(path)
+                except HarnessError as exc:
+                    why = str(exc).replace(f"{path}: ", "").replace(str(path), "it")
+                    raise HarnessError(f"{a.what} to install as {a.dest} does not pass its reader ({why}); nothing "
+                                       f"was installed") from None
+        with signals_deferred():
+            _commit(dests, staged, stages)
+    finally:
+        for folder in stages.values():
+            shutil.rmtree(folder, ignore_errors=True)
+    return dests
+
+
+def _commit(dests: list[Path], staged: list[Path], stages: dict[Path, Path]) -> None:
+    """Renames the staged files over their destinations, keeping the old ones until all are in; a failure puts the
+    old files back and removes the new ones."""
+    backups: list[tuple[Path, Path | None]] = []
+    try:
+        for dest, path in zip(dests, staged):
+            keep = None
+            if dest.exists():
+                keep = stages[dest.parent] / f".old-{dest.name}"
+                try:
+                    os.link(dest, keep)
+                except OSError:  # a file system without hard links
+                    shutil.copy2(dest, keep)
+            backups.append((dest, keep))
+            os.replace(path, dest)
+    except BaseException:
+        for dest, keep in reversed(backups):
+            try:
+                if keep is not None:
+                    os.replace(keep, dest)
+                else:
+                    dest.unlink(missing_ok=True)
+            except OSError:
+                pass
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def write_outputs(artifacts: list[Artifact]) -> list[Path]:
+    """An output that may be shipped: where any destination is a shipped file, all go through `install`; else each
+    is written atomically (a user's own --out), as any output."""
+    from harness.io import atomic_write, is_shipped
+    if any(is_shipped(a.dest) for a in artifacts):
+        return install(artifacts)
+    for a in artifacts:
+        atomic_write(Path(a.dest), lambda tmp, data=a.content: tmp.write_bytes(data))
+    return [Path(a.dest) for a in artifacts]
+
+
+def shipped_layout(profile: str) -> str:
+    """The layout of the profile's shipped table (vLLM's where none is shipped or it names none)."""
+    from dispatch.table import TABLE_DIR
+    from harness.io import read_json
+    path = TABLE_DIR / f"{profile}.json"
+    if not path.is_file():
+        return "vllm"
+    try:
+        data = read_json(path, "the shipped table", "restore it with git")
+    except HarnessError:
+        return "vllm"
+    source = data.get("source") if isinstance(data, dict) else None
+    return str(source.get("layout") or "vllm") if isinstance(source, dict) else "vllm"
+
+
+def table_check(profile: str, layout: str | None) -> Callable[[Path], None]:
+    """A staged table: it loads as the dispatcher loads it, is this profile's, of `layout` (None: any), and its
+    tactics file, where it names one, is staged beside it with the recorded hash and reads as a tactics file."""
+    def check(path: Path) -> None:
+        from bench.autotune_cache import read_entries, sha256
+        from dispatch.table import load_table
+        table = load_table(path=path)
+        if table.profile != profile:
+            raise HarnessError(f"it is a table of the {table.profile!r} profile, not {profile!r}")
+        got = str(table.source.get("layout") or "vllm")
+        if layout is not None and got != layout:
+            raise HarnessError(f"it covers {got}'s layout; the shipped {profile} table covers {layout}'s. Give the "
+                               f"dispatcher that table by path instead (dispatch.configure, or --table)")
+        spec = table.source.get("tactics")
+        if isinstance(spec, dict) and spec.get("file"):
+            tactics = path.parent / str(spec["file"])
+            if not tactics.is_file():
+                raise HarnessError(f"its tactics file {spec['file']} is not part of the install")
+            if spec.get("sha256") and sha256(tactics) != spec["sha256"]:
+                raise HarnessError(f"its tactics file {spec['file']} is not the one it was fitted with (sha256)")
+            read_entries(tactics)
+    return check
+
+
+def baseline_check(profile: str) -> Callable[[Path], None]:
+    def check(path: Path) -> None:
+        from calibrate.baseline import load_baseline
+        base = load_baseline(path)
+        if base.profile != profile:
+            raise HarnessError(f"it is a baseline of the {base.profile!r} profile, not {profile!r}")
+        base.tactics_file()  # present beside it with the recorded hash
+    return check
+
+
+def noise_check(profile: str, forward: bool = False) -> Callable[[Path], None]:
+    def check(path: Path) -> None:
+        if forward:
+            from calibrate.forward_noise import load_forward_floor
+            load_forward_floor(profile, path)
+        else:
+            from calibrate.noise import load_noise
+            load_noise(profile, path)
+    return check
