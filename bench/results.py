@@ -8,6 +8,7 @@ from typing import Any, Iterable
 
 from harness.errors import HarnessError
 from harness.io import atomic_write, atomic_write_text, read_json_object
+from shapes.grid import M_MAX
 
 COLUMNS = (
     "shape", "n", "k", "tp", "m", "path", "status", "reason",
@@ -82,6 +83,7 @@ TIME_COLUMNS = ("gpu_us", "gpu_us_p20", "gpu_us_p80", "event_us", "host_us")  # 
 OPTIONAL_TIMES = ("span_us", "host_us_p20", "host_us_p80")  # where given on an ok row: finite and >= 0
 REL_ERR_MAX = 2e-2  # bench.gpu.REL_ERR_BOUND: an ok row's output passed the fp32 check at this bound
 INT_COLUMNS = ("n", "k", "m")
+INT_MAX = {"n": 1 << 24, "k": 1 << 24, "m": M_MAX}  # n, k: far above any weight of the catalog
 RUN_FIX = "it must be the run.json that `python -m bench run` wrote beside results.csv"
 
 
@@ -95,17 +97,72 @@ def load_results(path: str | Path, partial: bool = False):
         path = next((p for p in (path / "results.csv", path / "results.csv.xz") if p.is_file()), path / "results.csv")
     if not path.is_file():
         raise HarnessError(f"results file {path} not found; run `python -m bench run` first or pass its folder")
-    try:
-        df = pd.read_parquet(path) if path.suffix == ".parquet" else read_csv_table(path)
-    except Exception as exc:
-        first = str(exc).splitlines()[0] if str(exc) else ""
-        raise HarnessError(f"cannot read results file {path} ({type(exc).__name__}: {first}); "
-                           f"is it a bench results table?") from None
+    df = _read_table(path)
     validate_results(df, path)
+    twin = path.with_name("results.parquet" if path.name == "results.csv" else "results.csv")
+    if path.name in ("results.csv", "results.parquet") and twin.is_file():
+        other = _read_table(twin)
+        validate_results(other, twin)
+        _same_rows(df, other, path, twin)
     info = load_run_info(path)
     df.attrs["incomplete"] = check_grid(df, info, path, partial)  # empty unless `partial` let it by
     df.attrs["run_pdl"] = bool(info.get("pdl", False))  # runs before the pdl column: the run's setting
     return df
+
+
+def _read_table(path: Path):
+    """A results table as read, before validation: csv (whole lines only) or parquet."""
+    import io
+
+    import pandas as pd
+    try:
+        if path.suffix == ".parquet":
+            from harness.io import read_input
+            return pd.read_parquet(io.BytesIO(read_input(path, "results file", "re-run or restore it")))
+        if path.suffix == ".xz":
+            return read_csv_table(path)
+        from harness.io import read_input_text
+        text = read_input_text(path, "results file", "re-run or restore it")
+        _whole_rows(text, path)
+        return read_csv_table(io.StringIO(text))
+    except HarnessError:
+        raise
+    except Exception as exc:
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise HarnessError(f"cannot read results file {path} ({type(exc).__name__}: {first}); "
+                           f"is it a bench results table?") from None
+
+
+def _whole_rows(text: str, path: Path) -> None:
+    """The harness writes every row whole, each with the header's fields and a final newline: anything else is a
+    file cut short (a full disk, a copy interrupted) or edited."""
+    if text and not text.endswith("\n"):
+        raise HarnessError(f"results file {path} ends inside a row (no final newline): it was cut short; re-run or "
+                           f"restore it")
+    rows = csv.reader(text.splitlines())
+    header = next(rows, None)
+    for number, row in enumerate(rows, start=2):
+        if header is not None and len(row) != len(header):
+            raise HarnessError(f"results file {path}: line {number} has {len(row)} fields, the header {len(header)}; "
+                               f"the file was cut or edited: re-run or restore it")
+
+
+def _same_rows(a, b, path_a: Path, path_b: Path) -> None:
+    """results.csv and results.parquet of one folder hold the same cells and times (the parquet is the csv's copy,
+    to the csv's 6 significant digits)."""
+    import numpy as np
+    cols = [c for c in ("status", "gpu_us", "host_us") if c in a.columns and c in b.columns]
+    left = a.set_index(list(KEY))[cols].sort_index()
+    right = b.set_index(list(KEY))[cols].sort_index()
+    same = left.index.equals(right.index) and (left["status"].astype(str) == right["status"].astype(str)).all()
+    if same:
+        for c in cols[1:]:
+            x, y = left[c].to_numpy(float), right[c].to_numpy(float)
+            same &= bool(np.all((np.isnan(x) & np.isnan(y)) | np.isclose(x, y, rtol=1e-5, atol=0)))
+    if not same:
+        raise HarnessError(f"{path_a} and {path_b} of one run disagree (cells or times differ); one was edited or "
+                           f"is stale: remove {path_b.name if path_b.suffix == '.parquet' else path_a.name} (the "
+                           f"parquet is a copy of the csv) or re-run")
 
 
 def _bad(path: Path, df, mask, column: str, what: str) -> HarnessError:
@@ -133,6 +190,9 @@ def validate_results(df, path: Path) -> None:
         broken = ~(num.notna() & np.isfinite(num) & (num >= 1) & (num == np.floor(num)))
         if broken.any():
             raise _bad(path, df, broken, col, "a value that is not a positive integer")
+        broken = num > INT_MAX[col]
+        if broken.any():
+            raise _bad(path, df, broken, col, f"a value above {INT_MAX[col]}, beyond any the harness measures")
         df[col] = num.astype(int)
     df["path"] = df["path"].astype(str)
     ok = df["status"] == "ok"

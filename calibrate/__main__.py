@@ -342,6 +342,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     table = load_table(profile.name, args.thresholds)
     if table.profile != profile.name:
         raise HarnessError(f"threshold table is for {table.profile}, the results are from {profile.name}")
+    run_layout, table_layout = info.get("layout", "vllm"), table.source.get("layout", "vllm")
+    if run_layout != table_layout:
+        raise HarnessError(f"{args.results} measured {run_layout}'s layout and the table was fitted on "
+                           f"{table_layout}'s: judge it with a table of that layout (--thresholds FILE), or measure "
+                           f"the table's layout (bench run --layout {table_layout})")
     unmeasured = sorted(table.paths() - cells.paths())
     if unmeasured:
         raise HarnessError(f"the table chooses {', '.join(unmeasured)}, which {args.results} did not measure; judge it "
@@ -779,11 +784,13 @@ def _table_cmd(args) -> int:
 
 
 def _e2e_cmd(args) -> int:
-    from calibrate.e2e_terms import E2E_MARGIN, check_same_layers, control_margins, load_e2e, predictions
+    from calibrate.e2e_terms import E2E_MARGIN, check_same_layers, control_margins, load_e2e, predictions, rounds_note
     df, info = load_e2e(args.results, args.partial)
     profile = _profile_of(info, None)
     margins = None
+    notes = [rounds_note(info, args.results)]
     if args.control:
+        distinct([args.results, *args.control], "--control")
         controls = []
         for folder in args.control:
             cdf, cinfo = load_e2e(folder, args.partial)
@@ -792,6 +799,7 @@ def _e2e_cmd(args) -> int:
                                    f"{info.get('layers') or 'all'}; run the control with the same --layers")
             _check_gpu(cinfo, profile, folder)
             controls.append((folder, cdf))
+            notes.append(rounds_note(cinfo, folder))
         margins = control_margins(df, controls)
     fdf = None
     if args.forward:
@@ -804,6 +812,8 @@ def _e2e_cmd(args) -> int:
     table = predictions(df, fdf, margins)
     if table.empty:
         raise HarnessError(f"{args.results} has no step measured in both variants")
+    for note in filter(None, notes):
+        print(note)
     print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     print(f"\nper_round: median of the rounds' patched / stock, [lo, hi] its 95% bootstrap interval; SAME within "
           + (f"±margin: the farthest the {len(args.control)} control run(s)' medians moved from 1, at least "
@@ -990,7 +1000,8 @@ def _l2_cmd(args) -> int:
 
 def _baseline_cmd(args, argv) -> int:
     from calibrate.baseline import (REGRESSION_MS, autotune_cache_path, baseline_path, baseline_text,
-                                    cells_from_results, compare, describe, kernel_change, load_baseline, merge_runs,
+                                    cells_from_results, compare, describe, kernel_change, left_out, load_baseline,
+                                    merge_runs,
                                     shared_tactics, write_baseline)
     profile = get_profile(args.gpu)
     fi_paths = regression_paths(profile)[1:]
@@ -1043,7 +1054,16 @@ def _baseline_cmd(args, argv) -> int:
         df, info = _load(args.source, args.partial, profile.name, args.allow_mismatch)
         incomplete = df.attrs["incomplete"]
         problems = _check_fingerprint(baseline, info, args.source, args.allow_mismatch)
-        checks = compare(baseline, cells_from_results(df, fi_paths), args.tolerance)
+        checks = compare(baseline, cells_from_results(df, fi_paths), args.tolerance,
+                         not_judged=left_out(baseline, df, info))
+        if all(c.status == "skipped" for c in checks):
+            raise HarnessError(f"{args.source} measured none of the baseline's cells; measure the regression grid "
+                               f"(make regress GPU={profile.name})")
+        served = (info.get("autotune_cache") or {}).get("sha256")
+        if baseline.autotune_cache and served != baseline.autotune_cache.get("sha256"):
+            print(f"note: {args.source} served other FlashInfer tactics than the baseline's, so a FlashInfer cell "
+                  f"that moved may be its tactics, not a regression; to judge the baseline's, measure with "
+                  f"--autotune-cache {baseline.tactics_file()}")
         remeasured: list[str] = []
     if problems:
         print("note (--allow-mismatch): fingerprint differs from the baseline's: " + "; ".join(problems))
@@ -1052,8 +1072,12 @@ def _baseline_cmd(args, argv) -> int:
             print("warning: " + kernel_change(c))
     if remeasured:
         print(f"re-measured once: {', '.join(remeasured)}")
-    bad = [c for c in checks if c.status != "ok"]
-    print(f"{len(checks)} cells, {len(bad)} outside the band")
+    bad = [c for c in checks if c.status not in ("ok", "skipped")]
+    skipped = [c for c in checks if c.status == "skipped"]
+    print(f"{len(checks) - len(skipped)} cells judged, {len(bad)} outside the band"
+          + (f"; {len(skipped)} left out by the run (not judged):" if skipped else ""))
+    for c in skipped:
+        print(f"  not judged: {describe(c)}")
     for c in bad:
         print(f"{c.status}: {describe(c)}")
     print(verdict_word(not bad, args.source, incomplete))

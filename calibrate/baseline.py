@@ -174,6 +174,7 @@ def _cell_json(cell: BaselineCell) -> dict[str, Any]:
     return {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in asdict(cell).items()}
 
 
+BAND_SPAN = 5.0  # a stored band lies within ratio / BAND_SPAN .. ratio * BAND_SPAN
 _GPU_RATIOS = ("gpu_ratio", "gpu_ratio_lo", "gpu_ratio_hi")
 _HOST_RATIOS = ("host_ratio", "host_ratio_lo", "host_ratio_hi")
 _COUNTS = ("n", "k", "m", "samples", "aten_samples", "runs")
@@ -197,8 +198,17 @@ def cell_from_json(data: Any) -> BaselineCell:
         if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v <= 0:
             raise ValueError(f"cell {cell.get('shape')} M={cell.get('m')}: {key} = {v!r} is not a positive number")
         cell[key] = float(v)
-    if not cell["gpu_ratio_lo"] <= cell["gpu_ratio"] <= cell["gpu_ratio_hi"]:
-        raise ValueError(f"cell {cell.get('shape')} M={cell.get('m')}: gpu_ratio lies outside [gpu_ratio_lo, gpu_ratio_hi]")
+    for kind in ("gpu", "host"):
+        ratio, lo, hi = (cell[f"{kind}_ratio{end}"] for end in ("", "_lo", "_hi"))
+        if math.isnan(ratio):
+            continue
+        if not lo <= ratio <= hi:
+            raise ValueError(f"cell {cell.get('shape')} M={cell.get('m')}: {kind}_ratio lies outside "
+                             f"[{kind}_ratio_lo, {kind}_ratio_hi]")
+        if lo < ratio / BAND_SPAN or hi > ratio * BAND_SPAN:
+            raise ValueError(f"cell {cell.get('shape')} M={cell.get('m')}: the {kind} band [{lo:g}, {hi:g}] reaches "
+                             f"beyond {1 / BAND_SPAN:g}x..{BAND_SPAN:g}x its ratio {ratio:g}, wider than any run-to-run "
+                             f"spread: such a band can fail nothing")
     for key in ("shape", "path", "kernels", "aten_kernels"):
         if not isinstance(cell.get(key), str):
             raise ValueError(f"cell {cell.get('shape')} M={cell.get('m')}: {key} is not text")
@@ -293,11 +303,39 @@ def check_cell(stored: BaselineCell, fresh: BaselineCell | None, tolerance: floa
 
 
 def compare(baseline: Baseline, fresh: list[BaselineCell], tolerance: float | None = None,
-            host_tolerance: float | None = None) -> list[CellCheck]:
+            host_tolerance: float | None = None, not_judged: dict[tuple, str] | None = None) -> list[CellCheck]:
+    """Each stored cell against its fresh one. `not_judged`: cells a user's run left out on purpose (key -> why),
+    which get status "skipped" where the run has no fresh cell, never "missing"."""
     by_key = {c.key: c for c in fresh}
     tol = baseline.tolerance if tolerance is None else tolerance
     htol = baseline.host_tolerance if host_tolerance is None else host_tolerance
-    return [check_cell(c, by_key.get(c.key), tol, htol) for c in baseline.cells]
+    out = []
+    for c in baseline.cells:
+        why = (not_judged or {}).get(c.key)
+        out.append(CellCheck(c, None, "skipped", why) if why and c.key not in by_key
+                   else check_cell(c, by_key.get(c.key), tol, htol))
+    return out
+
+
+def left_out(baseline: Baseline, df: pd.DataFrame, info: dict[str, Any]) -> dict[tuple, str]:
+    """The baseline cells a measured run did not judge on purpose: skipped with a recorded reason (the path's or
+    F.linear's row), or outside the run's grid. A cell of the grid with no row is not here: that is missing data."""
+    from bench.results import expected_cells
+    rows = {(int(n), int(k), int(m), str(p)): (str(st), str(r))
+            for n, k, m, p, st, r in zip(df["n"], df["k"], df["m"], df["path"], df["status"],
+                                         df["reason"] if "reason" in df.columns else [""] * len(df))}
+    grid = expected_cells(info)
+    out = {}
+    for c in baseline.cells:
+        for path in (c.path, ATEN):
+            status, reason = rows.get((c.n, c.k, c.m, path), ("", ""))
+            if status == "skipped" and reason.strip():
+                out[c.key] = f"{path} skipped by the run: {reason}"
+                break
+        else:
+            if grid is not None and (c.shape, c.m, c.path) not in grid:
+                out[c.key] = "not in the run's grid"
+    return out
 
 
 def describe(check: CellCheck) -> str:

@@ -22,11 +22,11 @@ from typing import Any
 
 import pandas as pd
 
-from bench.results import samples_ok
+from bench.results import samples_missing, samples_ok
 from calibrate.analysis import paired_ratio_ci, parse_samples, ratio_ci, verdict
 from dispatch.backends import ATEN, DISPATCH
 from harness.errors import HarnessError
-from harness.io import read_json_object
+from harness.io import read_input_text, read_json_object
 
 STEP_REGIME = {"prefill": "eager", "generate": "eager", "decode-graph": "graph"}
 E2E_MARGIN = 0.01  # the band around 1 within which a step's interval says SAME
@@ -42,7 +42,13 @@ def load_e2e(folder: str | Path, partial: bool = False) -> tuple[pd.DataFrame, d
     if info.get("status", "complete") != "complete" and not partial:
         raise HarnessError(f"{p} was interrupted after {info.get('rounds_done', '?')} of {info.get('rounds', '?')} "
                            f"rounds; no verdict on it (pass --partial to judge what it holds)")
-    df = pd.read_csv(csv)
+    import io
+    text = read_input_text(csv, "e2e file", "restore the file bench e2e wrote or run it again")
+    try:
+        df = pd.read_csv(io.StringIO(text))
+    except (ValueError, pd.errors.ParserError) as exc:  # EmptyDataError is a ValueError
+        raise HarnessError(f"{csv} is not a table bench e2e wrote ({str(exc).splitlines()[0] if str(exc) else exc}); "
+                           f"restore it or run it again") from None
     missing = [c for c in ("model", "step", "tokens", "variant", "status", "us") if c not in df.columns]
     if missing:
         raise HarnessError(f"{csv} lacks the column(s) {', '.join(missing)}; it is not a bench e2e file")
@@ -55,7 +61,23 @@ def load_e2e(folder: str | Path, partial: bool = False) -> tuple[pd.DataFrame, d
     if "samples_us" in df.columns and not df.loc[ok, "samples_us"].map(samples_ok).all():
         raise HarnessError(f"{csv}: an ok row's samples_us is not ';'-separated positive numbers; restore the file "
                            f"bench e2e wrote or run it again")
+    rounds = info.get("rounds_done", info.get("rounds")) if info.get("status", "complete") != "complete" \
+        else info.get("rounds")
+    if "samples_us" in df.columns and isinstance(rounds, int) and not isinstance(rounds, bool):
+        counts = df.loc[ok, "samples_us"].map(lambda v: len(str(v).split(";")) if not samples_missing(v) else rounds)
+        if (counts != rounds).any():
+            raise HarnessError(f"{csv}: an ok row holds {counts[counts != rounds].iloc[0]:g} samples where run.json "
+                               f"records {rounds} rounds; the file and its run.json do not belong together: restore "
+                               f"them or run it again")
     return df, info
+
+
+def rounds_note(info: dict[str, Any], where: str) -> str | None:
+    """For a run judged with --partial: how many of its rounds it holds (no verdict on the whole run)."""
+    if info.get("status", "complete") == "complete":
+        return None
+    return (f"note (--partial): {where} holds {info.get('rounds_done', '?')} of {info.get('rounds', '?')} rounds "
+            f"(it was {info.get('status')}); the verdicts below judge those rounds only, not the whole run")
 
 
 def check_same_layers(e2e_info: dict[str, Any], forward_info: dict[str, Any], e2e_dir: str, forward_dir: str) -> None:

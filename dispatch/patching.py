@@ -22,8 +22,12 @@ class PatchHandle:
         return len(self.patched)
 
     def remove(self) -> None:
+        import torch
         for _, module in self.patched:
-            module.__dict__.pop("forward", None)  # the class's own forward shows again
+            if type(module) in (DispatchedLinear, CompiledDispatchedLinear):
+                module.__class__ = torch.nn.Linear  # the class it had (patch takes plain nn.Linear only)
+                module.__dict__.pop("_dispatch_bound", None)
+            module.__dict__.pop("forward", None)  # a forward set on the patched module after patch goes too
         self.patched.clear()
 
 
@@ -43,19 +47,72 @@ def eligible(module: Any) -> bool:
             and module.weight.dim() == 2)
 
 
+def _servable(weight: Any) -> bool:
+    """A weight the dispatcher can bind: a 2-D bf16 tensor with storage (not on the meta device)."""
+    import torch
+    return weight.dim() == 2 and weight.dtype == torch.bfloat16 and not weight.is_meta
+
+
+class _Dispatched:
+    """The forward of a patched nn.Linear: the dispatcher bound to the module's *current* weight. The binding is
+    made on first use and made again whenever the weight is another tensor or moved (load_state_dict(assign=True),
+    `module.weight = ...`, `.to()`, a meta model materialised); a weight it cannot serve (meta, another dtype) or a
+    bias added later runs F.linear. The binding is never copied or pickled: a deepcopy or torch.load binds afresh."""
+
+    def _bind(self, weight: Any) -> Callable[[Any], Any]:
+        raise NotImplementedError
+
+    def forward(self, x: Any) -> Any:
+        weight = self.weight
+        bound = self.__dict__.get("_dispatch_bound")
+        if bound is None or bound[0] is not weight or bound[1] != weight.data_ptr():
+            if self.bias is not None or not _servable(weight):
+                import torch.nn.functional as F
+                return F.linear(x, weight, self.bias)
+            bound = self.__dict__["_dispatch_bound"] = (weight, weight.data_ptr(), self._bind(weight))
+        return bound[2](x)
+
+    def __getstate__(self) -> dict:
+        state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__
+        state = dict(state)
+        state.pop("_dispatch_bound", None)
+        return state
+
+
+def _linear_class():
+    import torch
+    return torch.nn.Linear
+
+
+class DispatchedLinear(_Dispatched, _linear_class()):
+    """An nn.Linear served by dispatch.bind (patch() swaps a module's class to it; remove() swaps it back)."""
+
+    def _bind(self, weight: Any) -> Callable[[Any], Any]:
+        import dispatch
+        return dispatch.bind(weight)
+
+
+class CompiledDispatchedLinear(_Dispatched, _linear_class()):
+    """An nn.Linear served through the custom op torch.ops.bf16_linear_bench.linear (patch(compiled=True))."""
+
+    def forward(self, x: Any) -> Any:
+        import dispatch
+        return dispatch.op()(x, self.weight, self.bias)
+
+
 def patch(model: Any, lm_head: bool = False, compiled: bool = False) -> PatchHandle:
     """Serve every eligible linear of `model` by dispatch.bind (or, `compiled`, through the custom op
-    torch.ops.bf16_linear_bench.linear, which torch.compile keeps as one opaque call). Returns the handle."""
-    import dispatch
+    torch.ops.bf16_linear_bench.linear, which torch.compile keeps as one opaque call). Returns the handle. Patch after
+    the weights are loaded: a linear whose weight is still on the meta device is bound when it first runs on a real
+    one."""
+    import torch
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"dispatch.patch needs a torch.nn.Module (e.g. a transformers model), got "
+                        f"{type(model).__name__}")
     handle = PatchHandle()
     for name, module in model.named_modules():
         if not eligible(module) or "forward" in module.__dict__ or (not lm_head and _is_lm_head(model, name, module)):
             continue
-        if compiled:
-            op = dispatch.op()
-            forward: Callable[[Any], Any] = (lambda w: lambda x: op(x, w, None))(module.weight)
-        else:
-            forward = dispatch.bind(module.weight)
-        module.forward = forward
+        module.__class__ = CompiledDispatchedLinear if compiled else DispatchedLinear
         handle.patched.append((name, module))
     return handle

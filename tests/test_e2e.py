@@ -244,12 +244,13 @@ def test_a_sample_is_the_fastest_of_its_repeats_and_the_variants_alternate(tmp_p
     """Each (round, step, variant) sample is the minimum of `repeats` timed calls, and a step's timed calls alternate
     between the variants A B B A A B, so that a slow phase of the host hits both."""
     import bench.e2e as e2e
+    from dispatch.patching import DispatchedLinear
     seen, model_ref = [], []
     times = iter([5.0, 6.0, 3.0, 2.0, 4.0, 7.0] * 1000)  # A B B A A B: A's fastest 2, B's 3
 
     def fake(fn, sync):
         fn()
-        seen.append("patched" if any("forward" in m.__dict__ for m in model_ref[0].modules()) else "stock")
+        seen.append("patched" if any(isinstance(m, DispatchedLinear) for m in model_ref[0].modules()) else "stock")
         return next(times)
     real_build = e2e.build_model
 
@@ -353,7 +354,15 @@ def test_calibrate_e2e_control_from_the_command_line(tmp_path, capsys):
               {**fp, "status": "interrupted", "rounds": 10, "rounds_done": 8})
     with pytest.raises(HarnessError, match="interrupted after 8 of 10 rounds"):
         main(["e2e", str(tmp_path / "run"), "--control", str(tmp_path / "aa-cut")])
+    capsys.readouterr()
     assert main(["e2e", str(tmp_path / "run"), "--control", str(tmp_path / "aa-cut"), "--partial"]) == 0
+    assert "note (--partial): " + str(tmp_path / "aa-cut") + " holds 8 of 10 rounds" in capsys.readouterr().out
+    with pytest.raises(HarnessError, match="are the same run"):
+        main(["e2e", str(tmp_path / "run"), "--control", str(tmp_path / "run")])
+    write_e2e(tmp_path / "aa-short", _e2e_frame("A", stock, stock).to_dict("records"),
+              {**fp, "status": "interrupted", "rounds": 10, "rounds_done": 4})
+    with pytest.raises(HarnessError, match="holds 8 samples where run.json records 4 rounds"):
+        main(["e2e", str(tmp_path / "aa-short"), "--partial"])
 
 
 def test_bench_e2e_control_runs_a_table_of_no_ranges_and_excludes_table(tmp_path):

@@ -3,6 +3,7 @@ import pytest
 import torch
 
 import dispatch
+from dispatch.patching import DispatchedLinear
 
 transformers = pytest.importorskip("transformers")
 
@@ -22,13 +23,14 @@ def test_patched_and_stock_outputs_match_and_remove_restores(tiny):
     handle = dispatch.patch(tiny)
     # 7 linears per decoder layer (q, k, v, o, gate, up, down), the LM head left to F.linear as vLLM runs it
     assert len(handle) == 2 * 7 and not any("lm_head" in n for n in handle.names())
-    assert all("forward" in m.__dict__ for _, m in handle.patched)
+    assert all(type(m) is DispatchedLinear for _, m in handle.patched)
     with torch.no_grad():
         patched = tiny(ids).logits
     assert torch.equal(patched, stock)
     modules = [m for _, m in handle.patched]
     handle.remove()
-    assert len(handle) == 0 and all("forward" not in m.__dict__ for m in modules)
+    assert len(handle) == 0 and all(type(m) is torch.nn.Linear and not m.__dict__.get("_dispatch_bound")
+                                    for m in modules)
     with torch.no_grad():
         assert torch.equal(tiny(ids).logits, stock)
 
@@ -54,3 +56,73 @@ def test_compiled_patch_runs_through_the_custom_op(tiny):
         assert torch.equal(tiny(ids).logits, stock)
         assert torch.equal(compiled(ids).logits, stock)
     handle.remove()
+
+
+def _logits(model, ids):
+    with torch.no_grad():
+        return model(ids).logits
+
+
+def _fresh_weights(model) -> dict:
+    torch.manual_seed(1)
+    return {k: torch.randn_like(v) for k, v in model.state_dict().items()}
+
+
+@pytest.mark.parametrize("change", ["load_state_dict(assign=True)", "module.weight = ...", "in-place copy"])
+def test_a_patched_linear_computes_with_its_modules_current_weight(tiny, change):
+    """After patch, whatever replaces or rewrites the weights, the patched model computes what the stock model
+    with those weights computes (the binding follows the module's weight, never an old tensor)."""
+    import copy
+    ids = torch.randint(0, 96, (1, 7))
+    stock = copy.deepcopy(tiny)
+    dispatch.patch(tiny)
+    _logits(tiny, ids)  # bound to the first weights
+    new = _fresh_weights(tiny)
+    if change == "load_state_dict(assign=True)":
+        tiny.load_state_dict(new, assign=True)
+    elif change == "module.weight = ...":
+        for name, module in tiny.named_modules():
+            if isinstance(module, torch.nn.Linear):
+                module.weight = torch.nn.Parameter(new[f"{name}.weight"])
+        tiny.load_state_dict(new)
+    else:
+        tiny.load_state_dict(new)
+    stock.load_state_dict(new)
+    assert torch.equal(_logits(tiny, ids), _logits(stock, ids))
+
+
+def test_deepcopy_save_and_load_of_a_patched_model(tiny, tmp_path):
+    import copy
+    ids = torch.randint(0, 96, (1, 6))
+    dispatch.patch(tiny)
+    before = _logits(tiny, ids)
+    twin = copy.deepcopy(tiny)
+    twin.load_state_dict(_fresh_weights(twin))  # the copy's weights, not the original's
+    assert torch.equal(_logits(tiny, ids), before)
+    assert not torch.equal(_logits(twin, ids), before)
+    torch.save(tiny, tmp_path / "m.pt")
+    loaded = torch.load(tmp_path / "m.pt", weights_only=False)
+    assert torch.equal(_logits(loaded, ids), before)
+    assert tiny.state_dict().keys() == loaded.state_dict().keys()
+
+
+def test_a_model_patched_on_the_meta_device_runs_once_materialised():
+    def stack():
+        return torch.nn.Sequential(torch.nn.Linear(16, 32, bias=False), torch.nn.Linear(32, 8, bias=False)).to(
+            torch.bfloat16)
+    torch.manual_seed(0)
+    real = stack()
+    with torch.device("meta"):
+        meta = stack()
+    handle = dispatch.patch(meta)
+    assert len(handle) == 2
+    x = torch.randn(3, 16, dtype=torch.bfloat16)
+    assert meta(x.to("meta")).is_meta  # still meta: F.linear's meta result, nothing bound
+    meta.load_state_dict(real.state_dict(), assign=True)
+    with torch.no_grad():
+        assert torch.equal(meta(x), real(x))
+
+
+def test_patch_of_something_that_is_not_a_module_is_a_type_error():
+    with pytest.raises(TypeError, match="needs a torch.nn.Module"):
+        dispatch.patch(None)
