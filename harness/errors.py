@@ -124,7 +124,12 @@ def run_cli(main: Callable[[Sequence[str] | None], int], prog: str, argv: Sequen
         return 128 + signal.SIGPIPE
     except OSError as exc:
         if not _is_stdout_error(exc):
-            raise
+            if exc.errno not in _FILE_ERRNOS:
+                raise
+            where = f" {exc.filename}" if exc.filename else ""
+            print(f"{prog}: error: cannot write or read{where} ({exc.strerror}); check that path's permissions, "
+                  f"attributes (chattr) and free space, or choose another", file=terminal(), flush=True)
+            return 2
         _stdout_to_devnull()
         print(f"{prog}: error: cannot write to standard output ({exc.strerror or exc}); redirect it elsewhere",
               file=terminal(), flush=True)
@@ -133,7 +138,13 @@ def run_cli(main: Callable[[Sequence[str] | None], int], prog: str, argv: Sequen
 
 def _is_stdout_error(exc: OSError) -> bool:
     import errno
-    return exc.errno in (errno.ENOSPC, errno.EIO, errno.EDQUOT, errno.EBADF)
+    return exc.errno in (errno.ENOSPC, errno.EIO, errno.EDQUOT, errno.EBADF) and exc.filename is None
+
+
+# what a file system says of a path the user named: one line, never a traceback
+_FILE_ERRNOS = {getattr(__import__("errno"), name) for name in
+                ("EACCES", "EPERM", "EROFS", "ENOSPC", "EDQUOT", "ENOTDIR", "EISDIR", "ENAMETOOLONG", "ELOOP",
+                 "EEXIST", "ENOENT", "EXDEV", "EMLINK", "EFBIG")}
 
 
 def _stdout_to_devnull() -> None:

@@ -54,9 +54,6 @@ def check_target(path: Path, option: str, install: bool = False) -> Path:
     path = Path(path)
     real = resolved(path, option) if path.is_symlink() else path
     resolved(real, option)  # a loop further up the path
-    if path.is_symlink() and is_tracked(real):
-        raise HarnessError(f"{option} {path} is a symlink to {real}, a file of the project's own; nothing was "
-                           f"written: name another output, or remove the link")
     if real.exists() and not real.is_file():
         raise HarnessError(f"{option} {path} is not a regular file (a folder, device, FIFO or socket); name a "
                            f"regular file to write")
@@ -68,6 +65,9 @@ def check_target(path: Path, option: str, install: bool = False) -> Path:
     if is_shipped(real) and not install:
         raise HarnessError(f"{option} {path} is a file the project ships; pass --install to replace it, or write "
                            f"elsewhere")
+    if path.is_symlink() and is_tracked(real):
+        raise HarnessError(f"{option} {path} is a symlink to {real}, a file of the project's own; nothing was "
+                           f"written: name another output, or remove the link")
     return real
 
 
@@ -212,11 +212,20 @@ def shipped_or_results(value: str | None, shipped: Path, results: Path, install:
 
 
 def output_dir(value: str | Path, option: str) -> Path:
-    """An output folder option, checked before any work: not an existing file, nor below one."""
+    """An output folder option, checked before any work: not an existing file, nor below one, and the nearest
+    existing folder on its path writable (tried with a temporary file: root ignores modes, not read-only mounts
+    or immutable folders)."""
     path = Path(value)
     for p in (path, *path.parents):
         if p.exists() and not p.is_dir():
             raise HarnessError(f"{option} {path}: {p} is a file, not a folder; choose another output folder")
+    nearest = next((p for p in (path, *path.parents) if p.exists()), Path("."))
+    try:
+        with tempfile.TemporaryFile(dir=nearest):
+            pass
+    except OSError as exc:
+        raise HarnessError(f"{option} {path}: {nearest} is not writable ({exc.strerror}); choose a folder you can "
+                           f"write") from None
     return path
 
 

@@ -27,7 +27,8 @@ SWEEP = DATA / "h200-sweep"
 SHARD = DATA / "h200-shards" / "shard-1"  # a shard of a --shard run, as bench merge takes it
 FORWARD = ROOT / "evidence" / "h200-forward-20261201T1016-4d4993"  # a forward of the current rules
 LEAN = DATA / "h200-lean-validate"  # a run that measured the lean paths the committed table chooses
-WATCHED = [ROOT / "dispatch" / "thresholds", ROOT / "tests" / "baselines", DATA, ROOT / "shapes" / "configs"]
+WATCHED = [ROOT / "dispatch" / "thresholds", ROOT / "tests" / "baselines", ROOT / "calibrate" / "noise", DATA,
+           ROOT / "shapes" / "configs", ROOT / "README.md", ROOT / "evidence" / "manifest.json"]
 
 
 def _mains() -> dict[str, Callable]:
@@ -49,6 +50,9 @@ def snapshot(*roots: Path) -> dict[str, tuple[int, str]]:
     """Every file and folder under roots: (mode, content hash); folders hash to ''."""
     out = {}
     for root in roots:
+        if root.is_file():
+            out[str(root)] = (os.stat(root).st_mode, hashlib.sha1(root.read_bytes()).hexdigest())
+            continue
         for dirpath, dirnames, filenames in os.walk(root):
             if "__pycache__" in dirpath:
                 continue
@@ -210,7 +214,7 @@ CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
     ("results cut at a line (1 row)", lambda t: ["calibrate", "validate", run_folder(t, csv_text=lambda s: "\n".join(s.splitlines()[:2]) + "\n")],
      "cells of its grid are missing"),
     ("results cut mid-line", lambda t: ["calibrate", "validate", run_folder(t, csv_text=lambda s: s[: len(s) // 2])],
-     "missing|NaN|non-numeric|cannot read"),
+     "cut short"),
     ("results empty file", lambda t: ["calibrate", "validate", run_folder(t, csv_text=lambda s: "")], "cannot read|no rows"),
     ("results header only", lambda t: ["calibrate", "validate", run_folder(t, csv_text=lambda s: s.splitlines()[0] + "\n")], "no rows"),
     ("results of an unfinished run", lambda t: ["calibrate", "validate", run_folder(t, edit_info=lambda i: {**i, "status": "interrupted"})],
@@ -550,7 +554,69 @@ CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
                                                        user_folder(t, inner="fresh/kept.csv")], "no CUDA GPU"),
     ("bench run, no GPU", lambda t: ["bench", "run", "--gpu", "h200", "--out", str(t / "out")], "no CUDA GPU"),
     ("host-anatomy, no GPU", lambda t: ["bench", "host-anatomy", "--gpu", "h200", "--out", str(t / "out")], "no CUDA GPU"),
+    # readers that vouch: every kind of input file, read whole and bounded
+    ("results M beyond the grid", lambda t: ["calibrate", "validate", run_folder(t, set_cell("m", "1000000000000"))],
+     "above 16384"),
+    ("results csv and parquet disagree", lambda t: ["calibrate", "validate", _with_parquet(t, 3.0)], "disagree"),
+    ("results of another layout than the table", lambda t: ["calibrate", "validate", run_folder(
+        t, edit_info=lambda i: {**i, "layout": "transformers"}, source=LEAN)], "measured transformers's layout"),
+    ("baseline band of no width limit", lambda t: ["calibrate", "regress", "--gpu", "h200", "--from", str(LEAN),
+                                                  "--baseline", baseline(t, _wide_band)], "can fail nothing"),
+    ("baseline nested a million deep", lambda t: ["calibrate", "regress", "--gpu", "h200", "--from", str(LEAN),
+                                                 "--baseline", baseline(t, raw=b"[" * 10 ** 6)], "nests deeper"),
+    ("run.json nested deeply", lambda t: ["calibrate", "validate", run_folder(
+        t, edit_info=lambda i: b'{"a": ' * 5000 + b"1" + b"}" * 5000)], "nests deeper"),
+    ("--cells @/dev/zero", lambda t: ["bench", "run", "--gpu", "h200", "--cells", "@/dev/zero", "--dry-run"],
+     "not a regular file"),
+    ("--cells @FIFO", lambda t: ["bench", "run", "--gpu", "h200", "--cells", f"@{_fifo(t)}", "--dry-run"],
+     "not a regular file"),
+    ("report -o a symlink to the README", lambda t: ["reports", "build", str(LEAN), "-o", _link(t, ROOT / "README.md")],
+     "a file of the project's own"),
+    ("validate --csv a folder with a trailing slash", lambda t: ["calibrate", "validate", str(LEAN), "--csv",
+                                                                  str(t / "new") + "/"], "names a folder"),
+    ("fit --install of a transformers-layout sweep", lambda t: ["calibrate", "fit", run_folder(
+        t, edit_info=lambda i: {**i, "layout": "transformers"}, source=LEAN), "--gpu", "h200", "--install"],
+     "covers vllm's"),
+    ("e2e file empty", lambda t: ["calibrate", "e2e", _e2e_folder(t, b"")], "not a table bench e2e wrote"),
+    ("e2e file binary", lambda t: ["calibrate", "e2e", _e2e_folder(t, bytes(range(256)) * 4)], "not UTF-8"),
 ]
+
+
+def _with_parquet(t: Path, factor: float) -> str:
+    """A copy of a run whose results.parquet says one cell took `factor` times what results.csv says."""
+    from bench.results import read_csv_table
+    d = run_folder(t, source=LEAN)
+    df = read_csv_table(Path(d) / "results.csv")
+    ok = df.index[df["status"] == "ok"][0]
+    for col in ("gpu_us", "gpu_us_p20", "gpu_us_p80"):
+        df.loc[ok, col] *= factor
+    pytest.importorskip("pyarrow")
+    df.to_parquet(Path(d) / "results.parquet", index=False)
+    return d
+
+
+def _wide_band(data: dict) -> None:
+    for cell in data["cells"]:
+        cell.update(gpu_ratio_lo=1e-9, gpu_ratio_hi=1e9)
+
+
+def _fifo(t: Path) -> Path:
+    os.mkfifo(t / "cells.fifo")
+    return t / "cells.fifo"
+
+
+def _link(t: Path, target: Path) -> str:
+    (t / "link.html").symlink_to(target)
+    return str(t / "link.html")
+
+
+def _e2e_folder(t: Path, csv: bytes) -> str:
+    src = ROOT / "evidence" / "h200-e2e-20261202T0449-6175bb"
+    d = t / "e2e"
+    d.mkdir()
+    shutil.copy(src / "run.json", d / "run.json")
+    (d / "e2e.csv").write_bytes(csv)
+    return str(d)
 
 
 def _no_gpu() -> bool:
@@ -596,6 +662,87 @@ def test_allow_mismatch_and_partial_let_the_user_judge_anyway(tmp_path, capsys):
     cut = run_folder(tmp_path, lambda df: df[df["m"].astype(int) <= 64], source=LEAN)
     assert main(["validate", cut, "--partial"]) in (0, 1)
     assert "--partial" in capsys.readouterr().err
+
+
+def test_regress_on_a_users_sweep_lists_the_cells_it_skipped_and_fails_a_slow_one(tmp_path, capsys):
+    """A user's sweep may skip baseline cells by design (a reason recorded): they are listed, not failed. A cell 3x
+    slower than its band fails."""
+    from calibrate.__main__ import main
+    base = str(tmp_path / "b.json")
+    assert main(["baseline", "--gpu", "h200", "--from", str(LEAN), "--out", base]) == 0
+
+    def edit(how):
+        def rows(df):
+            cell = df.index[(df["status"] == "ok") & (df["path"] == "flashinfer:tinygemm") & (df["m"] == "64")][0]
+            if how == "skip":
+                df.loc[cell, ["status", "reason"]] = ["skipped", "hopeless: 12x F.linear at a smaller M"]
+                df.loc[cell, ["gpu_us", "gpu_us_p20", "gpu_us_p80", "gpu_samples_us"]] = ""
+            else:  # every time of the cell 3x (a pdl cell is timed by its span)
+                for col in ("gpu_us", "gpu_us_p20", "gpu_us_p80", "span_us", "gpu_samples_us", "span_samples_us"):
+                    if col in df.columns and df.loc[cell, col]:
+                        df.loc[cell, col] = ";".join(str(3 * float(v)) for v in df.loc[cell, col].split(";"))
+            return df
+        return rows
+    (tmp_path / "a").mkdir()
+    skipped = run_folder(tmp_path / "a", edit("skip"), source=LEAN)
+    assert main(["regress", "--gpu", "h200", "--from", skipped, "--baseline", base]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"\d+ cells judged, 0 outside the band; 1 left out by the run", out)
+    assert "skipped by the run: hopeless" in out and out.rstrip().endswith("PASS")
+    (tmp_path / "b").mkdir()
+    slow = run_folder(tmp_path / "b", edit("slow"), source=LEAN)
+    assert main(["regress", "--gpu", "h200", "--from", slow, "--baseline", base]) == 1
+    assert "1 outside the band" in capsys.readouterr().out
+
+
+def test_a_table_runs_manifest_of_wrong_types_is_one_line(tmp_path):
+    from calibrate.table_pipeline import MANIFEST, recorded
+    from harness.errors import HarnessError
+    base = json.loads((ROOT / "evidence" / "h200-table-h200-20261201h" / MANIFEST).read_text())
+    for edit, needle in (({"fit_machines": 10 ** 9}, "outside 1..8"), ({"refits": "none"}, "not a list of refits"),
+                         ({"legs": {"sweep": 3}}, "not an object with a status"), ({"scope": {"models": 5}}, "scope"),
+                         ({"fit_machines": True}, "not an integer")):
+        (tmp_path / MANIFEST).write_text(json.dumps({**base, **edit}))
+        with pytest.raises(HarnessError, match=needle):
+            recorded(tmp_path)
+    (tmp_path / MANIFEST).write_text("[" * 100000)
+    with pytest.raises(HarnessError, match="nests deeper"):
+        recorded(tmp_path)
+
+
+def test_a_forked_child_of_a_command_exits_quietly_on_a_signal():
+    """A child forked from a command (a pool's worker) inherits its handlers; a signal there ends it with no
+    traceback, while the command itself still gets its interrupt."""
+    code = ("import os, signal, sys, time\n"
+            "from harness.errors import raise_on_sigterm\n"
+            "raise_on_sigterm()\n"
+            "pid = os.fork()\n"
+            "if pid == 0:\n"
+            "    time.sleep(30)\n"
+            "    os._exit(0)\n"
+            "time.sleep(0.5)  # a signal that reaches the child inside fork() itself is dropped by Python\n"
+            "os.kill(pid, signal.SIGTERM)\n"
+            "_, status = os.waitpid(pid, 0)\n"
+            "print(os.waitstatus_to_exitcode(status))\n")
+    r = _run([sys.executable, "-c", code])
+    assert r.stdout.strip() == "143" and "Traceback" not in r.stderr, r.stderr
+
+
+def test_report_builds_print_no_traceback_and_stop_on_ctrl_c_to_the_group(tmp_path):
+    """The drawing workers leave signals to the parent: a finished build prints nothing of theirs, and Ctrl-C to the
+    whole process group ends the build within seconds with 130 and one line."""
+    import time
+    cmd = [sys.executable, "-m", "reports", "build", str(LEAN), "-o", str(tmp_path / "r.html")]
+    for _ in range(2):
+        r = _run(cmd)
+        assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    for delay in (1.0, 3.0):
+        p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             start_new_session=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        time.sleep(delay)
+        os.killpg(p.pid, signal.SIGINT)
+        _, err = p.communicate(timeout=20)
+        assert p.returncode in (0, 130) and "Traceback" not in err, err
 
 
 def test_a_work_folder_is_cleared_only_when_the_harness_made_it(tmp_path):

@@ -99,7 +99,7 @@ def test_the_cell_table_has_every_measured_cell(report):
 @pytest.mark.parametrize("setup, needle", [
     (lambda d: None, "not found"),
     (lambda d: (d / "results.csv").write_text("a,b\n1,2\n"), "lacks column"),
-    (lambda d: (d / "results.csv").write_bytes(b"\x00\x01garbage"), "lacks column|cannot read|no rows"),
+    (lambda d: (d / "results.csv").write_bytes(b"\x00\x01garbage"), "lacks column|cannot read|no rows|cut short"),
     (lambda d: __import__("shutil").copy(DATA / "h200-sweep" / "results.csv", d), "run.json"),
 ])
 def test_bad_input_is_one_clear_error_and_no_file(tmp_path, setup, needle):

@@ -8,74 +8,139 @@ hand. The manifest keeps, per id: the run's command, harness sha, fingerprint's 
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
+import re
 import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from harness.errors import HarnessError, run_cli  # noqa: E402
+from harness.io import atomic_write_text, read_json_object  # noqa: E402
+
 EVIDENCE = ROOT / "evidence"
 MANIFEST = EVIDENCE / "manifest.json"
 RESULT_FILES = ("results.csv", "forward.csv", "host_cost.csv", "sustain.csv", "e2e.csv")
+FIX = "pass a results folder the harness wrote"
 
 
-def _fail(msg: str) -> None:
-    print(f"tools/evidence.py: error: {msg}", file=sys.stderr)
-    sys.exit(2)
+def _result_file(run: Path) -> Path:
+    data = next((run / f for f in RESULT_FILES if (run / f).is_file()), None)
+    if data is None:
+        raise HarnessError(f"{run} holds none of {', '.join(RESULT_FILES)}; {FIX}")
+    return data
 
 
 def run_id(run: Path, info: dict) -> str:
-    data = next((run / f for f in RESULT_FILES if (run / f).is_file()), None)
-    if data is None:
-        _fail(f"{run} holds none of {', '.join(RESULT_FILES)}; pass a results folder the harness wrote")
-    digest = hashlib.sha256(data.read_bytes()).hexdigest()[:6]
+    digest = hashlib.sha256(_result_file(run).read_bytes()).hexdigest()[:6]
     started = str(info.get("started", "")).replace("-", "").replace(":", "")[:13] or "undated"
     return f"{info.get('profile', 'gpu')}-{info.get('kind', 'sweep')}-{started}-{digest}"
 
 
 def load_manifest() -> dict:
-    return json.loads(MANIFEST.read_text()) if MANIFEST.is_file() else {"runs": {}}
+    if not MANIFEST.is_file():
+        return {"runs": {}}
+    data = read_json_object(MANIFEST, "evidence manifest", "restore it with git")
+    if not isinstance(data.get("runs"), dict):
+        raise HarnessError(f"{MANIFEST}: runs is not an object; restore it with git")
+    return data
+
+
+def check_run(run: Path) -> dict:
+    """run.json and the run's results, read by the readers every command uses: a complete run of a known profile,
+    whose results file passes its own reader. Returns run.json."""
+    from dispatch.profiles import PROFILES
+    if not run.is_dir():
+        raise HarnessError(f"{run} is not a folder; {FIX}")
+    info = read_json_object(run / "run.json", "run.json", FIX)
+    profile, kind = info.get("profile"), info.get("kind", "sweep")
+    if profile not in PROFILES:
+        raise HarnessError(f"{run}/run.json names profile {profile!r:.40}, not one of {', '.join(PROFILES)}; {FIX}")
+    if not isinstance(kind, str) or not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,30}", kind):
+        raise HarnessError(f"{run}/run.json names kind {kind!r:.40}, not a short lower-case word; {FIX}")
+    if info.get("status", "complete") != "complete":
+        raise HarnessError(f"{run} is {info.get('status')!r}, not a complete run; finish it (--resume) before it is "
+                           f"filed")
+    data = _result_file(run)
+    if data.name == "results.csv":
+        from bench.results import load_results
+        load_results(run)
+    elif data.name == "forward.csv":
+        from calibrate.forward_model import load_forward
+        load_forward(run)
+    elif data.name == "e2e.csv":
+        from calibrate.e2e_terms import load_e2e
+        load_e2e(run)
+    elif data.name == "host_cost.csv":
+        from calibrate.hostcost import load_host_cost
+        load_host_cost(run)
+    else:
+        from bench.results import _read_table
+        _read_table(data)
+    return info
+
+
+def _filed_digests() -> dict[str, str]:
+    """sha256 of each filed run's results file -> its id."""
+    out = {}
+    for folder in EVIDENCE.iterdir() if EVIDENCE.is_dir() else ():
+        data = next((folder / f for f in RESULT_FILES if (folder / f).is_file()), None)
+        if data is not None:
+            out[hashlib.sha256(data.read_bytes()).hexdigest()] = folder.name
+    return out
 
 
 def add(run: Path, backs: str, note: str) -> str:
-    if not (run / "run.json").is_file():
-        _fail(f"{run}/run.json not found; pass a results folder the harness wrote")
-    info = json.loads((run / "run.json").read_text())
+    if not backs.strip():
+        raise HarnessError("--backs is empty; say which figure or file of docs/ the run backs")
+    info = check_run(run)
     rid = run_id(run, info)
     dest = EVIDENCE / rid
     if dest.exists():
-        _fail(f"{dest} exists already; this run is filed")
-    shutil.copytree(run, dest)
+        raise HarnessError(f"{dest} exists already; this run is filed")
+    same = _filed_digests().get(hashlib.sha256(_result_file(run).read_bytes()).hexdigest())
+    if same is not None:
+        raise HarnessError(f"{run} holds the same results as evidence/{same}, filed already; nothing was written")
     manifest = load_manifest()
     fp = info.get("fingerprint") or {}
     manifest["runs"][rid] = {"command": info.get("command"), "harness_sha": fp.get("harness_sha"),
                              "gpu": fp.get("gpu_name"), "started": info.get("started"), "backs": backs,
                              **({"note": note} if note else {})}
     EVIDENCE.mkdir(exist_ok=True)
-    tmp = MANIFEST.with_suffix(".tmp")
-    tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
-    tmp.replace(MANIFEST)
+    stage = Path(tempfile.mkdtemp(prefix=".add-", dir=EVIDENCE))
+    try:
+        shutil.copytree(run, stage / rid, symlinks=True)
+        (stage / rid).rename(dest)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    try:
+        atomic_write_text(MANIFEST, json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    except BaseException:
+        shutil.rmtree(dest, ignore_errors=True)
+        raise
     return rid
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(prog="tools/evidence.py")
+def main(argv=None) -> int:
+    from harness.cli import Parser
+    p = Parser(prog="tools/evidence.py")
     sub = p.add_subparsers(dest="cmd", required=True)
     a = sub.add_parser("add")
     a.add_argument("run")
     a.add_argument("--backs", required=True)
     a.add_argument("--note", default="")
     sub.add_parser("list")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if args.cmd == "add":
         print(add(Path(args.run), args.backs, args.note))
     else:
         for rid, r in sorted(load_manifest()["runs"].items()):
-            print(f"{rid}  {r['backs']}")
+            print(f"{rid}  {r.get('backs', '')}")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_cli(main, "tools/evidence.py"))
