@@ -60,7 +60,7 @@ def test_an_interrupted_sweep_keeps_its_rows_and_resumes(tmp_path, gpu_profile):
     p.send_signal(signal.SIGTERM)
     _, err = p.communicate(timeout=120)
     assert p.returncode == 143, err
-    assert "Traceback" not in err and "--resume" in err.strip().splitlines()[-1]
+    assert "Traceback" not in err and "--resume" in err.strip().splitlines()[-1], err
     info = json.loads((out / "run.json").read_text())
     assert info["status"] == "interrupted"
     kept = (out / "results.csv").read_text().count("\n") - 1

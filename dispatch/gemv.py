@@ -1,0 +1,108 @@
+"""A project-owned split-K GEMV for small M (Triton): y[M, N] = x[M, K] @ w[N, K].T in bf16 with fp32 accumulation.
+
+At M <= 16 a linear is a streaming read of its weight. cuBLAS and TinyGEMM leave a small-N, large-K weight (o_proj,
+down_proj) well short of the memory ceiling, because N / tile gives too few CTAs to keep every SM's loads in flight.
+Splitting K gives each SM several independent slices. The partial sums are reduced inside the same kernel: each
+(N tile, K split) program adds its fp32 partial into a workspace with an atomic add, and the last program of an N
+tile (a per-tile arrival counter) reads the sum, writes the bf16 output and clears the workspace and counter for the
+next call. One launch, no memset, no second reduce kernel, so the cost of a call is one kernel's.
+
+The workspace and counters belong to one weight (bind-time), so calls on one stream never race. Two streams running
+the same bound layer at once would share them: the dispatcher's bound layers run on the caller's stream.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# the configurations the tuner tries, and the one it falls back to: (BLOCK_N, BLOCK_K, SPLIT_K, num_warps)
+CONFIGS = tuple((bn, bk, sk, nw) for bn in (8, 16, 32, 64) for bk in (128, 256, 512) for sk in (1, 2, 4, 8, 16)
+                for nw in (4, 8) if bn * bk <= 16384)
+MAX_M = 16
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    block_n: int
+    block_k: int
+    split_k: int
+    num_warps: int
+
+    def key(self) -> str:
+        return f"bn{self.block_n}_bk{self.block_k}_sk{self.split_k}_w{self.num_warps}"
+
+
+def _kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def gemv_splitk(x_ptr, w_ptr, y_ptr, acc_ptr, count_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
+                    M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+        pid_n = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        rm = tl.arange(0, M_PAD)
+        k_per = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
+        k_lo = pid_k * k_per
+        acc = tl.zeros((M_PAD, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, k_per, BLOCK_K):
+            rk = k_lo + k0 + tl.arange(0, BLOCK_K)
+            w = tl.load(w_ptr + rn[:, None] * stride_wn + rk[None, :],
+                        mask=(rn[:, None] < N) & (rk[None, :] < K), other=0.0,
+                        eviction_policy="evict_first").to(tl.float32)
+            for m in tl.static_range(M_PAD):  # each weight tile is read once and serves every row of x
+                xm = tl.load(x_ptr + m * stride_xm + rk, mask=(rk < K) & (m < M), other=0.0).to(tl.float32)
+                acc += tl.where(rm[:, None] == m, tl.sum(w * xm[None, :], axis=1)[None, :], 0.0)
+        out_mask = (rm[:, None] < M) & (rn[None, :] < N)
+        if SPLIT_K == 1:
+            tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(tl.bfloat16), mask=out_mask)
+        else:
+            part = acc_ptr + rm[:, None] * N + rn[None, :]
+            tl.atomic_add(part, acc, mask=out_mask, sem="relaxed")
+            tl.debug_barrier()  # every thread's partial is in before the tile's counter says so
+            arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel")
+            if arrived == SPLIT_K - 1:  # the last split of this N tile: the sum is complete
+                total = tl.load(part, mask=out_mask, other=0.0, cache_modifier=".cg")
+                tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], total.to(tl.bfloat16), mask=out_mask)
+                tl.store(part, tl.zeros((M_PAD, BLOCK_N), dtype=tl.float32), mask=out_mask)
+                tl.store(count_ptr + pid_n, 0)
+    return gemv_splitk
+
+
+_KERNEL: list[Any] = []
+
+
+def kernel():
+    if not _KERNEL:
+        _KERNEL.append(_kernel())
+    return _KERNEL[0]
+
+
+class Gemv:
+    """The split-K GEMV bound to one weight [N, K] (bf16, contiguous rows) and one configuration: call(x) -> y."""
+
+    def __init__(self, weight: Any, config: GemvConfig):
+        import torch
+        if weight.dim() != 2 or weight.dtype != torch.bfloat16 or weight.stride(1) != 1:
+            raise ValueError("the GEMV takes a 2-D bf16 weight with contiguous rows")
+        self.weight, self.config = weight, config
+        n = weight.shape[0]
+        self.tiles = -(-n // config.block_n)
+        self.acc = torch.zeros(MAX_M * n, device=weight.device, dtype=torch.float32)
+        self.count = torch.zeros(self.tiles, device=weight.device, dtype=torch.int32)
+        self.fn = kernel()
+
+    def __call__(self, x: Any, out: Any | None = None) -> Any:
+        import torch
+        m, k = x.shape
+        n = self.weight.shape[0]
+        if m > MAX_M or k != self.weight.shape[1] or x.stride(1) != 1:
+            raise ValueError(f"the GEMV takes M <= {MAX_M} rows of K = {self.weight.shape[1]} contiguous elements")
+        y = out if out is not None else torch.empty((m, n), device=x.device, dtype=torch.bfloat16)
+        c = self.config
+        self.fn[(self.tiles, c.split_k)](x, self.weight, y, self.acc, self.count, m, n, k, x.stride(0),
+                                        self.weight.stride(0), y.stride(0), M_PAD=max(1, 1 << (m - 1).bit_length()),
+                                        BLOCK_N=c.block_n, BLOCK_K=c.block_k, SPLIT_K=c.split_k,
+                                        num_warps=c.num_warps)
+        return y
