@@ -19,6 +19,7 @@ COLUMNS = (
     "m_is_bucket", "tune_s", "fi_runner", "fi_tactic",
     "models", "layers", "count", "in_cuda_graph", "tags",
     "gpu_samples_us", "pdl", "span_samples_us", "gpu_from", "stop",
+    "bytes", "gbps", "of_ceiling", "of_large_ceiling",
 )
 REQUIRED = ("n", "k", "m", "path", "status", "gpu_us", "gpu_us_p20", "gpu_us_p80", "event_us", "host_us",
             "kernels", "kernels_per_call", "timer", "rel_err")
@@ -76,7 +77,7 @@ def read_csv_table(path: Path | Any):
     return pd.read_csv(path, keep_default_na=False, na_values={c: [""] for c in
                        ("gpu_us", "gpu_us_p20", "gpu_us_p80", "span_us", "event_us", "host_us", "host_us_p20",
                         "host_us_p80", "rel_err", "tune_s", "l2_multiple", "kernels_per_call", "samples",
-                        "calls_per_graph", "rotations")})
+                        "calls_per_graph", "rotations", "bytes", "gbps", "of_ceiling", "of_large_ceiling")})
 
 
 TIME_COLUMNS = ("gpu_us", "gpu_us_p20", "gpu_us_p80", "event_us", "host_us")  # finite, >= 0 on every ok row

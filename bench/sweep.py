@@ -9,6 +9,8 @@ from typing import Any, Callable
 
 import dispatch
 from bench import autotune_cache
+from bench.ceiling import annotate
+from bench.ceiling import measure as measure_ceilings
 from bench.clocks import make_clock
 from bench.envinfo import nvml_clocks, run_info
 from bench.gpu import (REL_ERR_BOUND, L2Flush, Stopping, capture, flashinfer_choices, make_operands, output_error,
@@ -58,6 +60,7 @@ class SweepConfig:
     # Paths the dispatcher cannot choose (paths.unchoosable_reason) get a skipped row per cell; bench run sets it
     # unless --all or --paths.
     skip_unchoosable: bool = False
+    ceilings: bool = True  # measure the machine's read ceilings (bench/ceiling.py) and each row's share of them
     l2: str = "rotate"  # rotate | flush | warm (bench.gpu.L2_MODES)
     resume: bool = False
     allow_mismatch: bool = False
@@ -581,6 +584,10 @@ def run_sweep(cfg: SweepConfig) -> Path:
     phase = PhaseTimer()
     interrupted: KeyboardInterrupt | None = None
     try:
+        if cfg.ceilings and clock.name == "cupti" and "ceilings" not in info:
+            with phase("ceilings"):
+                info["ceilings"] = {**measure_ceilings(clock, [s.n * s.k * 2 for s in cfg.shapes]),
+                                    "nominal_gbps": cfg.profile.hbm_peak_gbps or None}
         for shape in shape_stream(cfg):
             t_shape = time.perf_counter()
             todo = [m for m in cfg.ms_of(shape) if any((shape.n, shape.k, m, p.name) not in done for p in cfg.paths)]
@@ -596,6 +603,7 @@ def run_sweep(cfg: SweepConfig) -> Path:
                 rows.extend(skipped)
                 measured = measure_group(cfg, clock, shape, m, live, fns, props.L2_cache_size, tune_info, phase,
                                          flush, flush_names)
+                annotate(measured, info.get("ceilings"))
                 rows.extend(measured)
                 for name, reason in hopeless_after(measured, m, cfg.hopeless_factor).items():
                     hopeless.setdefault(name, reason)

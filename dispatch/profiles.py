@@ -24,6 +24,9 @@ class GpuProfile:
     # Programmatic dependent launch as vLLM sets it (dispatch/vllm.py pdl): True on SM >= 90.
     # Every FlashInfer call of the harness passes it to the backends that take it (Backend.supports_pdl).
     pdl: bool = True
+    # The vendor's nominal HBM bandwidth (GB/s), shown beside the ceilings a run measures (bench/ceiling.py); never
+    # a ceiling itself.
+    hbm_peak_gbps: float = 0.0
 
     @property
     def server(self) -> vllm.ServerDefaults:
@@ -41,11 +44,13 @@ class GpuProfile:
 
 
 PROFILES: dict[str, GpuProfile] = {p.name: p for p in (
-    GpuProfile("h100", 90, "H100", ("tinygemm", "cublaslt", "cudnn"), "tinygemm", 80),
-    GpuProfile("h200", 90, "H200", ("tinygemm", "cublaslt", "cudnn"), "tinygemm", 141),
+    GpuProfile("h100", 90, "H100", ("tinygemm", "cublaslt", "cudnn"), "tinygemm", 80, hbm_peak_gbps=3350.0),
+    GpuProfile("h200", 90, "H200", ("tinygemm", "cublaslt", "cudnn"), "tinygemm", 141, hbm_peak_gbps=4800.0),
     # TinyGEMM's SM list includes 100: measured beside cute-dsl, the low-M backend vLLM runs there
-    GpuProfile("b200", 100, "B200", ("cute-dsl", "tinygemm", "cublaslt", "cudnn"), "cute-dsl", 180, 1380.0, 6700.0),
-    GpuProfile("gb200", 100, "GB200", ("cute-dsl", "tinygemm", "cublaslt", "cudnn"), "cute-dsl", 186, 1380.0, 6700.0),
+    GpuProfile("b200", 100, "B200", ("cute-dsl", "tinygemm", "cublaslt", "cudnn"), "cute-dsl", 180, 1380.0, 6700.0,
+               hbm_peak_gbps=8000.0),
+    GpuProfile("gb200", 100, "GB200", ("cute-dsl", "tinygemm", "cublaslt", "cudnn"), "cute-dsl", 186, 1380.0, 6700.0,
+               hbm_peak_gbps=8000.0),
 )}
 
 

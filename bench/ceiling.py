@@ -1,0 +1,116 @@
+"""(GPU) The memory ceilings a run measures on its own machine, and each cell's distance to them.
+
+A linear at small M is a read of its weight. Its floor is the time the machine takes to stream the same bytes:
+- the size-matched ceiling: the fastest of a few streaming-read kernels (Triton; one CTA per block, or persistent)
+  over exactly the weight's bytes, 8 rotating copies so that they come from HBM, captured and replayed with the
+  cells' own timer. A small read pays a ramp and a tail that a large one amortises, so this is the floor a kernel
+  reading that weight alone can reach;
+- the large-buffer ceiling: the same reads over a buffer far larger than L2 (the machine's sustained bandwidth).
+The profile's nominal peak (hbm_peak_gbps) is shown beside them, never used as one.
+
+Each results row then carries the bytes its cell moves (weight, activations and output, bf16), its achieved GB/s
+and its share of both ceilings (`annotate`). A read kernel that some GEMM beats is no ceiling: `annotate` flags a
+share above 1 so that the read set is widened, not the figure trimmed.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+LARGE_BUFFER_BYTES = 2 << 30  # 2 GiB: 30x an H200's L2, 16x a B200's
+ROTATIONS = 8
+# (kind, BLOCK, num_warps, CTAs per SM for a persistent read): the reads tried at every size
+READS = (("blocks", 4096, 4, 0), ("blocks", 8192, 8, 0), ("blocks", 16384, 16, 0), ("persistent", 8192, 8, 4),
+         ("persistent", 4096, 4, 8))
+BYTES_PER_ELEMENT = 2
+
+
+def cell_bytes(n: int, k: int, m: int) -> int:
+    """What one call of an [M, K] x [N, K] linear reads and writes at least, in bf16: weight, input, output."""
+    return (n * k + m * k + m * n) * BYTES_PER_ELEMENT
+
+
+def _kernels():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def read_blocks(p, n, out, BLOCK: tl.constexpr):
+        pid = tl.program_id(0)
+        offs = pid * BLOCK + tl.arange(0, BLOCK)
+        x = tl.load(p + offs, mask=offs < n, other=0.0, eviction_policy="evict_first")
+        tl.store(out + pid, tl.sum(x.to(tl.float32)))
+
+    @triton.jit
+    def read_persistent(p, n, out, BLOCK: tl.constexpr):
+        pid = tl.program_id(0)
+        step = tl.num_programs(0) * BLOCK
+        acc = tl.zeros((BLOCK,), dtype=tl.float32)
+        for start in range(pid * BLOCK, n, step):
+            offs = start + tl.arange(0, BLOCK)
+            acc += tl.load(p + offs, mask=offs < n, other=0.0, eviction_policy="evict_first").to(tl.float32)
+        tl.store(out + pid, tl.sum(acc))
+    return {"blocks": read_blocks, "persistent": read_persistent}
+
+
+def read_name(read: tuple) -> str:
+    kind, block, warps, per_sm = read
+    return f"{kind}-b{block}-w{warps}" + (f"-x{per_sm}" if per_sm else "")
+
+
+def _read_fn(read: tuple, elements: int, sms: int, out) -> Any:
+    kind, block, warps, per_sm = read
+    kernel = _kernels()[kind]
+    blocks = -(-elements // block)
+    grid = (min(blocks, sms * per_sm) if per_sm else blocks,)
+
+    def fn(x, w):
+        kernel[grid](w, elements, out, BLOCK=block, num_warps=warps)
+    return fn
+
+
+def measure(clock, weight_bytes: list[int], samples: int = 10, replay_us: float = 2000.0) -> dict[str, Any]:
+    """The ceilings of this machine: {"large_buffer": {...}, "size_matched": {str(bytes): {...}}}, each with the
+    fastest read's median GPU µs per call, its GB/s and which read it was (every read's time kept too)."""
+    import torch
+
+    from bench.gpu import Operands, capture, replay_interleaved
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+
+    def fastest(nbytes: int, rotations: int) -> dict[str, Any]:
+        elements = nbytes // BYTES_PER_ELEMENT
+        flat = torch.randn(rotations * elements, device="cuda", dtype=torch.bfloat16)
+        ws = [flat[i * elements:(i + 1) * elements] for i in range(rotations)]
+        out = torch.empty(elements // 1024 + sms * 16 + 1, device="cuda", dtype=torch.float32)
+        estimate_us = nbytes / 4e6  # at 4 TB/s: only to size the replay near replay_us
+        calls = max(rotations, min(256, int(replay_us / estimate_us)))
+        graphs = {read_name(r): capture(_read_fn(r, elements, sms, out), Operands(ws, ws), calls) for r in READS}
+        timing = replay_interleaved(clock, graphs, calls, samples)
+        times = {name: float(torch.tensor(t.gpu_us).median()) for name, t in timing.items() if t.gpu_us}
+        del graphs, flat, ws, out
+        torch.cuda.empty_cache()
+        best = min(times, key=times.get)
+        return {"bytes": nbytes, "gpu_us": round(times[best], 3), "gbps": round(nbytes / times[best] / 1e3, 1),
+                "read": best, "reads_us": {k: round(v, 3) for k, v in sorted(times.items())}}
+    return {"large_buffer": fastest(LARGE_BUFFER_BYTES, 1),
+            "size_matched": {str(b): fastest(b, ROTATIONS) for b in sorted(set(weight_bytes))},
+            "method": f"the fastest of {len(READS)} streaming reads ({', '.join(read_name(r) for r in READS)}), "
+                      f"{ROTATIONS} rotating copies (the large buffer: one), captured and replayed like the cells"}
+
+
+def annotate(rows: list[dict[str, Any]], ceilings: dict[str, Any] | None) -> None:
+    """Adds bytes, gbps and the shares of both ceilings to every ok row (in place)."""
+    if not ceilings:
+        return
+    large = ceilings["large_buffer"]["gbps"]
+    matched = ceilings.get("size_matched", {})
+    for row in rows:
+        if row.get("status") != "ok" or not row.get("gpu_us"):
+            continue
+        n, k, m = int(row["n"]), int(row["k"]), int(row["m"])
+        nbytes = cell_bytes(n, k, m)
+        row["bytes"] = nbytes
+        row["gbps"] = round(nbytes / float(row["gpu_us"]) / 1e3, 1)
+        row["of_large_ceiling"] = round(row["gbps"] / large, 4)
+        own = matched.get(str(n * k * BYTES_PER_ELEMENT))
+        if own is not None:
+            row["of_ceiling"] = round(own["gpu_us"] / float(row["gpu_us"]), 4)

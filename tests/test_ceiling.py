@@ -1,0 +1,31 @@
+"""The distance to the memory ceiling on CPU: bytes a cell moves, achieved bandwidth and its share of the ceilings."""
+import pytest
+
+from bench.ceiling import annotate, cell_bytes
+
+
+def test_a_cell_moves_its_weight_input_and_output_in_bf16():
+    assert cell_bytes(2560, 4096, 1) == (2560 * 4096 + 4096 + 2560) * 2
+    assert cell_bytes(10, 20, 30) == (200 + 600 + 300) * 2
+
+
+def test_every_ok_row_gets_its_bandwidth_and_share_of_both_ceilings():
+    weight = 2560 * 4096 * 2
+    ceilings = {"large_buffer": {"gbps": 4000.0}, "size_matched": {str(weight): {"gpu_us": 6.0}}}
+    rows = [{"n": 2560, "k": 4096, "m": 1, "status": "ok", "gpu_us": 8.0},
+            {"n": 2560, "k": 4096, "m": 1, "status": "skipped", "gpu_us": None},
+            {"n": 64, "k": 64, "m": 1, "status": "ok", "gpu_us": 2.0}]
+    annotate(rows, ceilings)
+    first = rows[0]
+    assert first["bytes"] == cell_bytes(2560, 4096, 1)
+    assert first["gbps"] == pytest.approx(first["bytes"] / 8.0 / 1e3, rel=1e-3)
+    assert first["of_large_ceiling"] == pytest.approx(first["gbps"] / 4000.0, rel=1e-3)
+    assert first["of_ceiling"] == pytest.approx(0.75)
+    assert "gbps" not in rows[1]  # nothing measured, nothing derived
+    assert "of_ceiling" not in rows[2] and rows[2]["of_large_ceiling"] > 0  # no read of its size was measured
+
+
+def test_no_ceilings_leaves_the_rows_as_they_were():
+    rows = [{"n": 1, "k": 1, "m": 1, "status": "ok", "gpu_us": 1.0}]
+    annotate(rows, None)
+    assert rows == [{"n": 1, "k": 1, "m": 1, "status": "ok", "gpu_us": 1.0}]
