@@ -114,3 +114,29 @@ def annotate(rows: list[dict[str, Any]], ceilings: dict[str, Any] | None) -> Non
         own = matched.get(str(n * k * BYTES_PER_ELEMENT))
         if own is not None:
             row["of_ceiling"] = round(own["gpu_us"] / float(row["gpu_us"]), 4)
+
+
+def forward_floor(shapes: list[tuple[int, int]], m: int, ceilings: dict[str, Any]) -> dict[str, Any]:
+    """A forward's linears ([(n, k)] in order) at M against the limit: the bytes they move, their bandwidth floor (those
+    bytes over the large-buffer ceiling), and the sum of their weights' size-matched ceilings (None where a size was
+    not measured)."""
+    nbytes = sum(cell_bytes(n, k, m) for n, k in shapes)
+    matched = ceilings.get("size_matched", {})
+    own = [matched.get(str(n * k * BYTES_PER_ELEMENT)) for n, k in shapes]
+    return {"bytes": nbytes, "floor_us": round(nbytes / ceilings["large_buffer"]["gbps"] / 1e3, 3),
+            "ceiling_sum_us": round(sum(c["gpu_us"] for c in own), 3) if all(own) else None}
+
+
+def annotate_forward(rows: list[dict[str, Any]], shapes: list[tuple[int, int]], ceilings: dict[str, Any] | None
+                     ) -> None:
+    """Adds to every ok forward row its floor (forward_floor at its M) and the ratios of its time to it (in place)."""
+    if not ceilings:
+        return
+    for row in rows:
+        if row.get("status") != "ok" or not row.get("us"):
+            continue
+        floor = forward_floor(shapes, int(row["m"]), ceilings)
+        row.update(floor)
+        row["over_floor"] = round(float(row["us"]) / floor["floor_us"], 4)
+        if floor["ceiling_sum_us"]:
+            row["over_ceiling_sum"] = round(float(row["us"]) / floor["ceiling_sum_us"], 4)

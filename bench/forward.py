@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 import dispatch
+from bench.ceiling import annotate_forward
+from bench.ceiling import measure as measure_ceilings
 from bench.clocks import make_clock
 from bench.envinfo import ClockReader, nvml_clocks, run_info
 from bench.forward_paths import (BOUND_LAYER_RULES, DISPATCH_PYTHON, DISPATCHER_RULES, LM_HEAD_RULE,
@@ -37,7 +39,8 @@ FORWARD_FILE = "forward.csv"
 FORWARD_COLUMNS = ("model", "tp", "m", "path", "regime", "status", "reason", "us", "us_p20", "us_p80", "submit_us",
                    "gpu_busy_us", "span_us", "event_us", "linears", "kernels", "kernel_digest", "decoder_layers",
                    "lm_head", "samples", "paths_used", "samples_us", "sm_mhz", "sm_mhz_samples", "power_w_samples",
-                   "clock_reasons_samples", "submit_samples_us")
+                   "clock_reasons_samples", "submit_samples_us", "bytes", "floor_us", "ceiling_sum_us", "over_floor",
+                   "over_ceiling_sum")
 # Each timed forward follows untimed runs of itself lasting at least this long (ms): a sustained forward runs slower
 # than its first replays after idle once the GPU's power cap engages, and settles within this much of its own load
 # (docs/design.md, The settle; measured with bench forward --sustain-ms).
@@ -516,6 +519,10 @@ def run_forward(cfg: ForwardConfig) -> Path:
     try:
         if cfg.tune and not pinned:
             info["tune_s"] = _tune(cfg, seqs, sm, fns, bar, phase)
+        if "ceilings" not in info:
+            with phase("ceilings"):
+                info["ceilings"] = {**measure_ceilings(clock, [lin.n * lin.k * 2 for s in seqs.values() for lin in s]),
+                                    "nominal_gbps": cfg.profile.hbm_peak_gbps or None}
         for model, seq in seqs.items():
             todo = [m for m in cfg.ms if any((model, m, r) not in done for r in cfg.rules)]
             if not todo:
@@ -544,6 +551,7 @@ def run_forward(cfg: ForwardConfig) -> Path:
                     key for key in bound if probes.get(str(key[0]), {}).get("capped", True)}
                 fresh += eager_rows(cfg, clock, model, len(seq), bound, phase, reader, capped)
                 fresh += twin_rows(fresh, twins)
+            annotate_forward(fresh, [(lin.n, lin.k) for lin in seq], info.get("ceilings"))
             rows = [r for r in rows if not (r["model"] == model and int(r["m"]) in todo)] + fresh
             atomic_write_text(out_csv, rows_to_csv(rows, columns))
             del weights, bound

@@ -29,3 +29,20 @@ def test_no_ceilings_leaves_the_rows_as_they_were():
     rows = [{"n": 1, "k": 1, "m": 1, "status": "ok", "gpu_us": 1.0}]
     annotate(rows, None)
     assert rows == [{"n": 1, "k": 1, "m": 1, "status": "ok", "gpu_us": 1.0}]
+
+
+def test_a_forwards_floor_is_its_bytes_over_the_large_buffer_ceiling():
+    from bench.ceiling import annotate_forward, forward_floor
+    shapes = [(2560, 4096), (1024, 4096), (2560, 4096)]
+    ceilings = {"large_buffer": {"gbps": 4000.0},
+                "size_matched": {str(2560 * 4096 * 2): {"gpu_us": 6.0}}}
+    floor = forward_floor(shapes, 8, ceilings)
+    assert floor["bytes"] == sum(cell_bytes(n, k, 8) for n, k in shapes)
+    assert floor["floor_us"] == pytest.approx(floor["bytes"] / 4000.0 / 1e3, rel=1e-3)
+    assert floor["ceiling_sum_us"] is None  # no read of 1024 x 4096's bytes was measured
+    ceilings["size_matched"][str(1024 * 4096 * 2)] = {"gpu_us": 6.0}
+    rows = [{"m": 8, "status": "ok", "us": 40.0}, {"m": 8, "status": "failed", "us": None}]
+    annotate_forward(rows, shapes, ceilings)
+    assert rows[0]["over_floor"] == pytest.approx(40.0 / rows[0]["floor_us"], rel=1e-3)
+    assert rows[0]["ceiling_sum_us"] == pytest.approx(18.0) and rows[0]["over_ceiling_sum"] == pytest.approx(40 / 18)
+    assert "over_floor" not in rows[1]
