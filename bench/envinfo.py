@@ -157,6 +157,12 @@ def fingerprint() -> dict[str, Any]:
     }
 
 
+# run.json's format: 1 for the runs written before the key existed, 2 from the run that records its read ceilings.
+# Readers take every format in RUN_FORMATS and refuse a newer one (bench.results.load_run_info).
+RUN_FORMAT = 2
+RUN_FORMATS = (1, 2)
+
+
 def run_info(command: list[str] | None = None, **extra: Any) -> dict[str, Any]:
-    return {"fingerprint": fingerprint(), "command": " ".join(command or sys.argv),
+    return {"format": RUN_FORMAT, "fingerprint": fingerprint(), "command": " ".join(command or sys.argv),
             "started": datetime.now(timezone.utc).isoformat(timespec="seconds"), **extra}

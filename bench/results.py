@@ -314,6 +314,7 @@ def load_run_info(path: str | Path) -> dict[str, Any]:
     if not run_json.is_file():
         raise HarnessError(f"{run_json} not found; a results table needs the run.json written beside it")
     info = read_json_object(run_json, "run.json", RUN_FIX)
+    check_format(info, run_json)
     fp = info.get("fingerprint")
     if fp is not None and not isinstance(fp, dict):
         raise HarnessError(f"{run_json}: fingerprint is a {type(fp).__name__}, not an object; {RUN_FIX}")
@@ -331,6 +332,15 @@ def load_run_info(path: str | Path) -> dict[str, Any]:
         if info.get(key) is not None and not isinstance(info[key], str):
             raise HarnessError(f"{run_json}: {key} must be a string; {RUN_FIX}")
     return info
+
+
+def check_format(info: dict[str, Any], where: Path) -> None:
+    """A run.json of a format this harness reads (bench.envinfo.RUN_FORMATS; no key: format 1)."""
+    from bench.envinfo import RUN_FORMATS
+    fmt = info.get("format", 1)
+    if fmt not in RUN_FORMATS or isinstance(fmt, bool):
+        raise HarnessError(f"{where}: format {fmt!r:.20} is not one this harness reads ({', '.join(map(str, RUN_FORMATS))}); "
+                           f"read it with the harness that wrote it (its sha is in the fingerprint), or update")
 
 
 def finished_rows(path: Path, key: tuple[str, ...], what: str) -> list[dict[str, str]]:

@@ -22,7 +22,7 @@ from typing import Any
 
 import pandas as pd
 
-from bench.results import samples_missing, samples_ok
+from bench.results import check_format, samples_missing, samples_ok
 from calibrate.analysis import paired_ratio_ci, parse_samples, ratio_ci, verdict
 from dispatch.backends import ATEN, DISPATCH
 from harness.errors import HarnessError
@@ -39,6 +39,7 @@ def load_e2e(folder: str | Path, partial: bool = False) -> tuple[pd.DataFrame, d
     if not csv.is_file():
         raise HarnessError(f"{p} holds no e2e.csv; pass a folder that python -m bench e2e wrote")
     info = read_json_object(p / "run.json", "run.json", "pass the folder bench e2e wrote, with its run.json")
+    check_format(info, p / "run.json")
     if info.get("status", "complete") != "complete" and not partial:
         raise HarnessError(f"{p} was interrupted after {info.get('rounds_done', '?')} of {info.get('rounds', '?')} "
                            f"rounds; no verdict on it (pass --partial to judge what it holds)")

@@ -577,6 +577,8 @@ CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
     ("fit --install of a transformers-layout sweep", lambda t: ["calibrate", "fit", run_folder(
         t, edit_info=lambda i: {**i, "layout": "transformers"}, source=LEAN), "--gpu", "h200", "--install"],
      "covers vllm's"),
+    ("run.json of a newer format", lambda t: ["calibrate", "validate", run_folder(t, edit_info=lambda i: {**i, "format": 99})],
+     "format 99 is not one this harness reads"),
     ("e2e file empty", lambda t: ["calibrate", "e2e", _e2e_folder(t, b"")], "not a table bench e2e wrote"),
     ("e2e file binary", lambda t: ["calibrate", "e2e", _e2e_folder(t, bytes(range(256)) * 4)], "not UTF-8"),
 ]
