@@ -127,6 +127,18 @@ def ranges_figure(strips: list[tuple[str, tuple]]) -> str:
     return to_uri(fig)
 
 
+def _floor_lines(ax, ok: pd.DataFrame) -> None:
+    """The limit under a shape's times, where the run measured its ceilings (bench/ceiling.py): the bandwidth floor
+    (the cell's bytes over the large-buffer ceiling) and the size-matched read of its weight."""
+    if "of_large_ceiling" not in ok.columns or not ok["of_large_ceiling"].notna().any():
+        return
+    per_m = ok.assign(floor=ok["gpu_us"] * ok["of_large_ceiling"],
+                      read=ok["gpu_us"] * ok.get("of_ceiling", float("nan"))).groupby("m")[["floor", "read"]].median()
+    ax.plot(per_m.index, per_m["floor"], color="black", lw=1.2, ls="--", label="bandwidth floor (large-buffer read)")
+    if per_m["read"].notna().any():
+        ax.plot(per_m.index, per_m["read"], color="black", lw=0.8, ls=":", label="read of the weight alone")
+
+
 def shape_figure(rows: pd.DataFrame, title: str, threshold: int | None, crossover: float,
                  capture_size: int | None) -> str:
     """Three panels for one shape: GPU time per call, FlashInfer/aten GPU-time ratio, host vs GPU time."""
@@ -143,6 +155,7 @@ def shape_figure(rows: pd.DataFrame, title: str, threshold: int | None, crossove
         if is_flashinfer(path) and g["ratio"].notna().any():
             ax2.plot(g["m"], g["ratio"], marker=".", color=_color(path), label=path)
             ax2.fill_between(g["m"], g["ratio_lo"], g["ratio_hi"], color=_color(path), alpha=0.25)
+    _floor_lines(ax1, ok)
     ax1.set(xscale="log", yscale="log", xlabel="M (tokens)", ylabel="GPU µs per call (CUPTI, in graph)")
     _title(ax1, f"{title}: GPU time per call")
     _legend_below(ax1)
