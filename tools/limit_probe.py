@@ -46,26 +46,9 @@ def timed(fn, args_list, calls: int, replays: int = 25) -> float:
 
 
 def read_kernels():
-    import triton
-    import triton.language as tl
-
-    @triton.jit
-    def read_blocks(p, n, out, BLOCK: tl.constexpr):
-        pid = tl.program_id(0)
-        offs = pid * BLOCK + tl.arange(0, BLOCK)
-        x = tl.load(p + offs, mask=offs < n, other=0.0, eviction_policy="evict_first")
-        tl.store(out + pid, tl.sum(x.to(tl.float32)))
-
-    @triton.jit
-    def read_persistent(p, n, out, BLOCK: tl.constexpr):
-        pid = tl.program_id(0)
-        step = tl.num_programs(0) * BLOCK
-        acc = tl.zeros((BLOCK,), dtype=tl.float32)
-        for start in range(pid * BLOCK, n, step):
-            offs = start + tl.arange(0, BLOCK)
-            acc += tl.load(p + offs, mask=offs < n, other=0.0, eviction_policy="evict_first").to(tl.float32)
-        tl.store(out + pid, tl.sum(acc))
-    return read_blocks, read_persistent
+    from bench.ceiling import _kernels
+    kernels = _kernels()
+    return kernels["blocks"], kernels["persistent"]
 
 
 def read_ceiling(elements: int, sms: int) -> tuple[float, str, dict]:
