@@ -4,6 +4,7 @@ regime): ShapeRule.choice.
 """
 from __future__ import annotations
 
+from pathlib import Path
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -106,8 +107,11 @@ def capture_signal(name: str | None = None) -> str:
     return name
 
 
-def configure(table: ThresholdTable | None) -> None:
-    """Use this table on every device (None: back to the table of each device's GPU profile)."""
+def configure(table: ThresholdTable | str | Path | None) -> None:
+    """Use this table on every device: a ThresholdTable, or a file or profile name as load_table takes them (None:
+    back to the table of each device's GPU profile)."""
+    if table is not None and not isinstance(table, ThresholdTable):
+        table = load_table(table)
     _STATE.forced = table
     _STATE.devices.clear()
     _STATE.rules.clear()

@@ -214,7 +214,27 @@ def known_low_m_backends() -> list[str]:
     return list(LOW_M_BACKENDS)
 
 
-def load_table(profile: str | None = None, path: str | Path | None = None) -> ThresholdTable:
+def _names_a_file(value: Any) -> bool:
+    """Whether load_table's first argument names a table file rather than a GPU profile: a Path, or text that is no
+    profile's name and looks like a file (a folder in it, .json at its end, or an existing file)."""
+    from dispatch.profiles import PROFILES
+    if isinstance(value, Path):
+        return True
+    text = str(value)
+    if text in PROFILES:
+        if Path(text).is_file():
+            import warnings
+            warnings.warn(f"load_table({text!r}) took the {text} profile's shipped table, not the file {text!r}; "
+                          f"pass path={text!r} (or ./{text}) for the file", stacklevel=3)
+        return False
+    return "/" in text or "\\" in text or text.endswith(".json") or Path(text).is_file()
+
+
+def load_table(profile: str | Path | None = None, path: str | Path | None = None) -> ThresholdTable:
+    """A table: the shipped one of a GPU profile (load_table("h200")), or a file (load_table("my/table.json"),
+    load_table(Path(...)) or path=...)."""
+    if path is None and profile is not None and _names_a_file(profile):
+        profile, path = None, profile
     if path is None:
         if profile is None:
             raise HarnessError("name a GPU profile or a threshold file")

@@ -1255,3 +1255,25 @@ def test_machine_bars_keep_a_path_off_where_one_machine_loses_beyond_the_toleran
     # a machine where F.linear loses 8%: F.linear is barred there
     d = machine([0.94, 0.92, 0.95], [0.97, 0.95, 0.98])
     assert (4, "aten") in machine_bars(ms, [a, d], paths, tolerance=0.04, min_gain=0.01)
+
+
+def test_load_table_takes_a_profile_name_or_a_file_path(tmp_path, monkeypatch):
+    """A string that names a file is a path, whether it is given as text, as a Path or as path=; a profile name is the
+    shipped table; where a file in the working folder bears a profile's name, the profile wins and a warning says so."""
+    import shutil
+    from pathlib import Path
+
+    import dispatch
+    shipped = load_table("h200")
+    copy = tmp_path / "sub" / "mine.json"
+    copy.parent.mkdir()
+    shutil.copy(Path(dispatch.__file__).parent / "thresholds" / "h200.json", copy)
+    for given in (str(copy), copy, "sub/mine.json"):
+        monkeypatch.chdir(tmp_path)
+        assert load_table(given).shapes == shipped.shapes
+    assert load_table(path=str(copy)).shapes == shipped.shapes
+    (tmp_path / "h200").write_text("{}")
+    with pytest.warns(UserWarning, match="took the h200 profile's shipped table"):
+        assert load_table("h200").shapes == shipped.shapes
+    dispatch.configure(str(copy))  # configure takes a file as well
+    dispatch.reset()
