@@ -68,19 +68,32 @@ def _read_fn(read: tuple, elements: int, sms: int, out) -> Any:
     return fn
 
 
+def copies_for(nbytes: int, l2_bytes: int) -> int:
+    """How many copies a read of `nbytes` cycles through so that every read comes from HBM: enough to hold three
+    times L2 between two reads of one copy, at most ROTATIONS; one where a single copy is that large."""
+    return max(1, min(ROTATIONS, -(-3 * l2_bytes // nbytes)))
+
+
 def measure(clock, weight_bytes: list[int], samples: int = 10, replay_us: float = 2000.0) -> dict[str, Any]:
     """The ceilings of this machine: {"large_buffer": {...}, "size_matched": {str(bytes): {...}}}, each with the
-    fastest read's median GPU µs per call, its GB/s and which read it was (every read's time kept too)."""
+    fastest read's median GPU µs per call, its GB/s and which read it was (every read's time kept too). A size whose
+    copies do not fit in the free memory is recorded as skipped, with the reason, and its cells get no share."""
     import torch
 
     from bench.gpu import Operands, capture, replay_interleaved
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    props = torch.cuda.get_device_properties(0)
+    sms = props.multi_processor_count
 
-    def fastest(nbytes: int, rotations: int) -> dict[str, Any]:
+    def fastest(nbytes: int) -> dict[str, Any]:
         elements = nbytes // BYTES_PER_ELEMENT
-        flat = torch.randn(rotations * elements, device="cuda", dtype=torch.bfloat16)
+        rotations = copies_for(nbytes, props.L2_cache_size)
+        try:
+            flat = torch.randn(rotations * elements, device="cuda", dtype=torch.bfloat16)
+            out = torch.empty(elements // 1024 + sms * 16 + 1, device="cuda", dtype=torch.float32)
+        except torch.OutOfMemoryError as exc:
+            torch.cuda.empty_cache()
+            return {"bytes": nbytes, "skipped": f"out of memory for {rotations} copies: {str(exc).splitlines()[0]}"}
         ws = [flat[i * elements:(i + 1) * elements] for i in range(rotations)]
-        out = torch.empty(elements // 1024 + sms * 16 + 1, device="cuda", dtype=torch.float32)
         estimate_us = nbytes / 4e6  # at 4 TB/s: only to size the replay near replay_us
         calls = max(rotations, min(256, int(replay_us / estimate_us)))
         graphs = {read_name(r): capture(_read_fn(r, elements, sms, out), Operands(ws, ws), calls) for r in READS}
@@ -89,19 +102,21 @@ def measure(clock, weight_bytes: list[int], samples: int = 10, replay_us: float 
         del graphs, flat, ws, out
         torch.cuda.empty_cache()
         best = min(times, key=times.get)
-        return {"bytes": nbytes, "gpu_us": round(times[best], 3), "gbps": round(nbytes / times[best] / 1e3, 1),
-                "read": best, "reads_us": {k: round(v, 3) for k, v in sorted(times.items())}}
-    return {"large_buffer": fastest(LARGE_BUFFER_BYTES, 1),
-            "size_matched": {str(b): fastest(b, ROTATIONS) for b in sorted(set(weight_bytes))},
-            "method": f"the fastest of {len(READS)} streaming reads ({', '.join(read_name(r) for r in READS)}), "
-                      f"{ROTATIONS} rotating copies (the large buffer: one), captured and replayed like the cells"}
+        return {"bytes": nbytes, "copies": rotations, "gpu_us": round(times[best], 3),
+                "gbps": round(nbytes / times[best] / 1e3, 1), "read": best,
+                "reads_us": {k: round(v, 3) for k, v in sorted(times.items())}}
+    return {"large_buffer": fastest(LARGE_BUFFER_BYTES),
+            "size_matched": {str(b): fastest(b) for b in sorted(set(weight_bytes))},
+            "method": f"the fastest of {len(READS)} streaming reads ({', '.join(read_name(r) for r in READS)}) over "
+                      f"copies that hold 3x L2 between two reads of one (at most {ROTATIONS}), captured and replayed "
+                      f"like the cells"}
 
 
 def annotate(rows: list[dict[str, Any]], ceilings: dict[str, Any] | None) -> None:
     """Adds bytes, gbps and the shares of both ceilings to every ok row (in place)."""
     if not ceilings:
         return
-    large = ceilings["large_buffer"]["gbps"]
+    large = ceilings["large_buffer"].get("gbps")
     matched = ceilings.get("size_matched", {})
     for row in rows:
         if row.get("status") != "ok" or not row.get("gpu_us"):
@@ -110,9 +125,10 @@ def annotate(rows: list[dict[str, Any]], ceilings: dict[str, Any] | None) -> Non
         nbytes = cell_bytes(n, k, m)
         row["bytes"] = nbytes
         row["gbps"] = round(nbytes / float(row["gpu_us"]) / 1e3, 1)
-        row["of_large_ceiling"] = round(row["gbps"] / large, 4)
+        if large:
+            row["of_large_ceiling"] = round(row["gbps"] / large, 4)
         own = matched.get(str(n * k * BYTES_PER_ELEMENT))
-        if own is not None:
+        if own is not None and own.get("gpu_us"):
             row["of_ceiling"] = round(own["gpu_us"] / float(row["gpu_us"]), 4)
 
 
@@ -122,9 +138,11 @@ def forward_floor(shapes: list[tuple[int, int]], m: int, ceilings: dict[str, Any
     not measured)."""
     nbytes = sum(cell_bytes(n, k, m) for n, k in shapes)
     matched = ceilings.get("size_matched", {})
-    own = [matched.get(str(n * k * BYTES_PER_ELEMENT)) for n, k in shapes]
-    return {"bytes": nbytes, "floor_us": round(nbytes / ceilings["large_buffer"]["gbps"] / 1e3, 3),
-            "ceiling_sum_us": round(sum(c["gpu_us"] for c in own), 3) if all(own) else None}
+    own = [matched.get(str(n * k * BYTES_PER_ELEMENT)) or {} for n, k in shapes]
+    large = ceilings["large_buffer"].get("gbps")
+    return {"bytes": nbytes, "floor_us": round(nbytes / large / 1e3, 3) if large else None,
+            "ceiling_sum_us": round(sum(c["gpu_us"] for c in own), 3) if all(c.get("gpu_us") for c in own)
+            else None}
 
 
 def annotate_forward(rows: list[dict[str, Any]], shapes: list[tuple[int, int]], ceilings: dict[str, Any] | None
@@ -137,6 +155,7 @@ def annotate_forward(rows: list[dict[str, Any]], shapes: list[tuple[int, int]], 
             continue
         floor = forward_floor(shapes, int(row["m"]), ceilings)
         row.update(floor)
-        row["over_floor"] = round(float(row["us"]) / floor["floor_us"], 4)
+        if floor["floor_us"]:
+            row["over_floor"] = round(float(row["us"]) / floor["floor_us"], 4)
         if floor["ceiling_sum_us"]:
             row["over_ceiling_sum"] = round(float(row["us"]) / floor["ceiling_sum_us"], 4)

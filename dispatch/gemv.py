@@ -15,7 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-# the configurations the tuner tries, and the one it falls back to: (BLOCK_N, BLOCK_K, SPLIT_K, num_warps)
+# the configurations the tuner tries: (BLOCK_N, BLOCK_K, SPLIT_K, num_warps); more than one row of x takes a
+# tensor-core tile, which needs BLOCK_N >= 16 (takes(m))
 CONFIGS = tuple((bn, bk, sk, nw) for bn in (8, 16, 32, 64) for bk in (128, 256, 512) for sk in (1, 2, 4, 8, 16)
                 for nw in (4, 8) if bn * bk <= 16384)
 MAX_M = 16
@@ -27,6 +28,9 @@ class GemvConfig:
     block_k: int
     split_k: int
     num_warps: int
+
+    def takes(self, m: int) -> bool:
+        return m == 1 or self.block_n >= 16
 
     def key(self) -> str:
         return f"bn{self.block_n}_bk{self.block_k}_sk{self.split_k}_w{self.num_warps}"
@@ -49,11 +53,14 @@ def _kernel():
         for k0 in range(0, k_per, BLOCK_K):
             rk = k_lo + k0 + tl.arange(0, BLOCK_K)
             w = tl.load(w_ptr + rn[:, None] * stride_wn + rk[None, :],
-                        mask=(rn[:, None] < N) & (rk[None, :] < K), other=0.0,
-                        eviction_policy="evict_first").to(tl.float32)
-            for m in tl.static_range(M_PAD):  # each weight tile is read once and serves every row of x
-                xm = tl.load(x_ptr + m * stride_xm + rk, mask=(rk < K) & (m < M), other=0.0).to(tl.float32)
-                acc += tl.where(rm[:, None] == m, tl.sum(w * xm[None, :], axis=1)[None, :], 0.0)
+                        mask=(rn[:, None] < N) & (rk[None, :] < K), other=0.0, eviction_policy="evict_first")
+            if M_PAD == 1:  # one row: a broadcast product summed over K on the CUDA cores
+                xm = tl.load(x_ptr + rk, mask=rk < K, other=0.0).to(tl.float32)
+                acc += tl.sum(w.to(tl.float32) * xm[None, :], axis=1)[None, :]
+            else:  # up to 16 rows: one tensor-core tile, the rows past M masked to zero
+                x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :],
+                            mask=(rm[:, None] < M) & (rk[None, :] < K), other=0.0)
+                acc += tl.dot(x, tl.trans(w))
         out_mask = (rm[:, None] < M) & (rn[None, :] < N)
         if SPLIT_K == 1:
             tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(tl.bfloat16), mask=out_mask)
@@ -97,12 +104,12 @@ class Gemv:
         import torch
         m, k = x.shape
         n = self.weight.shape[0]
-        if m > MAX_M or k != self.weight.shape[1] or x.stride(1) != 1:
+        if m > MAX_M or k != self.weight.shape[1] or x.stride(1) != 1 or not self.config.takes(m):
             raise ValueError(f"the GEMV takes M <= {MAX_M} rows of K = {self.weight.shape[1]} contiguous elements")
         y = out if out is not None else torch.empty((m, n), device=x.device, dtype=torch.bfloat16)
         c = self.config
         self.fn[(self.tiles, c.split_k)](x, self.weight, y, self.acc, self.count, m, n, k, x.stride(0),
-                                        self.weight.stride(0), y.stride(0), M_PAD=max(1, 1 << (m - 1).bit_length()),
+                                        self.weight.stride(0), y.stride(0), M_PAD=1 if m == 1 else MAX_M,
                                         BLOCK_N=c.block_n, BLOCK_K=c.block_k, SPLIT_K=c.split_k,
                                         num_warps=c.num_warps)
         return y

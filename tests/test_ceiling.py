@@ -46,3 +46,18 @@ def test_a_forwards_floor_is_its_bytes_over_the_large_buffer_ceiling():
     assert rows[0]["over_floor"] == pytest.approx(40.0 / rows[0]["floor_us"], rel=1e-3)
     assert rows[0]["ceiling_sum_us"] == pytest.approx(18.0) and rows[0]["over_ceiling_sum"] == pytest.approx(40 / 18, rel=1e-3)
     assert "over_floor" not in rows[1]
+
+
+def test_reads_cycle_through_enough_copies_to_come_from_hbm():
+    from bench.ceiling import ROTATIONS, copies_for
+    l2 = 60 << 20
+    assert copies_for(16 << 20, l2) == ROTATIONS
+    assert copies_for(64 << 20, l2) == 3
+    assert copies_for(1 << 30, l2) == 1
+
+
+def test_a_size_that_did_not_fit_gets_no_share():
+    rows = [{"n": 1024, "k": 1024, "m": 1, "status": "ok", "gpu_us": 1.0}]
+    annotate(rows, {"large_buffer": {"bytes": 1, "skipped": "out of memory"},
+                    "size_matched": {str(1024 * 1024 * 2): {"bytes": 1024 * 1024 * 2, "skipped": "out of memory"}}})
+    assert "of_ceiling" not in rows[0] and "of_large_ceiling" not in rows[0] and rows[0]["gbps"] > 0

@@ -86,6 +86,7 @@ def inductor_mm():
     import torch._inductor.config as cfg
     import torch.nn.functional as F
     cfg.max_autotune_gemm_backends = "TRITON,ATEN"
+    torch._dynamo.reset()  # a fresh compile per (shape, M): no dynamic-shape graph reused from another shape
     return torch.compile(lambda x, w: F.linear(x, w), mode="max-autotune-no-cudagraphs", dynamic=False)
 
 
@@ -102,32 +103,23 @@ def gemlite_layers(ws):
 
 
 def tune_gemv(ws, xs, m: int):
-    """The fastest configuration of dispatch.gemv at this shape and M (quick eager timing), and its GEMVs."""
-    import torch
+    """The fastest configuration of dispatch.gemv at this shape and M, each timed as the cells are (a captured graph
+    of back-to-back calls), and its GEMVs."""
     from dispatch.gemv import CONFIGS, Gemv, GemvConfig
     best, best_us = None, float("inf")
     for bn, bk, sk, nw in CONFIGS:
-        if bk * sk > ws[0].shape[1] * 2 or nw != 4 or bk > 256:
-            continue
         cfg = GemvConfig(bn, bk, sk, nw)
+        if bk * sk > ws[0].shape[1] * 2 or not cfg.takes(m):
+            continue
         try:
-            gs = [Gemv(w, cfg) for w in ws[:ROTATIONS]]
-            for g, x in zip(gs, xs):
-                g(x)
-            torch.cuda.synchronize()
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            for i in range(4 * ROTATIONS):
-                gs[i % ROTATIONS](xs[i % ROTATIONS])
-            b.record()
-            b.synchronize()
-            us = a.elapsed_time(b) * 1000 / (4 * ROTATIONS)
+            gs = [Gemv(w, cfg) for w in ws]
+            us = timed(lambda x, g: g(x), list(zip(xs, gs)), 2 * len(ws), replays=5)
         except Exception as exc:  # a configuration Triton cannot build: skipped
-            print(f"  gemv {cfg.key()}: {type(exc).__name__}", file=sys.stderr)
+            print(f"  gemv {cfg.key()}: {type(exc).__name__}: {str(exc)[:120]}", file=sys.stderr)
             continue
         if us < best_us:
             best, best_us = cfg, us
-    return best, [Gemv(w, best) for w in ws]
+    return best, ([Gemv(w, best) for w in ws] if best else [])
 
 
 def main(argv=None) -> int:
