@@ -133,6 +133,7 @@ def main(argv=None) -> int:
     p.add_argument("--ms", default="1,2,4,8,16,32")
     p.add_argument("--min-mb", type=float, default=16.0)
     p.add_argument("--gemv-ms", default="1,2,4,8,16")
+    p.add_argument("--shapes", default="", help="comma list of shape names (default: every one of --min-mb)")
     p.add_argument("--skip", default="", help="comma list of candidates to leave out (inductor, gemlite, gemv)")
     args = p.parse_args(argv)
     out = Path(args.out)
@@ -141,8 +142,9 @@ def main(argv=None) -> int:
     gemv_ms = {int(v) for v in args.gemv_ms.split(",")}
     skip = set(filter(None, args.skip.split(",")))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    shapes = sorted({(s.n, s.k): s for s in catalog() if s.n * s.k * 2 >= args.min_mb * 1e6}.values(),
-                    key=lambda s: s.n * s.k)
+    names = set(filter(None, args.shapes.split(",")))
+    shapes = sorted({(s.n, s.k): s for s in catalog() if s.n * s.k * 2 >= args.min_mb * 1e6
+                     and (not names or s.name in names)}.values(), key=lambda s: s.n * s.k)
     rows, ceilings = [], {}
     t0 = time.perf_counter()
     import csv
