@@ -23,7 +23,7 @@ from harness.io import atomic_write_text, read_json_object  # noqa: E402
 
 EVIDENCE = ROOT / "evidence"
 MANIFEST = EVIDENCE / "manifest.json"
-RESULT_FILES = ("results.csv", "forward.csv", "host_cost.csv", "sustain.csv", "e2e.csv")
+RESULT_FILES = ("results.csv", "forward.csv", "host_cost.csv", "sustain.csv", "e2e.csv", "limit.csv")
 FIX = "pass a results folder the harness wrote"
 
 
@@ -49,7 +49,7 @@ def load_manifest() -> dict:
     return data
 
 
-def check_run(run: Path) -> dict:
+def check_run(run: Path, partial: bool = False) -> dict:
     """run.json and the run's results, read by the readers every command uses: a complete run of a known profile,
     whose results file passes its own reader. Returns run.json."""
     from dispatch.profiles import PROFILES
@@ -61,9 +61,9 @@ def check_run(run: Path) -> dict:
         raise HarnessError(f"{run}/run.json names profile {profile!r:.40}, not one of {', '.join(PROFILES)}; {FIX}")
     if not isinstance(kind, str) or not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,30}", kind):
         raise HarnessError(f"{run}/run.json names kind {kind!r:.40}, not a short lower-case word; {FIX}")
-    if info.get("status", "complete") != "complete":
+    if info.get("status", "complete") != "complete" and not partial:
         raise HarnessError(f"{run} is {info.get('status')!r}, not a complete run; finish it (--resume) before it is "
-                           f"filed")
+                           f"filed, or file what it holds with --partial")
     data = _result_file(run)
     if data.name == "results.csv":
         from bench.results import load_results
@@ -93,10 +93,10 @@ def _filed_digests() -> dict[str, str]:
     return out
 
 
-def add(run: Path, backs: str, note: str) -> str:
+def add(run: Path, backs: str, note: str, partial: bool = False) -> str:
     if not backs.strip():
         raise HarnessError("--backs is empty; say which figure or file of docs/ the run backs")
-    info = check_run(run)
+    info = check_run(run, partial)
     rid = run_id(run, info)
     dest = EVIDENCE / rid
     if dest.exists():
@@ -108,7 +108,9 @@ def add(run: Path, backs: str, note: str) -> str:
     fp = info.get("fingerprint") or {}
     manifest["runs"][rid] = {"command": info.get("command"), "harness_sha": fp.get("harness_sha"),
                              "gpu": fp.get("gpu_name"), "started": info.get("started"), "backs": backs,
-                             **({"note": note} if note else {})}
+                             **({"note": note} if note else {}),
+                             **({"partial": f"the run is {info.get('status')!r}: it backs only what it holds"}
+                                if info.get("status", "complete") != "complete" else {})}
     EVIDENCE.mkdir(exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=".add-", dir=EVIDENCE))
     try:
@@ -132,10 +134,11 @@ def main(argv=None) -> int:
     a.add_argument("run")
     a.add_argument("--backs", required=True)
     a.add_argument("--note", default="")
+    a.add_argument("--partial", action="store_true", help="file a run that did not finish (the manifest says so)")
     sub.add_parser("list")
     args = p.parse_args(argv)
     if args.cmd == "add":
-        print(add(Path(args.run), args.backs, args.note))
+        print(add(Path(args.run), args.backs, args.note, args.partial))
     else:
         for rid, r in sorted(load_manifest()["runs"].items()):
             print(f"{rid}  {r.get('backs', '')}")

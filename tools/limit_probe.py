@@ -7,7 +7,7 @@ For every catalog weight of at least --min-mb (vLLM's layout, TP 1) and the LM h
 of F.linear, Inductor's max-autotune mm, gemlite (where it imports) and the project's split-K GEMV
 (dispatch/gemv.py, tuned over its configurations). Every path is checked against an fp32 reference first. Timing: a
 CUDA graph of back-to-back calls cycling through 8 copies of the operands (weights from HBM), CUDA events around each
-replay, the median replay over the calls. Writes DIR/limit.csv and DIR/limit.json (the environment and the command).
+replay, the median replay over the calls. Writes DIR/limit.csv and DIR/run.json (the environment, the command and the ceilings).
 A diagnostic: its figures decide what the harness measures; the harness's own numbers come from bench run.
 """
 from __future__ import annotations
@@ -125,7 +125,6 @@ def tune_gemv(ws, xs, m: int):
 def main(argv=None) -> int:
     import torch
     import torch.nn.functional as F
-    from bench.envinfo import fingerprint
     from bench.gpu import output_error, reference
     from shapes.catalog import catalog
     p = argparse.ArgumentParser(prog="tools.limit_probe")
@@ -154,11 +153,17 @@ def main(argv=None) -> int:
     writer = csv.DictWriter(sheet, fieldnames=fields)
     writer.writeheader()
 
-    def record() -> None:  # after every shape: a run cut short keeps what it measured
+    from bench.envinfo import run_info
+    from dispatch.profiles import detect_profile, this_gpu
+    profile = detect_profile(*this_gpu())
+    info = run_info(["python", "-m", "tools.limit_probe", *(argv if argv is not None else sys.argv[1:])],
+                    kind="limit", profile=profile.name if profile else None, status="running")
+
+    def record(status: str = "running") -> None:  # after every shape: a run cut short keeps what it measured
         sheet.flush()
-        (out / "limit.json").write_text(json.dumps({"command": "python -m tools.limit_probe " + " ".join(
-            argv if argv is not None else sys.argv[1:]), "fingerprint": fingerprint(), "ceilings": ceilings,
-            "wall_s": round(time.perf_counter() - t0, 1)}, indent=1, default=str) + "\n")
+        (out / "run.json").write_text(json.dumps({**info, "status": status, "ceilings": ceilings,
+                                                  "wall_s": round(time.perf_counter() - t0, 1)},
+                                                 indent=1, default=str) + "\n")
     big = 2 ** 30  # a 2 GiB buffer: the sustained bandwidth
     buf = torch.randn(big // 2, device="cuda", dtype=torch.bfloat16)
     blocks, persistent = read_kernels()
@@ -229,6 +234,7 @@ def main(argv=None) -> int:
         torch.cuda.empty_cache()
         record()
     sheet.close()
+    record("complete")
     return 0
 
 
