@@ -339,8 +339,9 @@ def check_format(info: dict[str, Any], where: Path) -> None:
     from bench.envinfo import RUN_FORMATS
     fmt = info.get("format", 1)
     if fmt not in RUN_FORMATS or isinstance(fmt, bool):
-        raise HarnessError(f"{where}: format {fmt!r:.20} is not one this harness reads ({', '.join(map(str, RUN_FORMATS))}); "
-                           f"read it with the harness that wrote it (its sha is in the fingerprint), or update")
+        known = ", ".join(map(str, RUN_FORMATS))
+        raise HarnessError(f"{where}: format {fmt!r:.20} is not one this harness reads ({known}); read it with the "
+                           f"harness that wrote it (its sha is in the fingerprint), or update")
 
 
 def finished_rows(path: Path, key: tuple[str, ...], what: str) -> list[dict[str, str]]:

@@ -42,8 +42,8 @@ from harness.cli import Parser, float_in, int_in, parent
 from harness.console import terminal
 from harness.errors import HarnessError, run_cli
 from calibrate.install import Artifact, baseline_check, noise_check, shipped_layout, table_check, write_outputs
-from harness.io import (ROOT, atomic_write_text, is_shipped, check_target, claim_work_dir, distinct, output_file, same_gpu,
-                        shipped_or_results)
+from harness.io import (ROOT, atomic_write_text, check_target, claim_work_dir, distinct, is_shipped, output_file,
+                        same_gpu, shipped_or_results)
 
 RESULTS = Path("results")  # where a command writes by default: never a shipped file
 

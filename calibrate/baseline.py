@@ -207,8 +207,8 @@ def cell_from_json(data: Any) -> BaselineCell:
                              f"[{kind}_ratio_lo, {kind}_ratio_hi]")
         if lo < ratio / BAND_SPAN or hi > ratio * BAND_SPAN:
             raise ValueError(f"cell {cell.get('shape')} M={cell.get('m')}: the {kind} band [{lo:g}, {hi:g}] reaches "
-                             f"beyond {1 / BAND_SPAN:g}x..{BAND_SPAN:g}x its ratio {ratio:g}, wider than any run-to-run "
-                             f"spread: such a band can fail nothing")
+                             f"beyond {1 / BAND_SPAN:g}x..{BAND_SPAN:g}x its ratio {ratio:g}, wider than any "
+                             f"run-to-run spread: such a band can fail nothing")
     for key in ("shape", "path", "kernels", "aten_kernels"):
         if not isinstance(cell.get(key), str):
             raise ValueError(f"cell {cell.get('shape')} M={cell.get('m')}: {key} is not text")

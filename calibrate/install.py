@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from harness.errors import HarnessError, signals_deferred
-from harness.io import check_target
+from harness.io import check_target, umask
 
 
 @dataclass(frozen=True)
@@ -46,7 +46,7 @@ def install(artifacts: list[Artifact]) -> list[Path]:
                 stages[parent] = Path(tempfile.mkdtemp(prefix=".install-", dir=parent))
             path = stages[parent] / Path(a.dest).name
             path.write_bytes(a.content)
-            os.chmod(path, 0o666 & ~_umask())
+            os.chmod(path, 0o666 & ~umask())
             staged.append(path)
         for a, path in zip(artifacts, staged):
             if a.check is not None:
@@ -89,12 +89,6 @@ def _commit(dests: list[Path], staged: list[Path], stages: dict[Path, Path]) -> 
             except OSError:
                 pass
         raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 def write_outputs(artifacts: list[Artifact]) -> list[Path]:

@@ -148,7 +148,8 @@ def read_json_object(path: str | Path, what: str, fix: str) -> dict[str, Any]:
     return data
 
 
-def _umask() -> int:
+def umask() -> int:
+    """The process's umask (read without changing it for longer than the call)."""
     mask = os.umask(0)
     os.umask(mask)
     return mask
@@ -175,7 +176,7 @@ def atomic_write(path: Path, fill: Callable[[Path], object]) -> None:
     os.close(fd)
     try:
         fill(Path(tmp))
-        os.chmod(tmp, 0o666 & ~_umask())
+        os.chmod(tmp, 0o666 & ~umask())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
