@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+import torch
+
 
 @dataclass
 class PatchHandle:
@@ -22,7 +24,6 @@ class PatchHandle:
         return len(self.patched)
 
     def remove(self) -> None:
-        import torch
         for _, module in self.patched:
             if type(module) in (DispatchedLinear, CompiledDispatchedLinear):
                 module.__class__ = torch.nn.Linear  # the class it had (patch takes plain nn.Linear only)
@@ -42,14 +43,12 @@ def _is_lm_head(model: Any, name: str, module: Any) -> bool:
 
 
 def eligible(module: Any) -> bool:
-    import torch
     return (type(module) is torch.nn.Linear and module.bias is None and module.weight.dtype == torch.bfloat16
             and module.weight.dim() == 2)
 
 
 def _servable(weight: Any) -> bool:
     """A weight the dispatcher can bind: a 2-D bf16 tensor with storage (not on the meta device)."""
-    import torch
     return weight.dim() == 2 and weight.dtype == torch.bfloat16 and not weight.is_meta
 
 
@@ -79,12 +78,7 @@ class _Dispatched:
         return state
 
 
-def _linear_class():
-    import torch
-    return torch.nn.Linear
-
-
-class DispatchedLinear(_Dispatched, _linear_class()):
+class DispatchedLinear(_Dispatched, torch.nn.Linear):
     """An nn.Linear served by dispatch.bind (patch() swaps a module's class to it; remove() swaps it back)."""
 
     def _bind(self, weight: Any) -> Callable[[Any], Any]:
@@ -92,7 +86,7 @@ class DispatchedLinear(_Dispatched, _linear_class()):
         return dispatch.bind(weight)
 
 
-class CompiledDispatchedLinear(_Dispatched, _linear_class()):
+class CompiledDispatchedLinear(_Dispatched, torch.nn.Linear):
     """An nn.Linear served through the custom op torch.ops.bf16_linear_bench.linear (patch(compiled=True))."""
 
     def forward(self, x: Any) -> Any:
@@ -105,7 +99,6 @@ def patch(model: Any, lm_head: bool = False, compiled: bool = False) -> PatchHan
     torch.ops.bf16_linear_bench.linear, which torch.compile keeps as one opaque call). Returns the handle. Patch after
     the weights are loaded: a linear whose weight is still on the meta device is bound when it first runs on a real
     one."""
-    import torch
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"dispatch.patch needs a torch.nn.Module (e.g. a transformers model), got "
                         f"{type(model).__name__}")
