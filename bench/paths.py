@@ -25,6 +25,7 @@ from dispatch.lean import LEAN_BACKENDS
 from harness.errors import HarnessError
 
 LinearFn = Callable[[Any, Any], Any]
+GEMV = "triton:gemv"
 
 
 ROLES = ("baseline", "low-m", "candidate", "dispatcher")
@@ -37,6 +38,7 @@ class GemmPath:
     role: str  # one of ROLES
     backend: Backend | None = None  # a FlashInfer path: the backend, whose rule says which cells it can run
     note: str = field(default="")
+    max_m: int | None = None  # a kernel of the project's own that takes M up to this only
 
     @property
     def flashinfer_backend(self) -> str | None:
@@ -52,6 +54,10 @@ class GemmPath:
 
     def skip_reason(self, sm: int, n: int, k: int, m: int) -> str | None:
         """Why this path cannot run a cell here, or None (F.linear and the dispatcher run every cell)."""
+        if self.max_m is not None and m > self.max_m:
+            return f"{self.name} takes M <= {self.max_m}"
+        if self.max_m is not None and sm < 80:
+            return f"{self.name} needs SM 80 or newer (Triton's tensor-core tiles), this GPU is SM {sm}"
         return self.backend.skip_reason(sm, n, k, m) if self.backend else None
 
     def tuning_call(self, pdl: bool) -> LinearFn:
@@ -94,6 +100,11 @@ def _vllm_op(backend: str) -> Callable[[bool], LinearFn]:
     return build
 
 
+def _gemv(pdl: bool) -> LinearFn:
+    from dispatch.gemv import TunedGemv
+    return TunedGemv()  # no pdl: a plain Triton launch
+
+
 def _dispatch(pdl: bool) -> LinearFn:
     return dispatch.linear  # the dispatcher reads pdl from the GPU's profile itself
 
@@ -132,6 +143,9 @@ def vllm_op_path(backend: str) -> str:
 PATHS: dict[str, GemmPath] = {p.name: p for p in (
     GemmPath(ATEN, _aten, "baseline", note="torch.nn.functional.linear(x, w)"),
     *(p for b in BACKENDS.values() for p in _flashinfer_paths(b)),
+    GemmPath(GEMV, _gemv, "candidate", max_m=16,
+             note="dispatch/gemv.py: the project's split-K GEMV (Triton, one kernel), its configuration tuned per "
+                  "(N, K, M) on first use by CUDA-graph timing; only with --paths (not yet a dispatcher choice)"),
     GemmPath(DISPATCH, _dispatch, "dispatcher", note="dispatch.linear: its table's path for the shape, M and regime "
                                                      "(graph while capturing, eager otherwise)"),
 )}

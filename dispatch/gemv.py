@@ -113,3 +113,44 @@ class Gemv:
                                         BLOCK_N=c.block_n, BLOCK_K=c.block_k, SPLIT_K=c.split_k,
                                         num_warps=c.num_warps)
         return y
+
+
+def tune(weight: Any, x: Any, configs=CONFIGS) -> GemvConfig:
+    """The fastest configuration for this weight and M, each timed by triton.testing.do_bench_cudagraph (a CUDA graph
+    of repeated calls): eager timing of a Triton launch measures the host, not the kernel."""
+    from triton.testing import do_bench_cudagraph
+    m, k = x.shape
+    best, best_ms = None, float("inf")
+    for c in configs:
+        cfg = GemvConfig(*c)
+        if not cfg.takes(m) or cfg.block_k * cfg.split_k > 2 * k:
+            continue
+        gemv = Gemv(weight, cfg)
+        try:
+            ms = do_bench_cudagraph(lambda: gemv(x), rep=5)
+        except Exception:  # a configuration Triton cannot build here is left out
+            continue
+        if ms < best_ms:
+            best, best_ms = cfg, ms
+    if best is None:
+        raise ValueError(f"no GEMV configuration builds for {tuple(weight.shape)} at M = {m}")
+    return best
+
+
+class TunedGemv:
+    """(x, w) -> y for any weight: a Gemv per weight tensor, its configuration tuned once per (N, K, M) on first use
+    (configs: (N, K, M) -> GemvConfig, which a caller may fill from a stored file instead)."""
+
+    def __init__(self, configs: dict[tuple[int, int, int], GemvConfig] | None = None):
+        self.configs = dict(configs or {})
+        self.bound: dict[tuple[int, tuple[int, int], GemvConfig], Gemv] = {}
+
+    def __call__(self, x: Any, weight: Any) -> Any:
+        key = (weight.shape[0], weight.shape[1], x.shape[0])
+        cfg = self.configs.get(key)
+        if cfg is None:
+            cfg = self.configs[key] = tune(weight, x)
+        gemv = self.bound.get((weight.data_ptr(), tuple(weight.shape), cfg))
+        if gemv is None:
+            gemv = self.bound[(weight.data_ptr(), tuple(weight.shape), cfg)] = Gemv(weight, cfg)
+        return gemv(x)

@@ -61,3 +61,20 @@ def test_a_size_that_did_not_fit_gets_no_share():
     annotate(rows, {"large_buffer": {"bytes": 1, "skipped": "out of memory"},
                     "size_matched": {str(1024 * 1024 * 2): {"bytes": 1024 * 1024 * 2, "skipped": "out of memory"}}})
     assert "of_ceiling" not in rows[0] and "of_large_ceiling" not in rows[0] and rows[0]["gbps"] > 0
+
+
+def test_the_gemv_path_runs_only_the_cells_it_takes():
+    """The project's GEMV is a registry path for M <= 16 on SM 80 and newer; the sweep records every other cell as
+    skipped with the reason, and the fit never chooses it (not a dispatcher choice yet)."""
+    from bench.paths import GEMV, PATHS
+    from calibrate.analysis import dispatch_candidates
+    path = PATHS[GEMV]
+    assert path.skip_reason(90, 2560, 4096, 16) is None and path.skip_reason(100, 2560, 4096, 1) is None
+    assert "M <= 16" in path.skip_reason(90, 2560, 4096, 17)
+    assert "SM 80" in path.skip_reason(75, 2560, 4096, 1)
+    assert path.max_m == 16 and path.role == "candidate"
+
+    class Measured:
+        def paths(self):
+            return {"aten", GEMV, "flashinfer-lean:cublaslt"}
+    assert GEMV not in dispatch_candidates(Measured(), None)
