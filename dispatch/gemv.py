@@ -7,8 +7,8 @@ Splitting K gives each SM several independent slices. The partial sums are reduc
 tile (a per-tile arrival counter) reads the sum, writes the bf16 output and clears the workspace and counter for the
 next call. One launch, no memset, no second reduce kernel, so the cost of a call is one kernel's.
 
-The workspace and counters belong to one weight (bind-time), so calls on one stream never race. Two streams running
-the same bound layer at once would share them: the dispatcher's bound layers run on the caller's stream.
+The workspace and counters are cleared by the call that used them, so calls on one stream can share them (one per N
+and configuration); two streams running at once must not.
 """
 from __future__ import annotations
 
@@ -86,18 +86,25 @@ def kernel():
     return _KERNEL[0]
 
 
+def workspace_for(n: int, config: GemvConfig, device: Any) -> tuple[Any, Any]:
+    import torch
+    return (torch.zeros(MAX_M * n, device=device, dtype=torch.float32),
+            torch.zeros(-(-n // config.block_n), device=device, dtype=torch.int32))
+
+
 class Gemv:
     """The split-K GEMV bound to one weight [N, K] (bf16, contiguous rows) and one configuration: call(x) -> y."""
 
-    def __init__(self, weight: Any, config: GemvConfig):
+    def __init__(self, weight: Any, config: GemvConfig, workspace: tuple[Any, Any] | None = None):
+        """workspace: (fp32 partial sums, int32 tile counters) to share with other weights of the same N and
+        configuration on the same stream (each call leaves them cleared); None allocates them here."""
         import torch
         if weight.dim() != 2 or weight.dtype != torch.bfloat16 or weight.stride(1) != 1:
             raise ValueError("the GEMV takes a 2-D bf16 weight with contiguous rows")
         self.weight, self.config = weight, config
         n = weight.shape[0]
         self.tiles = -(-n // config.block_n)
-        self.acc = torch.zeros(MAX_M * n, device=weight.device, dtype=torch.float32)
-        self.count = torch.zeros(self.tiles, device=weight.device, dtype=torch.int32)
+        self.acc, self.count = workspace if workspace is not None else workspace_for(n, config, weight.device)
         self.fn = kernel()
 
     def __call__(self, x: Any, out: Any | None = None) -> Any:
@@ -143,14 +150,15 @@ class TunedGemv:
 
     def __init__(self, configs: dict[tuple[int, int, int], GemvConfig] | None = None):
         self.configs = dict(configs or {})
-        self.bound: dict[tuple[int, tuple[int, int], GemvConfig], Gemv] = {}
+        self.workspaces: dict[tuple[int, GemvConfig], tuple[Any, Any]] = {}
 
     def __call__(self, x: Any, weight: Any) -> Any:
+        """One call; a new weight of a known (N, K, M) allocates nothing (it may run inside a graph capture)."""
         key = (weight.shape[0], weight.shape[1], x.shape[0])
         cfg = self.configs.get(key)
         if cfg is None:
             cfg = self.configs[key] = tune(weight, x)
-        gemv = self.bound.get((weight.data_ptr(), tuple(weight.shape), cfg))
-        if gemv is None:
-            gemv = self.bound[(weight.data_ptr(), tuple(weight.shape), cfg)] = Gemv(weight, cfg)
-        return gemv(x)
+        space = self.workspaces.get((weight.shape[0], cfg))
+        if space is None:
+            space = self.workspaces[(weight.shape[0], cfg)] = workspace_for(weight.shape[0], cfg, weight.device)
+        return Gemv(weight, cfg, space)(x)
