@@ -9,7 +9,7 @@ A linear at small M is a read of its weight. Its floor is the time the machine t
 The profile's nominal peak (hbm_peak_gbps) is shown beside them, never used as one.
 
 Each results row then carries the bytes its cell moves (weight, activations and output, bf16), its achieved GB/s
-and its share of both ceilings (`annotate`). A read kernel that some GEMM beats is no ceiling: `annotate` flags a
+and its share of both ceilings (`annotate`), from the per-call time the verdicts use (the span for a pdl kernel). A read kernel that some GEMM beats is no ceiling: `annotate` flags a
 share above 1 so that the read set is widened, not the figure trimmed.
 """
 from __future__ import annotations
@@ -123,13 +123,16 @@ def annotate(rows: list[dict[str, Any]], ceilings: dict[str, Any] | None) -> Non
             continue
         n, k, m = int(row["n"]), int(row["k"]), int(row["m"])
         nbytes = cell_bytes(n, k, m)
+        # a pdl kernel overlaps the previous call, so its per-call time is the span of the calls (as the verdicts
+        # read it: calibrate.analysis.Cells), not the sum of kernel durations
+        per_call = float(row["span_us"]) if row.get("pdl") is True and row.get("span_us") else float(row["gpu_us"])
         row["bytes"] = nbytes
-        row["gbps"] = round(nbytes / float(row["gpu_us"]) / 1e3, 1)
+        row["gbps"] = round(nbytes / per_call / 1e3, 1)
         if large:
             row["of_large_ceiling"] = round(row["gbps"] / large, 4)
         own = matched.get(str(n * k * BYTES_PER_ELEMENT))
         if own is not None and own.get("gpu_us"):
-            row["of_ceiling"] = round(own["gpu_us"] / float(row["gpu_us"]), 4)
+            row["of_ceiling"] = round(own["gpu_us"] / per_call, 4)
 
 
 def forward_floor(shapes: list[tuple[int, int]], m: int, ceilings: dict[str, Any]) -> dict[str, Any]:

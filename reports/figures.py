@@ -132,8 +132,10 @@ def _floor_lines(ax, ok: pd.DataFrame) -> None:
     (the cell's bytes over the large-buffer ceiling) and the size-matched read of its weight."""
     if "of_large_ceiling" not in ok.columns or not ok["of_large_ceiling"].notna().any():
         return
-    per_m = ok.assign(floor=ok["gpu_us"] * ok["of_large_ceiling"],
-                      read=ok["gpu_us"] * ok.get("of_ceiling", float("nan"))).groupby("m")[["floor", "read"]].median()
+    # bytes over the ceiling: the same for every path of one M (of_large_ceiling = bytes / time / ceiling)
+    large = ok["bytes"] / (ok["gbps"] / ok["of_large_ceiling"]) / 1e3
+    read = ok["bytes"] / ok["gbps"] / 1e3 * ok.get("of_ceiling", float("nan"))
+    per_m = ok.assign(floor=large, read=read).groupby("m")[["floor", "read"]].median()
     ax.plot(per_m.index, per_m["floor"], color="black", lw=1.2, ls="--", label="bandwidth floor (large-buffer read)")
     if per_m["read"].notna().any():
         ax.plot(per_m.index, per_m["read"], color="black", lw=0.8, ls=":", label="read of the weight alone")

@@ -78,3 +78,12 @@ def test_the_gemv_path_runs_only_the_cells_it_takes():
         def paths(self):
             return {"aten", GEMV, "flashinfer-lean:cublaslt"}
     assert GEMV not in dispatch_candidates(Measured(), None)
+
+
+def test_a_pdl_cells_share_comes_from_the_span_of_its_calls():
+    weight = 2560 * 4096 * 2
+    ceilings = {"large_buffer": {"gbps": 4000.0}, "size_matched": {str(weight): {"gpu_us": 6.0}}}
+    rows = [{"n": 2560, "k": 4096, "m": 1, "status": "ok", "gpu_us": 12.0, "span_us": 8.0, "pdl": True},
+            {"n": 2560, "k": 4096, "m": 1, "status": "ok", "gpu_us": 12.0, "span_us": 8.0, "pdl": False}]
+    annotate(rows, ceilings)
+    assert rows[0]["of_ceiling"] == pytest.approx(0.75) and rows[1]["of_ceiling"] == pytest.approx(0.5)
