@@ -30,6 +30,7 @@ from calibrate.forward_model import (GPU_BOUND_MARGIN, MODEL_MISS, forward_ratio
                                     model_vs_measured, null_pair_spread, overrides_over_the_table,
                                     picks_in_every_run)
 from calibrate.forward_noise import fit_forward_floor, forward_coverage, forward_noise_path, load_forward_floor
+from calibrate.install import Artifact, baseline_check, noise_check, shipped_layout, table_check, write_outputs
 from calibrate.l2 import MODES, close_cells, decisions
 from calibrate.noise import LEVEL, coverage, coverage_line, fit_floor, load_noise, noise_path
 from calibrate.regress import measure_runs, regress, regression_paths
@@ -41,7 +42,6 @@ from dispatch.table import REGIMES, TABLE_DIR, ThresholdTable, load_table
 from harness.cli import Parser, float_in, int_in, parent
 from harness.console import terminal
 from harness.errors import HarnessError, run_cli
-from calibrate.install import Artifact, baseline_check, noise_check, shipped_layout, table_check, write_outputs
 from harness.io import (ROOT, atomic_write_text, check_target, claim_work_dir, distinct, is_shipped, output_file,
                         same_gpu, shipped_or_results)
 
