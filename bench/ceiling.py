@@ -2,18 +2,20 @@
 
 A linear at small M is a read of its weight. Its floor is the time the machine takes to stream the same bytes:
 - the size-matched ceiling: the fastest of a few streaming-read kernels (Triton; one CTA per block, or persistent)
-  over exactly the weight's bytes, 8 rotating copies so that they come from HBM, captured and replayed with the
-  cells' own timer. A small read pays a ramp and a tail that a large one amortises, so this is the floor a kernel
-  reading that weight alone can reach;
+  over exactly the weight's bytes, cycling through enough copies that every read comes from HBM (copies_for),
+  captured and replayed with the cells' own timer. A small read pays a ramp and a tail that a large one amortises,
+  so this is the floor a kernel reading that weight alone can reach;
 - the large-buffer ceiling: the same reads over a buffer far larger than L2 (the machine's sustained bandwidth).
 The profile's nominal peak (hbm_peak_gbps) is shown beside them, never used as one.
 
 Each results row then carries the bytes its cell moves (weight, activations and output, bf16), its achieved GB/s
-and its share of both ceilings (`annotate`), from the per-call time the verdicts use (the span for a pdl kernel). A read kernel that some GEMM beats is no ceiling: `annotate` flags a
-share above 1 so that the read set is widened, not the figure trimmed.
+and its share of both ceilings (`annotate`), from the per-call time the verdicts use (the span for a pdl kernel).
+A share above 1 means some GEMM beat the reads: the read set is too weak and must be widened, never the figure
+trimmed.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 LARGE_BUFFER_BYTES = 2 << 30  # 2 GiB: 30x an H200's L2, 16x a B200's
@@ -29,7 +31,9 @@ def cell_bytes(n: int, k: int, m: int) -> int:
     return (n * k + m * k + m * n) * BYTES_PER_ELEMENT
 
 
+@functools.cache
 def _kernels():
+    """The read kernels, made once per process (each new triton.jit function would compile afresh)."""
     import triton
     import triton.language as tl
 

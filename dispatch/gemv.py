@@ -12,6 +12,7 @@ and configuration); two streams running at once must not.
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +37,9 @@ class GemvConfig:
         return f"bn{self.block_n}_bk{self.block_k}_sk{self.split_k}_w{self.num_warps}"
 
 
-def _kernel():
+@functools.cache
+def kernel():
+    """The Triton kernel, made once per process."""
     import triton
     import triton.language as tl
 
@@ -75,15 +78,6 @@ def _kernel():
                 tl.store(part, tl.zeros((M_PAD, BLOCK_N), dtype=tl.float32), mask=out_mask)
                 tl.store(count_ptr + pid_n, 0)
     return gemv_splitk
-
-
-_KERNEL: list[Any] = []
-
-
-def kernel():
-    if not _KERNEL:
-        _KERNEL.append(_kernel())
-    return _KERNEL[0]
 
 
 def workspace_for(n: int, config: GemvConfig, device: Any) -> tuple[Any, Any]:
@@ -145,8 +139,9 @@ def tune(weight: Any, x: Any, configs=CONFIGS) -> GemvConfig:
 
 
 class TunedGemv:
-    """(x, w) -> y for any weight: a Gemv per weight tensor, its configuration tuned once per (N, K, M) on first use
-    (configs: (N, K, M) -> GemvConfig, which a caller may fill from a stored file instead)."""
+    """(x, w) -> y for any weight: its configuration tuned once per (N, K, M) on first use (configs: (N, K, M) ->
+    GemvConfig, which a caller may fill from a stored file instead), one workspace per N and configuration. The
+    Gemv of a call is made afresh (host work only): keeping one per weight would keep every weight alive."""
 
     def __init__(self, configs: dict[tuple[int, int, int], GemvConfig] | None = None):
         self.configs = dict(configs or {})

@@ -7,12 +7,11 @@ For every catalog weight of at least --min-mb (vLLM's layout, TP 1) and the LM h
 of F.linear, Inductor's max-autotune mm, gemlite (where it imports) and the project's split-K GEMV
 (dispatch/gemv.py, tuned over its configurations). Every path is checked against an fp32 reference first. Timing: a
 CUDA graph of back-to-back calls cycling through 8 copies of the operands (weights from HBM), CUDA events around each
-replay, the median replay over the calls. Writes DIR/limit.csv and DIR/run.json (the environment, the command and the ceilings).
-A diagnostic: its figures decide what the harness measures; the harness's own numbers come from bench run.
+replay, the median replay over the calls. Writes DIR/limit.csv and DIR/run.json (the environment, the command and
+the ceilings). A diagnostic: its figures decide what the harness measures; the harness's own numbers come from bench run.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -127,18 +126,19 @@ def main(argv=None) -> int:
     import torch.nn.functional as F
     from bench.gpu import output_error, reference
     from shapes.catalog import catalog
-    p = argparse.ArgumentParser(prog="tools.limit_probe")
+    from harness.cli import Parser, float_in
+    from shapes.grid import parse_m
+    p = Parser(prog="tools.limit_probe")
     p.add_argument("--out", required=True)
-    p.add_argument("--ms", default="1,2,4,8,16,32")
-    p.add_argument("--min-mb", type=float, default=16.0)
-    p.add_argument("--gemv-ms", default="1,2,4,8,16")
+    p.add_argument("--ms", default="1,2,4,8,16,32", type=parse_m)
+    p.add_argument("--min-mb", type=float_in(0.0, 1e6), default=16.0)
+    p.add_argument("--gemv-ms", default="1,2,4,8,16", type=parse_m)
     p.add_argument("--shapes", default="", help="comma list of shape names (default: every one of --min-mb)")
     p.add_argument("--skip", default="", help="comma list of candidates to leave out (inductor, gemlite, gemv)")
     args = p.parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    ms = [int(v) for v in args.ms.split(",")]
-    gemv_ms = {int(v) for v in args.gemv_ms.split(",")}
+    ms, gemv_ms = list(args.ms), set(args.gemv_ms)
     skip = set(filter(None, args.skip.split(",")))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     names = set(filter(None, args.shapes.split(",")))
@@ -239,4 +239,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from harness.errors import run_cli
+    sys.exit(run_cli(main, "tools.limit_probe"))
