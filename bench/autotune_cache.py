@@ -5,6 +5,9 @@ from process to process. On the H200, 34 of 218 regression cells ran another ker
 FlashInfer/aten ratio by up to 13% at M=1. vLLM keeps the same file across restarts
 (`$VLLM_CACHE_ROOT/flashinfer_autotune_cache/.../autotune_configs_*.json`), so pinned tactics are what a restarted
 server runs. Every complete sweep writes the tactics it ran to `<out>/autotune-cache.json`.
+
+The project's GEMV (dispatch/gemv.py) keeps its tuned configurations beside a tactics file, in
+`<tactics stem>.gemv.json`: serving, copying and describing a tactics file takes that file along where it exists.
 """
 from __future__ import annotations
 
@@ -37,9 +40,34 @@ def read_entries(path: Path) -> dict[str, Any]:
     return {k: v for k, v in data.items() if not k.startswith("_")}
 
 
+def gemv_file(tactics: Path) -> Path:
+    """Where the GEMV configurations served with a tactics file live (dispatch.gemv.beside)."""
+    from dispatch.gemv import beside
+    return beside(tactics)
+
+
 def describe(path: Path, mode: str) -> dict[str, Any]:
-    """What run.json records: where the tactics came from and which file, by hash."""
-    return {"mode": mode, "source": str(path), "sha256": sha256(path), "entries": len(read_entries(path))}
+    """What run.json records: where the tactics came from and which file, by hash (and the GEMV's file beside it)."""
+    out = {"mode": mode, "source": str(path), "sha256": sha256(path), "entries": len(read_entries(path))}
+    if gemv_file(path).is_file():
+        out["gemv_configs"] = {"file": gemv_file(path).name, "sha256": sha256(gemv_file(path))}
+    return out
+
+
+def load_gemv(path: Path) -> int:
+    """Serves the GEMV configurations kept beside a tactics file (0 where there is no such file)."""
+    from dispatch import gemv
+    return gemv.load(gemv_file(path)) if gemv_file(path).is_file() else 0
+
+
+def keep_gemv(out: Path) -> dict[str, Any]:
+    """The GEMV configurations this process ran (served and tuned), written beside <out>/autotune-cache.json."""
+    from dispatch import gemv
+    target = gemv_file(Path(out) / FILE_NAME)
+    gemv.save(target)
+    tuned = gemv.STORE.tune_s
+    return {"file": target.name, "sha256": sha256(target), "entries": len(gemv.STORE.configs),
+            "served_from": sorted(gemv.STORE.files), "tuned_here": len(tuned), "tune_s": round(sum(tuned.values()), 2)}
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -51,6 +79,7 @@ def load(path: Path) -> dict[str, Any]:
         raise HarnessError(f"FlashInfer ignored the autotuner cache {path}: it was written in another environment "
                            f"(FlashInfer, CUDA, cuBLAS, cuDNN or GPU differ); tune afresh (bench: --tune) to write a new "
                            f"one")
+    load_gemv(path)
     return describe(path, "loaded")
 
 
@@ -66,9 +95,11 @@ def save(path: Path) -> None:
 
 
 def copy(src: Path, dst: Path) -> None:
-    """An atomic byte copy (a pinned file is kept beside the results that ran it)."""
+    """An atomic byte copy (a pinned file is kept beside the results that ran it), its GEMV file along."""
     if Path(src).resolve() != Path(dst).resolve():
         atomic_write(dst, lambda tmp: shutil.copyfile(src, tmp))
+        if gemv_file(src).is_file():
+            atomic_write(gemv_file(dst), lambda tmp: shutil.copyfile(gemv_file(src), tmp))
 
 
 def _shape_of(key: str) -> tuple[str, int, int, int] | None:

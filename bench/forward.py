@@ -25,7 +25,8 @@ from bench.paths import ATEN, DISPATCH, PATHS
 from bench.results import finished_rows, rows_to_csv, write_run_json
 from bench.stats import PhaseTimer, Window, attribute, kernel_digest, summary
 from bench.sustain import SUSTAIN_COLUMNS, SUSTAIN_FILE, summary_line, sustained
-from bench.sweep import _keep_tactics, _load_pinned_tactics, _progress, require_gpu, tune_shape, tuning_info
+from bench.sweep import (_keep_gemv, _keep_tactics, _load_pinned_tactics, _progress, require_gpu, serve_gemv, tune_shape,
+                         tuning_info)
 from dispatch.profiles import GpuProfile
 from dispatch.table import load_table
 from harness.console import divert_noise, terminal
@@ -481,6 +482,7 @@ def run_forward(cfg: ForwardConfig) -> Path:
         cfg.order_seed = random.SystemRandom().randrange(1, 2 ** 31)
     pinned = _load_pinned_tactics(cfg)
     dispatch.tactics_from_table(False)  # the dispatch rule runs this run's tactics, as every other rule does
+    serve_gemv(False, cfg.table)  # the forward never tunes the GEMV: it serves the tactics' file, else the table's
     info = run_info(cfg.command, kind="forward", profile=cfg.profile.name, models=list(cfg.models), tp=cfg.tp,
                     ms=cfg.ms, paths=cfg.rules, regimes=list(REGIMES), samples=cfg.samples, pdl=cfg.profile.pdl,
                     decoder_layers=cfg.decoder_layers, lm_head=cfg.lm_head, lm_head_rule=LM_HEAD_RULE,
@@ -568,6 +570,8 @@ def run_forward(cfg: ForwardConfig) -> Path:
                         kernel_records=clock.records_seen)
             if any(PATHS[p].flashinfer_backend for p in used):
                 info["autotune_cache"] = _keep_tactics(cfg, pinned)
+            if dispatches:
+                info["gemv_configs"] = _keep_gemv(cfg.out)
             write_run_json(cfg.out, info)
         if dispatches:
             dispatch.reset()

@@ -20,12 +20,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import dispatch
-from dispatch.backends import ATEN, BACKENDS, DISPATCH, LOW_M_BACKENDS, Backend, flashinfer_path, lean_path
+from dispatch.backends import ATEN, BACKENDS, DISPATCH, GEMV, LOW_M_BACKENDS, Backend, flashinfer_path, lean_path
 from dispatch.lean import LEAN_BACKENDS
 from harness.errors import HarnessError
 
 LinearFn = Callable[[Any, Any], Any]
-GEMV = "triton:gemv"
 
 
 ROLES = ("baseline", "low-m", "candidate", "dispatcher")
@@ -101,8 +100,8 @@ def _vllm_op(backend: str) -> Callable[[bool], LinearFn]:
 
 
 def _gemv(pdl: bool) -> LinearFn:
-    from dispatch.gemv import TunedGemv
-    return TunedGemv()  # no pdl: a plain Triton launch
+    from dispatch.gemv import GemvCall
+    return GemvCall(tune=True)  # no pdl: a plain Triton launch
 
 
 def _dispatch(pdl: bool) -> LinearFn:
@@ -145,7 +144,7 @@ PATHS: dict[str, GemmPath] = {p.name: p for p in (
     *(p for b in BACKENDS.values() for p in _flashinfer_paths(b)),
     GemmPath(GEMV, _gemv, "candidate", max_m=16,
              note="dispatch/gemv.py: the project's split-K GEMV (Triton, one kernel), its configuration tuned per "
-                  "(N, K, M) on first use by CUDA-graph timing; only with --paths (not yet a dispatcher choice)"),
+                  "(N, K, M) over rotated operands by CUDA-graph timing, served like FlashInfer's tactics"),
     GemmPath(DISPATCH, _dispatch, "dispatcher", note="dispatch.linear: its table's path for the shape, M and regime "
                                                      "(graph while capturing, eager otherwise)"),
 )}
@@ -168,7 +167,7 @@ def flashinfer_paths(names) -> list[str]:
 
 
 def paths_for(profile_backends: tuple[str, ...], spec: str | None = None) -> list[GemmPath]:
-    """The profile's paths (aten, its FlashInfer backends' public and lean calls, dispatch), or those named in a
+    """The profile's paths (aten, its FlashInfer backends' public and lean calls, the GEMV, dispatch), or those named in a
     comma list."""
     if spec:
         names = [s.strip() for s in spec.split(",") if s.strip()]
@@ -182,4 +181,4 @@ def paths_for(profile_backends: tuple[str, ...], spec: str | None = None) -> lis
             raise HarnessError(f"--paths names {', '.join(twice)} more than once; name each path once")
         return [PATHS[n] for n in names]
     fi = [PATHS[f(b)] for b in profile_backends for f in (flashinfer_path, lean_path) if f(b) in PATHS]
-    return [PATHS[ATEN], *fi, PATHS[DISPATCH]]
+    return [PATHS[ATEN], *fi, PATHS[GEMV], PATHS[DISPATCH]]

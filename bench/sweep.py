@@ -22,7 +22,7 @@ from bench.shard import SECONDS_PER_CELL, SECONDS_PER_TUNING
 from bench.stats import (PhaseTimer, Window, attribute, calls_per_graph, estimate_call_us, kernel_digest,
                          rotation_count, summary)
 from dispatch import vllm
-from dispatch.backends import backend_of, is_lean, lean_path
+from dispatch.backends import GEMV, backend_of, is_lean, lean_path
 from dispatch.profiles import GpuProfile, check_device, this_gpu
 from harness.console import divert_noise, log_path, terminal, third_party_stdout
 from harness.errors import HarnessError, Interrupted, signal_of, signals_deferred
@@ -279,6 +279,13 @@ def check_paths(clock, group: Group, paths: list[GemmPath], fns: dict[str, Any],
         if tune_err:
             group.fail(p.name, "failed", tune_err)
             continue
+        if getattr(fns[p.name], "tunes_here", None) is not None:  # the GEMV: tuned on the cell's rotated copies
+            try:
+                with phase("tune"):
+                    row["tune_s"] = fns[p.name].tunes_here(ops.ws, ops.xs)
+            except Exception as exc:
+                group.error(p.name, exc)
+                continue
         try:
             with flashinfer_choices() as choices, phase("check"), third_party_stdout():
                 torch.cuda.synchronize()  # nothing else runs inside the call's window
@@ -293,6 +300,8 @@ def check_paths(clock, group: Group, paths: list[GemmPath], fns: dict[str, Any],
         row["rel_err"] = err
         if choices:
             row["fi_runner"], row["fi_tactic"] = choices[-1][0], str(choices[-1][1])
+        elif getattr(fns[p.name], "choice_key", None) is not None:
+            row["fi_runner"], row["fi_tactic"] = "triton", fns[p.name].choice_key(ops.ws[0], ops.xs[0])
         if not err <= REL_ERR_BOUND:
             group.fail(p.name, "failed", f"output differs from the fp32 reference: rel_err {err:.3g} > {REL_ERR_BOUND}")
             continue
@@ -386,7 +395,10 @@ def kernel_twins(names: list[str]) -> dict[str, tuple[str, ...]]:
         if backend is not None and not is_lean(name) and lean_path(backend) in names:
             twins[name] = (lean_path(backend),)
     if DISPATCH in names:
-        order = sorted((n for n in names if n != DISPATCH), key=lambda n: (0 if is_lean(n) else 1 if n == ATEN else 2, n))
+        # not the GEMV: its kernel has one name for every configuration, so a digest cannot tell the dispatcher's
+        # configuration from the GEMV path's; where the dispatcher runs it, it is timed itself
+        order = sorted((n for n in names if n not in (DISPATCH, GEMV)),
+                       key=lambda n: (0 if is_lean(n) else 1 if n == ATEN else 2, n))
         twins[DISPATCH] = tuple(order)
     return twins
 
@@ -419,6 +431,14 @@ def measure_group(cfg: SweepConfig, clock, shape: Shape, m: int, paths: list[Gem
     return list(group.rows.values())
 
 
+def _profile_table(profile: GpuProfile) -> Any:
+    from dispatch.table import load_table
+    try:
+        return load_table(profile.name)
+    except HarnessError:
+        return None
+
+
 def _load_pinned_tactics(cfg: SweepConfig) -> dict[str, Any] | None:
     if cfg.autotune_cache is None:
         return None
@@ -445,6 +465,27 @@ def _keep_tactics(cfg: SweepConfig, pinned: dict[str, Any] | None) -> dict[str, 
         return {**autotune_cache.describe(kept, "tuned"), "kept": str(kept)}
     except Exception as exc:  # the measured rows are already written; losing the tactics must not lose them
         return f"not kept: {type(exc).__name__}: {exc}"
+
+
+def _keep_gemv(out: Path) -> dict[str, Any] | str:
+    try:
+        return autotune_cache.keep_gemv(out)
+    except Exception as exc:  # the measured rows are already written; losing the configurations must not lose them
+        return f"GEMV configurations not kept: {type(exc).__name__}: {exc}"
+
+
+def serve_gemv(tuning: bool, table: Any) -> None:
+    """How this run's GEMV calls get their configurations: a run that tunes tunes them (the dispatch path runs them,
+    as it runs this run's FlashInfer tactics); one that serves a tactics file serves the GEMV file beside it, else
+    those of the table its dispatch path runs. Called after the tactics are loaded."""
+    try:
+        from dispatch import gemv
+    except ImportError:
+        return
+    gemv.STORE.tuning = tuning
+    path = getattr(table, "gemv_configs", None)
+    if not tuning and not gemv.STORE.files and path is not None and Path(path).is_file():
+        gemv.load(path)
 
 
 def build_paths(paths: list[GemmPath], sm: int, pdl: bool) -> dict[str, Any]:
@@ -540,6 +581,7 @@ def run_sweep(cfg: SweepConfig) -> Path:
     pinned = _load_pinned_tactics(cfg)  # before anything is written: a refused file stops the run here
     dispatch.tactics_from_table(False)  # the dispatch path runs this run's tactics, as every other path does
     dispatch.configure(cfg.table)
+    serve_gemv(cfg.tune and not pinned, cfg.table if cfg.table is not None else _profile_table(cfg.profile))
     extra = {"shard": cfg.shard} if cfg.shard else {}
     if cfg.host_timing:
         extra["host_timing"] = cfg.host_timing
@@ -642,6 +684,8 @@ def _finish(cfg: SweepConfig, rows, info, phase: PhaseTimer, clock, fns, pinned,
                 kernel_records=clock.records_seen, clocks_end=nvml_clocks(), cupti_invalid_records=clock.invalid)
     if any(p.flashinfer_backend and p.name in fns for p in cfg.paths):
         info["autotune_cache"] = _keep_tactics(cfg, pinned)
+    if GEMV in fns or any(p.name == DISPATCH for p in cfg.paths):
+        info["gemv_configs"] = _keep_gemv(cfg.out)
     parquet_note = write_parquet(cfg.out)
     if parquet_note:
         info["parquet"] = parquet_note

@@ -17,7 +17,7 @@ from typing import Sequence
 
 import pandas as pd
 
-from bench.autotune_cache import FILE_NAME, sha256, tactic_differences
+from bench.autotune_cache import FILE_NAME, gemv_file, sha256, tactic_differences
 from bench.envinfo import fingerprint
 from bench.results import load_results, load_run_info
 from bench.sweep import require_gpu
@@ -38,6 +38,7 @@ from calibrate.table_pipeline import (FIT_MACHINES, MANIFEST, MAX_FIT_MACHINES, 
                                       fewer_baseline_runs, install, legs, parse_scope, pending_legs, plan_text,
                                       refit_legs, run_pipeline, supersede_fit)
 from dispatch.profiles import PROFILES, get_profile, matches
+from dispatch.backends import GEMV
 from dispatch.table import REGIMES, TABLE_DIR, ThresholdTable, load_table
 from harness.cli import Parser, float_in, int_in, parent
 from harness.console import terminal
@@ -526,6 +527,7 @@ def _fit_cmd(args, argv, profile, df, info, cells) -> int:
                                f"file; nothing was written")
     plan_file = output_file(args.plan_refine, "--plan-refine") if args.plan_refine else None
     _sibling_free(out.with_name(out.stem + ".autotune.json"), out, args.install)
+    _sibling_free(gemv_file(out.with_name(out.stem + ".autotune.json")), out, args.install)
     hold_out = _grid_ms(args.hold_out)
     left = set(int(m) for m in df["m"]) - hold_out
     if hold_out and len(left) < 2:
@@ -662,12 +664,21 @@ def _fit_cmd(args, argv, profile, df, info, cells) -> int:
     if kept.is_file():
         source["tactics"] = {"file": tactics_file.name, "sha256": sha256(kept), "from": str(kept),
                              "note": "FlashInfer's autotuner cache of the fitted run; the dispatcher loads it"}
+    kept_gemv, gemv_target = gemv_file(kept), gemv_file(tactics_file)
+    if GEMV in table.paths() and kept_gemv.is_file():
+        source["gemv_configs"] = {"file": gemv_target.name, "sha256": sha256(kept_gemv), "from": str(kept_gemv),
+                                  "note": "the GEMV's configurations of the fitted run; the dispatcher loads them"}
+    elif GEMV in table.paths():
+        raise HarnessError(f"the fit chose {GEMV} but {args.results} kept no {kept_gemv.name} (its configurations); "
+                           f"measure it with a harness that keeps them")
     table = ThresholdTable(table.profile, table.low_m_backend, table.default, table.shapes, source)
     print(f"fitted from {args.results} ({len(fitted_ms)} M values" + (f"; held out {sorted(hold_out)}" if hold_out else "")
           + ")" + (" (incomplete data, --partial)" if df.attrs["incomplete"] else ""))
     print(report.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     if not args.dry_run:
         write_outputs([*([Artifact(tactics_file, kept.read_bytes(), "the table's tactics")] if kept.is_file() else []),
+                       *([Artifact(gemv_target, kept_gemv.read_bytes(), "the table's GEMV configurations")]
+                         if "gemv_configs" in source else []),
                        Artifact(out, (json.dumps(table.to_json(), indent=2) + "\n").encode(), "the table",
                                 table_check(profile.name, shipped_layout(profile.name)))])
         if args.plan_refine:

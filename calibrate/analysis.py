@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 
 from bench.forward_paths import flashinfer_everywhere_choice
-from dispatch.backends import ATEN, BACKENDS, DISPATCH, backend_of, is_flashinfer, is_lean, lean_path
+from dispatch.backends import ATEN, BACKENDS, DISPATCH, GEMV, backend_of, is_kernel_path, is_lean, lean_path
 from dispatch.backends import flashinfer_path as public_path
 from dispatch.table import REGIMES, ThresholdTable, compress, describe_ranges
 from harness.errors import HarnessError
@@ -214,16 +214,17 @@ def flashinfer_path(table: ThresholdTable, cells: Cells, n: int, k: int, m: int)
 
 
 def dispatch_candidates(cells: Cells, table: ThresholdTable) -> list[str]:
-    """What the dispatcher can choose from in this run: F.linear and every lean FlashInfer call measured; a run
-    without lean calls (older runs) offers the table's own paths and the public low-M call."""
+    """What the dispatcher can choose from in this run: F.linear, every lean FlashInfer call measured and the GEMV; a
+    run without lean calls (older runs) offers the table's own paths and the public low-M call."""
     lean = sorted({p for p in cells.paths() if is_lean(p)})
-    return [ATEN, *(lean or sorted(table.paths() | {public_path(table.low_m_backend)} - {ATEN}))]
+    own = [GEMV] if GEMV in cells.paths() else []
+    return [ATEN, *(lean or sorted(table.paths() | {public_path(table.low_m_backend)} - {ATEN, GEMV})), *own]
 
 
 def oracle_pool(cells: Cells, table: ThresholdTable, oracle: str, among: list[str] | None = None) -> list[str]:
     """The paths the best achievable is taken over: every measured path ('all'), or the dispatcher's own."""
     if oracle == "all":
-        return [ATEN, *sorted(p for p in cells.paths() if is_flashinfer(p))]
+        return [ATEN, *sorted(p for p in cells.paths() if is_kernel_path(p))]
     return among if among is not None else dispatch_candidates(cells, table)
 
 

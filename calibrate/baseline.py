@@ -19,7 +19,7 @@ from typing import Any
 
 import pandas as pd
 
-from bench.autotune_cache import FILE_NAME, sha256
+from bench.autotune_cache import FILE_NAME, gemv_file, sha256
 from calibrate.analysis import Cells, paired_ratio_ci, ratio_ci
 from dispatch.backends import ATEN
 from harness.errors import HarnessError
@@ -80,7 +80,10 @@ def shared_tactics(sources: list[str]) -> Path | None:
     files = [Path(s) / FILE_NAME for s in sources]
     if not all(f.is_file() for f in files):
         return None
-    return files[0] if len({sha256(f) for f in files}) == 1 else None
+    gemv = [gemv_file(f) for f in files]  # the GEMV's configurations beside them: the same in all, or in none
+    same_gemv = (not any(g.is_file() for g in gemv)
+                 or (all(g.is_file() for g in gemv) and len({sha256(g) for g in gemv}) == 1))
+    return files[0] if len({sha256(f) for f in files}) == 1 and same_gemv else None
 
 
 def fingerprint_of(run_info: dict[str, Any]) -> dict[str, Any]:
@@ -220,8 +223,13 @@ def write_baseline(path: Path, text: str, tactics: Path | None = None, check=Non
     baseline through the installer, which reads it back with `check`)."""
     from calibrate.install import Artifact, write_outputs
     json.loads(text)  # never write a file that cannot be read back
+    gemv = gemv_file(Path(tactics)) if tactics else None
     write_outputs([*([Artifact(autotune_cache_path(path), Path(tactics).read_bytes(), "the baseline's tactics")]
-                     if tactics else []), Artifact(path, text.encode(), "the baseline", check)])
+                     if tactics else []),
+                   *([Artifact(gemv_file(autotune_cache_path(path)), gemv.read_bytes(), "the baseline's GEMV "
+                                                                                         "configurations")]
+                     if gemv is not None and gemv.is_file() else []),
+                   Artifact(path, text.encode(), "the baseline", check)])
     return path
 
 

@@ -5,7 +5,8 @@ sweep does it (blocks of 50 calls alternating, the GPU kept busy under each bloc
    M >= 64 at which both regimes choose F.linear): dispatch.linear (Python, and where built C++) and the bound layers
    (dispatch.bind: the Python layer, and where built the C++ layer, also with the GIL held through the launch)
    against F.linear, per catalog shape; the target is the median ratio over shapes.
-2. At a low M where a lean call can run: the lean call and FlashInfer's public call against F.linear."""
+2. At a low M where a lean call can run: the lean call, FlashInfer's public call and the project's GEMV (Triton's
+   launcher) against F.linear."""
 from __future__ import annotations
 
 import csv
@@ -21,7 +22,7 @@ from bench.hosttime import host_times
 from bench.stats import estimate_call_us
 from bench.sweep import SweepConfig, require_cuda
 from dispatch import capture
-from dispatch.backends import ATEN, BACKENDS, flashinfer_path, lean_path
+from dispatch.backends import ATEN, BACKENDS, GEMV, GEMV_RULE, flashinfer_path, lean_path
 from dispatch.eligible import accepts, input_ok
 from dispatch.profiles import get_profile
 from dispatch.table import load_table
@@ -33,6 +34,17 @@ from shapes.grid import M_MAX
 WORST_BOUND = 1.15  # dispatch.linear where it runs F.linear may cost at most this much F.linear's host time
 LEAN_M = 8
 BIND_AT_LEAN_M = "dispatch.bind (the table's eager choice)"
+
+
+def _gemv_call(sm: int):
+    """The GEMV's call where this GPU runs it (Triton present), else None."""
+    if sm not in (GEMV_RULE.sms or ()):
+        return None
+    try:
+        from dispatch.gemv import GemvCall
+        return GemvCall(tune=True)
+    except ImportError:
+        return None
 
 
 def bound_layers(w) -> dict[str, object]:
@@ -141,6 +153,7 @@ def run_host_cost(profile_name: str, calls: int, out: Path | None) -> int:
                 line += f"  {name} {host[name][0]:7.2f} µs ({host[name][0] / a:.3f})"
             print(line, flush=True)
         lean_ratios: dict[str, list[float]] = {}
+        gemv = _gemv_call(profile.sm)
         for shape in catalog():
             x = torch.randn(LEAN_M, shape.k, device="cuda", dtype=torch.bfloat16)
             w = torch.randn(shape.n, shape.k, device="cuda", dtype=torch.bfloat16)
@@ -163,6 +176,9 @@ def run_host_cost(profile_name: str, calls: int, out: Path | None) -> int:
                 lean, public = lean_call(b, backend.pdl(profile.pdl)), public_call(b, backend.pdl(profile.pdl))
                 fns[lean_path(b)] = lambda lean=lean: lean(x, w)
                 fns[flashinfer_path(b)] = lambda public=public: public(x, w)
+            if gemv is not None:  # the GEMV's call, its configuration tuned once per shape before timing
+                gemv.tunes_here([w], [x])
+                fns[GEMV] = lambda: gemv(x, w)
             host = host_times(fns, calls=50, rounds=max(1, calls // 200))
             a = host["F.linear"][0]
             line = (f"{shape.name:16s} M={LEAN_M:5d}  eager choice {table.choose(shape.n, shape.k, LEAN_M, 'eager')}"

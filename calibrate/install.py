@@ -138,6 +138,17 @@ def table_check(profile: str, layout: str | None) -> Callable[[Path], None]:
             if spec.get("sha256") and sha256(tactics) != spec["sha256"]:
                 raise HarnessError(f"its tactics file {spec['file']} is not the one it was fitted with (sha256)")
             read_entries(tactics)
+        spec = table.source.get("gemv_configs")
+        if isinstance(spec, dict) and spec.get("file"):
+            from dispatch.gemv import parse
+            from harness.io import read_json
+            configs = path.parent / str(spec["file"])
+            if not configs.is_file():
+                raise HarnessError(f"its GEMV configuration file {spec['file']} is not part of the install")
+            if spec.get("sha256") and sha256(configs) != spec["sha256"]:
+                raise HarnessError(f"its GEMV configuration file {spec['file']} is not the one it was fitted with "
+                                   f"(sha256)")
+            parse(read_json(configs, "GEMV configuration file", "refit the table"), spec["file"])
     return check
 
 

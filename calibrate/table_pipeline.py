@@ -23,9 +23,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from bench.autotune_cache import FILE_NAME
+from bench.autotune_cache import FILE_NAME, gemv_file
 from bench.envinfo import git_sha
-from dispatch.backends import ATEN, is_lean, lean_path
+from dispatch.backends import ATEN, is_choosable, lean_path
 from dispatch.profiles import GpuProfile
 from harness.errors import HarnessError
 from harness.io import ROOT, atomic_write_text, read_json_object
@@ -182,8 +182,8 @@ def legs(profile: GpuProfile, run: Path, scope: Scope | None = None, machines: i
     refined = not (plan.is_file() and not plan.read_text().strip())  # unknown before the first fit: planned
     others = machine_legs(machines if machines is not None else run_machines(run))
     fit = [*py, "calibrate", "fit", str(sweep), "--gpu", p, "--method", "segments", "--forward", str(forward)]
-    # another machine's sweep needs only what the fit chooses from: F.linear and the lean calls
-    lean = ",".join(x.name for x in paths_for(profile.flashinfer_backends, None) if x.name == ATEN or is_lean(x.name))
+    # another machine's sweep needs only what the fit chooses from: F.linear, the lean calls and the GEMV
+    lean = ",".join(x.name for x in paths_for(profile.flashinfer_backends, None) if x.name == ATEN or is_choosable(x.name))
     # the check's forward also runs vLLM's rules, so that its report leads with the answer in vLLM's terms (rules
     # that run the same paths as an earlier one, F.linear's on SM90, are read off it, not timed again)
     from calibrate.vllm_terms import required_paths
@@ -484,6 +484,8 @@ def install(profile: GpuProfile, run: Path) -> list[Path]:
         data.setdefault("source", {})["manifest"] = named
         if isinstance(data["source"].get("tactics"), dict):
             data["source"]["tactics"]["file"] = autotune_cache_path(table).name
+        if isinstance(data["source"].get("gemv_configs"), dict):
+            data["source"]["gemv_configs"]["file"] = gemv_file(autotune_cache_path(table)).name
         return data
 
     def as_baseline(data: dict) -> dict:
@@ -495,6 +497,10 @@ def install(profile: GpuProfile, run: Path) -> list[Path]:
                  Artifact(base, edited(run / "baseline.json", "the run's baseline", as_baseline), "the baseline",
                           baseline_check(profile.name))]
     for src, dst, what in ((run / "table.autotune.json", autotune_cache_path(table), "the table's tactics"),
+                           (gemv_file(run / "table.autotune.json"), gemv_file(autotune_cache_path(table)),
+                            "the table's GEMV configurations"),
+                           (gemv_file(autotune_cache_path(run / "baseline.json")), gemv_file(autotune_cache_path(base)),
+                            "the baseline's GEMV configurations"),
                            (autotune_cache_path(run / "baseline.json"), autotune_cache_path(base),
                             "the baseline's tactics")):
         if src.is_file():

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# Path names shared by every floor (the bench registry gives each its role): F.linear, and the dispatcher itself.
+# Path names shared by every floor (the bench registry gives each its role): F.linear, the dispatcher itself, and
+# the project's split-K GEMV (dispatch/gemv.py).
 ATEN = "aten"
 DISPATCH = "dispatch"
+GEMV = "triton:gemv"
+GEMV_MAX_M = 16  # dispatch.gemv.MAX_M, without importing it
 
 
 LOW_M_BACKENDS = ("tinygemm", "cute-dsl")  # the backends a GPU profile can name as its low-M backend
@@ -28,6 +31,17 @@ def is_flashinfer(path: str) -> bool:
 
 def is_lean(path: str) -> bool:
     return path.startswith(lean_path(""))
+
+
+def is_kernel_path(path: str) -> bool:
+    """Whether the dispatcher can run this path as a kernel of its own (a FlashInfer call or the GEMV), not F.linear."""
+    return is_flashinfer(path) or path == GEMV
+
+
+def is_choosable(path: str) -> bool:
+    """Whether a table may choose this measured path cheaply: a lean FlashInfer call or the GEMV (a public FlashInfer
+    call pays its per-call checks; F.linear is always a choice)."""
+    return is_lean(path) or path == GEMV
 
 
 def backend_of(path: str) -> str | None:
@@ -52,9 +66,11 @@ class Backend:
     # FlashInfer's cuBLASLt requirement raises on pdl=True, and cute-dsl's cuBLASLt fallback ignores it.
     supports_pdl: bool = False
 
+    path_name: str = ""  # the registry path where it is not flashinfer:<name> (the GEMV)
+
     @property
     def path(self) -> str:
-        return flashinfer_path(self.name)
+        return self.path_name or flashinfer_path(self.name)
 
     def skip_reason(self, sm: int, n: int, k: int, m: int) -> str | None:
         """Why this backend cannot run a (shape, M) cell on this SM, or None."""
@@ -92,3 +108,13 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
     Backend("cutlass", (100, 103, 107), note="CUTLASS bf16 GEMM (SM100; not run here)"),
     Backend("tgv", (100, 103, 107), supports_pdl=True, note="TGV GEMM (SM100; not run here)"),
 )}
+
+# What the project's GEMV takes, as the dispatcher checks it (dispatch/eligible.py): Triton's tensor-core tiles (SM 80 and
+# newer; the SMs the profiles name), 16-byte aligned rows, M <= 16, no bias.
+GEMV_RULE = Backend("gemv", (80, 86, 87, 89, 90, 100, 103, 107, 110, 120, 121), max_m=GEMV_MAX_M,
+                    tune_by_default=False, note="the project's split-K GEMV (Triton)", path_name=GEMV)
+
+
+def rule_of(path: str) -> Backend:
+    """The eligibility rule of a kernel path (is_kernel_path): its FlashInfer backend's, or the GEMV's."""
+    return GEMV_RULE if path == GEMV else BACKENDS[backend_of(path)]

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from dispatch import capture
-from dispatch.backends import ATEN, BACKENDS, Backend, backend_of, is_lean
+from dispatch.backends import ATEN, BACKENDS, GEMV, Backend, backend_of, is_lean, rule_of
 from dispatch.eligible import accepts, accepts_weight
 from dispatch.profiles import detect_profile, this_gpu
 from dispatch.table import ThresholdTable, load_table
@@ -37,7 +37,7 @@ class ShapeRule:
             steps = []
             for up_to, path in (table.ranges(n, k, regime) if table is not None else ()):
                 kernel = None if path == ATEN else _kernel(path, pdl)
-                backend = BACKENDS[backend_of(path)] if kernel is not None else None
+                backend = rule_of(path) if kernel is not None else None
                 if backend is not None and backend.sms is not None and sm not in backend.sms:
                     kernel, backend = None, None  # a table from another GPU: its kernels do not run here
                 steps.append((up_to, kernel, backend))
@@ -132,8 +132,17 @@ def tactics_from_table(enabled: bool) -> None:
 
 
 def _kernel(path: str, pdl: bool) -> Kernel | None:
-    """The callable of a FlashInfer path; None when FlashInfer is not installed (F.linear runs instead)."""
+    """The callable of a kernel path; None when its library (FlashInfer, Triton) is not installed (F.linear runs
+    instead). The GEMV takes its configurations from the store its table's file filled (dispatch/gemv.py); it never
+    tunes, and runs F.linear for a shape the store lacks."""
     key = (path, pdl)
+    if key not in _STATE.kernels and path == GEMV:
+        try:
+            import triton  # noqa: F401
+            from dispatch.gemv import GemvCall
+            _STATE.kernels[key] = GemvCall(tune=False)
+        except ImportError:
+            _STATE.kernels[key] = None
     if key not in _STATE.kernels:
         try:
             from dispatch.lean import lean_call, public_call
@@ -167,7 +176,9 @@ def _device(index: int) -> tuple[ThresholdTable | None, int, bool]:
 def _load_tactics(table: ThresholdTable) -> None:
     """FlashInfer's autotuner cache the table was fitted with, loaded once per process, so that the lean calls
     resolve the tactics that were measured. FlashInfer refuses a file from another environment (version, CUDA,
-    cuBLAS, cuDNN, GPU): then its calls run the fallback tactic, and this says so once."""
+    cuBLAS, cuDNN, GPU): then its calls run the fallback tactic, and this says so once. The GEMV's configurations
+    likewise (a file that does not load leaves its shapes on F.linear, said once)."""
+    _load_gemv_configs(table)
     path = table.tactics
     if (not _STATE.tactics_from_table or path is None or str(path) in _STATE.tactics_loaded
             or not any(p != ATEN for p in table.paths())):
@@ -188,6 +199,21 @@ def _load_tactics(table: ThresholdTable) -> None:
                                       f"FlashInfer's fallback tactics, not those its table was fitted with")
 
 
+def _load_gemv_configs(table: ThresholdTable) -> None:
+    path = table.gemv_configs
+    if (not _STATE.tactics_from_table or path is None or str(path) in _STATE.tactics_loaded
+            or GEMV not in table.paths()):
+        return
+    _STATE.tactics_loaded.add(str(path))
+    from dispatch import gemv
+    from dispatch.lean import warn_once
+    try:
+        gemv.load(path)
+    except Exception as exc:
+        warn_once(f"gemv:{path}", f"the GEMV configurations {path} did not load ({exc}); the table's {GEMV} "
+                                  f"ranges run F.linear")
+
+
 _ALWAYS_ATEN = ShapeRule(None, 0, 0, 0, False)
 
 
@@ -201,6 +227,10 @@ def _rule(device: int, weight: Any) -> ShapeRule:
         install()
         table, sm, pdl = _device(device)
         rule = _RULES[key] = ShapeRule(table, weight.shape[0], weight.shape[1], sm, pdl)
+        for steps in (rule.graph, rule.eager):
+            for _, kernel, backend in steps:
+                if backend is not None and backend.path == GEMV:
+                    kernel.prepare(weight.shape[0], weight.shape[1], weight.device)  # workspaces outside capture
     return rule
 
 

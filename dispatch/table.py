@@ -9,7 +9,8 @@ eager ranges apply), which is what the dispatcher runs for them now (docs/design
 
 A regime's ranges are ((up_to, path), ...) with up_to increasing: M up to `up_to` (and above the previous range's)
 runs `path`; M above the last range runs F.linear. Paths are registry names: 'aten', 'flashinfer-lean:<backend>'
-(the lean call) or 'flashinfer:<backend>' (FlashInfer's public mm_bf16).
+(the lean call), 'flashinfer:<backend>' (FlashInfer's public mm_bf16) or 'triton:gemv' (the project's GEMV, M <= 16,
+its configurations in the file source["gemv_configs"] names beside the table).
 
 Format 1 files (a single `default_threshold` with per-shape `overrides`, the low-M backend at M <= threshold) still
 load: both regimes get the same ranges, on FlashInfer's public call, which is what such a table meant when written.
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from dispatch.backends import ATEN, BACKENDS, LOW_M_BACKENDS, flashinfer_path, lean_path
+from dispatch.backends import ATEN, BACKENDS, GEMV, GEMV_MAX_M, LOW_M_BACKENDS, flashinfer_path, lean_path
 from harness.errors import HarnessError
 from harness.io import read_json
 from shapes.grid import M_MAX
@@ -32,8 +33,8 @@ Ranges = tuple[Range, ...]
 
 
 def dispatchable_paths() -> list[str]:
-    """Every path a table may name: F.linear, and each FlashInfer backend's public and lean call."""
-    return [ATEN, *(f(b) for b in BACKENDS for f in (lean_path, flashinfer_path))]
+    """Every path a table may name: F.linear, each FlashInfer backend's public and lean call, and the GEMV."""
+    return [ATEN, *(f(b) for b in BACKENDS for f in (lean_path, flashinfer_path)), GEMV]
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,8 @@ class ThresholdTable:
     # FlashInfer's autotuner cache the table was fitted with (source["tactics"]["file"], beside the table file): the
     # dispatcher loads it, so that its cuBLASLt calls run the tactics that were measured.
     tactics: Path | None = None
+    # the GEMV's configurations the table was fitted with (source["gemv_configs"]["file"]), loaded alike
+    gemv_configs: Path | None = None
 
     @classmethod
     def from_thresholds(cls, profile: str, backend: str, default_threshold: int,
@@ -141,6 +144,9 @@ def _parse_ranges(value: Any, where: str) -> Ranges:
             raise HarnessError(f"{where}: path {path!r} is not one the dispatcher can run (known: {', '.join(known)})")
         if not 1 <= up <= M_MAX:
             raise HarnessError(f"{where}: up_to {up} is outside 1..{M_MAX}, the M the harness measures")
+        if path == GEMV and up > GEMV_MAX_M:
+            raise HarnessError(f"{where}: {GEMV} up to M = {up}, but it takes M <= {GEMV_MAX_M}; fix the table or "
+                               f"refit it")
         if out and up <= out[-1][0]:
             raise HarnessError(f"{where}: ranges must have increasing up_to ({out[-1][0]} then {up})")
         out.append((up, path))
@@ -241,7 +247,8 @@ def load_table(profile: str | Path | None = None, path: str | Path | None = None
         path = TABLE_DIR / f"{profile}.json"
     data = read_json(path, "threshold table", "run `python -m calibrate fit RESULTS --gpu PROFILE` to make one")
     table = parse_table(data, str(path))
-    tactics = table.source.get("tactics")
-    if isinstance(tactics, dict) and tactics.get("file"):
-        table = replace(table, tactics=Path(path).parent / str(tactics["file"]))
+    for key, field_name in (("tactics", "tactics"), ("gemv_configs", "gemv_configs")):
+        spec = table.source.get(key)
+        if isinstance(spec, dict) and spec.get("file"):
+            table = replace(table, **{field_name: Path(path).parent / str(spec["file"])})
     return table

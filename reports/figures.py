@@ -18,7 +18,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator  # noqa: E4
 from bench.forward_paths import (FLASHINFER_EVERYWHERE, SEED_PR, TABLE_DIRECT, VLLM_DEFAULT,  # noqa: E402
                                  VLLM_FLAG)
 from bench.paths import TUNED_CUBLASLT  # noqa: E402
-from dispatch.backends import ATEN, DISPATCH, flashinfer_path, is_flashinfer, lean_path  # noqa: E402
+from dispatch.backends import ATEN, DISPATCH, flashinfer_path, is_kernel_path, lean_path  # noqa: E402
 from harness.errors import worker_signals  # noqa: E402
 
 PLAIN = FuncFormatter(lambda v, _: f"{v:g}")  # 0.6, 2, 300 instead of 6x10^-1 on log axes
@@ -154,7 +154,7 @@ def shape_figure(rows: pd.DataFrame, title: str, threshold: int | None, crossove
         ax1.fill_between(g["m"], g["gpu_us_p20"], g["gpu_us_p80"], color=_color(path), alpha=0.15)
         ax3.plot(g["m"], g["host_us"], marker=".", color=_color(path), label=f"{path} host")
         ax3.plot(g["m"], g["gpu_us"], ls=":", color=_color(path))
-        if is_flashinfer(path) and g["ratio"].notna().any():
+        if is_kernel_path(path) and g["ratio"].notna().any():
             ax2.plot(g["m"], g["ratio"], marker=".", color=_color(path), label=path)
             ax2.fill_between(g["m"], g["ratio_lo"], g["ratio_hi"], color=_color(path), alpha=0.25)
     _floor_lines(ax1, ok)

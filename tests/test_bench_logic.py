@@ -94,7 +94,7 @@ def test_profiles_and_device_check():
 def test_path_registry_gates():
     assert [p.name for p in paths_for(get_profile("h200").flashinfer_backends)] == [
         "aten", "flashinfer:tinygemm", "flashinfer-lean:tinygemm", "flashinfer:cublaslt", "flashinfer-lean:cublaslt",
-        "flashinfer:cudnn", "dispatch"]
+        "flashinfer:cudnn", "triton:gemv", "dispatch"]
     # one rule per backend, whichever call (public or lean) runs it
     assert PATHS["flashinfer-lean:tinygemm"].skip_reason(90, 1, 2048, 8) == PATHS["flashinfer:tinygemm"].skip_reason(90, 1, 2048, 8)
     assert "SM100" in PATHS["flashinfer:cute-dsl"].skip_reason(90, 2048, 4096, 8)

@@ -65,7 +65,7 @@ def test_a_size_that_did_not_fit_gets_no_share():
 
 def test_the_gemv_path_runs_only_the_cells_it_takes():
     """The project's GEMV is a registry path for M <= 16 on SM 80 and newer; the sweep records every other cell as
-    skipped with the reason, and the fit never chooses it (not a dispatcher choice yet)."""
+    skipped with the reason, and the fit may choose it where it was measured."""
     from bench.paths import GEMV, PATHS
     from calibrate.analysis import dispatch_candidates
     path = PATHS[GEMV]
@@ -77,7 +77,12 @@ def test_the_gemv_path_runs_only_the_cells_it_takes():
     class Measured:
         def paths(self):
             return {"aten", GEMV, "flashinfer-lean:cublaslt"}
-    assert GEMV not in dispatch_candidates(Measured(), None)
+    assert dispatch_candidates(Measured(), None) == ["aten", "flashinfer-lean:cublaslt", GEMV]
+
+    class Unmeasured:
+        def paths(self):
+            return {"aten", "flashinfer-lean:cublaslt"}
+    assert GEMV not in dispatch_candidates(Unmeasured(), None)
 
 
 def test_a_pdl_cells_share_comes_from_the_span_of_its_calls():

@@ -154,7 +154,8 @@ def test_the_dry_runs_rates(capsys):
     assert SECONDS_PER_CELL == pytest.approx(_info(NEW_SWEEP)["wall_s"] / 2230)
     assert SECONDS_PER_TUNING == pytest.approx(p["phase_s"]["tune"] / 31)
     assert main(["run", "--gpu", "h200", "--dry-run"]) == 0
-    assert capsys.readouterr().out.splitlines()[-1].startswith("  2230 cells to measure, 0 (shape, path) tunings; "
+    # 2230 of U's paths, and the GEMV's 80 cells at M <= 16 since it joined the default paths
+    assert capsys.readouterr().out.splitlines()[-1].startswith("  2310 cells to measure, 0 (shape, path) tunings; "
                                                                 "estimated 1.3 min")
     assert main(["run", "--gpu", "h200", "--tune", "--dry-run"]) == 0
     assert "estimated 1.8 min" in capsys.readouterr().out

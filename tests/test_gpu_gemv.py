@@ -38,3 +38,62 @@ def test_the_gemv_refuses_what_it_does_not_take():
         Gemv(w.float(), GemvConfig(16, 128, 1, 4))
     with pytest.raises(ValueError):  # eight columns a tile: one row only (a tensor-core tile needs 16)
         Gemv(w, GemvConfig(8, 128, 1, 4))(torch.randn(2, 64, device="cuda", dtype=torch.bfloat16))
+
+
+def test_the_tuner_picks_a_candidate_and_the_call_matches_fp32():
+    import torch
+
+    from bench.gpu import REL_ERR_BOUND, output_error
+    from dispatch.gemv import GemvCall, candidates
+    torch.manual_seed(0)
+    ws = [torch.randn(2048, 4096, device="cuda", dtype=torch.bfloat16) * 0.02 for _ in range(2)]
+    call = GemvCall(tune=True)
+    for m in (1, 4):
+        xs = [torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
+        secs = call.tunes_here(ws, xs)
+        assert secs is not None and secs > 0 and call.tunes_here(ws, xs) is None  # tuned once
+        assert call.config(2048, 4096, m) in candidates(2048, 4096, m, torch.cuda.get_device_properties(0).multi_processor_count)
+        assert output_error(call(xs[0], ws[0]), xs[0], ws[0]) < REL_ERR_BOUND
+        out = torch.empty(m, 2048, device="cuda", dtype=torch.bfloat16)
+        call.into(xs[1], ws[1], out)
+        assert output_error(out, xs[1], ws[1]) < REL_ERR_BOUND
+    assert call.choice_key(ws[0], xs[0]).startswith("bn")
+
+
+def test_the_dispatcher_runs_the_gemv_its_table_names_captured_and_eager(tmp_path):
+    import json
+
+    import torch
+
+    import dispatch
+    from bench.gpu import REL_ERR_BOUND, output_error
+    from dispatch import gemv
+    from dispatch.backends import GEMV
+    torch.manual_seed(1)
+    w = torch.randn(2560, 4096, device="cuda", dtype=torch.bfloat16) * 0.02
+    tuner = gemv.GemvCall(tune=True)
+    for m in (1, 8):
+        tuner.tunes_here([w], [torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)])
+    gemv.save(tmp_path / "t.autotune.gemv.json")
+    gemv.STORE.configs.clear()
+    table = {"format": 2, "profile": "h200", "low_m_backend": "tinygemm",
+             "default": {"graph": [{"up_to": 8, "path": GEMV}], "eager": [{"up_to": 8, "path": GEMV}]},
+             "source": {"gemv_configs": {"file": "t.autotune.gemv.json"}}}
+    (tmp_path / "t.json").write_text(json.dumps(table))
+    try:
+        dispatch.configure(tmp_path / "t.json")
+        layer = dispatch.bind(w)
+        assert str(tmp_path / "t.autotune.gemv.json") in gemv.STORE.files
+        for m in (1, 3, 8):
+            x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
+            assert output_error(layer(x), x, w) < REL_ERR_BOUND
+            assert output_error(dispatch.linear(x, w), x, w) < REL_ERR_BOUND
+            graph, static = torch.cuda.CUDAGraph(), x.clone()
+            layer(static)  # warm
+            with torch.cuda.graph(graph):
+                y = layer(static)
+            static.copy_(torch.randn_like(static))
+            graph.replay()
+            assert output_error(y, static, w) < REL_ERR_BOUND
+    finally:
+        dispatch.reset()

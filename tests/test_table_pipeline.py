@@ -42,7 +42,7 @@ def test_the_legs_and_their_order(tmp_path):
                                                                                         "baseline", "report"))
     other = by_name["machine-2"]
     assert other[other.index("--autotune-cache") + 1] == str(tmp_path / "sweep" / "autotune-cache.json")
-    assert other[other.index("--paths") + 1] == "aten,flashinfer-lean:tinygemm,flashinfer-lean:cublaslt"
+    assert other[other.index("--paths") + 1] == "aten,flashinfer-lean:tinygemm,flashinfer-lean:cublaslt,triton:gemv"
     one = [leg.name for leg in legs(H200, tmp_path, machines=1)]
     assert one == [x for x in LEGS if not x.startswith("machine-")]
     assert "--machine" not in next(leg for leg in legs(H200, tmp_path, machines=1) if leg.name == "fit").argv

@@ -1,0 +1,130 @@
+"""The GEMV's configurations as data: which the tuner tries, the file they are kept in, what a call without its own
+configuration runs, and the table and tactics plumbing that carries them (no GPU: nothing here launches a kernel)."""
+import json
+
+import pytest
+
+from harness.errors import HarnessError
+
+
+@pytest.fixture
+def store():
+    from dispatch import gemv
+    saved = (dict(gemv.STORE.configs), dict(gemv.STORE.local), set(gemv.STORE.files), gemv.STORE.tuning)
+    gemv.STORE.configs.clear(), gemv.STORE.local.clear(), gemv.STORE.files.clear()
+    yield gemv.STORE
+    gemv.STORE.configs.clear(), gemv.STORE.local.clear(), gemv.STORE.files.clear()
+    gemv.STORE.configs.update(saved[0]), gemv.STORE.local.update(saved[1]), gemv.STORE.files.update(saved[2])
+    gemv.STORE.tuning = saved[3]
+
+
+def test_the_candidates_are_configurations_the_kernel_takes_with_enough_programs():
+    from dispatch.gemv import CONFIGS, candidates
+    for n, k in ((2560, 4096), (2048, 4096), (9216, 2048), (248320, 2560), (96, 64)):
+        for m in (1, 2, 8, 16):
+            cands = candidates(n, k, m, 132)
+            assert cands and all((c.block_n, c.block_k, c.split_k, c.num_warps) in CONFIGS for c in cands)
+            assert all(c.takes(m) for c in cands) and len(cands) <= 15
+            assert len(set(cands)) == len(cands)
+    # a small-N, large-K weight is split until the programs fill the SMs twice (each tile shape's largest split);
+    # a tall one is also tried unsplit
+    small = candidates(2048, 4096, 1, 132)
+    for tile in {(c.block_n, c.block_k) for c in small}:
+        assert max(-(-2048 // c.block_n) * c.split_k for c in small if (c.block_n, c.block_k) == tile) >= 264
+    assert min(c.split_k for c in candidates(248320, 2560, 1, 132)) == 1
+
+
+def test_configurations_round_trip_through_their_file(tmp_path, store):
+    from dispatch import gemv
+    store.configs[(2560, 4096, 1)] = gemv.GemvConfig(16, 256, 4, 4)
+    store.configs[(2560, 4096, 8)] = gemv.GemvConfig(32, 256, 8, 8)
+    gemv.save(tmp_path / "a.gemv.json")
+    data = json.loads((tmp_path / "a.gemv.json").read_text())
+    assert data["format"] == gemv.FILE_FORMAT and data["kind"] == "gemv-configs" and len(data["configs"]) == 2
+    store.configs.clear()
+    assert gemv.load(tmp_path / "a.gemv.json") == 2
+    assert store.configs[(2560, 4096, 8)] == gemv.GemvConfig(32, 256, 8, 8)
+
+
+@pytest.mark.parametrize("data, says", [
+    ([], "not a GEMV configuration file"),
+    ({"kind": "gemv-configs", "format": 9, "configs": []}, "format 9"),
+    ({"kind": "gemv-configs", "format": 1, "configs": [{"n": 1}]}, "needs positive integers"),
+    ({"kind": "gemv-configs", "format": 1, "configs": [{"n": 64, "k": 64, "m": 17, "block_n": 16, "block_k": 128,
+                                                        "split_k": 1, "num_warps": 4}]}, "not one the GEMV takes"),
+    ({"kind": "gemv-configs", "format": 1, "configs": [{"n": 64, "k": 64, "m": 2, "block_n": 8, "block_k": 128,
+                                                        "split_k": 1, "num_warps": 4}]}, "not one the GEMV takes"),
+    ({"kind": "gemv-configs", "format": 1, "configs": [{"n": 64, "k": 64, "m": 2, "block_n": 24, "block_k": 128,
+                                                        "split_k": 1, "num_warps": 4}]}, "not one the GEMV takes"),
+])
+def test_a_bad_configuration_file_is_refused_in_one_line(tmp_path, store, data, says):
+    from dispatch import gemv
+    f = tmp_path / "bad.gemv.json"
+    f.write_text(json.dumps(data))
+    with pytest.raises(HarnessError) as err:
+        gemv.load(f)
+    assert says in str(err.value) and "\n" not in str(err.value)
+    assert not store.configs
+
+
+def test_a_call_without_its_own_configuration_runs_the_nearest_stored_one_or_f_linear(store):
+    from dispatch.gemv import GemvCall, GemvConfig, pinned
+    one, four, sixteen = GemvConfig(8, 512, 2, 4), GemvConfig(16, 256, 4, 4), GemvConfig(32, 256, 4, 8)
+    store.configs.update({(2560, 4096, 1): one, (2560, 4096, 4): four, (2560, 4096, 16): sixteen})
+    assert pinned(2560, 4096, 4) is four
+    assert pinned(2560, 4096, 3) is four and pinned(2560, 4096, 5) is sixteen  # the nearest M above
+    assert pinned(2560, 4096, 2) is four  # not the M = 1 one: eight columns a tile take one row only
+    assert pinned(4096, 2560, 1) is None  # another shape: F.linear
+    dispatcher, bench = GemvCall(tune=False), GemvCall(tune=True)
+    assert dispatcher.config(2560, 4096, 3) is four and dispatcher.config(2560, 4096, 17) is None
+    store.tuning = True  # a run that tunes tunes what it lacks
+    assert bench.config(2560, 4096, 3) is None and bench.config(2560, 4096, 4) is four
+    store.tuning = False  # a run that serves runs what the dispatcher would
+    assert bench.config(2560, 4096, 3) is four
+    store.local[(2560, 4096, 3)] = one
+    assert bench.config(2560, 4096, 3) is one and dispatcher.config(2560, 4096, 3) is four
+
+
+def test_the_table_takes_the_gemv_only_where_it_runs(tmp_path):
+    from dispatch.backends import GEMV, GEMV_RULE, rule_of
+    from dispatch.table import dispatchable_paths, load_table, parse_table
+    assert GEMV in dispatchable_paths() and rule_of(GEMV) is GEMV_RULE and GEMV_RULE.path == GEMV
+    assert 90 in GEMV_RULE.sms and rule_of("flashinfer-lean:tinygemm").name == "tinygemm"
+
+    def table(up_to):
+        return {"format": 2, "profile": "h200", "low_m_backend": "tinygemm",
+                "default": {"graph": [{"up_to": up_to, "path": GEMV}], "eager": []},
+                "source": {"gemv_configs": {"file": "t.autotune.gemv.json"}}}
+    assert parse_table(table(16), "t").choose(1, 1, 16) == GEMV
+    with pytest.raises(HarnessError, match="it takes M <= 16"):
+        parse_table(table(17), "t")
+    (tmp_path / "t.json").write_text(json.dumps(table(8)))
+    assert load_table(path=tmp_path / "t.json").gemv_configs == tmp_path / "t.autotune.gemv.json"
+
+
+def test_a_tactics_file_takes_its_gemv_configurations_along(tmp_path):
+    from bench import autotune_cache
+    src, dst = tmp_path / "a" / "autotune-cache.json", tmp_path / "b" / "table.autotune.json"
+    src.parent.mkdir(), dst.parent.mkdir()
+    src.write_text("{}")
+    assert autotune_cache.gemv_file(src).name == "autotune-cache.gemv.json"
+    autotune_cache.copy(src, dst)
+    assert not autotune_cache.gemv_file(dst).exists() and "gemv_configs" not in autotune_cache.describe(dst, "x")
+    autotune_cache.gemv_file(src).write_text('{"kind": "gemv-configs", "format": 1, "configs": []}')
+    autotune_cache.copy(src, dst)
+    assert autotune_cache.gemv_file(dst).read_text() == autotune_cache.gemv_file(src).read_text()
+    assert autotune_cache.describe(dst, "x")["gemv_configs"]["file"] == "table.autotune.gemv.json"
+
+
+def test_an_install_refuses_a_table_whose_gemv_file_is_not_the_fitted_one(tmp_path):
+    from calibrate.install import table_check
+    gemv = tmp_path / "h200.autotune.gemv.json"
+    gemv.write_text('{"kind": "gemv-configs", "format": 1, "configs": []}')
+    t = {"format": 2, "profile": "h200", "low_m_backend": "tinygemm", "default": {"graph": [], "eager": []},
+         "source": {"gemv_configs": {"file": gemv.name, "sha256": "0" * 64}}}
+    (tmp_path / "h200.json").write_text(json.dumps(t))
+    with pytest.raises(HarnessError, match="not the one it was fitted with"):
+        table_check("h200", None)(tmp_path / "h200.json")
+    gemv.unlink()
+    with pytest.raises(HarnessError, match="not part of the install"):
+        table_check("h200", None)(tmp_path / "h200.json")
