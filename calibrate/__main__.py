@@ -260,7 +260,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_table.add_argument("--model", help="comma list of catalog models the table covers (default: every model)")
     p_table.add_argument("--machines", type=int_in(1, MAX_FIT_MACHINES),
                          help="how many machines the fit measures on: the sweep's and a machine-<i> leg on each other "
-                              f"one (default {FIT_MACHINES}; a resume keeps the run's)")
+                              f"one (default {FIT_MACHINES}; a resume keeps the run's; with --refit, more than the "
+                              f"run's adds machine-<i> legs before the fit)")
     p_table.add_argument("--install", action="store_true",
                          help="install the table, its tactics and the baseline of --run-id as the shipped files "
                               "(a complete run whose check passed)")
@@ -756,9 +757,8 @@ def _table_cmd(args) -> int:
         raise HarnessError("--install takes the run's own scope: drop --layout/--model")
     if (args.resume or args.install or args.refit) and not args.run_id:
         raise HarnessError("--resume, --refit and --install name a run: pass --run-id")
-    if args.refit and (args.install or scope is not None or args.machines is not None):
-        raise HarnessError("--refit keeps the run's scope and machines and installs nothing: drop "
-                           "--install/--layout/--model/--machines")
+    if args.refit and (args.install or scope is not None):
+        raise HarnessError("--refit keeps the run's scope and installs nothing: drop --install/--layout/--model")
     run_id = args.run_id or datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
     if not run_id.replace("-", "").replace("_", "").replace(".", "").isalnum():
         raise HarnessError(f"--run-id {run_id!r}: letters, digits, '-', '_' and '.' only")
@@ -782,7 +782,7 @@ def _table_cmd(args) -> int:
         todo = late[:late.index(args.stop_after) + 1] if args.stop_after is not None else late
         if any(leg.gpu for leg in legs(profile, run) if leg.name in todo):
             require_gpu(profile)  # before any file system change
-        print(f"table: refit {run}: earlier fit and check kept in {supersede_fit(profile, run)}")
+        print(f"table: refit {run}: earlier fit and check kept in {supersede_fit(profile, run, args.machines)}")
     elif any(leg.gpu for leg in pending_legs(profile, run, args.resume, args.stop_after, args.machines)):
         require_gpu(profile)  # before any file system change
     manifest = run_pipeline(profile, run, args.resume or args.refit, stop_after=args.stop_after,

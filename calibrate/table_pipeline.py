@@ -317,11 +317,17 @@ def refit_legs(profile: GpuProfile, run: Path) -> list[str]:
     return late
 
 
-def supersede_fit(profile: GpuProfile, run: Path) -> Path:
+def supersede_fit(profile: GpuProfile, run: Path, machines: int | None = None) -> Path:
     """--refit: moves the fit's and every later leg's manifest entries into the manifest's `refits` and their
-    outputs and logs into refit-<n>/ (nothing deleted), so that a resume runs them again. Returns that folder."""
+    outputs and logs into refit-<n>/ (nothing deleted), so that a resume runs them again. Returns that folder.
+    `machines` (more than the run's): the refit also measures on that many machines, so that a resume first runs
+    the new machine-<i> legs, each on a machine of its own."""
     late = refit_legs(profile, run)
     manifest = _read_manifest(run / MANIFEST)
+    before = int(manifest.get("fit_machines") or 1)
+    if machines is not None and not before <= machines <= MAX_FIT_MACHINES:
+        raise HarnessError(f"--refit --machines {machines}: the run fits on {before}; a refit adds machines (from "
+                           f"{before} to {MAX_FIT_MACHINES}), it never drops measured ones")
     n = len(manifest.get("refits", [])) + 1
     kept = run / f"refit-{n}"
     if kept.exists():
@@ -337,7 +343,9 @@ def supersede_fit(profile: GpuProfile, run: Path) -> Path:
         "folder": kept.name, "moved": moved, "legs": {leg: manifest["legs"].pop(leg) for leg in late
                                                       if leg in manifest["legs"]},
         **{key: manifest.pop(key) for key in ("status", "verdict", "fitted_on", "validated_on", "out_of_machine")
-           if key in manifest}})
+           if key in manifest}, **({"fit_machines": before} if machines not in (None, before) else {})})
+    if machines is not None:
+        manifest["fit_machines"] = machines
     atomic_write_text(run / MANIFEST, json.dumps(manifest, indent=1) + "\n")
     return kept
 

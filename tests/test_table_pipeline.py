@@ -310,3 +310,32 @@ def test_stop_after_a_leg_already_done_runs_nothing_after_it(tmp_path):
     again = run_pipeline(H200, run, resume=True, execute=lambda leg, log: ran.append(leg.name) or 0,
                          stop_after="sweep", machine=machines("A"))
     assert ran == [] and again["status"] == "stopped after sweep"
+
+
+def test_a_refit_can_add_fitting_machines_each_measured_on_a_machine_of_its_own(tmp_path):
+    """--refit --machines N on a run fitted on fewer: the earlier fit and check are kept in refit-1/, the new
+    machine-<i> legs run before the fit, and the check waits for a machine that ran none of the fitted legs."""
+    from calibrate.table_pipeline import supersede_fit
+    run, ran = tmp_path / "run", []
+
+    def execute(leg, log):
+        ran.append(leg.name)
+        if leg.name == "fit":
+            (run / "table.json").write_text(json.dumps({"fit": len(ran)}))
+        return 1 if leg.name == "validate" else 0
+    first = run_pipeline(H200, run, resume=False, execute=execute, machine=machines("A"), machines=1,
+                         same_machine=True)
+    assert first["verdict"] == "FAIL" and "machine-2" not in ran
+    with pytest.raises(HarnessError, match="never drops"):
+        supersede_fit(H200, run, machines=0)
+    kept = supersede_fit(H200, run, machines=2)
+    manifest = json.loads((run / MANIFEST).read_text())
+    assert manifest["fit_machines"] == 2 and manifest["refits"][0]["fit_machines"] == 1
+    assert manifest["refits"][0]["verdict"] == "FAIL" and (kept / "table.json").is_file()
+    ran.clear()
+    waiting = run_pipeline(H200, run, resume=True, execute=execute, machine=machines("C"))
+    assert ran == ["machine-2", "fit"] and waiting["status"].startswith("waiting before check-sweep")
+    ran.clear()
+    done = run_pipeline(H200, run, resume=True, execute=execute, machine=machines("D"))
+    assert ran[0] == "check-sweep" and done["legs"]["machine-2"]["machine"] == "C"
+    assert done["out_of_machine"] is True and "--machine" in done["legs"]["fit"]["command"]
