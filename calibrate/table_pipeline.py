@@ -294,12 +294,13 @@ def pending_legs(profile: GpuProfile, run: Path, resume: bool, stop_after: str |
 
 def leg_outputs(leg: Leg) -> list[str]:
     """The names a leg writes in the run folder besides its log: its --out (or -o), and a JSON output's tactics file
-    beside it."""
+    and GEMV configurations beside it."""
     flag = next((f for f in ("--out", "-o") if f in leg.argv), None)
     if flag is None:
         return []
     out = Path(leg.argv[leg.argv.index(flag) + 1])
-    return [out.name, *([out.stem + ".autotune.json"] if out.suffix == ".json" else [])]
+    return [out.name, *([out.stem + ".autotune.json", out.stem + ".autotune.gemv.json"] if out.suffix == ".json"
+                         else [])]
 
 
 def refit_legs(profile: GpuProfile, run: Path) -> list[str]:
