@@ -122,14 +122,18 @@ def annotate(rows: list[dict[str, Any]], ceilings: dict[str, Any] | None) -> Non
         return
     large = ceilings["large_buffer"].get("gbps")
     matched = ceilings.get("size_matched", {})
+    by_cell = {(row.get("n"), row.get("k"), row.get("m"), row.get("path")): row for row in rows}
     for row in rows:
         if row.get("status") != "ok" or not row.get("gpu_us"):
             continue
         n, k, m = int(row["n"]), int(row["k"]), int(row["m"])
         nbytes = cell_bytes(n, k, m)
         # a pdl kernel overlaps the previous call, so its per-call time is the span of the calls (as the verdicts
-        # read it: calibrate.analysis.Cells), not the sum of kernel durations
-        per_call = float(row["span_us"]) if row.get("pdl") is True and row.get("span_us") else float(row["gpu_us"])
+        # read it: calibrate.analysis.Cells), not the sum of kernel durations; a row whose GPU time is a twin's
+        # (gpu_from: the dispatcher where it ran that path's kernels) is read as that twin is
+        twin = (by_cell.get((row.get("n"), row.get("k"), row.get("m"), row["gpu_from"])) if row.get("gpu_from")
+                else None) or row
+        per_call = float(row["span_us"]) if twin.get("pdl") is True and row.get("span_us") else float(row["gpu_us"])
         row["bytes"] = nbytes
         row["gbps"] = round(nbytes / per_call / 1e3, 1)
         if large:

@@ -92,3 +92,17 @@ def test_a_pdl_cells_share_comes_from_the_span_of_its_calls():
             {"n": 2560, "k": 4096, "m": 1, "status": "ok", "gpu_us": 12.0, "span_us": 8.0, "pdl": False}]
     annotate(rows, ceilings)
     assert rows[0]["of_ceiling"] == pytest.approx(0.75) and rows[1]["of_ceiling"] == pytest.approx(0.5)
+
+
+def test_the_dispatchers_share_is_read_as_the_path_whose_kernels_it_ran():
+    """The dispatch row takes its GPU time from the path it ran (gpu_from); where that path is a pdl one, its share
+    comes from the span of the calls, as the path's own row does."""
+    weight = 2560 * 4096 * 2
+    ceilings = {"large_buffer": {"gbps": 4000.0}, "size_matched": {str(weight): {"gpu_us": 6.0}}}
+    cell = {"n": 2560, "k": 4096, "m": 1, "status": "ok", "gpu_us": 12.0, "span_us": 8.0}
+    rows = [{**cell, "path": "flashinfer-lean:tinygemm", "pdl": True},
+            {**cell, "path": "dispatch", "pdl": None, "gpu_from": "flashinfer-lean:tinygemm"},
+            {**cell, "path": "aten", "pdl": None},
+            {**cell, "path": "dispatch2", "pdl": None, "gpu_from": "aten"}]
+    annotate(rows, ceilings)
+    assert [r["of_ceiling"] for r in rows] == pytest.approx([0.75, 0.75, 0.5, 0.5])
