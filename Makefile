@@ -10,11 +10,13 @@ DEVICES ?=
 OUT ?= results/$(GPU)
 
 .PHONY: venv gpu-env bench table forward baseline regress host-anatomy report test evidence clean
-RESULTS ?= evidence/h200-fit2-validate
-COMPARE ?= tests/data/h200-lean-fit
+# `make report`'s defaults: the shipped H200 table's own out-of-sample check runs (tools/evidence.py current), so the
+# first page shows the current answer; COMPARE is empty (no second run) unless given
+RESULTS ?= $(shell $(PYTHON) tools/evidence.py current h200 check-sweep 2>/dev/null)
+COMPARE ?=
 BASELINE ?= tests/baselines/h200.json
 ANATOMY ?= tests/data/h200-host-anatomy
-FORWARD ?= evidence/h200-forward-20261201T1016-4d4993
+FORWARD ?= $(shell $(PYTHON) tools/evidence.py current h200 check-forward 2>/dev/null)
 REPORT ?= report.html
 # Recipes read these from the environment, quoted ("$$GPU"): a value is never shell code (GPU='h200;rm x' is a name
 # the profile check refuses).

@@ -2,6 +2,10 @@
 
     python tools/evidence.py add RUN_DIR --backs "what it backs" [--note "..."]
     python tools/evidence.py list
+    python tools/evidence.py current PROFILE [check-sweep|check-forward|run]
+
+`current` prints the evidence folder of the table run a profile's shipped table came from (the run whose manifest
+has the hash the table's source.manifest records), or one of its check runs: what `make report` shows by default.
 
 The id is <profile>-<kind>-<started, UTC>-<first 6 hex of the results file's sha256>: made from the run, never by
 hand. The manifest keeps, per id: the run's command, harness sha, fingerprint's GPU, start time and what it backs.
@@ -126,6 +130,32 @@ def add(run: Path, backs: str, note: str, partial: bool = False) -> str:
     return rid
 
 
+PARTS = ("run", "check-sweep", "check-forward")
+
+
+def current(profile: str, part: str = "run") -> Path:
+    """The evidence folder of the table run behind the shipped table of `profile` (or its check-sweep or
+    check-forward); one clear error where the table names no run that evidence/ holds."""
+    if part not in PARTS:
+        raise HarnessError(f"no part {part!r} of a table run; name one of {', '.join(PARTS)}")
+    table = read_json_object(ROOT / "dispatch" / "thresholds" / f"{profile}.json", "shipped table",
+                             "name a profile with a shipped table (python -m bench profiles)")
+    named = (table.get("source") or {}).get("manifest") or {}
+    want = named.get("sha256") if isinstance(named, dict) else None
+    if not want:
+        raise HarnessError(f"the shipped {profile} table names no table run (source.manifest); it was not installed "
+                           f"by calibrate table --install")
+    for folder in sorted(EVIDENCE.iterdir()) if EVIDENCE.is_dir() else ():
+        manifest = folder / "manifest.json"
+        if manifest.is_file() and hashlib.sha256(manifest.read_bytes()).hexdigest() == want:
+            out = folder if part == "run" else folder / part
+            if not out.is_dir():
+                raise HarnessError(f"{folder.relative_to(ROOT)} holds no {part}/; file the run's {part} with it")
+            return out
+    raise HarnessError(f"evidence/ holds no table run with the manifest the shipped {profile} table names "
+                       f"({named.get('file')}); file that run under evidence/")
+
+
 def main(argv=None) -> int:
     from harness.cli import Parser
     p = Parser(prog="tools/evidence.py")
@@ -136,9 +166,14 @@ def main(argv=None) -> int:
     a.add_argument("--note", default="")
     a.add_argument("--partial", action="store_true", help="file a run that did not finish (the manifest says so)")
     sub.add_parser("list")
+    c = sub.add_parser("current")
+    c.add_argument("profile")
+    c.add_argument("part", nargs="?", default="run", choices=PARTS)
     args = p.parse_args(argv)
     if args.cmd == "add":
         print(add(Path(args.run), args.backs, args.note, args.partial))
+    elif args.cmd == "current":
+        print(current(args.profile, args.part).relative_to(ROOT))
     else:
         for rid, r in sorted(load_manifest()["runs"].items()):
             print(f"{rid}  {r.get('backs', '')}")
