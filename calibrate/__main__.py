@@ -163,6 +163,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                        help="write the shipped dispatch/thresholds/<profile>.json (and its tactics file)")
     p_fit.add_argument("--dry-run", action="store_true", help="print, write nothing")
     p_fit.add_argument("--partial", **partial)
+    p_cmp = sub.add_parser("compare", parents=[gpu_of_runs],
+                           help="run B against run A per cell and path: ratio, interval, SAME/FASTER/SLOWER/AMBIGUOUS "
+                                "(exit 1 where any cell is SLOWER)")
+    p_cmp.add_argument("run_a", help="the reference run (results folder)")
+    p_cmp.add_argument("run_b", help="the run judged against it")
+    p_cmp.add_argument("--margin", type=float_in(0.0, 0.5), default=0.03,
+                       help="a verdict beyond SAME needs the whole interval beyond 1 +- this (default 0.03)")
+    p_cmp.add_argument("--paths", help="comma list of paths to compare (default: every path both runs measured)")
+    p_cmp.add_argument("--no-floor", action="store_true",
+                       help="intervals from the runs' replays alone, not widened by the profile's noise floor")
+    p_cmp.add_argument("--allow-env-mismatch", action="store_true",
+                       help="compare runs whose environments differ (FlashInfer, CUDA, driver, GPU, pdl, ...)")
+    p_cmp.add_argument("--out-file", help="CSV file of every compared cell")
+    p_cmp.add_argument("--partial", **partial)
     p_agree = sub.add_parser("agree", help="how closely two runs of the same cells agree (GPU and host time)")
     p_agree.add_argument("run_a")
     p_agree.add_argument("run_b")
@@ -321,6 +335,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("\n".join(host_shift_lines(host_shift(arms))))
         return 0
 
+    if args.cmd == "compare":
+        return _compare_cmd(args)
     if args.cmd == "agree":
         distinct([args.run_a, args.run_b], "agree")
         a, ia = _load(args.run_a, args.partial)
@@ -748,6 +764,27 @@ def _overrides(args, profile, df, cells, base, noise, hold_out, cell_picks, shap
                                                    for k, v in o.items()}
                           for (regime, mo, m), o in sorted(found.items())}}
     return table, report, note
+
+
+def _compare_cmd(args) -> int:
+    from calibrate.compare import compare, summary_lines
+    distinct([args.run_a, args.run_b], "compare")
+    out = output_file(args.out_file, "--out-file") if args.out_file else None
+    ia, ib = load_run_info(args.run_a), load_run_info(args.run_b)
+    profile = get_profile(_profile_of(ia, args.gpu))
+    a, _ = _load(args.run_a, args.partial, profile.name)
+    b, _ = _load(args.run_b, args.partial, profile.name)
+    paths = [p.strip() for p in args.paths.split(",") if p.strip()] if args.paths else None
+    result = compare(a, b, ia, ib, None if args.no_floor else load_noise(profile.name), args.margin, paths)
+    if result.env_differences and not args.allow_env_mismatch:
+        raise HarnessError(f"{args.run_a} and {args.run_b} ran in different environments "
+                           f"({'; '.join(result.env_differences)}); a verdict could be the environment's, not the "
+                           f"code's: pass --allow-env-mismatch to compare them anyway")
+    print("\n".join(summary_lines(result, args.margin, args.run_a, args.run_b)))
+    if out is not None:
+        atomic_write_text(out, result.rows.to_csv(index=False))
+        print(f"wrote {out}")
+    return 1 if (result.rows["verdict"] == "SLOWER").any() else 0
 
 
 def _table_cmd(args) -> int:

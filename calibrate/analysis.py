@@ -154,6 +154,11 @@ class Cells:
         a, b = self._kernels.get((n, k, m, path)), self._kernels.get((n, k, m, other))
         return isinstance(a, str) and bool(a) and a == b
 
+    def kernels(self, n: int, k: int, m: int, path: str) -> str | None:
+        """The kernel names a cell's path ran, in order (None where the run did not record them)."""
+        names = self._kernels.get((n, k, m, path))
+        return names if isinstance(names, str) and names else None
+
     def paths(self) -> frozenset[str]:
         return self._paths
 

@@ -363,6 +363,10 @@ CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
     ("validate --replicate itself", lambda t: ["calibrate", "validate", str(LEAN), "--replicate", str(LEAN)],
      "the same run"),
     ("agree a run with itself", lambda t: ["calibrate", "agree", str(SWEEP), str(SWEEP)], "the same run"),
+    ("compare a run with itself", lambda t: ["calibrate", "compare", str(SWEEP), str(SWEEP)], "the same run"),
+    ("compare with a margin of 2", lambda t: ["calibrate", "compare", str(SWEEP), str(t / "x"), "--margin", "2"],
+     "--margin"),
+    ("compare a run that is not there", lambda t: ["calibrate", "compare", str(SWEEP), str(t / "none")], "none"),
     ("agree runs of two GPUs", lambda t: ["calibrate", "agree", str(SWEEP), run_folder(
         t, edit_info=lambda i: i["fingerprint"].update(gpu_name="NVIDIA H100 80GB HBM3"))], "different GPUs"),
     ("fit --hold-out every M", lambda t: ["calibrate", "fit", str(SWEEP), "--gpu", "h200", "--out", str(t / "t.json"),
