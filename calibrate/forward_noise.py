@@ -22,9 +22,10 @@ from calibrate.forward_model import _paired
 from calibrate.noise import LEVEL, NOISE_DIR, widen_log
 from dispatch.backends import ATEN
 from harness.errors import HarnessError
-from harness.io import read_json
+from harness.io import check_format, read_json
 
 REGIMES = ("graph", "eager")
+FILE_FORMAT = 1  # the format of a forward noise floor file (none written before: read as 1)
 
 
 def forward_noise_path(profile: str) -> Path:
@@ -47,7 +48,8 @@ class ForwardFloor:
         return ", ".join(f"{r} x{math.exp(hw):.3f}" for r, hw in self.half_widths.items())
 
     def to_json(self) -> dict[str, Any]:
-        return {"level": self.level, "half_widths": dict(self.half_widths), "source": self.source}
+        return {"format": FILE_FORMAT, "level": self.level, "half_widths": dict(self.half_widths),
+                "source": self.source}
 
 
 def load_forward_floor(profile: str, path: Path | None = None) -> ForwardFloor | None:
@@ -57,6 +59,8 @@ def load_forward_floor(profile: str, path: Path | None = None) -> ForwardFloor |
         return None
     data = read_json(p, "forward noise floor",
                      f"measure one with python -m calibrate forward-noise RUN_A RUN_B --gpu {profile}")
+    check_format(data if isinstance(data, dict) else {}, p, "forward noise floor", (FILE_FORMAT,),
+                 "re-measure it with python -m calibrate forward-noise")
     try:
         hws = {str(r): float(v) for r, v in data["half_widths"].items()}
         level = float(data["level"])

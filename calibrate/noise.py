@@ -20,11 +20,12 @@ import pandas as pd
 from calibrate.analysis import Cells, ratio_ci
 from dispatch.backends import ATEN, DISPATCH
 from harness.errors import HarnessError
-from harness.io import read_json
+from harness.io import check_format, read_json
 
 NOISE_DIR = Path(__file__).parent / "noise"
 BANDS_US = (10.0, 30.0, 100.0, math.inf)  # upper edges of the reference GPU-time bands
 LEVEL = 0.95
+FILE_FORMAT = 1  # the format of a noise floor file (none written before: read as 1)
 
 
 def noise_path(profile: str) -> Path:
@@ -56,8 +57,9 @@ class NoiseFloor:
         return widen_log(ratio, lo, hi, self.half_width(ref_us))
 
     def to_json(self) -> dict[str, Any]:
-        return {"level": self.level, "bands": [{"ref_gpu_us_up_to": None if math.isinf(e) else e, "half_width": hw}
-                                               for e, hw in self.bands], "source": self.source}
+        return {"format": FILE_FORMAT, "level": self.level,
+                "bands": [{"ref_gpu_us_up_to": None if math.isinf(e) else e, "half_width": hw}
+                          for e, hw in self.bands], "source": self.source}
 
 
 def load_noise(profile: str, path: Path | None = None) -> NoiseFloor | None:
@@ -66,6 +68,8 @@ def load_noise(profile: str, path: Path | None = None) -> NoiseFloor | None:
     if path is None and not p.exists():
         return None
     data = read_json(p, "noise floor", f"measure one with python -m calibrate noise RUN_A RUN_B --gpu {profile}")
+    check_format(data if isinstance(data, dict) else {}, p, "noise floor", (FILE_FORMAT,),
+                 "re-measure it with python -m calibrate noise")
     try:
         bands = tuple((math.inf if b["ref_gpu_us_up_to"] is None else float(b["ref_gpu_us_up_to"]),
                        float(b["half_width"])) for b in data["bands"])

@@ -28,7 +28,7 @@ from bench.envinfo import git_sha
 from dispatch.backends import ATEN, is_choosable, lean_path
 from dispatch.profiles import GpuProfile
 from harness.errors import HarnessError
-from harness.io import ROOT, atomic_write_text, read_json_object
+from harness.io import ROOT, atomic_write_text, check_format, read_json_object
 
 MANIFEST = "manifest.json"
 # M values the out-of-sample sweep adds to the default grid: none of them is a grid value, nor the midpoint of two
@@ -60,6 +60,7 @@ def recorded(run: Path) -> dict | None:
 
 
 _FIX = "restore it from the run's copy, or start another --run-id"
+MANIFEST_FORMAT = 1
 # key -> what its value must be; keys not named here are kept as they are
 _MANIFEST_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     "profile": ((str,), "a profile name"), "started": ((str,), "a time"), "harness_sha": ((str, type(None)), "a sha"),
@@ -75,6 +76,8 @@ def _read_manifest(path: Path) -> dict:
     """A run's manifest where the run goes on from it (resume, install): each key of the type the legs write and
     fit_machines within 1..MAX_FIT_MACHINES; a damaged one is refused in one line."""
     data = read_json_object(path, "table run manifest", _FIX)
+    check_format(data, path, "table run manifest", (MANIFEST_FORMAT,), "continue it with the harness that started it "
+                                                                      "(its harness_sha), or start another --run-id")
     for key, (types, what) in _MANIFEST_TYPES.items():
         value = data.get(key)
         if key in data and (not isinstance(value, types) or (isinstance(value, bool) and bool not in types)):
@@ -382,7 +385,8 @@ def run_pipeline(profile: GpuProfile, run: Path, resume: bool, execute: Callable
         return kept  # nothing left to do: the manifest stays as it is
     run.mkdir(parents=True, exist_ok=True)
     manifest = kept if kept is not None else {
-        "profile": profile.name, "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "format": MANIFEST_FORMAT, "profile": profile.name,
+        "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "harness_sha": git_sha(), "legs": {}, **({"scope": scope.to_json()} if scope else {}),
         "fit_machines": machines or FIT_MACHINES}
     if not resume:

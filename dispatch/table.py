@@ -23,10 +23,11 @@ from typing import Any
 
 from dispatch.backends import ATEN, BACKENDS, GEMV, GEMV_MAX_M, LOW_M_BACKENDS, flashinfer_path, lean_path
 from harness.errors import HarnessError
-from harness.io import read_json
+from harness.io import check_format, read_json
 from shapes.grid import M_MAX
 
 TABLE_DIR = Path(__file__).parent / "thresholds"
+FORMATS = (1, 2)  # 1: a single threshold with per-shape overrides (no format key); 2: per-regime ranges
 REGIMES = ("graph", "eager")
 Range = tuple[int, str]
 Ranges = tuple[Range, ...]
@@ -180,7 +181,7 @@ def _parse_format1(data: dict, where: str) -> tuple[dict[str, Ranges], dict[tupl
 def parse_table(data: Any, where: str) -> ThresholdTable:
     if not isinstance(data, dict):
         raise HarnessError(f"{where}: a threshold table is a JSON object")
-    v2 = data.get("format") == 2
+    v2 = check_format(data, where, "threshold table", FORMATS, "refit it with python -m calibrate fit") == 2
     need = ("profile", "low_m_backend", "default") if v2 else ("profile", "low_m_backend", "default_threshold")
     missing = [f for f in need if f not in data]
     if missing:

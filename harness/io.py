@@ -141,6 +141,16 @@ def read_json(path: str | Path, what: str, fix: str) -> Any:
     return parse_json_text(read_input_text(path, what, fix), str(path), what, fix)
 
 
+def check_format(data: dict[str, Any], where: str | Path, what: str, known: tuple[int, ...], fix: str) -> int:
+    """The `format` of a harness file (no key: format 1, what every file was before it had one), refused in one line
+    where this harness does not read it."""
+    fmt = data.get("format", 1)
+    if isinstance(fmt, bool) or fmt not in known:
+        raise HarnessError(f"{where}: {what} format {fmt!r:.20} is not one this harness reads "
+                           f"({', '.join(map(str, known))}); {fix}")
+    return fmt
+
+
 def read_json_object(path: str | Path, what: str, fix: str) -> dict[str, Any]:
     data = read_json(path, what, fix)
     if not isinstance(data, dict):

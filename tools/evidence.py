@@ -23,12 +23,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from harness.errors import HarnessError, run_cli  # noqa: E402
-from harness.io import atomic_write_text, read_json_object  # noqa: E402
+from harness.io import atomic_write_text, check_format, read_json_object  # noqa: E402
 
 EVIDENCE = ROOT / "evidence"
 MANIFEST = EVIDENCE / "manifest.json"
 RESULT_FILES = ("results.csv", "forward.csv", "host_cost.csv", "sustain.csv", "e2e.csv", "limit.csv")
 FIX = "pass a results folder the harness wrote"
+MANIFEST_FORMAT = 1
 
 
 def _result_file(run: Path) -> Path:
@@ -46,8 +47,9 @@ def run_id(run: Path, info: dict) -> str:
 
 def load_manifest() -> dict:
     if not MANIFEST.is_file():
-        return {"runs": {}}
+        return {"format": MANIFEST_FORMAT, "runs": {}}
     data = read_json_object(MANIFEST, "evidence manifest", "restore it with git")
+    check_format(data, MANIFEST, "evidence manifest", (MANIFEST_FORMAT,), "read it with the harness that wrote it")
     if not isinstance(data.get("runs"), dict):
         raise HarnessError(f"{MANIFEST}: runs is not an object; restore it with git")
     return data
@@ -108,7 +110,7 @@ def add(run: Path, backs: str, note: str, partial: bool = False) -> str:
     same = _filed_digests().get(hashlib.sha256(_result_file(run).read_bytes()).hexdigest())
     if same is not None:
         raise HarnessError(f"{run} holds the same results as evidence/{same}, filed already; nothing was written")
-    manifest = load_manifest()
+    manifest = {"format": MANIFEST_FORMAT, **load_manifest()}
     fp = info.get("fingerprint") or {}
     manifest["runs"][rid] = {"command": info.get("command"), "harness_sha": fp.get("harness_sha"),
                              "gpu": fp.get("gpu_name"), "started": info.get("started"), "backs": backs,
