@@ -1,9 +1,11 @@
-"""The BF16 linear dispatcher: per weight shape, regime and M, F.linear or a FlashInfer kernel, by the GPU's table.
+"""The BF16 linear dispatcher: per weight shape, regime and M, F.linear, a FlashInfer kernel or the project's GEMV,
+by the GPU's table.
 
 - `dispatch.bind(weight, bias=None)` -> a callable x -> y: what a model does once per layer at weight loading. The
   table rows, the kernels and the weight's eligibility are resolved then; a call looks its activation's choice up
-  in a memory. The layer is the C++ one where `python -m dispatch build-native` built it (dispatch/native.py), else
-  the Python one; both consume the same choice (ShapeRule.choice in dispatch/layers.py).
+  in a memory. The layer is the C++ one where it is built (by the first bind where a C++ compiler and ninja are on
+  PATH, or by `python -m dispatch build-native`: dispatch/native.py), else the Python one; both consume the same
+  choice (ShapeRule.choice in dispatch/layers.py).
 - `dispatch.linear(x, weight, bias=None)`: a drop-in for torch.nn.functional.linear, for ad-hoc use.
 - `dispatch.op()`: the same as a torch custom op with a fake implementation, for code under torch.compile.
 - `dispatch.patch(model)`: every eligible linear of a torch module served by a bound layer.

@@ -6,7 +6,6 @@ from harness.errors import quiet_interrupts
 quiet_interrupts(__package__)  # Ctrl-C during the imports below: one line, no traceback
 
 import os
-import shutil
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -47,7 +46,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                  else f"does not load: rebuild it with {build}")
         print(f"{native.library()}: {state}")
         return 0 if mod is not None else 1
-    missing = [tool for tool in ("c++", "ninja") if shutil.which(tool) is None]
+    missing = native.toolchain_missing()
     if missing:
         raise HarnessError(f"building the C++ bound layer needs {' and '.join(missing)} on PATH; install them "
                            f"(e.g. apt install g++ ninja-build, or pip install ninja) and run this again")

@@ -324,17 +324,19 @@ def bind(weight: Any, bias: Any = None, native: bool | None = None) -> Callable[
     eligible.input_ok, inlined) and the kernel writing into an output of the remembered shape. The Python layer
     remembers choices per activation shape, shared by the layers of one weight shape; the C++ layer per M, its own.
 
-    native: None (default) returns the C++ layer where it is built (python -m dispatch build-native) and can serve
-    (the capture signal is 'hooks', weight and bias are plain tensors), else the Python layer; False the Python
-    layer; True the C++ layer or a RuntimeError saying why not. layer_kind tells which one a layer is."""
+    native: None (default) returns the C++ layer where it is built (by the first bind where a compiler is there, or
+    by python -m dispatch build-native) and can serve (the capture signal is 'hooks', weight and bias are plain
+    tensors), else the Python layer; False the Python layer; True the C++ layer or a RuntimeError saying why not.
+    layer_kind tells which one a layer is."""
     if weight.dim() != 2:
         raise ValueError(f"dispatch.bind needs a 2-D weight [N, K], got shape {tuple(weight.shape)}")
     python_layer, entries = _python_layer(weight, bias)
     if native is False:
         return python_layer
     from dispatch import native as native_build
-    mod = native_build.module()
-    why = ("it is not built (python -m dispatch build-native) or BLB_NATIVE=0" if mod is None
+    mod = native_build.module(build_if_missing=True)
+    why = ("it is not built (python -m dispatch build-native; no C++ compiler or ninja, or BLB_NATIVE_BUILD=0) or "
+           "BLB_NATIVE=0" if mod is None
            else f"the capture signal is {_STATE.signal!r} (it keeps the hooks' counter)" if _STATE.signal != "hooks"
            else "the weight or bias is a tensor subclass" if type(weight) not in _PLAIN
            or (bias is not None and type(bias) not in _PLAIN) else None)

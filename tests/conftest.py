@@ -1,4 +1,10 @@
+import os
+
 import pytest
+
+# A test process never compiles the C++ bound layer on its own first dispatch.bind (dispatch/native.py): the
+# native_module fixture builds it once, shared by the workers, and the test of the first-bind build turns it back on.
+os.environ.setdefault("BLB_NATIVE_BUILD", "0")
 
 
 def _has_cuda() -> bool:

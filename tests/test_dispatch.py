@@ -1277,3 +1277,39 @@ def test_load_table_takes_a_profile_name_or_a_file_path(tmp_path, monkeypatch):
         assert load_table("h200").shapes == shipped.shapes
     dispatch.configure(str(copy))  # configure takes a file as well
     dispatch.reset()
+
+
+def test_the_first_bind_builds_the_cpp_layer_once_where_the_tools_are_there(tmp_path, monkeypatch, capsys):
+    """No build of the C++ layer yet: the first dispatch.bind builds it (one line saying so) where a compiler and
+    ninja are on PATH and BLB_NATIVE_BUILD is not 0; a failed build leaves the Python layer, said once; a process
+    tries once."""
+    import torch
+
+    import dispatch
+    from dispatch import lean, native
+    monkeypatch.setenv("BLB_NATIVE_DIR", str(tmp_path / "native"))
+    monkeypatch.setenv("BLB_NATIVE_BUILD", "1")
+    monkeypatch.setattr(native, "_LOADED", [])
+    monkeypatch.setattr(native, "_TRIED", [])
+    monkeypatch.setattr(lean, "_WARNED", set())
+    built = []
+
+    def fake_build(verbose=False):
+        built.append(True)
+        raise RuntimeError("no compiler here")
+    monkeypatch.setattr(native, "build", fake_build)
+    monkeypatch.setattr(native, "toolchain_missing", lambda: [])
+    w = torch.randn(8, 16, dtype=torch.bfloat16)
+    layer = dispatch.bind(w)
+    dispatch.bind(w)
+    err = capsys.readouterr().err
+    assert built == [True] and dispatch.layer_kind(layer) == "Python"
+    assert "building the C++ bound layer once" in err and "did not build (no compiler here)" in err
+    monkeypatch.setattr(native, "_TRIED", [])
+    monkeypatch.setattr(native, "_LOADED", [])
+    monkeypatch.setenv("BLB_NATIVE_BUILD", "0")
+    dispatch.bind(w)
+    monkeypatch.setenv("BLB_NATIVE_BUILD", "1")
+    monkeypatch.setattr(native, "toolchain_missing", lambda: ["ninja"])
+    dispatch.bind(w)
+    assert built == [True]  # turned off, or no tools: nothing is compiled
