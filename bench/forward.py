@@ -159,7 +159,7 @@ def _bind(rule: str, seq, weights, xs, m, sm, cfg: ForwardConfig, fns: dict[str,
 def _layer_of_dispatch() -> str:
     """Which bound layer the `dispatch` rule runs here: 'C++ (<library>)' or 'Python' (dispatch/native.py)."""
     from dispatch import native
-    return f"C++ ({native.library()})" if native.module() is not None else "Python"
+    return f"C++ ({native.library()})" if native.module(build_if_missing=True) is not None else "Python"
 
 
 def _check(bound: Bound, rule: str) -> None:

@@ -53,7 +53,7 @@ def bound_layers(w) -> dict[str, object]:
     which F.linear releases: what that costs on this host)."""
     layers = {"dispatch.bind [Python]": dispatch.bind(w, native=False)}
     from dispatch import native
-    mod = native.module()
+    mod = native.module(build_if_missing=True)
     if mod is not None:
         layers["dispatch.bind [C++]"] = layer = dispatch.bind(w, native=True)
         python, entries = dispatch_layers._python_layer(w, None)

@@ -394,7 +394,7 @@ def _native_linear() -> Callable[..., Any] | None:
     """dispatch.linear in C++ (dispatch/bound_linear.cpp's Linear) where the C++ layer is built, else None. Where
     both regimes run F.linear it calls at::linear itself; every other call goes to the Python dispatch.linear."""
     from dispatch import native
-    mod = native.module()
+    mod = native.module(build_if_missing=True)
     return None if mod is None else mod.Linear(_linear_rule_of, _linear_python, torch.nn.Parameter)
 
 
