@@ -313,7 +313,7 @@ def fake_gpu_dispatch(request, monkeypatch):
     import dispatch.layers
     from dispatch import eligible, native
     mod = request.getfixturevalue("native_module") if request.param == "C++" else None
-    monkeypatch.setattr(native, "module", lambda: mod)
+    monkeypatch.setattr(native, "module", lambda build_if_missing=False: mod)
     calls = []
     state = _Capturing(mod)
 
@@ -810,7 +810,7 @@ def test_bind_returns_the_cpp_layer_where_it_can_serve(native_module, monkeypatc
     import dispatch.layers
     from dispatch import capture, native
     w = torch.randn(16, 64, dtype=torch.bfloat16)
-    monkeypatch.setattr(native, "module", lambda: native_module)
+    monkeypatch.setattr(native, "module", lambda build_if_missing=False: native_module)
     assert dispatch.layer_kind(dispatch.bind(w)) == "C++" == dispatch.layer_kind(dispatch.bind(w, native=True))
     assert dispatch.layer_kind(dispatch.bind(torch.nn.Parameter(w))) == "C++"
     assert dispatch.layer_kind(dispatch.bind(w, native=False)) == "Python"
@@ -827,7 +827,7 @@ def test_bind_returns_the_cpp_layer_where_it_can_serve(native_module, monkeypatc
             dispatch.bind(w, native=True)
     finally:
         dispatch.capture_signal("hooks")
-    monkeypatch.setattr(native, "module", lambda: None)
+    monkeypatch.setattr(native, "module", lambda build_if_missing=False: None)
     with pytest.raises(RuntimeError, match="not built"):
         dispatch.bind(w, native=True)
 
@@ -937,7 +937,7 @@ def test_the_cpp_layer_keeps_autograd_and_inference_mode_as_f_linear_does(native
 
     import dispatch.layers
     from dispatch import native
-    monkeypatch.setattr(native, "module", lambda: native_module)
+    monkeypatch.setattr(native, "module", lambda build_if_missing=False: native_module)
     w = torch.randn(8, 16, requires_grad=True)
     b = torch.randn(8, requires_grad=True)
     layer = dispatch.bind(w, b)

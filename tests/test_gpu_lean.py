@@ -115,7 +115,7 @@ def _layer_kind(request, monkeypatch, kind: str) -> None:
     import dispatch.layers
     from dispatch import native
     mod = request.getfixturevalue("native_module") if kind == "C++" else None
-    monkeypatch.setattr(native, "module", lambda: mod)
+    monkeypatch.setattr(native, "module", lambda build_if_missing=False: mod)
     fresh = dispatch.layers._native_linear() or dispatch.layers._linear_python  # the package's and the layers' name
     monkeypatch.setattr(dispatch.layers, "linear", fresh)
     monkeypatch.setattr(dispatch, "linear", fresh)
