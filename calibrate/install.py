@@ -121,7 +121,7 @@ def table_check(profile: str, layout: str | None) -> Callable[[Path], None]:
     """A staged table: it loads as the dispatcher loads it, is this profile's, of `layout` (None: any), and its
     tactics file, where it names one, is staged beside it with the recorded hash and reads as a tactics file."""
     def check(path: Path) -> None:
-        from bench.autotune_cache import read_entries, sha256
+        from bench.autotune_cache import read_entries
         from dispatch.table import load_table
         table = load_table(path=path)
         if table.profile != profile:
@@ -130,26 +130,29 @@ def table_check(profile: str, layout: str | None) -> Callable[[Path], None]:
         if layout is not None and got != layout:
             raise HarnessError(f"it covers {got}'s layout; the shipped {profile} table covers {layout}'s. Give the "
                                f"dispatcher that table by path instead (dispatch.configure, or --table)")
-        spec = table.source.get("tactics")
-        if isinstance(spec, dict) and spec.get("file"):
-            tactics = path.parent / str(spec["file"])
-            if not tactics.is_file():
-                raise HarnessError(f"its tactics file {spec['file']} is not part of the install")
-            if spec.get("sha256") and sha256(tactics) != spec["sha256"]:
-                raise HarnessError(f"its tactics file {spec['file']} is not the one it was fitted with (sha256)")
+        tactics = _staged_sibling(path, table.source.get("tactics"), "tactics file")
+        if tactics is not None:
             read_entries(tactics)
-        spec = table.source.get("gemv_configs")
-        if isinstance(spec, dict) and spec.get("file"):
+        configs = _staged_sibling(path, table.source.get("gemv_configs"), "GEMV configuration file")
+        if configs is not None:
             from dispatch.gemv import parse
             from harness.io import read_json
-            configs = path.parent / str(spec["file"])
-            if not configs.is_file():
-                raise HarnessError(f"its GEMV configuration file {spec['file']} is not part of the install")
-            if spec.get("sha256") and sha256(configs) != spec["sha256"]:
-                raise HarnessError(f"its GEMV configuration file {spec['file']} is not the one it was fitted with "
-                                   f"(sha256)")
-            parse(read_json(configs, "GEMV configuration file", "refit the table"), spec["file"])
+            parse(read_json(configs, "GEMV configuration file", "refit the table"), configs.name)
     return check
+
+
+def _staged_sibling(table: Path, spec: object, what: str) -> Path | None:
+    """A file a staged table names beside it ({file, sha256}): staged with it and the one it was fitted with; None
+    where the table names none."""
+    from bench.autotune_cache import sha256
+    if not isinstance(spec, dict) or not spec.get("file"):
+        return None
+    sibling = table.parent / str(spec["file"])
+    if not sibling.is_file():
+        raise HarnessError(f"its {what} {spec['file']} is not part of the install")
+    if spec.get("sha256") and sha256(sibling) != spec["sha256"]:
+        raise HarnessError(f"its {what} {spec['file']} is not the one it was fitted with (sha256)")
+    return sibling
 
 
 def baseline_check(profile: str) -> Callable[[Path], None]:

@@ -164,15 +164,21 @@ def time_config(config: GemvConfig, weights: list[Any], xs: list[Any], replays: 
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         body()
-    best = float("inf")
+    return min(replay_us(graph, calls, replays))
+
+
+def replay_us(graph: Any, calls: int, replays: int) -> list[float]:
+    """µs per call of each of `replays` replays of a captured graph of `calls` calls, CUDA events around each."""
+    import torch
+    out = []
     for _ in range(replays):
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
         graph.replay()
         b.record()
         b.synchronize()
-        best = min(best, a.elapsed_time(b) * 1000 / calls)
-    return best
+        out.append(a.elapsed_time(b) * 1000 / calls)
+    return out
 
 
 def tune(weights: list[Any], xs: list[Any], configs: list[GemvConfig] | None = None) -> tuple[GemvConfig, float]:

@@ -32,14 +32,8 @@ def timed(fn, args_list, calls: int, replays: int = 25) -> float:
     graph = capture_graph(lambda: [fn(*a) for a in args_list[:2]], body)
     graph.replay()
     torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1000 / calls)
+    from dispatch.gemv import replay_us
+    times = replay_us(graph, calls, replays)
     del graph
     return statistics.median(times)
 
