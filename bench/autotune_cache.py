@@ -67,7 +67,8 @@ def keep_gemv(out: Path) -> dict[str, Any]:
     gemv.save(target)
     tuned = gemv.STORE.tune_s
     return {"file": target.name, "sha256": sha256(target), "entries": len(gemv.STORE.configs),
-            "served_from": sorted(gemv.STORE.files), "tuned_here": len(tuned), "tune_s": round(sum(tuned.values()), 2)}
+            "served_from": sorted(gemv.STORE.files), "tuned_here": len(tuned),
+            "tune_s": round(sum(tuned.values()), 2)}
 
 
 def load(path: Path) -> dict[str, Any]:

@@ -25,8 +25,8 @@ from bench.paths import ATEN, DISPATCH, PATHS
 from bench.results import finished_rows, rows_to_csv, write_run_json
 from bench.stats import PhaseTimer, Window, attribute, kernel_digest, summary
 from bench.sustain import SUSTAIN_COLUMNS, SUSTAIN_FILE, summary_line, sustained
-from bench.sweep import (_keep_gemv, _keep_tactics, _load_pinned_tactics, _progress, require_gpu, serve_gemv, tune_shape,
-                         tuning_info)
+from bench.sweep import (_keep_gemv, _keep_tactics, _load_pinned_tactics, _progress, require_gpu, serve_gemv,
+                         tune_shape, tuning_info)
 from dispatch.profiles import GpuProfile
 from dispatch.table import load_table
 from harness.console import divert_noise, terminal

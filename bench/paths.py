@@ -167,8 +167,8 @@ def flashinfer_paths(names) -> list[str]:
 
 
 def paths_for(profile_backends: tuple[str, ...], spec: str | None = None) -> list[GemmPath]:
-    """The profile's paths (aten, its FlashInfer backends' public and lean calls, the GEMV, dispatch), or those named in a
-    comma list."""
+    """The profile's paths (aten, its FlashInfer backends' public and lean calls, the GEMV, dispatch), or those named
+    in a comma list."""
     if spec:
         names = [s.strip() for s in spec.split(",") if s.strip()]
         if not names:

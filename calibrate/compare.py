@@ -45,7 +45,8 @@ def compare(a: pd.DataFrame, b: pd.DataFrame, info_a: dict[str, Any], info_b: di
                            + "; compare runs of the same grid and paths")
     rows = []
     for n, k, m, path in both:
-        ratio, lo, hi = ratio_ci(cb.samples[(n, k, m, path)], ca.samples[(n, k, m, path)], seed=hash((n, k, m)) & 0xFFFF)
+        ratio, lo, hi = ratio_ci(cb.samples[(n, k, m, path)], ca.samples[(n, k, m, path)],
+                                 seed=hash((n, k, m)) & 0xFFFF)
         if noise is not None:
             ref = ca.gpu(n, k, m, ATEN if ca.has(n, k, m, ATEN) else path)
             lo, hi = noise.widen(ratio, lo, hi, ref)

@@ -186,7 +186,8 @@ def legs(profile: GpuProfile, run: Path, scope: Scope | None = None, machines: i
     others = machine_legs(machines if machines is not None else run_machines(run))
     fit = [*py, "calibrate", "fit", str(sweep), "--gpu", p, "--method", "segments", "--forward", str(forward)]
     # another machine's sweep needs only what the fit chooses from: F.linear, the lean calls and the GEMV
-    lean = ",".join(x.name for x in paths_for(profile.flashinfer_backends, None) if x.name == ATEN or is_choosable(x.name))
+    lean = ",".join(x.name for x in paths_for(profile.flashinfer_backends, None)
+                    if x.name == ATEN or is_choosable(x.name))
     # the check's forward also runs vLLM's rules, so that its report leads with the answer in vLLM's terms (rules
     # that run the same paths as an earlier one, F.linear's on SM90, are read off it, not timed again)
     from calibrate.vllm_terms import required_paths

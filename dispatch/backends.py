@@ -109,8 +109,8 @@ BACKENDS: dict[str, Backend] = {b.name: b for b in (
     Backend("tgv", (100, 103, 107), supports_pdl=True, note="TGV GEMM (SM100; not run here)"),
 )}
 
-# What the project's GEMV takes, as the dispatcher checks it (dispatch/eligible.py): Triton's tensor-core tiles (SM 80 and
-# newer; the SMs the profiles name), 16-byte aligned rows, M <= 16, no bias.
+# What the project's GEMV takes, as the dispatcher checks it (dispatch/eligible.py): Triton's tensor-core tiles (SM 80
+# and newer; the SMs the profiles name), 16-byte aligned rows, M <= 16, no bias.
 GEMV_RULE = Backend("gemv", (80, 86, 87, 89, 90, 100, 103, 107, 110, 120, 121), max_m=GEMV_MAX_M,
                     tune_by_default=False, note="the project's split-K GEMV (Triton)", path_name=GEMV)
 

@@ -11,7 +11,7 @@ The workspace and counters are cleared by the call that used them, so calls on o
 and configuration); two streams running at once must not.
 
 A configuration is chosen per (N, K, M) by timing a short list of candidates (`candidates`: a few tile shapes, each
-with the K split that gives at least two waves of programs and the next one) in a CUDA graph over rotated operands,
+with the K split that gives two programs per SM, half that and twice that) in a CUDA graph over rotated operands,
 as the sweep times the cells. The choices live in one process-wide store, like FlashInfer's autotuner: tuned in a
 benchmark, saved beside its FlashInfer tactics (`<tactics>.gemv.json`), loaded by the dispatcher from its table's
 file. The dispatcher never tunes: an (N, K, M) without a stored choice takes that shape's choice at the nearest

@@ -52,7 +52,8 @@ def test_the_tuner_picks_a_candidate_and_the_call_matches_fp32():
         xs = [torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
         secs = call.tunes_here(ws, xs)
         assert secs is not None and secs > 0 and call.tunes_here(ws, xs) is None  # tuned once
-        assert call.config(2048, 4096, m) in candidates(2048, 4096, m, torch.cuda.get_device_properties(0).multi_processor_count)
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        assert call.config(2048, 4096, m) in candidates(2048, 4096, m, sms)
         assert output_error(call(xs[0], ws[0]), xs[0], ws[0]) < REL_ERR_BOUND
         out = torch.empty(m, 2048, device="cuda", dtype=torch.bfloat16)
         call.into(xs[1], ws[1], out)
