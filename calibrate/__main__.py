@@ -19,12 +19,14 @@ import pandas as pd
 
 from bench.autotune_cache import FILE_NAME, gemv_file, sha256, tactic_differences
 from bench.envinfo import fingerprint
-from bench.results import load_results, load_run_info
+from bench.results import load_run_info
 from bench.sweep import require_gpu
 from calibrate.agree import agreement, host_shift, host_shift_lines, ratio_lines, ratio_moves, summary_lines
 from calibrate.analysis import (FIT_MIN_GAIN, Cells, cell_verdicts, dispatch_candidates, failures, fit,
                                 forward_totals, low_m_measured, model_uses, provenance)
 from calibrate.baseline import fingerprint_mismatch, fingerprint_of
+from calibrate.commands import compare as compare_command
+from calibrate.commands import table as table_command
 from calibrate.forward_model import (GPU_BOUND_MARGIN, MODEL_MISS, forward_ratios, gpu_bound_in_every_run,
                                     host_bound_in_every_run, judged_forward, kept_choices, load_forward,
                                     model_vs_measured, null_pair_spread, overrides_over_the_table,
@@ -34,59 +36,19 @@ from calibrate.install import Artifact, baseline_check, noise_check, shipped_lay
 from calibrate.l2 import MODES, close_cells, decisions
 from calibrate.noise import LEVEL, coverage, coverage_line, fit_floor, load_noise, noise_path
 from calibrate.regress import measure_runs, regress, regression_paths
-from calibrate.table_pipeline import (FIT_MACHINES, MANIFEST, MAX_FIT_MACHINES, check_stop_after,
-                                      fewer_baseline_runs, install, legs, parse_scope, pending_legs, plan_text,
-                                      refit_legs, run_pipeline, supersede_fit)
-from dispatch.profiles import PROFILES, get_profile, matches
+from calibrate.runs import RESULTS
+from calibrate.runs import check_gpu as _check_gpu
+from calibrate.runs import load_run as _load
+from calibrate.runs import profile_of as _profile_of
+from calibrate.runs import verdict_word
+from dispatch.profiles import PROFILES, get_profile
 from dispatch.backends import GEMV
 from dispatch.table import REGIMES, TABLE_DIR, ThresholdTable, load_table
 from harness.cli import Parser, float_in, int_in, parent
-from harness.console import terminal
 from harness.errors import HarnessError, run_cli
 from harness.io import (ROOT, atomic_write_text, check_target, claim_work_dir, distinct, is_shipped, output_file,
                         same_gpu, shipped_or_results)
 
-RESULTS = Path("results")  # where a command writes by default: never a shipped file
-
-
-def _check_gpu(info: dict, profile_name: str, results: str, allow_mismatch: bool | None = None) -> None:
-    """The run must come from the profile's GPU (one identity rule: dispatch.profiles.matches). allow_mismatch: the
-    command's --allow-mismatch; None where the command has no such option (the error then does not offer it)."""
-    fp = info.get("fingerprint") or {}
-    profile = get_profile(profile_name)
-    gpu, sm = str(fp.get("gpu_name", "")), fp.get("sm")
-    if not allow_mismatch and not matches(profile, gpu, sm if isinstance(sm, int) else -1):
-        raise HarnessError(f"{results} was measured on {gpu!r} (SM{sm}), not on a {profile.name} GPU; "
-                           f"pass --gpu for that GPU" + (" (or --allow-mismatch to judge it anyway)"
-                                                         if allow_mismatch is not None else ""))
-
-
-def _profile_of(info: dict, given: str | None) -> str:
-    if given:
-        return given
-    name = info.get("profile")
-    if not name:
-        raise HarnessError("run.json names no GPU profile; pass --gpu")
-    return name
-
-
-def _load(results: str, partial: bool, profile_name: str | None = None, allow_mismatch: bool | None = None):
-    """run.json first (the GPU check names the real problem before the grid check), then the validated table."""
-    info = load_run_info(results)
-    if profile_name is not None:
-        _check_gpu(info, profile_name, results, allow_mismatch)
-    df = load_results(results, partial=partial)
-    for problem in df.attrs["incomplete"]:
-        print(f"note (--partial): {results}: {problem}; judging only the measured cells", file=terminal())
-    return df, info
-
-
-def verdict_word(ok: bool, results: str | None, incomplete: list[str]) -> str:
-    """PASS or FAIL, and, on data that --partial let through incomplete, that it is no verdict on the whole grid."""
-    word = "PASS" if ok else "FAIL"
-    if incomplete:
-        word += f" on the measured cells only: {results} is incomplete, so this is no verdict on the whole grid"
-    return word
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -163,20 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                        help="write the shipped dispatch/thresholds/<profile>.json (and its tactics file)")
     p_fit.add_argument("--dry-run", action="store_true", help="print, write nothing")
     p_fit.add_argument("--partial", **partial)
-    p_cmp = sub.add_parser("compare", parents=[gpu_of_runs],
-                           help="run B against run A per cell and path: ratio, interval, SAME/FASTER/SLOWER/AMBIGUOUS "
-                                "(exit 1 where any cell is SLOWER)")
-    p_cmp.add_argument("run_a", help="the reference run (results folder)")
-    p_cmp.add_argument("run_b", help="the run judged against it")
-    p_cmp.add_argument("--margin", type=float_in(0.0, 0.5), default=0.03,
-                       help="a verdict beyond SAME needs the whole interval beyond 1 +- this (default 0.03)")
-    p_cmp.add_argument("--paths", help="comma list of paths to compare (default: every path both runs measured)")
-    p_cmp.add_argument("--no-floor", action="store_true",
-                       help="intervals from the runs' replays alone, not widened by the profile's noise floor")
-    p_cmp.add_argument("--allow-env-mismatch", action="store_true",
-                       help="compare runs whose environments differ (FlashInfer, CUDA, driver, GPU, pdl, ...)")
-    p_cmp.add_argument("--out-file", help="CSV file of every compared cell")
-    p_cmp.add_argument("--partial", **partial)
+    compare_command.add_parser(sub, [gpu_of_runs], partial)
     p_agree = sub.add_parser("agree", help="how closely two runs of the same cells agree (GPU and host time)")
     p_agree.add_argument("run_a")
     p_agree.add_argument("run_b")
@@ -254,31 +203,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                              "noise floor")
     p_vllm.add_argument("--markdown", action="store_true", help="print only the short answer as a Markdown table")
     p_vllm.add_argument("--partial", **partial)
-    p_table = sub.add_parser("table", parents=[gpu],
-                             help="(GPU) a table from one command: sweep, forward, fit, out-of-sample check, "
-                                  "baseline, report, in legs that resume")
-    p_table.add_argument("--run-id", help="the run's folder under results/<profile>/ (default: a new UTC time stamp)")
-    p_table.add_argument("--resume", action="store_true", help="continue the legs of --run-id that are not done")
-    p_table.add_argument("--refit", action="store_true",
-                         help="fit --run-id's measurements again (a changed fit rule) and run every leg after the fit "
-                              "again; the earlier entries and outputs move to refit-<n>/")
-    p_table.add_argument("--dry-run", action="store_true", help="print the legs and write nothing (any machine)")
-    p_table.add_argument("--stop-after", metavar="LEG",
-                         help="stop after this leg (e.g. fit: the check on another machine with --resume)")
-    p_table.add_argument("--same-machine", action="store_true",
-                         help="let the out-of-sample legs run on a machine that ran a fitted leg (one GPU machine "
-                              "only; the manifest then says the check was in-machine)")
-    p_table.add_argument("--layout", choices=("vllm", "transformers"),
-                         help="the layout the table's shapes come in: vLLM's fused layers (default) or transformers' "
-                              "modules (a table for dispatch.patch of a transformers model)")
-    p_table.add_argument("--model", help="comma list of catalog models the table covers (default: every model)")
-    p_table.add_argument("--machines", type=int_in(1, MAX_FIT_MACHINES),
-                         help="how many machines the fit measures on: the sweep's and a machine-<i> leg on each other "
-                              f"one (default {FIT_MACHINES}; a resume keeps the run's; with --refit, more than the "
-                              f"run's adds machine-<i> legs before the fit)")
-    p_table.add_argument("--install", action="store_true",
-                         help="install the table, its tactics and the baseline of --run-id as the shipped files "
-                              "(a complete run whose check passed)")
+    table_command.add_parser(sub, [gpu])
     p_reg = sub.add_parser("regress", parents=[gpu],
                            help="compare fresh (or given) measurements with the stored baseline")
     p_reg.add_argument("--from", dest="source", help="results folder to compare (default: measure afresh, GPU)")
@@ -309,7 +234,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.cmd == "vllm":
         return _vllm_cmd(args)
     if args.cmd == "table":
-        return _table_cmd(args)
+        return table_command.run(args)
     if args.cmd == "forward-noise":
         return _forward_noise_cmd(args)
 
@@ -336,7 +261,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
 
     if args.cmd == "compare":
-        return _compare_cmd(args)
+        return compare_command.run(args)
     if args.cmd == "agree":
         distinct([args.run_a, args.run_b], "agree")
         a, ia = _load(args.run_a, args.partial)
@@ -764,71 +689,6 @@ def _overrides(args, profile, df, cells, base, noise, hold_out, cell_picks, shap
                                                    for k, v in o.items()}
                           for (regime, mo, m), o in sorted(found.items())}}
     return table, report, note
-
-
-def _compare_cmd(args) -> int:
-    from calibrate.compare import compare, summary_lines
-    distinct([args.run_a, args.run_b], "compare")
-    out = output_file(args.out_file, "--out-file") if args.out_file else None
-    ia, ib = load_run_info(args.run_a), load_run_info(args.run_b)
-    profile = get_profile(_profile_of(ia, args.gpu))
-    a, _ = _load(args.run_a, args.partial, profile.name)
-    b, _ = _load(args.run_b, args.partial, profile.name)
-    paths = [p.strip() for p in args.paths.split(",") if p.strip()] if args.paths else None
-    result = compare(a, b, ia, ib, None if args.no_floor else load_noise(profile.name), args.margin, paths)
-    if result.env_differences and not args.allow_env_mismatch:
-        raise HarnessError(f"{args.run_a} and {args.run_b} ran in different environments "
-                           f"({'; '.join(result.env_differences)}); a verdict could be the environment's, not the "
-                           f"code's: pass --allow-env-mismatch to compare them anyway")
-    print("\n".join(summary_lines(result, args.margin, args.run_a, args.run_b)))
-    if out is not None:
-        atomic_write_text(out, result.rows.to_csv(index=False))
-        print(f"wrote {out}")
-    return 1 if (result.rows["verdict"] == "SLOWER").any() else 0
-
-
-def _table_cmd(args) -> int:
-    profile = get_profile(args.gpu)
-    scope = parse_scope(args.layout, args.model)
-    if scope is not None and args.install:
-        raise HarnessError("--install takes the run's own scope: drop --layout/--model")
-    if (args.resume or args.install or args.refit) and not args.run_id:
-        raise HarnessError("--resume, --refit and --install name a run: pass --run-id")
-    if args.refit and (args.install or scope is not None):
-        raise HarnessError("--refit keeps the run's scope and installs nothing: drop --install/--layout/--model")
-    run_id = args.run_id or datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
-    if not run_id.replace("-", "").replace("_", "").replace(".", "").isalnum():
-        raise HarnessError(f"--run-id {run_id!r}: letters, digits, '-', '_' and '.' only")
-    run = RESULTS / profile.name / run_id
-    check_stop_after(profile, run, args.stop_after, args.machines)  # before any GPU check
-    if args.dry_run:
-        print(plan_text(profile, run, scope, args.machines))
-        return 0
-    if args.install:
-        fewer = fewer_baseline_runs(profile, run)
-        for path in install(profile, run):
-            print(f"installed {path}")
-        if fewer:
-            print(f"table: note: {fewer}", file=sys.stderr)
-        return 0
-    if args.refit:
-        late = refit_legs(profile, run)
-        if args.stop_after is not None and args.stop_after not in late:
-            raise HarnessError(f"--stop-after {args.stop_after}: --refit runs {', '.join(late)}; stop after one of "
-                               f"them")
-        todo = late[:late.index(args.stop_after) + 1] if args.stop_after is not None else late
-        if any(leg.gpu for leg in legs(profile, run) if leg.name in todo):
-            require_gpu(profile)  # before any file system change
-        print(f"table: refit {run}: earlier fit and check kept in {supersede_fit(profile, run, args.machines)}")
-    elif any(leg.gpu for leg in pending_legs(profile, run, args.resume, args.stop_after, args.machines)):
-        require_gpu(profile)  # before any file system change
-    manifest = run_pipeline(profile, run, args.resume or args.refit, stop_after=args.stop_after,
-                            same_machine=args.same_machine, scope=scope, machines=args.machines)
-    if manifest.get("status") != "complete":
-        print(f"table: {manifest['status']}; continue with --run-id {run_id} --resume; legs in {run}/{MANIFEST}")
-        return 0
-    print(f"table: {run}/table.json, verdict {manifest.get('verdict')}; legs and times in {run}/{MANIFEST}")
-    return 0
 
 
 def _e2e_cmd(args) -> int:

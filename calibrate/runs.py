@@ -1,0 +1,52 @@
+"""What every calibrate command that reads runs shares: a run's GPU check, its profile, its loading (run.json first,
+then the validated results), and the PASS/FAIL word."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from bench.results import load_results, load_run_info
+from dispatch.profiles import get_profile, matches
+from harness.console import terminal
+from harness.errors import HarnessError
+
+RESULTS = Path("results")  # where a command writes by default: never a shipped file
+
+
+def check_gpu(info: dict, profile_name: str, results: str, allow_mismatch: bool | None = None) -> None:
+    """The run must come from the profile's GPU (one identity rule: dispatch.profiles.matches). allow_mismatch: the
+    command's --allow-mismatch; None where the command has no such option (the error then does not offer it)."""
+    fp = info.get("fingerprint") or {}
+    profile = get_profile(profile_name)
+    gpu, sm = str(fp.get("gpu_name", "")), fp.get("sm")
+    if not allow_mismatch and not matches(profile, gpu, sm if isinstance(sm, int) else -1):
+        raise HarnessError(f"{results} was measured on {gpu!r} (SM{sm}), not on a {profile.name} GPU; "
+                           f"pass --gpu for that GPU" + (" (or --allow-mismatch to judge it anyway)"
+                                                         if allow_mismatch is not None else ""))
+
+
+def profile_of(info: dict, given: str | None) -> str:
+    if given:
+        return given
+    name = info.get("profile")
+    if not name:
+        raise HarnessError("run.json names no GPU profile; pass --gpu")
+    return name
+
+
+def load_run(results: str, partial: bool, profile_name: str | None = None, allow_mismatch: bool | None = None):
+    """run.json first (the GPU check names the real problem before the grid check), then the validated table."""
+    info = load_run_info(results)
+    if profile_name is not None:
+        check_gpu(info, profile_name, results, allow_mismatch)
+    df = load_results(results, partial=partial)
+    for problem in df.attrs["incomplete"]:
+        print(f"note (--partial): {results}: {problem}; judging only the measured cells", file=terminal())
+    return df, info
+
+
+def verdict_word(ok: bool, results: str | None, incomplete: list[str]) -> str:
+    """PASS or FAIL, and, on data that --partial let through incomplete, that it is no verdict on the whole grid."""
+    word = "PASS" if ok else "FAIL"
+    if incomplete:
+        word += f" on the measured cells only: {results} is incomplete, so this is no verdict on the whole grid"
+    return word
