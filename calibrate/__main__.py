@@ -22,27 +22,31 @@ from bench.envinfo import fingerprint
 from bench.results import load_run_info
 from bench.sweep import require_gpu
 from calibrate.agree import agreement, host_shift, host_shift_lines, ratio_lines, ratio_moves, summary_lines
-from calibrate.analysis import (FIT_MIN_GAIN, Cells, cell_verdicts, dispatch_candidates, failures, fit,
-                                forward_totals, low_m_measured, model_uses, provenance)
+from calibrate.analysis import (FIT_MIN_GAIN, Cells, cell_verdicts, dispatch_candidates, failures, fit, forward_totals,
+                                model_uses, provenance)
 from calibrate.baseline import fingerprint_mismatch, fingerprint_of
 from calibrate.commands import compare as compare_command
+from calibrate.commands import e2e as e2e_command
+from calibrate.commands import forward_noise as forward_noise_command
+from calibrate.commands import l2 as l2_command
+from calibrate.commands import noise as noise_command
 from calibrate.commands import table as table_command
+from calibrate.commands import vllm as vllm_command
 from calibrate.forward_model import (GPU_BOUND_MARGIN, MODEL_MISS, forward_ratios, gpu_bound_in_every_run,
-                                    host_bound_in_every_run, judged_forward, kept_choices, load_forward,
-                                    model_vs_measured, null_pair_spread, overrides_over_the_table,
-                                    picks_in_every_run)
-from calibrate.forward_noise import fit_forward_floor, forward_coverage, forward_noise_path, load_forward_floor
-from calibrate.install import Artifact, baseline_check, noise_check, shipped_layout, table_check, write_outputs
-from calibrate.l2 import MODES, close_cells, decisions
-from calibrate.noise import LEVEL, coverage, coverage_line, fit_floor, load_noise, noise_path
+                                     host_bound_in_every_run, judged_forward, kept_choices, load_forward,
+                                     model_vs_measured, null_pair_spread, overrides_over_the_table, picks_in_every_run)
+from calibrate.forward_noise import forward_coverage, forward_noise_path, load_forward_floor
+from calibrate.install import Artifact, baseline_check, shipped_layout, table_check, write_outputs
+from calibrate.noise import LEVEL, coverage, coverage_line, load_noise, noise_path
 from calibrate.regress import measure_runs, regress, regression_paths
-from calibrate.runs import RESULTS
+from calibrate.runs import RESULTS, verdict_word
 from calibrate.runs import check_gpu as _check_gpu
+from calibrate.runs import load_forwards as _load_forwards
 from calibrate.runs import load_run as _load
 from calibrate.runs import profile_of as _profile_of
-from calibrate.runs import verdict_word
-from dispatch.profiles import PROFILES, get_profile
+from calibrate.runs import refuse_overlap as _refuse_overlap
 from dispatch.backends import GEMV
+from dispatch.profiles import PROFILES, get_profile
 from dispatch.table import REGIMES, TABLE_DIR, ThresholdTable, load_table
 from harness.cli import Parser, float_in, int_in, parent
 from harness.errors import HarnessError, run_cli
@@ -138,36 +142,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                          help="an arm: its name, then two or more runs (repeat --arm for each arm, two or more)")
     p_shift.add_argument("--partial", **partial)
     p_shift.add_argument("--allow-mismatch", action="store_true", help="compare runs of different GPUs")
-    p_noise = sub.add_parser("noise", parents=[gpu],
-                             help="measure the run-to-run noise floor of GPU-time ratios from replicate runs")
-    p_noise.add_argument("runs", nargs="+", help="two or more runs of one grid, each in a fresh process")
-    p_noise.add_argument("--out", help="floor file (default results/<profile>/noise.json)")
-    p_noise.add_argument("--install", action="store_true", help="write the shipped calibrate/noise/<profile>.json")
-    p_noise.add_argument("--partial", **partial)
-    p_fnoise = sub.add_parser("forward-noise", parents=[gpu],
-                              help="measure the run-to-run noise of measured forwards' ratios from runs in fresh "
-                                   "processes")
-    p_fnoise.add_argument("runs", nargs="+", help="two or more measured-forward folders (python -m bench forward); "
-                                                  "each consecutive pair is a replicate pair")
-    p_fnoise.add_argument("--out", help="floor file (default results/<profile>/forward-noise.json)")
-    p_fnoise.add_argument("--install", action="store_true",
-                          help="write the shipped calibrate/noise/<profile>-forward.json")
-    p_fnoise.add_argument("--partial", **partial)
     p_host = sub.add_parser("host-cost", parents=[gpu],
                             help="(GPU) host time of dispatch.linear against F.linear above the threshold")
     p_host.add_argument("--calls", type=int_in(100, 1_000_000), default=4000)
     p_host.add_argument("--out", help="CSV file for the per-shape figures")
-    p_l2 = sub.add_parser("l2", help="which dispatch decisions flip between L2 states (runs swept with bench run --l2)")
-    p_l2.add_argument("--rotate", required=True, help="results of bench run --l2 rotate")
-    p_l2.add_argument("--flush", required=True, help="results of bench run --l2 flush")
-    p_l2.add_argument("--warm", required=True, help="results of bench run --l2 warm")
-    p_l2.add_argument("--cells-from", default=None,
-                      help="pick the cells where the table's choice is within --within of the alternative from this "
-                           "run (default: the --rotate run)")
-    p_l2.add_argument("--within", type=float_in(0, 1), default=0.10, help="closeness of a cell (default 0.10)")
-    p_l2.add_argument("--forward", help="a measured-forward folder: which L2 state's cell-sum model is closest to it")
-    p_l2.add_argument("--csv", help="write the per-cell table here")
-    p_l2.add_argument("--partial", **partial)
     p_base = sub.add_parser("baseline", parents=[gpu],
                             help="write tests/baselines/<profile>.json from fresh (or given) regression-grid runs")
     p_base.add_argument("--from", dest="sources", nargs="+",
@@ -181,28 +159,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_base.add_argument("--retune", action="store_true",
                         help="tune FlashInfer afresh in run 1 instead of serving the committed <profile>.autotune.json")
     p_base.add_argument("--partial", **partial)
-    p_e2e = sub.add_parser("e2e", help="an end-to-end run (bench e2e): each step's patched / stock with its interval "
-                                       "and verdict, and with --forward what its model's measured linears predict")
-    p_e2e.add_argument("results", help="the folder python -m bench e2e wrote")
-    p_e2e.add_argument("--forward", metavar="DIR",
-                       help="a measured forward of the same model and layout (bench forward --layout transformers "
-                            "--paths aten,dispatch), on the same GPU: adds each step's prediction")
-    p_e2e.add_argument("--control", metavar="DIR", nargs="+",
-                       help="A/A runs of the same model (bench e2e --control) on the same GPU: each step's margin "
-                            "becomes the farthest their medians moved from 1 (at least 1%%); --partial also admits "
-                            "interrupted ones")
-    p_e2e.add_argument("--partial", **partial)
-    p_vllm = sub.add_parser("vllm", parents=[gpu_of_runs],
-                            help="the answer in vLLM's terms from measured forwards: vLLM default, its flag, the seed"
-                                 " PR's rule, the best single threshold and the table")
-    p_vllm.add_argument("--forward", nargs="+", metavar="DIR", required=True,
-                        help="measured-forward folders of one GPU (python -m bench forward, default paths), e.g. one "
-                             "per model")
-    p_vllm.add_argument("--no-floor", action="store_true",
-                        help="intervals from the runs' paired rounds alone, not widened by the profile's forward "
-                             "noise floor")
-    p_vllm.add_argument("--markdown", action="store_true", help="print only the short answer as a Markdown table")
-    p_vllm.add_argument("--partial", **partial)
     table_command.add_parser(sub, [gpu])
     p_reg = sub.add_parser("regress", parents=[gpu],
                            help="compare fresh (or given) measurements with the stored baseline")
@@ -213,6 +169,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_reg.add_argument("--partial", **partial)
     p_reg.add_argument("--allow-mismatch", action="store_true",
                        help="compare although the run's GPU profile or fingerprint differs from the baseline's")
+    noise_command.add_parser(sub, [gpu], partial)
+    forward_noise_command.add_parser(sub, [gpu], partial)
+    l2_command.add_parser(sub, partial)
+    e2e_command.add_parser(sub, partial)
+    vllm_command.add_parser(sub, [gpu_of_runs], partial)
     args = parser.parse_args(argv)
     pd.set_option("display.width", 200)
 
@@ -220,23 +181,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _baseline_cmd(args, argv)
 
     if args.cmd == "l2":
-        return _l2_cmd(args)
+        return l2_command.run(args)
 
     if args.cmd == "host-cost":
         from calibrate.hostcost import run_host_cost  # the one command that times the dispatcher: it imports torch
         return run_host_cost(args.gpu, args.calls, output_file(args.out, "--out") if args.out else None)
 
     if args.cmd == "noise":
-        return _noise_cmd(args)
+        return noise_command.run(args)
 
     if args.cmd == "e2e":
-        return _e2e_cmd(args)
+        return e2e_command.run(args)
     if args.cmd == "vllm":
-        return _vllm_cmd(args)
+        return vllm_command.run(args)
     if args.cmd == "table":
         return table_command.run(args)
     if args.cmd == "forward-noise":
-        return _forward_noise_cmd(args)
+        return forward_noise_command.run(args)
 
     if args.cmd == "host-shift":
         arms: dict[str, dict[str, Cells]] = {}
@@ -384,17 +345,6 @@ def fitted_forwards(table: ThresholdTable) -> list[str]:
     picks = (src.get("measured_forwards") or {}).get("forward") or []
     runs = (src.get("forwards_of_this_table") or {}).get("runs") or []
     return list(dict.fromkeys(str(f).rstrip("/") for f in ([picks] if isinstance(picks, str) else picks) + list(runs)))
-
-
-def _refuse_overlap(forwards: list[tuple[str, pd.DataFrame, dict]]) -> None:
-    """Several --forward folders must not share a (model, M): which one's verdict would stand is not defined."""
-    seen: dict[tuple[str, int], str] = {}
-    for folder, fdf, _ in forwards:
-        for key in sorted(set(zip(fdf["model"], fdf["m"].astype(int)))):  # the first overlap, reproducibly
-            if key in seen:
-                raise HarnessError(f"--forward {seen[key]} and {folder} both measured {key[0]} M={key[1]}; pass one "
-                                   f"folder per (model, M) (a replicate goes to --forward-replicate)")
-            seen[key] = folder
 
 
 def _print_provenance(table: ThresholdTable, results: str, info: dict, forwards: list[str] = ()) -> None:
@@ -635,16 +585,6 @@ def _fit_cmd(args, argv, profile, df, info, cells) -> int:
     return 0
 
 
-def _load_forwards(folders: list[str], profile_name: str, partial: bool) -> list[tuple[pd.DataFrame, dict]]:
-    """Measured-forward runs (forward.csv and run.json), each checked to come from the profile's GPU."""
-    runs = []
-    for folder in folders:
-        fdf, finfo = load_forward(folder, partial)
-        _check_gpu(finfo, profile_name, folder)
-        runs.append((fdf, finfo))
-    return runs
-
-
 def _overrides(args, profile, df, cells, base, noise, hold_out, cell_picks, shape_bound, shape_host, table, report,
                floor=None):
     """--table-forward: measured forwards of the table this fit makes; where a single path (all-aten included) beat
@@ -691,63 +631,6 @@ def _overrides(args, profile, df, cells, base, noise, hold_out, cell_picks, shap
     return table, report, note
 
 
-def _e2e_cmd(args) -> int:
-    from calibrate.e2e_terms import E2E_MARGIN, check_same_layers, control_margins, load_e2e, predictions, rounds_note
-    df, info = load_e2e(args.results, args.partial)
-    profile = _profile_of(info, None)
-    margins = None
-    notes = [rounds_note(info, args.results)]
-    if args.control:
-        distinct([args.results, *args.control], "--control")
-        controls = []
-        for folder in args.control:
-            cdf, cinfo = load_e2e(folder, args.partial)
-            if (cinfo.get("layers") or None) != (info.get("layers") or None):
-                raise HarnessError(f"{folder} ran --layers {cinfo.get('layers') or 'all'}, {args.results} --layers "
-                                   f"{info.get('layers') or 'all'}; run the control with the same --layers")
-            _check_gpu(cinfo, profile, folder)
-            controls.append((folder, cdf))
-            notes.append(rounds_note(cinfo, folder))
-        margins = control_margins(df, controls)
-    fdf = None
-    if args.forward:
-        fdf, finfo = load_forward(args.forward)
-        check_same_layers(info, finfo, args.results, args.forward)
-        _check_gpu(finfo, profile, args.forward)
-        if finfo.get("layout", "vllm") != "transformers":
-            raise HarnessError(f"{args.forward} measured vLLM's layout; an e2e run of transformers' model needs a "
-                               f"forward of --layout transformers")
-    table = predictions(df, fdf, margins)
-    if table.empty:
-        raise HarnessError(f"{args.results} has no step measured in both variants")
-    for note in filter(None, notes):
-        print(note)
-    print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-    print(f"\nper_round: median of the rounds' patched / stock, [lo, hi] its 95% bootstrap interval; SAME within "
-          + (f"±margin: the farthest the {len(args.control)} control run(s)' medians moved from 1, at least "
-             f"{E2E_MARGIN:.0%}" if margins is not None else f"±{E2E_MARGIN:.0%}"))
-    return 0
-
-
-def _vllm_cmd(args) -> int:
-    from calibrate.forward_noise import load_forward_floor
-    from calibrate.vllm_terms import markdown, text, vllm_terms
-    first = load_forward(args.forward[0], args.partial)[1]
-    profile = get_profile(_profile_of(first, args.gpu))
-    runs = _load_forwards(args.forward, profile.name, args.partial)
-    forwards = [(str(f), df, info) for f, (df, info) in zip(args.forward, runs)]
-    _refuse_overlap(forwards)
-    floor = None if args.no_floor else load_forward_floor(profile.name)
-    terms = vllm_terms(pd.concat([df for df, _ in runs], ignore_index=True), profile, floor)
-    if args.markdown:
-        print(markdown(terms))
-        return 0
-    print(text(terms))
-    where = f"paired rounds widened by the forward floor ({floor.describe()})" if floor else "paired rounds alone"
-    print(f"\nintervals: {where}")
-    return 0
-
-
 def _sibling_free(sibling: Path, out: Path, install: bool) -> None:
     """A tactics file written beside a table or baseline: the user named only the table, so an existing file there
     is replaced only inside results/ (the harness's own folder) or with --install."""
@@ -757,61 +640,6 @@ def _sibling_free(sibling: Path, out: Path, install: bool) -> None:
                            f"or choose another --out")
     if sibling.exists() or sibling.is_symlink():
         check_target(sibling, "the tactics file", install)
-
-
-def _noise_cmd(args) -> int:
-    if len(args.runs) < 2:
-        raise HarnessError("noise needs two or more replicate runs")
-    distinct(args.runs, "noise")
-    profile = get_profile(args.gpu)
-    out = shipped_or_results(args.out, noise_path(profile.name), RESULTS / profile.name / "noise.json", args.install)
-    cells = [Cells.from_results(_load(r, args.partial, profile.name)[0]) for r in args.runs]
-    pairs = list(zip(cells, cells[1:]))
-    floor = fit_floor(pairs, source={"runs": list(args.runs), "command": "python -m calibrate noise " + " ".join(args.runs)})
-    for edge, hw in floor.bands:
-        print(f"reference GPU time <= {edge:g} µs: run-to-run log-ratio half-width {hw:.4f} (x{math.exp(hw):.4f})")
-    for i, (a, b) in enumerate(pairs):
-        # leave this pair out: the floor from the other pairs, judged on this one (in-sample when there is one pair)
-        others = [p for j, p in enumerate(pairs) if j != i]
-        held = fit_floor(others) if others else floor
-        print(coverage_line(coverage(a, b, held), floor.level,
-                            f"{args.runs[i + 1]} in {args.runs[i]}" + (", floor from the other pairs" if others else
-                                                                      ", in-sample: one pair")))
-    write_outputs([Artifact(out, (json.dumps(floor.to_json(), indent=2) + "\n").encode(), "the noise floor",
-                            noise_check(profile.name))])
-    print(f"wrote {out}")
-    return 0
-
-
-def _forward_noise_cmd(args) -> int:
-    if len(args.runs) < 2:
-        raise HarnessError("forward-noise needs two or more measured-forward runs")
-    distinct(args.runs, "forward-noise")
-    profile = get_profile(args.gpu)
-    out = shipped_or_results(args.out, forward_noise_path(profile.name), RESULTS / profile.name / "forward-noise.json",
-                             args.install)
-    runs = [fdf for fdf, _ in _load_forwards(args.runs, profile.name, args.partial)]
-    pairs = list(zip(runs, runs[1:]))
-    floor = fit_forward_floor(pairs, source={"runs": list(args.runs),
-                                             "command": "python -m calibrate forward-noise " + " ".join(args.runs)})
-    for regime, hw in floor.half_widths.items():
-        print(f"{regime}: run-to-run log-ratio half-width {hw:.4f} (x{math.exp(hw):.4f}) at {floor.level:.0%}")
-    for i, (a, b) in enumerate(pairs):
-        # leave this pair out: the floor from the other pairs, judged on this one (in-sample when there is one pair)
-        others = [p for j, p in enumerate(pairs) if j != i]
-        try:
-            held = fit_forward_floor(others) if others else floor
-        except HarnessError:  # the other pairs share too few ratios: judged in-sample
-            held, others = floor, []
-        cov = forward_coverage(a, b, held)
-        for regime in ("graph", "eager"):
-            print(coverage_line(cov[cov["regime"] == regime], floor.level,
-                                f"{regime}, {args.runs[i + 1]} in {args.runs[i]}"
-                                + (", floor from the other pairs" if others else ", in-sample")))
-    write_outputs([Artifact(out, (json.dumps(floor.to_json(), indent=2) + "\n").encode(),
-                            "the forward noise floor", noise_check(profile.name, forward=True))])
-    print(f"wrote {out}")
-    return 0
 
 
 def _forward_report(where: str, fdf: pd.DataFrame, finfo: dict, cells, table, profile,
@@ -864,46 +692,6 @@ def _forward_report(where: str, fdf: pd.DataFrame, finfo: dict, cells, table, pr
         print(f"  identical captured forwards (dispatch and table-direct, same kernels) at {n_same} points: "
               f"|dispatch / table-direct - 1| median {med:.2%}, largest {worst:.2%} (the graph regime's measured noise)")
     return fv[~fv["ok"]], covered  # a (model, M) counts as measured where both regimes were, for this table
-
-
-def _l2_cmd(args) -> int:
-    csv_out = output_file(args.csv, "--csv") if args.csv else None
-    runs, profile = {}, None
-    for mode in MODES:
-        src = getattr(args, mode)
-        info = load_run_info(src)
-        if info.get("l2", "rotate") != mode:
-            raise HarnessError(f"--{mode} {src} was swept with --l2 {info.get('l2', 'rotate')}, not {mode}")
-        profile = get_profile(_profile_of(info, None))
-        df, _ = _load(src, args.partial, profile.name)
-        runs[mode] = Cells.from_results(df)
-    table = load_table(profile.name)
-    pick = runs["rotate"] if args.cells_from is None else Cells.from_results(_load(args.cells_from, args.partial,
-                                                                                   profile.name)[0])
-    keys = close_cells(pick, table, args.within)
-    if not keys:
-        raise HarnessError(f"no cell where {low_m_measured(pick, table)} and aten are within {args.within:.0%}; "
-                           f"nothing to judge")
-    d = decisions(runs, table, keys)
-    print(f"{len(d)} cells where {low_m_measured(pick, table)} and aten are within {args.within:.0%}; low-M/aten GPU-time "
-          f"ratio per L2 state:")
-    cols = ["n", "k", "m", "table_choice"] + [f"{m}_ratio" for m in MODES] + [f"{m}_faster" for m in MODES] + ["flips"]
-    print(d[cols].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-    print(f"decisions that flip with the L2 state: {int(d['flips'].sum())} of {len(d)}")
-    if csv_out:
-        atomic_write_text(csv_out, d.to_csv(index=False))
-    if args.forward:
-        fdf, finfo = load_forward(args.forward, args.partial)
-        print("\nmeasured forward (graph regime) / cell-sum model, per L2 state of the cells:")
-        for mode, cells in runs.items():
-            mv = model_vs_measured(cells, fdf[fdf["regime"] == "graph"], finfo, profile, table).dropna()
-            if mv.empty:
-                print(f"  {mode}: no forward row whose cells this run covers")
-                continue
-            dev = (mv["measured_over_model"] - 1).abs()
-            print(f"  {mode}: {len(mv)} rows, median |measured/model - 1| {dev.median():.1%}, max {dev.max():.1%}, "
-                  f"median measured/model {mv['measured_over_model'].median():.3f}")
-    return 0
 
 
 def _baseline_cmd(args, argv) -> int:

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pandas as pd
+
 from bench.results import load_results, load_run_info
+from calibrate.forward_model import load_forward
 from dispatch.profiles import get_profile, matches
 from harness.console import terminal
 from harness.errors import HarnessError
@@ -50,3 +53,24 @@ def verdict_word(ok: bool, results: str | None, incomplete: list[str]) -> str:
     if incomplete:
         word += f" on the measured cells only: {results} is incomplete, so this is no verdict on the whole grid"
     return word
+
+
+def load_forwards(folders: list[str], profile_name: str, partial: bool) -> list[tuple[pd.DataFrame, dict]]:
+    """Measured-forward runs (forward.csv and run.json), each checked to come from the profile's GPU."""
+    runs = []
+    for folder in folders:
+        fdf, finfo = load_forward(folder, partial)
+        check_gpu(finfo, profile_name, folder)
+        runs.append((fdf, finfo))
+    return runs
+
+
+def refuse_overlap(forwards: list[tuple[str, pd.DataFrame, dict]]) -> None:
+    """Several --forward folders must not share a (model, M): which one's verdict would stand is not defined."""
+    seen: dict[tuple[str, int], str] = {}
+    for folder, fdf, _ in forwards:
+        for key in sorted(set(zip(fdf["model"], fdf["m"].astype(int)))):  # the first overlap, reproducibly
+            if key in seen:
+                raise HarnessError(f"--forward {seen[key]} and {folder} both measured {key[0]} M={key[1]}; pass one "
+                                   f"folder per (model, M) (a replicate goes to --forward-replicate)")
+            seen[key] = folder

@@ -1,0 +1,61 @@
+"""python -m calibrate e2e RESULTS: an end-to-end run, each step patched over stock with its interval, against the
+forward prediction (calibrate/e2e_terms.py)."""
+from __future__ import annotations
+
+from calibrate.forward_model import load_forward
+from calibrate.runs import check_gpu as _check_gpu
+from calibrate.runs import profile_of as _profile_of
+from harness.errors import HarnessError
+from harness.io import distinct
+
+
+def add_parser(sub, partial: dict) -> None:
+    p_e2e = sub.add_parser("e2e", help="an end-to-end run (bench e2e): each step's patched / stock with its interval "
+                                       "and verdict, and with --forward what its model's measured linears predict")
+    p_e2e.add_argument("results", help="the folder python -m bench e2e wrote")
+    p_e2e.add_argument("--forward", metavar="DIR",
+                       help="a measured forward of the same model and layout (bench forward --layout transformers "
+                            "--paths aten,dispatch), on the same GPU: adds each step's prediction")
+    p_e2e.add_argument("--control", metavar="DIR", nargs="+",
+                       help="A/A runs of the same model (bench e2e --control) on the same GPU: each step's margin "
+                            "becomes the farthest their medians moved from 1 (at least 1%%); --partial also admits "
+                            "interrupted ones")
+    p_e2e.add_argument("--partial", **partial)
+
+
+def run(args) -> int:
+    from calibrate.e2e_terms import E2E_MARGIN, check_same_layers, control_margins, load_e2e, predictions, rounds_note
+    df, info = load_e2e(args.results, args.partial)
+    profile = _profile_of(info, None)
+    margins = None
+    notes = [rounds_note(info, args.results)]
+    if args.control:
+        distinct([args.results, *args.control], "--control")
+        controls = []
+        for folder in args.control:
+            cdf, cinfo = load_e2e(folder, args.partial)
+            if (cinfo.get("layers") or None) != (info.get("layers") or None):
+                raise HarnessError(f"{folder} ran --layers {cinfo.get('layers') or 'all'}, {args.results} --layers "
+                                   f"{info.get('layers') or 'all'}; run the control with the same --layers")
+            _check_gpu(cinfo, profile, folder)
+            controls.append((folder, cdf))
+            notes.append(rounds_note(cinfo, folder))
+        margins = control_margins(df, controls)
+    fdf = None
+    if args.forward:
+        fdf, finfo = load_forward(args.forward)
+        check_same_layers(info, finfo, args.results, args.forward)
+        _check_gpu(finfo, profile, args.forward)
+        if finfo.get("layout", "vllm") != "transformers":
+            raise HarnessError(f"{args.forward} measured vLLM's layout; an e2e run of transformers' model needs a "
+                               f"forward of --layout transformers")
+    table = predictions(df, fdf, margins)
+    if table.empty:
+        raise HarnessError(f"{args.results} has no step measured in both variants")
+    for note in filter(None, notes):
+        print(note)
+    print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    print(f"\nper_round: median of the rounds' patched / stock, [lo, hi] its 95% bootstrap interval; SAME within "
+          + (f"±margin: the farthest the {len(args.control)} control run(s)' medians moved from 1, at least "
+             f"{E2E_MARGIN:.0%}" if margins is not None else f"±{E2E_MARGIN:.0%}"))
+    return 0

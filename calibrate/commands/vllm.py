@@ -1,0 +1,44 @@
+"""python -m calibrate vllm: the answer in vLLM terms from measured forwards (calibrate/vllm_terms.py)."""
+from __future__ import annotations
+
+import pandas as pd
+
+from calibrate.forward_model import load_forward
+from calibrate.forward_noise import load_forward_floor
+from calibrate.runs import profile_of as _profile_of
+from calibrate.runs import load_forwards as _load_forwards
+from calibrate.runs import refuse_overlap as _refuse_overlap
+from dispatch.profiles import get_profile
+
+
+def add_parser(sub, parents: list, partial: dict) -> None:
+    p_vllm = sub.add_parser("vllm", parents=parents,
+                            help="the answer in vLLM's terms from measured forwards: vLLM default, its flag, the seed"
+                                 " PR's rule, the best single threshold and the table")
+    p_vllm.add_argument("--forward", nargs="+", metavar="DIR", required=True,
+                        help="measured-forward folders of one GPU (python -m bench forward, default paths), e.g. one "
+                             "per model")
+    p_vllm.add_argument("--no-floor", action="store_true",
+                        help="intervals from the runs' paired rounds alone, not widened by the profile's forward "
+                             "noise floor")
+    p_vllm.add_argument("--markdown", action="store_true", help="print only the short answer as a Markdown table")
+    p_vllm.add_argument("--partial", **partial)
+
+
+def run(args) -> int:
+    from calibrate.forward_noise import load_forward_floor
+    from calibrate.vllm_terms import markdown, text, vllm_terms
+    first = load_forward(args.forward[0], args.partial)[1]
+    profile = get_profile(_profile_of(first, args.gpu))
+    runs = _load_forwards(args.forward, profile.name, args.partial)
+    forwards = [(str(f), df, info) for f, (df, info) in zip(args.forward, runs)]
+    _refuse_overlap(forwards)
+    floor = None if args.no_floor else load_forward_floor(profile.name)
+    terms = vllm_terms(pd.concat([df for df, _ in runs], ignore_index=True), profile, floor)
+    if args.markdown:
+        print(markdown(terms))
+        return 0
+    print(text(terms))
+    where = f"paired rounds widened by the forward floor ({floor.describe()})" if floor else "paired rounds alone"
+    print(f"\nintervals: {where}")
+    return 0
