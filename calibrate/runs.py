@@ -11,6 +11,7 @@ from calibrate.forward_model import load_forward
 from dispatch.profiles import get_profile, matches
 from harness.console import terminal
 from harness.errors import HarnessError
+from harness.io import distinct
 
 RESULTS = Path("results")  # where a command writes by default: never a shipped file
 
@@ -74,3 +75,11 @@ def refuse_overlap(forwards: list[tuple[str, pd.DataFrame, dict]]) -> None:
                 raise HarnessError(f"--forward {seen[key]} and {folder} both measured {key[0]} M={key[1]}; pass one "
                                    f"folder per (model, M) (a replicate goes to --forward-replicate)")
             seen[key] = folder
+
+
+def replicate_profile(runs: list[str], gpu: str, command: str, what: str):
+    """The profile a command over replicate runs (noise, forward-noise) works for: two or more runs, each once."""
+    if len(runs) < 2:
+        raise HarnessError(f"{command} needs two or more {what}")
+    distinct(runs, command)
+    return get_profile(gpu)

@@ -7,11 +7,10 @@ import math
 from calibrate.forward_noise import fit_forward_floor, forward_coverage, forward_noise_path
 from calibrate.install import Artifact, noise_check, write_outputs
 from calibrate.noise import coverage_line
-from calibrate.runs import RESULTS
+from calibrate.runs import RESULTS, replicate_profile
 from calibrate.runs import load_forwards as _load_forwards
-from dispatch.profiles import get_profile
 from harness.errors import HarnessError
-from harness.io import distinct, shipped_or_results
+from harness.io import shipped_or_results
 
 
 def add_parser(sub, parents: list, partial: dict) -> None:
@@ -27,10 +26,7 @@ def add_parser(sub, parents: list, partial: dict) -> None:
 
 
 def run(args) -> int:
-    if len(args.runs) < 2:
-        raise HarnessError("forward-noise needs two or more measured-forward runs")
-    distinct(args.runs, "forward-noise")
-    profile = get_profile(args.gpu)
+    profile = replicate_profile(args.runs, args.gpu, "forward-noise", "measured-forward runs")
     out = shipped_or_results(args.out, forward_noise_path(profile.name), RESULTS / profile.name / "forward-noise.json",
                              args.install)
     runs = [fdf for fdf, _ in _load_forwards(args.runs, profile.name, args.partial)]

@@ -8,11 +8,9 @@ import math
 from calibrate.analysis import Cells
 from calibrate.install import Artifact, noise_check, write_outputs
 from calibrate.noise import coverage, coverage_line, fit_floor, noise_path
-from calibrate.runs import RESULTS
+from calibrate.runs import RESULTS, replicate_profile
 from calibrate.runs import load_run as _load
-from dispatch.profiles import get_profile
-from harness.errors import HarnessError
-from harness.io import distinct, shipped_or_results
+from harness.io import shipped_or_results
 
 
 def add_parser(sub, parents: list, partial: dict) -> None:
@@ -25,10 +23,7 @@ def add_parser(sub, parents: list, partial: dict) -> None:
 
 
 def run(args) -> int:
-    if len(args.runs) < 2:
-        raise HarnessError("noise needs two or more replicate runs")
-    distinct(args.runs, "noise")
-    profile = get_profile(args.gpu)
+    profile = replicate_profile(args.runs, args.gpu, "noise", "replicate runs")
     out = shipped_or_results(args.out, noise_path(profile.name), RESULTS / profile.name / "noise.json", args.install)
     cells = [Cells.from_results(_load(r, args.partial, profile.name)[0]) for r in args.runs]
     pairs = list(zip(cells, cells[1:]))
