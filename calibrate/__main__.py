@@ -18,13 +18,11 @@ from typing import Sequence
 import pandas as pd
 
 from bench.autotune_cache import FILE_NAME, gemv_file, sha256, tactic_differences
-from bench.envinfo import fingerprint
 from bench.results import load_run_info
-from bench.sweep import require_gpu
 from calibrate.agree import agreement, host_shift, host_shift_lines, ratio_lines, ratio_moves, summary_lines
 from calibrate.analysis import (FIT_MIN_GAIN, Cells, cell_verdicts, dispatch_candidates, failures, fit, forward_totals,
                                 model_uses, provenance)
-from calibrate.baseline import fingerprint_mismatch, fingerprint_of
+from calibrate.commands import baseline as baseline_command
 from calibrate.commands import compare as compare_command
 from calibrate.commands import e2e as e2e_command
 from calibrate.commands import forward_noise as forward_noise_command
@@ -36,22 +34,21 @@ from calibrate.forward_model import (GPU_BOUND_MARGIN, MODEL_MISS, forward_ratio
                                      host_bound_in_every_run, judged_forward, kept_choices, load_forward,
                                      model_vs_measured, null_pair_spread, overrides_over_the_table, picks_in_every_run)
 from calibrate.forward_noise import forward_coverage, forward_noise_path, load_forward_floor
-from calibrate.install import Artifact, baseline_check, shipped_layout, table_check, write_outputs
+from calibrate.install import Artifact, shipped_layout, table_check, write_outputs
 from calibrate.noise import LEVEL, coverage, coverage_line, load_noise, noise_path
-from calibrate.regress import measure_runs, regress, regression_paths
 from calibrate.runs import RESULTS, verdict_word
 from calibrate.runs import check_gpu as _check_gpu
 from calibrate.runs import load_forwards as _load_forwards
 from calibrate.runs import load_run as _load
 from calibrate.runs import profile_of as _profile_of
 from calibrate.runs import refuse_overlap as _refuse_overlap
+from calibrate.runs import sibling_free as _sibling_free
 from dispatch.backends import GEMV
 from dispatch.profiles import PROFILES, get_profile
 from dispatch.table import REGIMES, TABLE_DIR, ThresholdTable, load_table
 from harness.cli import Parser, float_in, int_in, parent
 from harness.errors import HarnessError, run_cli
-from harness.io import (ROOT, atomic_write_text, check_target, claim_work_dir, distinct, is_shipped, output_file,
-                        same_gpu, shipped_or_results)
+from harness.io import ROOT, atomic_write_text, distinct, is_shipped, output_file, same_gpu, shipped_or_results
 
 
 
@@ -146,39 +143,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                             help="(GPU) host time of dispatch.linear against F.linear above the threshold")
     p_host.add_argument("--calls", type=int_in(100, 1_000_000), default=4000)
     p_host.add_argument("--out", help="CSV file for the per-shape figures")
-    p_base = sub.add_parser("baseline", parents=[gpu],
-                            help="write tests/baselines/<profile>.json from fresh (or given) regression-grid runs")
-    p_base.add_argument("--from", dest="sources", nargs="+",
-                        help="existing results folders of one environment (default: measure afresh, GPU)")
-    p_base.add_argument("--work", default="results/baseline", help="where a fresh run writes (default results/baseline)")
-    p_base.add_argument("--out", help="baseline file (default results/<profile>/baseline.json)")
-    p_base.add_argument("--install", action="store_true", help="write the shipped tests/baselines/<profile>.json")
-    p_base.add_argument("--samples", type=int_in(3, 1000), default=10, help="graph replays per cell (default 10)")
-    p_base.add_argument("--runs", type=int_in(1, 20), default=3,
-                        help="fresh runs, each in a new process; the baseline holds their envelope (default 3)")
-    p_base.add_argument("--retune", action="store_true",
-                        help="tune FlashInfer afresh in run 1 instead of serving the committed <profile>.autotune.json")
-    p_base.add_argument("--partial", **partial)
     table_command.add_parser(sub, [gpu])
-    p_reg = sub.add_parser("regress", parents=[gpu],
-                           help="compare fresh (or given) measurements with the stored baseline")
-    p_reg.add_argument("--from", dest="source", help="results folder to compare (default: measure afresh, GPU)")
-    p_reg.add_argument("--baseline", help="baseline file (default tests/baselines/<profile>.json)")
-    p_reg.add_argument("--tolerance", type=float_in(0, 1), help="GPU-ratio band (default: the baseline's, 0.05)")
-    p_reg.add_argument("--work", default="results/regress", help="where a fresh run writes (default results/regress)")
-    p_reg.add_argument("--partial", **partial)
-    p_reg.add_argument("--allow-mismatch", action="store_true",
-                       help="compare although the run's GPU profile or fingerprint differs from the baseline's")
     noise_command.add_parser(sub, [gpu], partial)
     forward_noise_command.add_parser(sub, [gpu], partial)
     l2_command.add_parser(sub, partial)
     e2e_command.add_parser(sub, partial)
     vllm_command.add_parser(sub, [gpu_of_runs], partial)
+    baseline_command.add_parser(sub, [gpu], partial)
     args = parser.parse_args(argv)
     pd.set_option("display.width", 200)
 
     if args.cmd in ("baseline", "regress"):
-        return _baseline_cmd(args, argv)
+        return baseline_command.run(args, argv)
 
     if args.cmd == "l2":
         return l2_command.run(args)
@@ -631,17 +607,6 @@ def _overrides(args, profile, df, cells, base, noise, hold_out, cell_picks, shap
     return table, report, note
 
 
-def _sibling_free(sibling: Path, out: Path, install: bool) -> None:
-    """A tactics file written beside a table or baseline: the user named only the table, so an existing file there
-    is replaced only inside results/ (the harness's own folder) or with --install."""
-    inside_results = RESULTS.resolve() in out.resolve().parents
-    if sibling.exists() and not (install or inside_results):
-        raise HarnessError(f"{sibling} exists and would be replaced by the tactics written beside {out}; remove it "
-                           f"or choose another --out")
-    if sibling.exists() or sibling.is_symlink():
-        check_target(sibling, "the tactics file", install)
-
-
 def _forward_report(where: str, fdf: pd.DataFrame, finfo: dict, cells, table, profile,
                     replicate: tuple[str, pd.DataFrame] | None = None) -> tuple[pd.DataFrame, set[tuple[str, int]]]:
     """Prints measured per-forward ratios and the cell-sum model against them; returns the failing measured
@@ -692,101 +657,6 @@ def _forward_report(where: str, fdf: pd.DataFrame, finfo: dict, cells, table, pr
         print(f"  identical captured forwards (dispatch and table-direct, same kernels) at {n_same} points: "
               f"|dispatch / table-direct - 1| median {med:.2%}, largest {worst:.2%} (the graph regime's measured noise)")
     return fv[~fv["ok"]], covered  # a (model, M) counts as measured where both regimes were, for this table
-
-
-def _baseline_cmd(args, argv) -> int:
-    from calibrate.baseline import (REGRESSION_MS, autotune_cache_path, baseline_path, baseline_text,
-                                    cells_from_results, compare, describe, kernel_change, left_out, load_baseline,
-                                    merge_runs,
-                                    shared_tactics, write_baseline)
-    profile = get_profile(args.gpu)
-    fi_paths = regression_paths(profile)[1:]
-    fresh = not (args.sources if args.cmd == "baseline" else args.source)
-    if args.cmd == "baseline":
-        out = shipped_or_results(args.out, baseline_path(profile.name), RESULTS / profile.name / "baseline.json",
-                                 args.install)
-        cache_file = autotune_cache_path(out)
-        if args.sources:
-            _sibling_free(cache_file, out, args.install)
-            sources = distinct(list(args.sources), "baseline --from")
-        else:
-            require_gpu(profile)  # before any file system change
-            work = claim_work_dir(Path(args.work), "--work")
-            serve = None if args.retune or not cache_file.exists() else cache_file
-            sources = [str(p) for p in measure_runs(profile, work, args.runs, args.samples, serve)]
-        runs, per_run = [], []
-        for src in sources:
-            df, info = _load(src, args.partial, profile.name)
-            df = df[df["m"].isin(REGRESSION_MS)]  # a full sweep holds more M values than the regression grid
-            runs.append((str(src), info))
-            per_run.append(cells_from_results(df, fi_paths))
-        cells = merge_runs(per_run)
-        if not cells:
-            raise HarnessError("the runs have no cell where both aten and a FlashInfer path measured ok")
-        served = shared_tactics(sources)
-        tactics = {"file": cache_file.name, "sha256": sha256(served)} if served else None
-        text = baseline_text(profile.name, runs, cells, tactics)
-        write_baseline(out, text, served, baseline_check(profile.name))
-        print(f"wrote {out}: {len(cells)} cells from {len(runs)} run(s); "
-              + (f"tactics pinned in {cache_file}" if served else
-                 "the runs served different FlashInfer tactics, so a regression run tunes afresh"))
-        return 0
-    baseline = load_baseline(Path(args.baseline) if args.baseline else baseline_path(profile.name))
-    if baseline.profile != profile.name and not args.allow_mismatch:
-        raise HarnessError(f"the baseline {baseline.path} is for {baseline.profile}, not {profile.name}; "
-                           f"pass that GPU's baseline (or --allow-mismatch)")
-    if fresh:
-        require_gpu(profile)
-        # the regression runs under the baseline's pdl setting (calibrate.regress), so only the machine is compared
-        _check_fingerprint(baseline, {"fingerprint": fingerprint(), "pdl": baseline.fingerprint.get("pdl", False)},
-                           "this machine", args.allow_mismatch)
-        work = claim_work_dir(Path(args.work), "--work")
-        run = regress(profile, baseline, work, args.tolerance)
-        checks, remeasured, problems = run.checks, run.remeasured, run.fingerprint_problems
-        print(f"fresh measurement: {run.wall_s:.1f} s; FlashInfer tactics "
-              + (f"served from {run.tactics}" if run.tactics else "tuned afresh"))
-        incomplete: list[str] = []
-    else:
-        df, info = _load(args.source, args.partial, profile.name, args.allow_mismatch)
-        incomplete = df.attrs["incomplete"]
-        problems = _check_fingerprint(baseline, info, args.source, args.allow_mismatch)
-        checks = compare(baseline, cells_from_results(df, fi_paths), args.tolerance,
-                         not_judged=left_out(baseline, df, info))
-        if all(c.status == "skipped" for c in checks):
-            raise HarnessError(f"{args.source} measured none of the baseline's cells; measure the regression grid "
-                               f"(make regress GPU={profile.name})")
-        served = (info.get("autotune_cache") or {}).get("sha256")
-        if baseline.autotune_cache and served != baseline.autotune_cache.get("sha256"):
-            print(f"note: {args.source} served other FlashInfer tactics than the baseline's, so a FlashInfer cell "
-                  f"that moved may be its tactics, not a regression; to judge the baseline's, measure with "
-                  f"--autotune-cache {baseline.tactics_file()}")
-        remeasured: list[str] = []
-    if problems:
-        print("note (--allow-mismatch): fingerprint differs from the baseline's: " + "; ".join(problems))
-    for c in checks:
-        if c.kernel_changed:
-            print("warning: " + kernel_change(c))
-    if remeasured:
-        print(f"re-measured once: {', '.join(remeasured)}")
-    bad = [c for c in checks if c.status not in ("ok", "skipped")]
-    skipped = [c for c in checks if c.status == "skipped"]
-    print(f"{len(checks) - len(skipped)} cells judged, {len(bad)} outside the band"
-          + (f"; {len(skipped)} left out by the run (not judged):" if skipped else ""))
-    for c in skipped:
-        print(f"  not judged: {describe(c)}")
-    for c in bad:
-        print(f"{c.status}: {describe(c)}")
-    print(verdict_word(not bad, args.source, incomplete))
-    return 0 if not bad else 1
-
-
-def _check_fingerprint(baseline, info: dict, what: str, allow_mismatch: bool) -> list[str]:
-    """The fingerprint keys that differ; an error unless the user allows the mismatch."""
-    problems = fingerprint_mismatch(baseline.fingerprint, fingerprint_of(info))
-    if problems and not allow_mismatch:
-        raise HarnessError(f"{what} is another environment than the baseline {baseline.path} "
-                           f"({'; '.join(problems)}); make a baseline for it with make baseline, or pass --allow-mismatch")
-    return problems
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from calibrate.forward_model import load_forward
 from dispatch.profiles import get_profile, matches
 from harness.console import terminal
 from harness.errors import HarnessError
-from harness.io import distinct
+from harness.io import check_target, distinct
 
 RESULTS = Path("results")  # where a command writes by default: never a shipped file
 
@@ -83,3 +83,14 @@ def replicate_profile(runs: list[str], gpu: str, command: str, what: str):
         raise HarnessError(f"{command} needs two or more {what}")
     distinct(runs, command)
     return get_profile(gpu)
+
+
+def sibling_free(sibling: Path, out: Path, install: bool) -> None:
+    """A tactics file written beside a table or baseline: the user named only the table, so an existing file there
+    is replaced only inside results/ (the harness's own folder) or with --install."""
+    inside_results = RESULTS.resolve() in out.resolve().parents
+    if sibling.exists() and not (install or inside_results):
+        raise HarnessError(f"{sibling} exists and would be replaced by the tactics written beside {out}; remove it "
+                           f"or choose another --out")
+    if sibling.exists() or sibling.is_symlink():
+        check_target(sibling, "the tactics file", install)
