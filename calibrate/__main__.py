@@ -19,13 +19,14 @@ import pandas as pd
 
 from bench.autotune_cache import FILE_NAME, gemv_file, sha256, tactic_differences
 from bench.results import load_run_info
-from calibrate.agree import agreement, host_shift, host_shift_lines, ratio_lines, ratio_moves, summary_lines
 from calibrate.analysis import (FIT_MIN_GAIN, Cells, cell_verdicts, dispatch_candidates, failures, fit, forward_totals,
                                 model_uses, provenance)
+from calibrate.commands import agree as agree_command
 from calibrate.commands import baseline as baseline_command
 from calibrate.commands import compare as compare_command
 from calibrate.commands import e2e as e2e_command
 from calibrate.commands import forward_noise as forward_noise_command
+from calibrate.commands import host_cost as host_cost_command
 from calibrate.commands import l2 as l2_command
 from calibrate.commands import noise as noise_command
 from calibrate.commands import table as table_command
@@ -46,9 +47,9 @@ from calibrate.runs import sibling_free as _sibling_free
 from dispatch.backends import GEMV
 from dispatch.profiles import PROFILES, get_profile
 from dispatch.table import REGIMES, TABLE_DIR, ThresholdTable, load_table
-from harness.cli import Parser, float_in, int_in, parent
+from harness.cli import Parser, float_in, parent
 from harness.errors import HarnessError, run_cli
-from harness.io import ROOT, atomic_write_text, distinct, is_shipped, output_file, same_gpu, shipped_or_results
+from harness.io import ROOT, atomic_write_text, distinct, is_shipped, output_file, shipped_or_results
 
 
 
@@ -127,22 +128,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_fit.add_argument("--dry-run", action="store_true", help="print, write nothing")
     p_fit.add_argument("--partial", **partial)
     compare_command.add_parser(sub, [gpu_of_runs], partial)
-    p_agree = sub.add_parser("agree", help="how closely two runs of the same cells agree (GPU and host time)")
-    p_agree.add_argument("run_a")
-    p_agree.add_argument("run_b")
-    p_agree.add_argument("--partial", **partial)
-    p_agree.add_argument("--allow-mismatch", action="store_true", help="compare runs of different GPUs")
-    p_shift = sub.add_parser("host-shift", help="whether arms of runs of the same cells (e.g. 1 GPU, 2 GPUs with and "
-                                                 "without the host-timing lock) differ in host time beyond the "
-                                                 "run-to-run noise")
-    p_shift.add_argument("--arm", nargs="+", action="append", required=True, metavar=("NAME", "RUN"),
-                         help="an arm: its name, then two or more runs (repeat --arm for each arm, two or more)")
-    p_shift.add_argument("--partial", **partial)
-    p_shift.add_argument("--allow-mismatch", action="store_true", help="compare runs of different GPUs")
-    p_host = sub.add_parser("host-cost", parents=[gpu],
-                            help="(GPU) host time of dispatch.linear against F.linear above the threshold")
-    p_host.add_argument("--calls", type=int_in(100, 1_000_000), default=4000)
-    p_host.add_argument("--out", help="CSV file for the per-shape figures")
     table_command.add_parser(sub, [gpu])
     noise_command.add_parser(sub, [gpu], partial)
     forward_noise_command.add_parser(sub, [gpu], partial)
@@ -150,64 +135,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     e2e_command.add_parser(sub, partial)
     vllm_command.add_parser(sub, [gpu_of_runs], partial)
     baseline_command.add_parser(sub, [gpu], partial)
+    agree_command.add_parser(sub, partial)
+    host_cost_command.add_parser(sub, [gpu])
     args = parser.parse_args(argv)
     pd.set_option("display.width", 200)
 
-    if args.cmd in ("baseline", "regress"):
-        return baseline_command.run(args, argv)
-
-    if args.cmd == "l2":
-        return l2_command.run(args)
-
-    if args.cmd == "host-cost":
-        from calibrate.hostcost import run_host_cost  # the one command that times the dispatcher: it imports torch
-        return run_host_cost(args.gpu, args.calls, output_file(args.out, "--out") if args.out else None)
-
-    if args.cmd == "noise":
-        return noise_command.run(args)
-
-    if args.cmd == "e2e":
-        return e2e_command.run(args)
-    if args.cmd == "vllm":
-        return vllm_command.run(args)
-    if args.cmd == "table":
-        return table_command.run(args)
-    if args.cmd == "forward-noise":
-        return forward_noise_command.run(args)
-
-    if args.cmd == "host-shift":
-        arms: dict[str, dict[str, Cells]] = {}
-        given = [r for _, *runs in args.arm for r in runs]
-        infos: list[tuple[str, dict]] = []
-        names = [Path(r).name for r in given]  # a run's label: its folder name, or the path where names repeat
-        for name, *runs in args.arm:
-            if len(runs) < 2 or name in arms:
-                raise HarnessError(f"--arm {name}: an arm needs its own name and two or more runs "
-                                   f"(got {len(runs)} run(s){', and the name twice' if name in arms else ''})")
-            loaded = {r: _load(r, args.partial) for r in runs}
-            infos += [(r, info) for r, (_, info) in loaded.items()]
-            arms[name] = {(Path(r).name if names.count(Path(r).name) == 1 else r): Cells.from_results(df)
-                          for r, (df, _) in loaded.items()}
-        if len(arms) < 2:
-            raise HarnessError("host-shift needs two or more --arm NAME RUN RUN...")
-        twice = next((r for r in given if sum(Path(g).resolve() == Path(r).resolve() for g in given) > 1), None)
-        if twice is not None:
-            raise HarnessError(f"host-shift: {twice} is given twice; each run belongs to one arm, once")
-        same_gpu(infos, args.allow_mismatch)
-        print("\n".join(host_shift_lines(host_shift(arms))))
-        return 0
-
-    if args.cmd == "compare":
-        return compare_command.run(args)
-    if args.cmd == "agree":
-        distinct([args.run_a, args.run_b], "agree")
-        a, ia = _load(args.run_a, args.partial)
-        b, ib = _load(args.run_b, args.partial)
-        same_gpu([(args.run_a, ia), (args.run_b, ib)], args.allow_mismatch)
-        ca, cb = Cells.from_results(a), Cells.from_results(b)
-        print("\n".join(summary_lines(agreement(ca, cb)) + ratio_lines(ratio_moves(ca, cb))))
-        return 0
-
+    commands = {"baseline": lambda: baseline_command.run(args, argv), "regress": lambda: baseline_command.run(args, argv),
+                "l2": lambda: l2_command.run(args), "noise": lambda: noise_command.run(args),
+                "e2e": lambda: e2e_command.run(args), "vllm": lambda: vllm_command.run(args),
+                "table": lambda: table_command.run(args), "forward-noise": lambda: forward_noise_command.run(args),
+                "agree": lambda: agree_command.run_agree(args), "host-shift": lambda: agree_command.run_host_shift(args),
+                "host-cost": lambda: host_cost_command.run(args), "compare": lambda: compare_command.run(args)}
+    if args.cmd in commands:
+        return commands[args.cmd]()
     csv_out = output_file(args.csv, "--csv") if args.cmd == "validate" and args.csv else None
     profile = get_profile(_profile_of(load_run_info(args.results), args.gpu))
     df, info = _load(args.results, args.partial, profile.name, getattr(args, "allow_mismatch", None))
