@@ -331,7 +331,7 @@ def test_validate_notes_a_damaged_tactics_file_beside_its_verdict(tmp_path, caps
 
     import pandas as pd
 
-    from calibrate.__main__ import _say_tactic_differences
+    from calibrate.commands.validate import _say_tactic_differences
     key = "('bf16_gemm', 'CublasltBf16GemmRunner', ((64, 2048), (2048, 1), (0,), (0,), (-1, 1), (41943040,)), (x))"
     (tmp_path / "table.json").write_text(json.dumps({key: ["CublasltBf16GemmRunner", 0, []]}))
     table = SimpleNamespace(tactics=tmp_path / "table.json")
