@@ -216,11 +216,11 @@ def legs(profile: GpuProfile, run: Path, scope: Scope | None = None, machines: i
                               str(check_forward)], True),
         Leg("noise", [*py, "calibrate", "noise", str(sweep), str(check_sweep), "--gpu", p, "--out",
                       str(run / "noise.json")], False),
-        Leg("validate", [*py, "calibrate", "validate", str(check_sweep), "--thresholds", str(table), "--forward",
+        Leg("validate", [*py, "calibrate", "validate", str(check_sweep), "--table", str(table), "--forward",
                          str(check_forward)], False, verdict=True),
         Leg("baseline", [*py, "calibrate", "baseline", "--gpu", p, "--from", str(sweep), str(check_sweep),
                          "--out", str(run / "baseline.json")], False),
-        Leg("report", [*py, "reports", "build", str(check_sweep), "--thresholds", str(table), "--forward",
+        Leg("report", [*py, "reports", "build", str(check_sweep), "--table", str(table), "--forward",
                        str(check_forward), "-o", str(run / "report.html")], False),
     ]
 

@@ -8,7 +8,7 @@ quiet_interrupts("reports")  # Ctrl-C during the imports below: one line, no tra
 import sys
 from typing import Sequence
 
-from harness.cli import Parser
+from harness.cli import Parser, renamed
 from harness.errors import run_cli
 from harness.io import output_file
 
@@ -22,7 +22,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--anatomy", help="a host-anatomy results folder (python -m bench host-anatomy)")
     p.add_argument("--forward", nargs="+", metavar="DIR",
                    help="measured-forward folders (python -m bench forward), e.g. one per model; a section each")
-    p.add_argument("--thresholds", help="threshold table (default: dispatch/thresholds/<profile>.json)")
+    p.add_argument("--table", "--thresholds", dest="thresholds", action=renamed("--table", "--thresholds"),
+                   metavar="FILE", help="threshold table (default: dispatch/thresholds/<profile>.json); --thresholds "
+                                        "is its old spelling")
     p.add_argument("-o", "--out", default="report.html", help="output file (default report.html)")
     p.add_argument("--allow-mismatch", action="store_true", help="report data of different GPUs together")
     p.add_argument("--figures", choices=("all", "none"), default="all",

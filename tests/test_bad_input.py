@@ -276,15 +276,15 @@ CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
         t, source=FORWARD, edit_rows=lambda df: df.assign(m="eight"))], "positive integer in m"),
     ("forward run.json without paths", lambda t: ["calibrate", "vllm", "--forward", run_folder(
         t, source=FORWARD, edit_info=lambda i: {**i, "paths": []})], "names no paths"),
-    ("table shapes an object", lambda t: ["calibrate", "validate", str(SWEEP), "--thresholds", thresholds(
+    ("table shapes an object", lambda t: ["calibrate", "validate", str(SWEEP), "--table", thresholds(
         t, {"shapes": {}}, v2=True)], "shapes must be a list"),
-    ("table up_to text", lambda t: ["calibrate", "validate", str(SWEEP), "--thresholds", thresholds(
+    ("table up_to text", lambda t: ["calibrate", "validate", str(SWEEP), "--table", thresholds(
         t, {"default": {"graph": [{"up_to": "7", "path": "aten"}], "eager": []}}, v2=True)], "up_to must be an integer"),
-    ("table up_to fractional", lambda t: ["calibrate", "validate", str(SWEEP), "--thresholds", thresholds(
+    ("table up_to fractional", lambda t: ["calibrate", "validate", str(SWEEP), "--table", thresholds(
         t, {"default": {"graph": [{"up_to": 7.5, "path": "aten"}], "eager": []}}, v2=True)], "up_to must be an integer"),
-    ("table low-M backend not low-M", lambda t: ["calibrate", "validate", str(SWEEP), "--thresholds", thresholds(
+    ("table low-M backend not low-M", lambda t: ["calibrate", "validate", str(SWEEP), "--table", thresholds(
         t, {"low_m_backend": "cublaslt"}, v2=True)], "low_m_backend"),
-    ("table low-M backend not the profile's", lambda t: ["calibrate", "validate", str(SWEEP), "--thresholds", thresholds(
+    ("table low-M backend not the profile's", lambda t: ["calibrate", "validate", str(SWEEP), "--table", thresholds(
         t, {"low_m_backend": "cute-dsl"}, v2=True)], "profile's"),
     ("fit --out a shipped table", lambda t: ["calibrate", "fit", str(SWEEP), "--gpu", "h200", "--out",
                                              str(ROOT / "dispatch" / "thresholds" / "h200.json")], "--install"),
@@ -407,18 +407,18 @@ CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
     ("report with another GPU's baseline", lambda t: ["reports", "build", str(SWEEP), "--baseline", baseline(
         t, lambda d: d.update(profile="h100")), "-o", str(t / "r.html")], "h100 baseline"),
     # threshold tables
-    ("thresholds not UTF-8", lambda t: ["calibrate", "validate", str(SWEEP), "--thresholds", thresholds(t, raw=NOT_UTF8)], "not UTF-8"),
-    ("thresholds not JSON", lambda t: ["calibrate", "validate", str(SWEEP), "--thresholds", thresholds(t, raw=b"{")], "not valid JSON"),
-    ("thresholds a list", lambda t: ["calibrate", "validate", str(SWEEP), "--thresholds", thresholds(t, raw=b"[]")], "JSON object"),
-    ("thresholds unknown backend", lambda t: ["calibrate", "validate", str(SWEEP), "--thresholds",
+    ("thresholds not UTF-8", lambda t: ["calibrate", "validate", str(SWEEP), "--table", thresholds(t, raw=NOT_UTF8)], "not UTF-8"),
+    ("thresholds not JSON", lambda t: ["calibrate", "validate", str(SWEEP), "--table", thresholds(t, raw=b"{")], "not valid JSON"),
+    ("thresholds a list", lambda t: ["calibrate", "validate", str(SWEEP), "--table", thresholds(t, raw=b"[]")], "JSON object"),
+    ("thresholds unknown backend", lambda t: ["calibrate", "validate", str(SWEEP), "--table",
                                               thresholds(t, {"low_m_backend": "tinygem"})], "not a FlashInfer backend"),
-    ("thresholds negative", lambda t: ["calibrate", "validate", str(SWEEP), "--thresholds",
+    ("thresholds negative", lambda t: ["calibrate", "validate", str(SWEEP), "--table",
                                        thresholds(t, {"default_threshold": -1})], ">= 0"),
-    ("thresholds above M max", lambda t: ["calibrate", "validate", str(SWEEP), "--thresholds",
+    ("thresholds above M max", lambda t: ["calibrate", "validate", str(SWEEP), "--table",
                                           thresholds(t, {"default_threshold": 10 ** 9})], "<= 16384"),
-    ("thresholds malformed override", lambda t: ["calibrate", "validate", str(SWEEP), "--thresholds",
+    ("thresholds malformed override", lambda t: ["calibrate", "validate", str(SWEEP), "--table",
                                                  thresholds(t, {"overrides": [{"n": 1}]})], "malformed"),
-    ("thresholds missing", lambda t: ["calibrate", "validate", str(SWEEP), "--thresholds", str(t / "none.json")], "not found"),
+    ("thresholds missing", lambda t: ["calibrate", "validate", str(SWEEP), "--table", str(t / "none.json")], "not found"),
     ("merge a folder that is no shard", lambda t: ["bench", "merge", str(t), "-o", str(t / "m")], "has no results.csv"),
     ("merge into a folder with results", lambda t: ["bench", "merge", str(SWEEP), "-o", str(SWEEP)], "not empty"),
     ("merge a shard with a NaN time", lambda t: ["bench", "merge", run_folder(t, set_cell("gpu_us", "nan"), source=SHARD),
@@ -433,12 +433,12 @@ CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
      "leave out --m"),
     ("concurrent host timing on one GPU", lambda t: ["bench", "run", "--gpu", "h200", "--host-timing", "concurrent",
                                                      "--dry-run"], "pass --devices too"),
-    ("thresholds v2 unknown path", lambda t: ["calibrate", "validate", str(SWEEP), "--thresholds", thresholds(
+    ("thresholds v2 unknown path", lambda t: ["calibrate", "validate", str(SWEEP), "--table", thresholds(
         t, {"default": {"graph": [{"up_to": 8, "path": "flashinfer-lean:tinygem"}], "eager": []}}, v2=True)],
      "not one the dispatcher can run"),
-    ("thresholds v2 without eager", lambda t: ["calibrate", "validate", str(SWEEP), "--thresholds", thresholds(
+    ("thresholds v2 without eager", lambda t: ["calibrate", "validate", str(SWEEP), "--table", thresholds(
         t, {"default": {"graph": []}}, v2=True)], "lacks the eager regime"),
-    ("thresholds v2 on a run without its paths", lambda t: ["calibrate", "validate", str(SWEEP), "--thresholds",
+    ("thresholds v2 on a run without its paths", lambda t: ["calibrate", "validate", str(SWEEP), "--table",
                                                             thresholds(t, v2=True)], "did not measure"),
     # baselines
     ("baseline not UTF-8", lambda t: ["calibrate", "regress", "--gpu", "h200", "--from", str(SWEEP), "--baseline",
@@ -893,7 +893,7 @@ def test_dispatch_linear_fails_on_0d_input_exactly_as_f_linear():
 
 def test_a_partial_run_gets_no_plain_pass(capsys):
     from calibrate.__main__ import main
-    old = ["--thresholds", str(DATA / "h200-table-format1.json"), "--oracle", "candidates"]
+    old = ["--table", str(DATA / "h200-table-format1.json"), "--oracle", "candidates"]
     assert main(["validate", str(DATA / "h200-sweep-2"), "--partial", *old]) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith("PASS on the measured cells only") and "no verdict on the whole grid" in last
@@ -918,3 +918,15 @@ def test_the_sweep_cost_probe_refuses_a_file_for_its_folder(tmp_path):
                           cwd=Path(__file__).resolve().parents[1])
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "is not a folder" in proc.stderr
     assert target.read_text() == "mine\n"
+
+
+def test_the_old_spelling_of_an_option_still_works_and_says_so_once(capsys):
+    """calibrate validate's and reports build's --table was --thresholds: the old spelling is taken for one release,
+    with one note on stderr naming the new one."""
+    from calibrate.__main__ import main
+    args = ["validate", "tests/data/h200-lean-validate", "evidence/h200-table-segments-t002/table.json"]
+    new = main([args[0], args[1], "--table", args[2]])
+    assert "is now --table" not in capsys.readouterr().err
+    old = main([args[0], args[1], "--thresholds", args[2]])
+    err = capsys.readouterr().err
+    assert old == new and err.count("--thresholds is now --table") == 1

@@ -199,7 +199,7 @@ def test_table_files():
     assert t2.shapes == t.shapes and t2.default == t.default
 
 
-OLD_TABLE = ["--thresholds", str(DATA / "h200-table-format1.json"), "--oracle", "candidates"]
+OLD_TABLE = ["--table", str(DATA / "h200-table-format1.json"), "--oracle", "candidates"]
 
 
 def test_the_format1_table_holds_on_the_runs_it_was_judged_on():
@@ -215,7 +215,7 @@ def test_every_measured_path_is_the_oracle_by_default(capsys):
     """validate's default oracle is every measured path: the format 1 table, which could only choose F.linear or
     TinyGEMM, is SLOWER than FlashInfer's cuBLASLt at cells of the committed run."""
     from calibrate.__main__ import main
-    assert main(["validate", str(DATA / "h200-sweep"), "--thresholds", str(DATA / "h200-table-format1.json")]) == 1
+    assert main(["validate", str(DATA / "h200-sweep"), "--table", str(DATA / "h200-table-format1.json")]) == 1
     out = capsys.readouterr().out
     assert "best of all" in out and "flashinfer:cublaslt" in out and "FAIL" in out
 
@@ -229,7 +229,7 @@ def test_a_single_threshold_at_32_fails_on_h200(capsys):
     with tempfile.TemporaryDirectory() as d:
         path = os.path.join(d, "t.json")
         json.dump({"profile": "h200", "low_m_backend": "tinygemm", "default_threshold": 32}, open(path, "w"))
-        assert main(["validate", str(DATA / "h200-sweep"), "--thresholds", path, "--oracle", "candidates"]) == 1
+        assert main(["validate", str(DATA / "h200-sweep"), "--table", path, "--oracle", "candidates"]) == 1
     assert "FAIL" in capsys.readouterr().out
 
 
@@ -1205,7 +1205,7 @@ def test_the_committed_h200_table_passes_its_check_on_a_machine_it_was_not_fitte
     fitted = {manifest["legs"][leg]["machine"] for leg in manifest["fitted_on"]}
     assert len(fitted) == 6  # A (sweep, forward), E (refine), and machines D, F, G and H
     assert manifest["legs"]["check-sweep"]["machine"] not in fitted and manifest["out_of_machine"] is True
-    assert main(["validate", str(run / "check-sweep"), "--thresholds", str(run / "table.json"), "--forward",
+    assert main(["validate", str(run / "check-sweep"), "--table", str(run / "table.json"), "--forward",
                  str(run / "check-forward")]) == 0
     out = capsys.readouterr().out
     assert "M values the fit never saw: 10, 18, 80, 112, 176, 640, 3000" in out and "'SLOWER'" not in out

@@ -61,7 +61,7 @@ def test_the_fresh_default_sweep_and_forward_with_the_shipped_table(tmp_path, ca
     info = json.loads((SWEEP / "run.json").read_text())
     assert round(info["wall_s"], 1) == 182.2
     csv = tmp_path / "v.csv"
-    assert main(["validate", str(SWEEP), "--thresholds", str(RUN_F_TABLE), "--forward", str(FORWARD), "--csv",
+    assert main(["validate", str(SWEEP), "--table", str(RUN_F_TABLE), "--forward", str(FORWARD), "--csv",
                  str(csv)]) == 1
     said = capsys.readouterr().out
     assert ("at 2 of them this run tuned other tactics than the table's" in said

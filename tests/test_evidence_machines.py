@@ -58,7 +58,7 @@ def test_todays_rule_fitted_on_three_machines_besides_a(held_out, slower, ranges
     assert main(["fit", str(EVIDENCE / MACHINES["A"]), "--gpu", "h200", "--method", "segments", "--forward",
                  str(EVIDENCE / "h200-table-20261201T1244-run" / "forward"), "--tolerance", "0.04", "--add",
                  str(EVIDENCE / "h200-table-h200-20261201d" / "refine"), "--machine", *others, "--out", str(table)]) == 0
-    main(["validate", str(EVIDENCE / MACHINES[held_out]), "--thresholds", str(table), "--csv", str(csv)])
+    main(["validate", str(EVIDENCE / MACHINES[held_out]), "--table", str(table), "--csv", str(csv)])
     verdicts = pd.read_csv(csv)
     grid = set(_cells("A").ms(1, 2048))
     found = {(int(r.n), int(r.k), int(r.m)) for r in verdicts.itertuples() if r.verdict == "SLOWER" and r.m in grid}
@@ -87,7 +87,7 @@ def test_todays_rule_fitted_on_two_machines_besides_a(fitting, slower, ranges, t
     found = {}
     for held_out in slower:
         csv = tmp_path / f"{held_out}.csv"
-        main(["validate", str(EVIDENCE / MACHINES[held_out]), "--thresholds", str(table), "--csv", str(csv)])
+        main(["validate", str(EVIDENCE / MACHINES[held_out]), "--table", str(table), "--csv", str(csv)])
         found[held_out] = {(int(r.n), int(r.k), int(r.m)) for r in pd.read_csv(csv).itertuples()
                            if r.verdict == "SLOWER" and r.m in grid}
     assert found == slower and round(range_counts(load_table(path=table))["mean_ranges"], 2) == ranges

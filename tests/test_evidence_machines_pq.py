@@ -20,7 +20,7 @@ REGRESS_Q = EVIDENCE / "h200-regress-20261201T2356-Q"
 def _validate(sweep: Path, tmp_path: Path, capsys, *extra: str) -> tuple[int, str, pd.DataFrame]:
     from calibrate.__main__ import main
     csv = tmp_path / f"{sweep.name}.csv"
-    code = main(["validate", str(sweep), "--thresholds", str(RUN_H / "table.json"), *extra, "--csv", str(csv)])
+    code = main(["validate", str(sweep), "--table", str(RUN_H / "table.json"), *extra, "--csv", str(csv)])
     return code, capsys.readouterr().out, pd.read_csv(csv)
 
 

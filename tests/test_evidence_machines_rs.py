@@ -37,7 +37,7 @@ def test_a_fresh_machines_default_sweep_passes_the_shipped_table(tmp_path, capsy
     assert (SWEEP_R / "autotune-cache.json").read_bytes() == (RUN_H / "table.autotune.json").read_bytes()
     assert round(info["wall_s"]) == 164
     csv = tmp_path / "cells.csv"
-    code = main(["validate", str(SWEEP_R), "--thresholds", str(RUN_H / "table.json"), "--csv", str(csv)])
+    code = main(["validate", str(SWEEP_R), "--table", str(RUN_H / "table.json"), "--csv", str(csv)])
     cells = pd.read_csv(csv)
     assert code == 0 and "PASS" in capsys.readouterr().out
     assert len(cells) == 400 and "SLOWER" not in set(cells["verdict"])

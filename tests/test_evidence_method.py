@@ -84,12 +84,12 @@ def test_run_g_refitted_with_the_eager_alike_rule(tmp_path):
     counts = range_counts(load_table(path=tmp_path / "t.json"))
     assert (round(counts["mean_ranges"], 2), counts["max_ranges"], round(100 * counts["narrowest_share"], 1)) == (
         3.0, 6, 6.2)
-    assert main(["validate", str(RUN_G / "check-sweep"), "--thresholds", str(tmp_path / "t.json"),
+    assert main(["validate", str(RUN_G / "check-sweep"), "--table", str(tmp_path / "t.json"),
                  "--csv", str(tmp_path / "v.csv")]) == 0
     v = pd.read_csv(tmp_path / "v.csv")
     assert "SLOWER" not in set(v["verdict"])
     assert (int((v["eager_regret"] > 0.03).sum()), round(v["eager_regret"].sum(), 2)) == (34, 6.23)
-    assert main(["validate", str(RUN_G / "check-sweep"), "--thresholds", str(RUN_G / "table.json"),
+    assert main(["validate", str(RUN_G / "check-sweep"), "--table", str(RUN_G / "table.json"),
                  "--csv", str(tmp_path / "own.csv")]) == 0
     own = pd.read_csv(tmp_path / "own.csv")
     assert (int((own["eager_regret"] > 0.03).sum()), round(own["eager_regret"].sum(), 2)) == (35, 6.28)

@@ -249,7 +249,7 @@ def test_two_fresh_runs_agree_and_the_measured_verdict_names_its_failure(capsys)
     dev = (j["us_x"] / j["us_y"] - 1).abs().groupby(j["regime"]).median()
     assert dev["graph"] <= 0.02 and dev["eager"] <= 0.05, dev
     from calibrate.__main__ import main
-    old_table = ["--thresholds", str(DATA / "h200-table-format1.json"), "--oracle", "candidates"]
+    old_table = ["--table", str(DATA / "h200-table-format1.json"), "--oracle", "candidates"]
     assert main(["validate", str(DATA / "h200-sweep"), "--forward", str(DATA / "h200-forward"), *old_table]) == 1
     out = capsys.readouterr().out
     assert "measured / cell-sum model" in out and "FAIL: measured forward of the dispatcher" in out
@@ -297,7 +297,7 @@ def test_the_committed_table_on_its_out_of_sample_run_and_its_measured_forward(c
     from calibrate.__main__ import main
     from calibrate.forward_model import _paired, forward_verdicts
     assert main(["validate", str(EVIDENCE / "h200-fit2-validate"), "--replicate", str(DATA / "h200-lean-validate"),
-                 "--thresholds", str(DATA / "h200-table-107eae0.json"),
+                 "--table", str(DATA / "h200-table-107eae0.json"),
                  "--forward", str(EVIDENCE / "h200-bound-forward-4")]) == 1
     out = capsys.readouterr().out
     assert "M values the fit never saw: 24, 40, 48, 56, 96, 1031, 6144" in out
@@ -851,7 +851,7 @@ def test_the_committed_table_out_of_sample_in_three_later_processes(capsys):
     assert v[8].loc[("Qwen3.5-4B", 1024, "graph"), "dispatch_over_best"] == pytest.approx(1.002, abs=5e-4)
     assert v[9].loc[("Qwen3.5-35B-A3B", 1024, "eager"), "best"] == "dispatch"
     assert main(["validate", str(EVIDENCE / "h200-fit2-validate"), "--replicate", str(DATA / "h200-lean-validate"),
-                 "--thresholds", str(DATA / "h200-table-rules-fit.json"),
+                 "--table", str(DATA / "h200-table-rules-fit.json"),
                  "--forward", str(DATA / "h200-settled-forward-8")]) == 0
     out = capsys.readouterr().out
     assert "at 22 points: |dispatch / table-direct - 1| median 0.13%, largest 1.41%" in out

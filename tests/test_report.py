@@ -23,7 +23,7 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
 def report(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("report") / "report.html"
     assert reports_main(["build", str(DATA / "h200-lean-validate"), str(DATA / "h200-lean-fit"),
-                         "--thresholds", str(TABLE), "--baseline", str(DATA / "h200-baseline-tuned-apiece.json"),
+                         "--table", str(TABLE), "--baseline", str(DATA / "h200-baseline-tuned-apiece.json"),
                          "--anatomy", str(DATA / "h200-host-anatomy"), "--forward", str(DATA / "h200-lean-forward"),
                          "-o", str(out)]) == 0
     return out
@@ -45,7 +45,7 @@ def test_the_verdict_in_words_agrees_with_validate(report, tmp_path, capsys):
     """The page's yes/no is calibrate validate's PASS/FAIL on the same inputs (the run and its measured forward);
     with the seed PR's table (which validate fails) the page says no."""
     from calibrate.__main__ import main as calibrate_main
-    passes = calibrate_main(["validate", str(DATA / "h200-lean-validate"), "--thresholds", str(TABLE), "--forward",
+    passes = calibrate_main(["validate", str(DATA / "h200-lean-validate"), "--table", str(TABLE), "--forward",
                              str(DATA / "h200-lean-forward")]) == 0
     verdict = re.search(r'<div class="verdict (yes|no|unknown)">(.*?)</div>', report.read_text())
     assert verdict.group(1) == ("yes" if passes else "no")
@@ -53,13 +53,13 @@ def test_the_verdict_in_words_agrees_with_validate(report, tmp_path, capsys):
     assert "the seed PR&#x27;s split" in report.read_text()
     seed = tmp_path / "seed.json"
     seed.write_text('{"profile": "h200", "low_m_backend": "tinygemm", "default_threshold": 32}')
-    assert calibrate_main(["validate", str(DATA / "h200-sweep"), "--thresholds", str(seed)]) == 1
+    assert calibrate_main(["validate", str(DATA / "h200-sweep"), "--table", str(seed)]) == 1
     # a run that did not measure the table's lean paths is not judged with it; the page says why
     old = tmp_path / "old.html"
     assert reports_main(["build", str(DATA / "h200-sweep"), "--figures", "none", "-o", str(old)]) == 0
     assert "which this run did not measure" in old.read_text()
     out = tmp_path / "seed.html"
-    assert reports_main(["build", str(DATA / "h200-sweep"), "--thresholds", str(seed), "--figures", "none",
+    assert reports_main(["build", str(DATA / "h200-sweep"), "--table", str(seed), "--figures", "none",
                          "-o", str(out)]) == 0
     assert "Figure left out" in out.read_text() and "data:image/png" not in out.read_text()
     seed_verdict = re.search(r'<div class="verdict (yes|no|unknown)">(.*?)</div>', out.read_text())
@@ -73,7 +73,7 @@ def test_the_table_runs_check_gets_the_same_verdict_on_the_page_as_from_validate
     cell-sum model at the same (model, M) points."""
     from calibrate.__main__ import main as calibrate_main
     run = Path(__file__).parent.parent / "evidence" / "h200-table-20261201T1244-run"
-    args = [str(run / "check-sweep"), "--thresholds", str(run / "table.json"), "--forward", str(run / "check-forward")]
+    args = [str(run / "check-sweep"), "--table", str(run / "table.json"), "--forward", str(run / "check-forward")]
     out_v = calibrate_main(["validate", *args])
     text = capsys.readouterr().out
     page = tmp_path / "check.html"

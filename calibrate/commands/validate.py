@@ -20,7 +20,7 @@ from calibrate.runs import profile_of as _profile_of
 from calibrate.runs import refuse_overlap as _refuse_overlap
 from dispatch.profiles import get_profile
 from dispatch.table import ThresholdTable, load_table
-from harness.cli import float_in
+from harness.cli import float_in, renamed
 from harness.errors import HarnessError
 from harness.io import atomic_write_text, distinct, output_file
 
@@ -28,7 +28,9 @@ from harness.io import atomic_write_text, distinct, output_file
 def add_parser(sub, parents: list, partial: dict) -> None:
     p_val = sub.add_parser("validate", parents=parents, help="judge a threshold table against measured results")
     p_val.add_argument("results", help="results folder or results.csv (run.json beside it)")
-    p_val.add_argument("--thresholds", help="threshold table file (default: dispatch/thresholds/<profile>.json)")
+    p_val.add_argument("--table", "--thresholds", dest="thresholds", action=renamed("--table", "--thresholds"),
+                       metavar="FILE", help="threshold table file (default: dispatch/thresholds/<profile>.json); "
+                                            "--thresholds is its old spelling")
     p_val.add_argument("--margin", type=float_in(0, 0.5), default=0.03, help="equivalence margin (default 0.03 = 3%%)")
     p_val.add_argument("--oracle", choices=("candidates", "all"), default="all",
                        help="best achievable over every measured path (default) or the dispatcher's own candidates")
