@@ -32,6 +32,28 @@ from shapes.grid import hybrid_buckets, parse_m
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    parser, sub, gpu, tactics = _parser()
+    _add_run(sub, [gpu, tactics])
+    _add_anatomy_and_e2e(sub, [gpu])
+    _add_forward(sub, [gpu, tactics])
+    _add_tools(sub)
+    args = parser.parse_args(argv)
+    if args.cmd in ("merge", "paths", "profiles"):
+        return _tool(args)
+    profile = get_profile(args.gpu)
+    vllm_tokens = _vllm_tokens(args, profile)
+    command = ["python", "-m", "bench", *(argv if argv is not None else sys.argv[1:])]
+    if args.cmd == "host-anatomy":
+        return _host_anatomy(args, profile, command)
+    if args.cmd == "e2e":
+        return _e2e(args, profile, command)
+    if args.cmd == "forward":
+        return _forward(args, profile, command, vllm_tokens)
+    return _run(args, profile, command, vllm_tokens)
+
+
+def _parser():
+    """The parser, its subparsers and the parent options shared by several commands (--gpu; the tactics options)."""
     parser = Parser(prog="python -m bench", description="GPU and host time of BF16 GEMM paths.")
     sub = parser.add_subparsers(dest="cmd", required=True)
     gpu = parent((("--gpu",), dict(required=True, help=f"GPU profile: {', '.join(PROFILES)}")))
@@ -45,7 +67,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                      "tactics of the table the dispatch path runs, as the dispatcher "
                                                      "loads them, where that file holds every shape of the run at "
                                                      "each of its M that is a tuning bucket; else tune")))
-    p_run = sub.add_parser("run", parents=[gpu, tactics], help="sweep the shape catalog x M grid x paths on this GPU")
+    return parser, sub, gpu, tactics
+
+
+def _add_run(sub, parents: list) -> None:
+    p_run = sub.add_parser("run", parents=parents, help="sweep the shape catalog x M grid x paths on this GPU")
     p_run.add_argument("--shapes", help="comma list of shape names (n2048_k4096) or NxK; default: the whole catalog")
     p_run.add_argument("--model", help="only the shapes of one model")
     p_run.add_argument("--tp", type=int_in(1, 64), default=1, help="tensor-parallel degree of the catalog (default 1)")
@@ -113,7 +139,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                             "which the dispatcher cannot choose, is skipped)")
     p_run.add_argument("--dry-run", action="store_true",
                        help="print the plan (paths, skips with reasons, tuning buckets, cells, estimated time); no GPU")
-    p_an = sub.add_parser("host-anatomy", parents=[gpu],
+    _add_layout_and_tuning(p_run)
+
+
+def _add_anatomy_and_e2e(sub, parents: list) -> None:
+    p_an = sub.add_parser("host-anatomy", parents=parents,
                           help="where a FlashInfer call's host time goes, layer by layer, vs F.linear")
     p_an.add_argument("--shapes", default="n2048_k4096", help="comma list of shapes or NxK (default n2048_k4096)")
     p_an.add_argument("--m", default="8,48,1024",
@@ -123,7 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_an.add_argument("--rounds", type=int_in(1, 1000), default=9, help="interleaved rounds (default 9)")
     p_an.add_argument("--out", default="results/host-anatomy", help="output folder (default results/host-anatomy)")
     p_an.add_argument("--allow-mismatch", action="store_true", help="run although the GPU is not the profile's")
-    p_e2e = sub.add_parser("e2e", parents=[gpu],
+    p_e2e = sub.add_parser("e2e", parents=parents,
                            help="(GPU) transformers' own model, stock against dispatch.patch: prefill, generate, a "
                                 "captured decode step")
     p_e2e.add_argument("--model", help="one catalog model (default: the first of the catalog)")
@@ -141,7 +171,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                             "kernels and only the bound layers differ; its ratios are this host's noise, for "
                             "calibrate e2e --control")
     p_e2e.add_argument("--out", required=True, help="results folder: e2e.csv and run.json")
-    p_fw = sub.add_parser("forward", parents=[gpu, tactics],
+
+
+def _add_forward(sub, parents: list) -> None:
+    p_fw = sub.add_parser("forward", parents=parents,
                           help="per-forward linear time of whole models, CUDA graph and eager, per path")
     p_fw.add_argument("--model", help="comma list of catalog models (default: every model of the catalog)")
     p_fw.add_argument("--config", help="a HF config.json instead of the catalog's models")
@@ -181,16 +214,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_fw.add_argument("--table", metavar="FILE",
                       help="the threshold table the dispatch and table-direct rules run (default: the GPU profile's "
                            "committed table), e.g. a table fitted without forward overrides, to fit them anew")
-    for p in (p_run, p_fw):
-        p.add_argument("--layout", choices=("vllm", "transformers"), default="vllm",
-                       help="the model's linears as vLLM fuses them (default) or as transformers builds them")
-        p.add_argument("--tuning", choices=("grid", "vllm"), default="grid",
-                       help="grid: FlashInfer's autotuner over the run's M values that are tuning buckets (default); "
-                            "vllm: as vLLM tunes at start-up, one call at --max-num-batched-tokens inside "
-                            "autotune(hybrid buckets up to it, round_up=True)")
-        p.add_argument("--max-num-batched-tokens", type=int_in(1, 1 << 20), metavar="N",
-                       help="with --tuning vllm: vLLM's max_num_batched_tokens (default: vLLM's server default on "
-                            "the profile's GPU)")
+    _add_layout_and_tuning(p_fw)
+
+
+def _add_layout_and_tuning(p) -> None:
+    """The options run and forward share: the layout of the model's linears and how FlashInfer is tuned."""
+    p.add_argument("--layout", choices=("vllm", "transformers"), default="vllm",
+                   help="the model's linears as vLLM fuses them (default) or as transformers builds them")
+    p.add_argument("--tuning", choices=("grid", "vllm"), default="grid",
+                   help="grid: FlashInfer's autotuner over the run's M values that are tuning buckets (default); "
+                        "vllm: as vLLM tunes at start-up, one call at --max-num-batched-tokens inside "
+                        "autotune(hybrid buckets up to it, round_up=True)")
+    p.add_argument("--max-num-batched-tokens", type=int_in(1, 1 << 20), metavar="N",
+                   help="with --tuning vllm: vLLM's max_num_batched_tokens (default: vLLM's server default on "
+                        "the profile's GPU)")
+
+
+def _add_tools(sub) -> None:
     p_merge = sub.add_parser("merge", help="merge shards of one grid (bench run --shard, or several machines) into one run")
     p_merge.add_argument("shards", nargs="+", help="the shards' results folders")
     p_merge.add_argument("-o", "--out", required=True, help="the merged results folder (must not hold results)")
@@ -198,8 +238,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub.add_parser("paths", help="list the path registry")
     p_prof = sub.add_parser("profiles", help="list the GPU profiles (or check that NAME is one)")
     p_prof.add_argument("name", nargs="?", help="a profile name: exit 2 with one line when it is unknown")
-    args = parser.parse_args(argv)
 
+
+def _tool(args) -> int:
+    """merge, paths, profiles: the commands that need no GPU profile."""
     if args.cmd == "merge":
         target = output_dir(args.out, "--out")
         if target.is_dir() and any(target.iterdir()):  # a user's folder: nothing in it is ours to replace
@@ -220,49 +262,51 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"vllm-flag={'cute-dsl' if vllm.flag_supported(p.sm) else 'F.linear'}")
         return 0
 
-    profile = get_profile(args.gpu)
-    vllm_tokens = _vllm_tokens(args, profile)
-    command = ["python", "-m", "bench", *(argv if argv is not None else sys.argv[1:])]
-    if args.cmd == "host-anatomy":
-        backends = ([b.strip() for b in args.backends.split(",") if b.strip()] if args.backends
-                    else list(dict.fromkeys((profile.low_m_backend, "cublaslt"))))
-        unknown = [b for b in backends if flashinfer_path(b) not in PATHS]
-        if unknown:
-            raise HarnessError(f"unknown FlashInfer backend(s) {', '.join(unknown)}; known: "
-                               f"{', '.join(p.flashinfer_backend for p in PATHS.values() if p.flashinfer_backend)}")
-        shapes, ms, out_dir = select(catalog(), args.shapes), parse_m(args.m), output_dir(args.out, "--out")
-        require_gpu(profile, args.allow_mismatch)
-        divert_noise(out_dir / "log.txt")
-        out = run_anatomy(profile, shapes, ms, backends, out_dir, args.calls, args.rounds, args.allow_mismatch, command)
-        print(f"results: {out}/results.csv, {out}/run.json")
-        return 0
+    raise AssertionError(args.cmd)
 
-    if args.cmd == "e2e":
-        return _e2e(args, profile, command)
 
-    if args.cmd == "forward":
-        if args.model and args.config:
-            raise HarnessError("--model and --config exclude each other; pass one")
-        models = models_for([s.strip() for s in args.model.split(",") if s.strip()] if args.model else None, args.config)
-        cfg = ForwardConfig(profile=profile, models=models, ms=parse_m(args.m),
-                            rules=check_rules([s.strip() for s in args.paths.split(",") if s.strip()] if args.paths
-                                              else list(default_rules(profile))),
-                            out=output_dir(args.out, "--out"), tp=args.tp, samples=args.samples,
-                            decoder_layers=args.layers, lm_head=not args.no_lm_head, tune=not args.no_tune,
-                            autotune_cache=None, save_autotune_cache=_saved(args),
-                            resume=args.resume, command=command, quiet=True, order_seed=args.order_seed,
-                            settle_ms=0.0 if args.no_settle else args.settle_ms, settle_at=args.settle_at,
-                            table=_table(args.table, profile.name) if args.table else None, table_file=args.table,
-                            sustain_ms=args.sustain_ms or 0.0, idle_ms=args.idle_ms, skip_slower=args.skip_slower,
-                            vllm_tune_tokens=vllm_tokens, layout=args.layout)
-        if cfg.sustain_ms and args.resume:
-            raise HarnessError("--sustain-ms runs cannot be resumed; run it again into a new --out")
-        seqs = sequences(cfg)  # a config that cannot be derived stops here, before the GPU is touched
-        wanted = [(lin.n, lin.k, m) for seq in seqs.values() for lin in seq for m in cfg.ms]
-        cfg = replace(cfg, autotune_cache=_served(args, profile, cfg.table, wanted, cfg.rules))
-        run_forward(cfg)
-        return 0
+def _host_anatomy(args, profile, command: list[str]) -> int:
+    backends = ([b.strip() for b in args.backends.split(",") if b.strip()] if args.backends
+                else list(dict.fromkeys((profile.low_m_backend, "cublaslt"))))
+    unknown = [b for b in backends if flashinfer_path(b) not in PATHS]
+    if unknown:
+        raise HarnessError(f"unknown FlashInfer backend(s) {', '.join(unknown)}; known: "
+                           f"{', '.join(p.flashinfer_backend for p in PATHS.values() if p.flashinfer_backend)}")
+    shapes, ms, out_dir = select(catalog(), args.shapes), parse_m(args.m), output_dir(args.out, "--out")
+    require_gpu(profile, args.allow_mismatch)
+    divert_noise(out_dir / "log.txt")
+    out = run_anatomy(profile, shapes, ms, backends, out_dir, args.calls, args.rounds, args.allow_mismatch, command)
+    print(f"results: {out}/results.csv, {out}/run.json")
+    return 0
 
+
+
+def _forward(args, profile, command: list[str], vllm_tokens: int | None) -> int:
+    if args.model and args.config:
+        raise HarnessError("--model and --config exclude each other; pass one")
+    models = models_for([s.strip() for s in args.model.split(",") if s.strip()] if args.model else None, args.config)
+    cfg = ForwardConfig(profile=profile, models=models, ms=parse_m(args.m),
+                        rules=check_rules([s.strip() for s in args.paths.split(",") if s.strip()] if args.paths
+                                          else list(default_rules(profile))),
+                        out=output_dir(args.out, "--out"), tp=args.tp, samples=args.samples,
+                        decoder_layers=args.layers, lm_head=not args.no_lm_head, tune=not args.no_tune,
+                        autotune_cache=None, save_autotune_cache=_saved(args),
+                        resume=args.resume, command=command, quiet=True, order_seed=args.order_seed,
+                        settle_ms=0.0 if args.no_settle else args.settle_ms, settle_at=args.settle_at,
+                        table=_table(args.table, profile.name) if args.table else None, table_file=args.table,
+                        sustain_ms=args.sustain_ms or 0.0, idle_ms=args.idle_ms, skip_slower=args.skip_slower,
+                        vllm_tune_tokens=vllm_tokens, layout=args.layout)
+    if cfg.sustain_ms and args.resume:
+        raise HarnessError("--sustain-ms runs cannot be resumed; run it again into a new --out")
+    seqs = sequences(cfg)  # a config that cannot be derived stops here, before the GPU is touched
+    wanted = [(lin.n, lin.k, m) for seq in seqs.values() for lin in seq for m in cfg.ms]
+    cfg = replace(cfg, autotune_cache=_served(args, profile, cfg.table, wanted, cfg.rules))
+    run_forward(cfg)
+    return 0
+
+
+
+def _run(args, profile, command: list[str], vllm_tokens: int | None) -> int:
     if args.grid == "full":
         given = [f"--{o}" for o in ("shapes", "model", "m") if getattr(args, o)] + (["--tp"] if args.tp != 1 else [])
         if given:
