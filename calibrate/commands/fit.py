@@ -168,47 +168,18 @@ def _fit_cmd(args, argv, profile, df, info, cells) -> int:
         raise HarnessError("--keep needs --table-forward: the measured forwards of that table")
     base = ThresholdTable(profile.name, profile.low_m_backend, {r: () for r in REGIMES})
     noise = load_noise(profile.name, Path(args.noise) if args.noise else None)
-    cell_picks, forward_note, shape_bound, shape_host = {}, None, {}, {}
     floor = None
     if args.forward_noise:
         floor = load_forward_floor(profile.name)
         if floor is None:
             raise HarnessError(f"--forward-noise: no forward noise floor for {profile.name}; measure one with python -m "
                                f"calibrate forward-noise RUN_A RUN_B --gpu {profile.name}")
-    if args.forward:
-        runs = [fdf for fdf, _ in _load_forwards(args.forward, profile.name, args.partial)]
-        picks = picks_in_every_run(runs, dispatch_candidates(cells, base), args.min_gain, floor)
-        uses = model_uses(df)
-        for (regime, model, m), (path, ratio, hi) in sorted(picks.items()):
-            if m in hold_out:
-                continue
-            for n, k, _ in uses.get(model, []):
-                cell_picks[(regime, n, k, m)] = path
-            where = "the model's cells at that M" if regime == "eager" else \
-                "the model's cells at that M that the cell test left to F.linear"
-            print(f"{regime}, {model} M={m}: {path} everywhere it runs measured {ratio:.3f}x all-aten "
-                  f"(interval up to {hi:.3f}{'; the worst of the runs' if len(runs) > 1 else ''}); picked for {where}")
-        bound_m = gpu_bound_in_every_run(runs, hold_out=hold_out)
-        for model, start in sorted(bound_m.items()):
-            for n, k, _ in uses.get(model, []):
-                shape_bound[(n, k)] = max(shape_bound.get((n, k), 0.0), start)
-            print(f"eager, {model}: all-aten forwards GPU-bound (busy >= {GPU_BOUND_MARGIN}x host submission) "
-                  + (f"from M = {start:g} on" if start < math.inf else "at no measured M"))
-        host_m = host_bound_in_every_run(runs, hold_out=hold_out)
-        for model, until in sorted(host_m.items()):
-            for n, k, _ in uses.get(model, []):
-                shape_host[(n, k)] = min(shape_host.get((n, k), until), until)
-            print(f"eager, {model}: all-aten forwards host-bound (submission >= {GPU_BOUND_MARGIN}x busy) "
-                  + (f"up to M = {until:g}" if until else "at no measured M")
-                  + "; between that and the GPU-bound M a path must cost less host and less GPU time")
-        forward_note = {"forward": args.forward[0] if len(args.forward) == 1 else list(args.forward),
-                        "picks": {f"{r} {mo} M={m}": p for (r, mo, m), (p, *_) in sorted(picks.items())},
-                        "gpu_bound_from": {mo: (None if v == math.inf else int(v)) for mo, v in sorted(bound_m.items())},
-                        "host_bound_until": {mo: int(v) for mo, v in sorted(host_m.items())}}
+    cell_picks, forward_note, shape_bound, shape_host, runs, picks = _forward_picks(args, profile, df, cells, base,
+                                                                                   hold_out, floor)
     if args.machine and args.method != "segments":
         raise HarnessError("--machine needs --method segments")
     if args.method == "segments":
-        from calibrate.segments import RULE, fit_segments, range_counts
+        from calibrate.segments import fit_segments, range_counts
         if args.table_forward:
             raise HarnessError("--method segments takes from measured forwards (--forward) only where eager forwards "
                                "are host- or GPU-bound; check the table with calibrate validate --forward instead "
@@ -233,6 +204,52 @@ def _fit_cmd(args, argv, profile, df, info, cells) -> int:
     if args.table_forward:
         table, report, override_note = _overrides(args, profile, df, cells, base, noise, hold_out, cell_picks,
                                                   shape_bound, shape_host, table, report, floor)
+    source, fitted_ms = _source(args, argv, profile, info, df, cells, base, hold_out, noise, floor, forward_note,
+                                override_note)
+    return _write(args, profile, df, cells, out, plan_file, table, source, report, fitted_ms, hold_out)
+
+
+def _forward_picks(args, profile, df, cells, base, hold_out, floor):
+    """What measured forwards (--forward) give the fit: the single-path picks at each (regime, model, M), the cells
+    they apply to, the M from which each shape's eager forwards are GPU-bound and up to which they are host-bound,
+    and the note the table's source keeps. (cell picks, note, GPU-bound M, host-bound M, runs, picks)."""
+    cell_picks, forward_note, shape_bound, shape_host, runs, picks = {}, None, {}, {}, [], {}
+    if not args.forward:
+        return cell_picks, forward_note, shape_bound, shape_host, runs, picks
+    runs = [fdf for fdf, _ in _load_forwards(args.forward, profile.name, args.partial)]
+    picks = picks_in_every_run(runs, dispatch_candidates(cells, base), args.min_gain, floor)
+    uses = model_uses(df)
+    for (regime, model, m), (path, ratio, hi) in sorted(picks.items()):
+        if m in hold_out:
+            continue
+        for n, k, _ in uses.get(model, []):
+            cell_picks[(regime, n, k, m)] = path
+        where = "the model's cells at that M" if regime == "eager" else \
+            "the model's cells at that M that the cell test left to F.linear"
+        print(f"{regime}, {model} M={m}: {path} everywhere it runs measured {ratio:.3f}x all-aten "
+              f"(interval up to {hi:.3f}{'; the worst of the runs' if len(runs) > 1 else ''}); picked for {where}")
+    bound_m = gpu_bound_in_every_run(runs, hold_out=hold_out)
+    for model, start in sorted(bound_m.items()):
+        for n, k, _ in uses.get(model, []):
+            shape_bound[(n, k)] = max(shape_bound.get((n, k), 0.0), start)
+        print(f"eager, {model}: all-aten forwards GPU-bound (busy >= {GPU_BOUND_MARGIN}x host submission) "
+              + (f"from M = {start:g} on" if start < math.inf else "at no measured M"))
+    host_m = host_bound_in_every_run(runs, hold_out=hold_out)
+    for model, until in sorted(host_m.items()):
+        for n, k, _ in uses.get(model, []):
+            shape_host[(n, k)] = min(shape_host.get((n, k), until), until)
+        print(f"eager, {model}: all-aten forwards host-bound (submission >= {GPU_BOUND_MARGIN}x busy) "
+              + (f"up to M = {until:g}" if until else "at no measured M")
+              + "; between that and the GPU-bound M a path must cost less host and less GPU time")
+    forward_note = {"forward": args.forward[0] if len(args.forward) == 1 else list(args.forward),
+                    "picks": {f"{r} {mo} M={m}": p for (r, mo, m), (p, *_) in sorted(picks.items())},
+                    "gpu_bound_from": {mo: (None if v == math.inf else int(v)) for mo, v in sorted(bound_m.items())},
+                    "host_bound_until": {mo: int(v) for mo, v in sorted(host_m.items())}}
+    return cell_picks, forward_note, shape_bound, shape_host, runs, picks
+
+
+def _source(args, argv, profile, info, df, cells, base, hold_out, noise, floor, forward_note, override_note):
+    """The table's source: where it was fitted from, with what, and the rule in words. (source, fitted M)"""
     fp = info.get("fingerprint", {})
     fitted_ms = sorted(set(int(m) for m in df["m"]) - hold_out)
     source = {"fitted_from": str(args.results), "run_command": info.get("command"), "gpu": fp.get("gpu_name"),
@@ -260,6 +277,7 @@ def _fit_cmd(args, argv, profile, df, info, cells) -> int:
               if noise else None,
               "measured_forwards": forward_note}
     if args.method == "segments":
+        from calibrate.segments import RULE
         source["rule"] = f"{RULE}; tolerance {args.tolerance:g}, min_gain {args.min_gain:g}"
         source["method"] = "segments"
     if floor is not None:
@@ -290,6 +308,12 @@ def _fit_cmd(args, argv, profile, df, info, cells) -> int:
                            "slower than F.linear on some machine")
     if df.attrs["incomplete"]:
         source["incomplete_data"] = "fitted with --partial from a run with missing cells or that did not finish"
+    return source, fitted_ms
+
+
+def _write(args, profile, df, cells, out, plan_file, table, source, report, fitted_ms, hold_out) -> int:
+    """The fitted table with its source, and beside it the tactics and GEMV configurations it was fitted with (and
+    the refine plan); printed, and written unless --dry-run."""
     kept = _tactics_of(args.results)
     tactics_file = out.with_name(out.stem + ".autotune.json")
     if kept.is_file():
