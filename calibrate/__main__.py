@@ -52,8 +52,8 @@ def main(argv: Sequence[str] | None = None) -> int:
            "compare": lambda: compare_command.run(args), "agree": lambda: agree_command.run_agree(args),
            "host-shift": lambda: agree_command.run_host_shift(args), "noise": lambda: noise_command.run(args),
            "forward-noise": lambda: forward_noise_command.run(args), "l2": lambda: l2_command.run(args),
-           "host-cost": lambda: host_cost_command.run(args), "baseline": lambda: baseline_command.run(args, argv),
-           "regress": lambda: baseline_command.run(args, argv), "e2e": lambda: e2e_command.run(args),
+           "host-cost": lambda: host_cost_command.run(args), "baseline": lambda: baseline_command.run(args),
+           "regress": lambda: baseline_command.run(args), "e2e": lambda: e2e_command.run(args),
            "vllm": lambda: vllm_command.run(args), "table": lambda: table_command.run(args)}
     return run[args.cmd]()
 

@@ -45,43 +45,52 @@ def add_parser(sub, parents: list, partial: dict) -> None:
                        help="compare although the run's GPU profile or fingerprint differs from the baseline's")
 
 
-def run(args, argv) -> int:
-    from calibrate.baseline import (REGRESSION_MS, autotune_cache_path, baseline_path, baseline_text,
-                                    cells_from_results, compare, describe, kernel_change, left_out, load_baseline,
-                                    merge_runs,
-                                    shared_tactics, write_baseline)
+def run(args) -> int:
     profile = get_profile(args.gpu)
+    return _baseline(args, profile) if args.cmd == "baseline" else _regress(args, profile)
+
+
+def _baseline(args, profile) -> int:
+    """A baseline from fresh runs of the regression grid (each in a new process) or from given runs."""
+    from calibrate.baseline import (REGRESSION_MS, autotune_cache_path, baseline_path, baseline_text,
+                                    cells_from_results, merge_runs, shared_tactics, write_baseline)
     fi_paths = regression_paths(profile)[1:]
-    fresh = not (args.sources if args.cmd == "baseline" else args.source)
-    if args.cmd == "baseline":
-        out = shipped_or_results(args.out, baseline_path(profile.name), RESULTS / profile.name / "baseline.json",
-                                 args.install)
-        cache_file = autotune_cache_path(out)
-        if args.sources:
-            _sibling_free(cache_file, out, args.install)
-            sources = distinct(list(args.sources), "baseline --from")
-        else:
-            require_gpu(profile)  # before any file system change
-            work = claim_work_dir(Path(args.work), "--work")
-            serve = None if args.retune or not cache_file.exists() else cache_file
-            sources = [str(p) for p in measure_runs(profile, work, args.runs, args.samples, serve)]
-        runs, per_run = [], []
-        for src in sources:
-            df, info = _load(src, args.partial, profile.name)
-            df = df[df["m"].isin(REGRESSION_MS)]  # a full sweep holds more M values than the regression grid
-            runs.append((str(src), info))
-            per_run.append(cells_from_results(df, fi_paths))
-        cells = merge_runs(per_run)
-        if not cells:
-            raise HarnessError("the runs have no cell where both aten and a FlashInfer path measured ok")
-        served = shared_tactics(sources)
-        tactics = {"file": cache_file.name, "sha256": sha256(served)} if served else None
-        text = baseline_text(profile.name, runs, cells, tactics)
-        write_baseline(out, text, served, baseline_check(profile.name))
-        print(f"wrote {out}: {len(cells)} cells from {len(runs)} run(s); "
-              + (f"tactics pinned in {cache_file}" if served else
-                 "the runs served different FlashInfer tactics, so a regression run tunes afresh"))
-        return 0
+    out = shipped_or_results(args.out, baseline_path(profile.name), RESULTS / profile.name / "baseline.json",
+                             args.install)
+    cache_file = autotune_cache_path(out)
+    if args.sources:
+        _sibling_free(cache_file, out, args.install)
+        sources = distinct(list(args.sources), "baseline --from")
+    else:
+        require_gpu(profile)  # before any file system change
+        work = claim_work_dir(Path(args.work), "--work")
+        serve = None if args.retune or not cache_file.exists() else cache_file
+        sources = [str(p) for p in measure_runs(profile, work, args.runs, args.samples, serve)]
+    runs, per_run = [], []
+    for src in sources:
+        df, info = _load(src, args.partial, profile.name)
+        df = df[df["m"].isin(REGRESSION_MS)]  # a full sweep holds more M values than the regression grid
+        runs.append((str(src), info))
+        per_run.append(cells_from_results(df, fi_paths))
+    cells = merge_runs(per_run)
+    if not cells:
+        raise HarnessError("the runs have no cell where both aten and a FlashInfer path measured ok")
+    served = shared_tactics(sources)
+    tactics = {"file": cache_file.name, "sha256": sha256(served)} if served else None
+    text = baseline_text(profile.name, runs, cells, tactics)
+    write_baseline(out, text, served, baseline_check(profile.name))
+    print(f"wrote {out}: {len(cells)} cells from {len(runs)} run(s); "
+          + (f"tactics pinned in {cache_file}" if served else
+             "the runs served different FlashInfer tactics, so a regression run tunes afresh"))
+    return 0
+
+
+def _regress(args, profile) -> int:
+    """Fresh (or given) measurements of the regression grid judged against the stored baseline."""
+    from calibrate.baseline import (baseline_path, cells_from_results, compare, describe, kernel_change, left_out,
+                                    load_baseline)
+    fi_paths = regression_paths(profile)[1:]
+    fresh = not args.source
     baseline = load_baseline(Path(args.baseline) if args.baseline else baseline_path(profile.name))
     if baseline.profile != profile.name and not args.allow_mismatch:
         raise HarnessError(f"the baseline {baseline.path} is for {baseline.profile}, not {profile.name}; "
