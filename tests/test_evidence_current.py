@@ -36,3 +36,23 @@ def test_the_shipped_h200_table_names_a_run_that_evidence_holds():
     from tools.evidence import current
     assert (current("h200", "check-sweep") / "run.json").is_file()
     assert (current("h200", "check-forward") / "forward.csv").is_file()
+
+
+def test_restore_copies_a_filed_run_back_with_its_results_decompressed(tmp_path):
+    import lzma
+
+    from tools.evidence import load_manifest, restore
+    rid = "h200-table-h200-gemv-A"
+    assert rid in load_manifest()["runs"]
+    out = restore(rid, tmp_path / "results" / "h200" / "h200-gemv-A")
+    assert (out / "manifest.json").is_file() and (out / "table.json").is_file()
+    packed = sorted(p.relative_to(tmp_path / "results" / "h200" / "h200-gemv-A")
+                    for p in out.rglob("results.csv"))
+    assert packed and not list(out.rglob("*.xz"))
+    from tools.evidence import EVIDENCE
+    assert (out / "sweep" / "results.csv").read_bytes() == lzma.decompress(
+        (EVIDENCE / rid / "sweep" / "results.csv.xz").read_bytes())
+    with pytest.raises(HarnessError, match="exists"):
+        restore(rid, out)
+    with pytest.raises(HarnessError, match="not a filed run"):
+        restore("no-such-run", tmp_path / "x")

@@ -3,6 +3,7 @@
     python tools/evidence.py add RUN_DIR --backs "what it backs" [--note "..."]
     python tools/evidence.py list
     python tools/evidence.py current PROFILE [check-sweep|check-forward|run]
+    python tools/evidence.py restore ID --to DIR
 
 `current` prints the evidence folder of the table run a profile's shipped table came from (the run whose manifest
 has the hash the table's source.manifest records), or one of its check runs: what `make report` shows by default.
@@ -158,6 +159,28 @@ def current(profile: str, part: str = "run") -> Path:
                        f"({named.get('file')}); file that run under evidence/")
 
 
+def restore(rid: str, to: Path) -> Path:
+    """A filed run copied back to a working folder (e.g. results/<profile>/<run-id> of a table run, to --resume or
+    --refit it), each xz-compressed results.csv decompressed beside it; nothing is written where `to` exists."""
+    import lzma
+    src = EVIDENCE / rid
+    if rid not in load_manifest()["runs"] or not src.is_dir():
+        raise HarnessError(f"evidence/{rid} is not a filed run; `python tools/evidence.py list` names them")
+    if to.exists():
+        raise HarnessError(f"{to} exists; restore into a new folder (nothing was written)")
+    to.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=".restore-", dir=to.parent))
+    try:
+        shutil.copytree(src, stage / "run", symlinks=True)
+        for packed in (stage / "run").rglob("results.csv.xz"):
+            packed.with_suffix("").write_bytes(lzma.decompress(packed.read_bytes()))
+            packed.unlink()
+        (stage / "run").rename(to)
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+    return to
+
+
 def main(argv=None) -> int:
     from harness.cli import Parser
     p = Parser(prog="tools/evidence.py")
@@ -168,12 +191,17 @@ def main(argv=None) -> int:
     a.add_argument("--note", default="")
     a.add_argument("--partial", action="store_true", help="file a run that did not finish (the manifest says so)")
     sub.add_parser("list")
+    r = sub.add_parser("restore")
+    r.add_argument("id")
+    r.add_argument("--to", required=True, help="the working folder to create (e.g. results/h200/<run-id>)")
     c = sub.add_parser("current")
     c.add_argument("profile")
     c.add_argument("part", nargs="?", default="run", choices=PARTS)
     args = p.parse_args(argv)
     if args.cmd == "add":
         print(add(Path(args.run), args.backs, args.note, args.partial))
+    elif args.cmd == "restore":
+        print(f"restored evidence/{args.id} into {restore(args.id, Path(args.to))}")
     elif args.cmd == "current":
         print(current(args.profile, args.part).relative_to(ROOT))
     else:
