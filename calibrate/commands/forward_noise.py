@@ -1,4 +1,5 @@
-"""python -m calibrate forward-noise RUN RUN...: the run-to-run floor of measured forwards (calibrate/forward_noise.py)."""
+"""python -m calibrate forward-noise RUN RUN...: the run-to-run floor of measured forwards
+(calibrate/forward_noise.py)."""
 from __future__ import annotations
 
 import json
