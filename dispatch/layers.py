@@ -180,10 +180,8 @@ def _load_tactics(table: ThresholdTable) -> None:
     likewise (a file that does not load leaves its shapes on F.linear, said once)."""
     _load_gemv_configs(table)
     path = table.tactics
-    if (not _STATE.tactics_from_table or path is None or str(path) in _STATE.tactics_loaded
-            or not any(p != ATEN for p in table.paths())):
+    if not _first_load(path, any(p != ATEN for p in table.paths())):
         return
-    _STATE.tactics_loaded.add(str(path))
     try:
         from flashinfer.autotuner import AutoTuner
         loaded = AutoTuner.get().load_configs(str(path))
@@ -199,12 +197,19 @@ def _load_tactics(table: ThresholdTable) -> None:
                                       f"FlashInfer's fallback tactics, not those its table was fitted with")
 
 
+def _first_load(path: Path | None, used: bool) -> bool:
+    """Whether to load a file a table names beside it now: the table's files are served (tactics_from_table), the
+    table names it, uses what it holds, and no earlier table of this process loaded it (marked loaded here)."""
+    if not _STATE.tactics_from_table or path is None or not used or str(path) in _STATE.tactics_loaded:
+        return False
+    _STATE.tactics_loaded.add(str(path))
+    return True
+
+
 def _load_gemv_configs(table: ThresholdTable) -> None:
     path = table.gemv_configs
-    if (not _STATE.tactics_from_table or path is None or str(path) in _STATE.tactics_loaded
-            or GEMV not in table.paths()):
+    if not _first_load(path, GEMV in table.paths()):
         return
-    _STATE.tactics_loaded.add(str(path))
     from dispatch import gemv
     from dispatch.lean import warn_once
     try:

@@ -8,8 +8,8 @@ BLB_NATIVE=0 turns it off.
 
 The first `dispatch.bind` (or `dispatch.patch`) of a process where no build exists builds it, once per machine and
 torch, where a C++ compiler and ninja are on PATH, saying so in one line: the Python layer costs more host time per
-call than the C++ one, and a user should not have to know to build it. BLB_NATIVE_BUILD=0 keeps a process from compiling (the Python layer then serves until
-`python -m dispatch build-native` ran); nothing is compiled at import.
+call than the C++ one, and a user should not have to know to build it. BLB_NATIVE_BUILD=0 keeps a process from
+compiling (the Python layer then serves until `python -m dispatch build-native` ran); nothing is compiled at import.
 """
 from __future__ import annotations
 
