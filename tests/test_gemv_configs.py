@@ -128,3 +128,37 @@ def test_an_install_refuses_a_table_whose_gemv_file_is_not_the_fitted_one(tmp_pa
     gemv.unlink()
     with pytest.raises(HarnessError, match="not part of the install"):
         table_check("h200", None)(tmp_path / "h200.json")
+
+
+def test_the_dispatcher_loads_a_tables_gemv_file_once_and_only_where_it_serves_the_tables_files(tmp_path, store,
+                                                                                                monkeypatch):
+    import dispatch
+    import dispatch.layers as layers
+    from dispatch import gemv
+    from dispatch.table import load_table
+    (tmp_path / "t.autotune.gemv.json").write_text(json.dumps(
+        {"kind": "gemv-configs", "format": 1, "configs": [{"n": 64, "k": 64, "m": 1, "block_n": 16, "block_k": 128,
+                                                           "split_k": 1, "num_warps": 4}]}))
+    t = {"format": 2, "profile": "h200", "low_m_backend": "tinygemm",
+         "default": {"graph": [{"up_to": 8, "path": "triton:gemv"}], "eager": []},
+         "source": {"gemv_configs": {"file": "t.autotune.gemv.json"}}}
+    (tmp_path / "t.json").write_text(json.dumps(t))
+    table = load_table(path=tmp_path / "t.json")
+    loads = []
+    monkeypatch.setattr(gemv, "load", lambda path: loads.append(str(path)) or 1)
+    monkeypatch.setattr(layers._STATE, "tactics_loaded", set())
+    try:
+        dispatch.tactics_from_table(False)
+        layers._load_tactics(table)
+        assert loads == []  # a benchmark serves its own configurations
+        dispatch.tactics_from_table(True)
+        layers._load_tactics(table)
+        layers._load_tactics(table)
+        assert loads == [str(tmp_path / "t.autotune.gemv.json")]  # once per process
+        t["default"]["graph"] = []
+        (tmp_path / "u.json").write_text(json.dumps(t))
+        layers._STATE.tactics_loaded.clear()
+        layers._load_tactics(load_table(path=tmp_path / "u.json"))
+        assert len(loads) == 1  # a table that runs no GEMV loads no GEMV file
+    finally:
+        dispatch.tactics_from_table(True)
