@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 import pandas as pd
 
-from bench.forward_paths import NOT_SINGLE_PATHS, TABLE_DIRECT, path_for
+from bench.forward_paths import DISPATCHER_RULES, NOT_SINGLE_PATHS, TABLE_DIRECT, path_for
 from bench.results import load_run_info, numeric, samples_missing, samples_ok
 from calibrate.analysis import Cells, paired_ratio_ci, parse_samples
 from dispatch.backends import ATEN, DISPATCH
@@ -140,8 +140,8 @@ def model_vs_measured(cells: Cells, forward: pd.DataFrame, info: dict[str, Any],
     seqs = _sequences(info, set(forward["model"]))
     rows = []
     for r in forward[forward["status"] == "ok"].itertuples(index=False):
-        if r.model not in seqs:
-            continue
+        if r.model not in seqs or (table is None and r.path in DISPATCHER_RULES):
+            continue  # no table: the dispatcher's choices cannot be modelled
         model = modelled_us(cells, seqs[r.model], r.path, int(r.m), r.regime, sm, profile, table,
                             paths_run_lm_head="lm_head_rule" not in info)
         rows.append({"model": r.model, "m": int(r.m), "path": r.path, "regime": r.regime, "measured_us": r.us,

@@ -26,7 +26,8 @@ DATA = ROOT / "tests" / "data"
 SWEEP = DATA / "h200-sweep"
 SHARD = DATA / "h200-shards" / "shard-1"  # a shard of a --shard run, as bench merge takes it
 FORWARD = ROOT / "evidence" / "h200-forward-20261201T1016-4d4993"  # a forward of the current rules
-LEAN = DATA / "h200-lean-validate"  # a run that measured the lean paths the committed table chooses
+LEAN = DATA / "h200-lean-validate"  # a run that measured the lean paths of the table beside it
+LEAN_TABLE = DATA / "h200-lean-table.json"  # a table fitted before the GEMV path: every path it chooses, LEAN measured
 WATCHED = [ROOT / "dispatch" / "thresholds", ROOT / "tests" / "baselines", ROOT / "calibrate" / "noise", DATA,
            ROOT / "shapes" / "configs", ROOT / "README.md", ROOT / "evidence" / "manifest.json"]
 
@@ -360,7 +361,7 @@ CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
                                                "--out", str(t / "n.json")], "the same run"),
     ("baseline --from one run twice", lambda t: ["calibrate", "baseline", "--gpu", "h200", "--from", str(SWEEP),
                                                  str(SWEEP), "--out", str(t / "b.json")], "the same run"),
-    ("validate --replicate itself", lambda t: ["calibrate", "validate", str(LEAN), "--replicate", str(LEAN)],
+    ("validate --replicate itself", lambda t: ["calibrate", "validate", str(LEAN), "--table", str(LEAN_TABLE), "--replicate", str(LEAN)],
      "the same run"),
     ("agree a run with itself", lambda t: ["calibrate", "agree", str(SWEEP), str(SWEEP)], "the same run"),
     ("compare a run with itself", lambda t: ["calibrate", "compare", str(SWEEP), str(SWEEP)], "the same run"),
@@ -532,15 +533,15 @@ CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
     ("forward --settle-ms negative", lambda t: ["bench", "forward", "--gpu", "h200", "--settle-ms", "-5"], "outside"),
     ("forward --sustain-ms resumed", lambda t: ["bench", "forward", "--gpu", "h200", "--sustain-ms", "500",
                                                 "--resume", "--out", str(t / "out")], "cannot be resumed"),
-    ("validate --forward a sweep", lambda t: ["calibrate", "validate", str(LEAN), "--forward", str(SWEEP)],
+    ("validate --forward a sweep", lambda t: ["calibrate", "validate", str(LEAN), "--table", str(LEAN_TABLE), "--forward", str(SWEEP)],
      "forward.csv not found"),
-    ("validate --forward of another kind", lambda t: ["calibrate", "validate", str(LEAN), "--forward", run_folder(
+    ("validate --forward of another kind", lambda t: ["calibrate", "validate", str(LEAN), "--table", str(LEAN_TABLE), "--forward", run_folder(
         t, source=DATA / "h200-forward", edit_info=lambda i: {**i, "kind": "host-anatomy"})], "not a forward run"),
-    ("validate --forward NaN time", lambda t: ["calibrate", "validate", str(LEAN), "--forward", run_folder(
+    ("validate --forward NaN time", lambda t: ["calibrate", "validate", str(LEAN), "--table", str(LEAN_TABLE), "--forward", run_folder(
         t, source=DATA / "h200-forward", edit_rows=lambda df: df.assign(us=df["us"].where(df.index != 0, "nan")))],
      "NaN"),
-    ("validate --forward missing", lambda t: ["calibrate", "validate", str(LEAN), "--forward", str(t / "none")], "not found"),
-    ("validate --forward cut", lambda t: ["calibrate", "validate", str(LEAN), "--forward",
+    ("validate --forward missing", lambda t: ["calibrate", "validate", str(LEAN), "--table", str(LEAN_TABLE), "--forward", str(t / "none")], "not found"),
+    ("validate --forward cut", lambda t: ["calibrate", "validate", str(LEAN), "--table", str(LEAN_TABLE), "--forward",
                                           run_folder(t, csv_text=lambda s: "\n".join(s.splitlines()[:9]) + "\n",
                                                      source=DATA / "h200-forward")], "rows missing"),
     ("l2 modes swapped", lambda t: ["calibrate", "l2", "--rotate",
@@ -576,7 +577,7 @@ CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
      "not a regular file"),
     ("report -o a symlink to the README", lambda t: ["reports", "build", str(LEAN), "-o", _link(t, ROOT / "README.md")],
      "a file of the project's own"),
-    ("validate --csv a folder with a trailing slash", lambda t: ["calibrate", "validate", str(LEAN), "--csv",
+    ("validate --csv a folder with a trailing slash", lambda t: ["calibrate", "validate", str(LEAN), "--table", str(LEAN_TABLE), "--csv",
                                                                   str(t / "new") + "/"], "names a folder"),
     ("fit --install of a transformers-layout sweep", lambda t: ["calibrate", "fit", run_folder(
         t, edit_info=lambda i: {**i, "layout": "transformers"}, source=LEAN), "--gpu", "h200", "--install"],
@@ -666,7 +667,7 @@ def test_allow_mismatch_and_partial_let_the_user_judge_anyway(tmp_path, capsys):
     assert main(["regress", "--gpu", "h200", "--from", str(SWEEP), "--baseline", b, "--allow-mismatch"]) in (0, 1)
     assert "fingerprint differs" in capsys.readouterr().out
     cut = run_folder(tmp_path, lambda df: df[df["m"].astype(int) <= 64], source=LEAN)
-    assert main(["validate", cut, "--partial"]) in (0, 1)
+    assert main(["validate", cut, "--partial", "--table", str(LEAN_TABLE)]) in (0, 1)
     assert "--partial" in capsys.readouterr().err
 
 
@@ -906,7 +907,7 @@ def test_validate_checks_its_forward_file_before_printing_anything(tmp_path, cap
     from calibrate.__main__ import main
     bad = run_folder(tmp_path, source=DATA / "h200-forward", edit_rows=lambda df: df.assign(
         us=df["us"].where(df.index != 0, "nan")))
-    assert run_cli(main, "calibrate", ["validate", str(LEAN), "--forward", bad]) == 2
+    assert run_cli(main, "calibrate", ["validate", str(LEAN), "--table", str(LEAN_TABLE), "--forward", bad]) == 2
     captured = capsys.readouterr()
     assert captured.out == "" and "NaN" in captured.err
 

@@ -799,7 +799,7 @@ def test_forward_floor_and_replicate_bad_input_get_one_line(tmp_path):
     with pytest.raises(HarnessError, match="finite and >= 0"):
         load_forward_floor("h200", bad)
     with pytest.raises(HarnessError, match="--forward-replicate needs --forward"):
-        main(["validate", str(DATA / "h200-lean-validate"), "--forward-replicate", str(DATA / "h200-settled-forward-8")])
+        main(["validate", str(DATA / "h200-lean-validate"), "--table", str(DATA / "h200-lean-table.json"), "--forward-replicate", str(DATA / "h200-settled-forward-8")])
     with pytest.raises(HarnessError, match="two or more"):
         main(["forward-noise", str(DATA / "h200-settled-forward-8"), "--gpu", "h200"])
     # another GPU's runs: the fix offered is one the command has (forward-noise has no --allow-mismatch)

@@ -111,10 +111,14 @@ def _passing_run(tmp_path, monkeypatch):
     run_pipeline(H200, run, resume=False, execute=lambda leg, log: 0, same_machine=True)
     shipped_table = json.loads((ROOT / "dispatch/thresholds/h200.json").read_text())
     shipped_table["source"]["tactics"]["file"] = "table.autotune.json"
+    shipped_table["source"]["gemv_configs"]["file"] = "table.autotune.gemv.json"
     (run / "table.json").write_text(json.dumps(shipped_table))
-    shutil.copyfile(ROOT / "dispatch/thresholds/h200.autotune.json", run / "table.autotune.json")
-    shutil.copyfile(ROOT / "tests/baselines/h200.json", run / "baseline.json")
-    shutil.copyfile(ROOT / "tests/baselines/h200.autotune.json", run / "baseline.autotune.json")
+    for shipped, copy in (("dispatch/thresholds/h200.autotune.json", "table.autotune.json"),
+                          ("dispatch/thresholds/h200.autotune.gemv.json", "table.autotune.gemv.json"),
+                          ("tests/baselines/h200.json", "baseline.json"),
+                          ("tests/baselines/h200.autotune.json", "baseline.autotune.json"),
+                          ("tests/baselines/h200.autotune.gemv.json", "baseline.autotune.gemv.json")):
+        shutil.copyfile(ROOT / shipped, run / copy)
     old = {tmp_path / "thresholds" / "h200.json": "old table", tmp_path / "baselines" / "h200.json": "old baseline"}
     for path, text in old.items():
         path.write_text(text)
@@ -169,9 +173,10 @@ def test_install_is_all_or_nothing(tmp_path, monkeypatch, damage, needle):
 def test_install_of_a_sound_run_replaces_every_file(tmp_path, monkeypatch):
     run, old = _passing_run(tmp_path, monkeypatch)
     written = install(H200, run)
-    assert {p.name for p in written} == {"h200.json", "h200.autotune.json"}
-    assert len(written) == 4 and all(p.read_text() not in old.values() for p in written)
-    assert sorted(p.name for p in (tmp_path / "thresholds").iterdir()) == ["h200.autotune.json", "h200.json"]
+    assert {p.name for p in written} == {"h200.json", "h200.autotune.json", "h200.autotune.gemv.json"}
+    assert len(written) == 6 and all(p.read_text() not in old.values() for p in written)
+    assert sorted(p.name for p in (tmp_path / "thresholds").iterdir()) == ["h200.autotune.gemv.json",
+                                                                          "h200.autotune.json", "h200.json"]
 
 
 def test_the_check_waits_for_another_machine_and_resumes_there(tmp_path):

@@ -50,10 +50,11 @@ def add_parser(sub, parents: list, partial: dict) -> None:
 
 def run(args) -> int:
     csv_out = output_file(args.csv, "--csv") if args.csv else None
+    if args.replicate:
+        distinct([args.results, args.replicate], "--replicate")
     profile = get_profile(_profile_of(load_run_info(args.results), args.gpu))
     df, info = _load(args.results, args.partial, profile.name, getattr(args, "allow_mismatch", None))
     cells = Cells.from_results(df)
-
 
     table = load_table(profile.name, args.thresholds)
     if table.profile != profile.name:
@@ -92,7 +93,6 @@ def run(args) -> int:
                            f"({noise.source.get('runs', '?')})" if noise else
                            "bootstrap alone (no noise floor for this profile: python -m calibrate noise)"))
     if args.replicate:
-        distinct([args.results, args.replicate], "--replicate")
         rep_df, _ = _load(args.replicate, args.partial, profile.name, args.allow_mismatch)
         cov = coverage(cells, Cells.from_results(rep_df), noise)
         print(coverage_line(cov, noise.level if noise else LEVEL, f"{args.replicate}'s ratios in {args.results}'s intervals"))
