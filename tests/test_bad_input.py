@@ -705,7 +705,7 @@ def test_regress_on_a_users_sweep_lists_the_cells_it_skipped_and_fails_a_slow_on
 def test_a_table_runs_manifest_of_wrong_types_is_one_line(tmp_path):
     from calibrate.table_pipeline import MANIFEST, recorded
     from harness.errors import HarnessError
-    base = json.loads((ROOT / "evidence" / "h200-table-h200-20261201h" / MANIFEST).read_text())
+    base = json.loads((ROOT / "tests" / "data" / "h200-table-run-manifest" / MANIFEST).read_text())
     for edit, needle in (({"fit_machines": 10 ** 9}, "outside 1..8"), ({"refits": "none"}, "not a list of refits"),
                          ({"legs": {"sweep": 3}}, "not an object with a status"), ({"scope": {"models": 5}}, "scope"),
                          ({"fit_machines": True}, "not an integer")):

@@ -186,56 +186,6 @@ def test_devices_orchestration_hands_out_every_shape_once_and_merges(tmp_path):
     assert info_loose["host_timing"].startswith("concurrent") and not info_loose["worker_had_lock"]
 
 
-@pytest.mark.evidence
-def test_the_replicate_agreement_quoted_in_the_readme():
-    """Two single-GPU runs in fresh processes on one H200 lease: the noise a run over several GPUs is set against."""
-    from calibrate.agree import agreement, summary_lines
-    from calibrate.analysis import Cells
-    a, b = (Cells.from_results(load_results(DATA / n)) for n in ("h200-lean-fit", "h200-lean-validate"))
-    df = agreement(a, b)
-    assert len(df) == 1696
-    d = df["gpu_diff"].abs()
-    assert (round(d.median(), 4), round(d.quantile(0.9), 4)) == (0.0086, 0.0286)
-    assert round(df["host_ratio"].median(), 2) == 1.29
-    assert "1696 cells" in summary_lines(df)[0]
-
-
-X1, X2 = EVIDENCE / "h200x1-sweep", EVIDENCE / "h200x2-sweep"
-
-
-@pytest.mark.evidence
-def test_the_two_gpu_run_agrees_with_the_one_gpu_run():
-    """The committed default sweeps of one 2-GPU H200 lease, `--devices all` and then GPU 0 alone, same pinned
-    tactics: per-cell GPU time within the issue's bounds (median |diff| <= 1%, p90 <= 3%), and the host-time shift
-    between them no larger than between the two single-GPU replicates of another lease (h200-lean-fit/-validate)."""
-    from calibrate.agree import agreement
-    from calibrate.analysis import Cells
-    df = agreement(Cells.from_results(load_results(X1)), Cells.from_results(load_results(X2)))
-    assert len(df) == 2630
-    d = df["gpu_diff"].abs()
-    assert (round(d.median(), 4), round(d.quantile(0.9), 4)) == (0.0031, 0.0279)
-    assert d.median() <= 0.01 and d.quantile(0.9) <= 0.03
-    host_shift = abs(math.log(df["host_ratio"].median()))
-    rep = agreement(*(Cells.from_results(load_results(DATA / n)) for n in ("h200-lean-fit", "h200-lean-validate")))
-    assert round(df["host_ratio"].median(), 2) == 0.80
-    assert host_shift <= abs(math.log(rep["host_ratio"].median()))
-
-
-@pytest.mark.evidence
-def test_the_two_gpu_sweep_ran_faster_and_merges_again_byte_for_byte(tmp_path):
-    """Its shards merge again into exactly the committed results.csv; its wall time (the slower shard's) against
-    the one-GPU run's: the >= 1.8x target."""
-    out = merge_shards([X2 / "shards" / "gpu0", X2 / "shards" / "gpu1"], tmp_path / "merged")
-    assert (out / "results.csv").read_bytes() == (X2 / "results.csv").read_bytes()
-    again = json.loads((out / "run.json").read_text())
-    assert [s["device"] for s in again["shards"]] == [0, 1] and all(s["clocks_start"] for s in again["shards"])
-    assert again["started"] == min(s["started"] for s in again["shards"])
-    one, two = (json.loads((d / "run.json").read_text()) for d in (X1, X2))
-    assert two["host_timing"].startswith("serialized") and len(two["shards"]) == 2
-    assert {s["shard"]["device"] for s in two["shards"]} == {0, 1}
-    assert round(one["wall_s"] / two["wall_s"], 2) == 1.94 and one["wall_s"] / two["wall_s"] >= 1.8
-
-
 def test_devices_resume_refuses_a_single_gpu_run_and_deletes_nothing(tmp_path):
     """--resume with --devices redoes only a merge of shards: a folder holding a run on one GPU is refused, untouched."""
     import shutil
@@ -265,25 +215,6 @@ def test_a_worker_makes_visible_the_gpu_the_parent_calls_by_that_index():
         visible_entry(2, "2,3")
 
 
-@pytest.mark.evidence
-def test_the_committed_full_grid_ran_complete_on_two_gpus():
-    """evidence/h200x2-full: `--grid full --devices all` on a 2-GPU H200 in three legs (two SIGINTs, two
-    --resume): every cell of the full grid present and validated by load_results against its run.json, none failed,
-    two shards on two devices, host timing serialized."""
-    df = load_results(EVIDENCE / "h200x2-full")
-    info = json.loads((EVIDENCE / "h200x2-full" / "run.json").read_text())
-    assert info["status"] == "complete" and info["missing_shapes"] == [] and "serialized" in info["host_timing"]
-    assert sorted(int(m) for m in info["ms"]) == sorted(full_grid_ms()) and len(info["ms"]) == 58
-    assert df["shape"].nunique() == len(full_catalog()) == 53
-    assert len(df) == 53 * 58 * 7 == 21518
-    assert df["status"].value_counts().to_dict() == {"ok": 20770, "skipped": 748}
-    assert sorted(s["device"] for s in info["shards"]) == [0, 1]
-    # its workers' legs (the merged run.json predates wall_s_all_legs): 520 + 529 + 171 s and 519 + 529 + 179 s
-    legs = [[leg["wall_s"] for leg in json.loads((EVIDENCE / "h200x2-full" / "shards" / g / "run.json").read_text())
-             ["previous_legs"]] for g in ("gpu0", "gpu1")]
-    assert [round(sum(x)) for x in legs] == [1049, 1048]
-
-
 HOST_TIMING = DATA.parent.parent / "evidence" / "h200x2-host-timing"  # the whole 2-GPU study (evidence tests)
 HOST_TIMING_FIXTURE = DATA / "h200x2-host-timing"  # four of its runs, for the tests of the command itself
 
@@ -293,29 +224,6 @@ def _arms() -> dict:
     return {arm: {n: Cells.from_results(load_results(HOST_TIMING / n)) for n in
                   (f"{prefix}-{s}" for s in ("a", "b", "c", "c2", "d", "d2"))}
             for arm, prefix in (("1-gpu", "x1"), ("serialized", "ser"), ("concurrent", "conc"))}
-
-
-@pytest.mark.evidence
-def test_concurrent_host_timing_shifts_host_time_no_more_than_the_run_to_run_noise():
-    """evidence/h200x2-host-timing: one 2-GPU H200 lease, 188 cells, six runs each on GPU 0 alone, on both GPUs
-    with the host-timing lock, and on both without it, in the orders A B C C B A, then (A B C A C B) twice. The
-    figures of the closing note: per run the host-time factors scatter by 9% (one sd); concurrent over 1-GPU is
-    1.012 per cell and 1.026 per run, within that noise; so is serialized over 1-GPU (0.961, 0.942)."""
-    from calibrate.agree import host_shift, host_shift_lines
-    s = host_shift(_arms())
-    assert s.cells == 188 and round(s.noise, 3) == 1.090
-    by = {p["pair"]: p for p in s.pairs}
-    conc, ser = by["concurrent / 1-gpu"], by["serialized / 1-gpu"]
-    assert (round(conc["cells"], 3), round(conc["runs"], 3)) == (1.012, 1.026)
-    assert (round(ser["cells"], 3), round(ser["runs"], 3)) == (0.961, 0.942)
-    assert round(by["concurrent / serialized"]["cells"], 3) == 1.047
-    assert not any(p["beyond_noise"] for p in s.pairs)
-    assert conc["runs_lo"] < 1 < conc["runs_hi"]
-    assert any("no shift beyond the run-to-run noise" in line for line in host_shift_lines(s))
-    for arm in ("serialized", "concurrent"):  # the arms ran as labelled
-        for name in _arms()[arm]:
-            info = json.loads((HOST_TIMING / name / "run.json").read_text())
-            assert info["host_timing"].startswith(arm) and len(info["shards"]) == 2
 
 
 def test_host_shift_finds_a_shift_beyond_the_noise_and_none_without_one():
@@ -360,24 +268,6 @@ def test_two_shards_measured_as_two_machines_merge_into_one_run(tmp_path):
     df = agreement(Cells.from_results(load_results(HOST_TIMING_FIXTURE / "x1-b")), Cells.from_results(load_results(root / "merged")))
     d = df["gpu_diff"].abs()
     assert len(df) == 188 and d.median() <= 0.01 and d.quantile(0.9) <= 0.03
-
-
-@pytest.mark.evidence
-def test_the_largest_two_gpu_difference_is_an_order_effect_seen_on_one_gpu():
-    """The one cell where 2-GPU runs differ from 1-GPU runs by 20% (lean TinyGEMM at M = 1 on the 248320x2560
-    lm_head): 508-509 µs in every 2-GPU run, where that shape was its worker's first, 420-426 µs in every 1-GPU run;
-    on one GPU alone it is 509-511 µs as a process's first shape (either GPU) and 419 µs after one small shape.
-    M = 8 of the same shape is unaffected. Recorded, not explained."""
-    def cell(folder, m):
-        df = load_results(folder)
-        row = df[(df["shape"] == "n248320_k2560") & (df["m"] == m) & (df["path"] == "flashinfer-lean:tinygemm")]
-        return float(row["gpu_us"].iloc[0])
-    two = [cell(HOST_TIMING / f"{a}-{s}", 1) for a in ("ser", "conc") for s in ("a", "b", "c", "c2", "d", "d2")]
-    one = [cell(HOST_TIMING / f"x1-{s}", 1) for s in ("a", "b", "c", "c2", "d", "d2")]
-    assert 508 <= min(two) and max(two) <= 510 and 420 <= min(one) and max(one) <= 426
-    probe = HOST_TIMING.parent / "h200-probe-binding"
-    assert [round(cell(probe / f, 1)) for f in ("first-gpu0", "first-gpu1", "second-gpu0")] == [509, 511, 419]
-    assert max(abs(cell(HOST_TIMING / f"{a}-a", 8) / cell(HOST_TIMING / "x1-a", 8) - 1) for a in ("ser", "conc")) < 0.02
 
 
 def test_host_shift_labels_runs_by_folder_name_or_by_path_where_names_repeat(tmp_path, capsys):

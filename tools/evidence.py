@@ -4,9 +4,16 @@
     python tools/evidence.py list
     python tools/evidence.py current PROFILE [check-sweep|check-forward|run]
     python tools/evidence.py restore ID --to DIR
+    python tools/evidence.py section ID --profile P --title T --order N --text "..."
+    python tools/evidence.py figure ID --label "..." --of READER --args JSON [--tolerance T]
+    python tools/evidence.py page PROFILE [--check]
 
 `current` prints the evidence folder of the table run a profile's shipped table came from (the run whose manifest
 has the hash the table's source.manifest records), or one of its check runs: what `make report` shows by default.
+
+`section` puts a filed run on the results page of a profile; `figure` records one figure of it, read from the run
+by a reader of tools/figures.py (the value is the reader's, never typed); `page` writes docs/results-<profile>.md
+from the manifest, every figure read again from its run (`--check`: exit 1 where the page on disk differs).
 
 The id is <profile>-<kind>-<started, UTC>-<first 6 hex of the results file's sha256>: made from the run, never by
 hand. The manifest keeps, per id: the run's command, harness sha, fingerprint's GPU, start time and what it backs.
@@ -34,7 +41,7 @@ MANIFEST_FORMAT = 1
 
 
 def _result_file(run: Path) -> Path:
-    data = next((run / f for f in RESULT_FILES if (run / f).is_file()), None)
+    data = next((run / f for f in (*RESULT_FILES, "results.csv.xz") if (run / f).is_file()), None)
     if data is None:
         raise HarnessError(f"{run} holds none of {', '.join(RESULT_FILES)}; {FIX}")
     return data
@@ -72,7 +79,7 @@ def check_run(run: Path, partial: bool = False) -> dict:
         raise HarnessError(f"{run} is {info.get('status')!r}, not a complete run; finish it (--resume) before it is "
                            f"filed, or file what it holds with --partial")
     data = _result_file(run)
-    if data.name == "results.csv":
+    if data.name in ("results.csv", "results.csv.xz"):
         from bench.results import load_results
         load_results(run)
     elif data.name == "forward.csv":
@@ -181,6 +188,62 @@ def restore(rid: str, to: Path) -> Path:
     return to
 
 
+def _entry(rid: str) -> tuple[dict, dict]:
+    manifest = {"format": MANIFEST_FORMAT, **load_manifest()}
+    if rid not in manifest["runs"] or not (EVIDENCE / rid).is_dir():
+        raise HarnessError(f"evidence/{rid} is not a filed run; `python tools/evidence.py list` names them")
+    return manifest, manifest["runs"][rid]
+
+
+def _save(manifest: dict) -> None:
+    atomic_write_text(MANIFEST, json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+
+
+def section(rid: str, profile: str, title: str, order: int, text: str) -> None:
+    manifest, entry = _entry(rid)
+    entry["page"] = {"profile": profile, "title": title, "order": order, "text": text}
+    _save(manifest)
+
+
+def figure(rid: str, label: str, of: str, args: dict, tolerance: float) -> object:
+    """Reads one figure from the run and records it, with its reader, beside the run's entry."""
+    from tools.figures import read
+    manifest, entry = _entry(rid)
+    spec = {"label": label, "of": of, "args": args, "tolerance": tolerance}
+    spec["value"] = read(EVIDENCE / rid, spec)
+    entry["figures"] = [f for f in entry.get("figures", []) if f["label"] != label] + [spec]
+    _save(manifest)
+    return spec["value"]
+
+
+def page(profile: str) -> str:
+    """docs/results-<profile>.md: each run on the page, in order, with its command and every figure read again."""
+    from tools.figures import agrees, read, shown
+    runs = [(rid, e) for rid, e in load_manifest()["runs"].items() if (e.get("page") or {}).get("profile") == profile]
+    if not runs:
+        raise HarnessError(f"no filed run is on the {profile} page; put one there with `tools/evidence.py section`")
+    lines = [f"# Results on the {profile.upper()}", "",
+             f"Written by `python tools/evidence.py page {profile}` from `evidence/manifest.json`; do not edit. Each "
+             "figure is read again from the run it names (`evidence/<id>/`) by the reader in `tools/figures.py` "
+             "that recorded it; `pytest -m evidence` checks that every reading still agrees with the recorded one.", ""]
+    for rid, e in sorted(runs, key=lambda r: (r[1]["page"]["order"], r[0])):
+        lines += [f"## {e['page']['title']}", "", e["page"]["text"], "",
+                  f"Run `{rid}` (harness {e.get('harness_sha')}, {e.get('gpu')}, started {e.get('started') or 'undated'}).",
+                  f"Command: `{e.get('command')}`", ""]
+        if e.get("figures"):
+            lines += ["| figure | value | read by |", "|---|---|---|"]
+        for spec in e.get("figures", []):
+            value = read(EVIDENCE / rid, spec)
+            if not agrees(value, spec["value"], spec.get("tolerance", 0)):
+                raise HarnessError(f"evidence/{rid}: {spec['label']!r} reads {value!r} now, recorded "
+                                   f"{spec['value']!r}; record it again (tools/evidence.py figure) if the method "
+                                   f"changed, else find out why")
+            args = ", ".join(f"{k}={v}" for k, v in spec.get("args", {}).items())
+            lines.append(f"| {spec['label']} | {shown(value)} | `{spec['of']}({args})` |")
+        lines.append("")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     from harness.cli import Parser
     p = Parser(prog="tools/evidence.py")
@@ -197,11 +260,40 @@ def main(argv=None) -> int:
     c = sub.add_parser("current")
     c.add_argument("profile")
     c.add_argument("part", nargs="?", default="run", choices=PARTS)
+    s = sub.add_parser("section")
+    s.add_argument("id")
+    s.add_argument("--profile", required=True)
+    s.add_argument("--title", required=True)
+    s.add_argument("--order", type=int, required=True)
+    s.add_argument("--text", required=True)
+    f = sub.add_parser("figure")
+    f.add_argument("id")
+    f.add_argument("--label", required=True)
+    f.add_argument("--of", required=True, help="a reader of tools/figures.py")
+    f.add_argument("--args", type=json.loads, default={}, help="the reader's arguments, a JSON object")
+    f.add_argument("--tolerance", type=float, default=0.0)
+    g = sub.add_parser("page")
+    g.add_argument("profile")
+    g.add_argument("--check", action="store_true", help="exit 1 where docs/results-PROFILE.md differs")
     args = p.parse_args(argv)
     if args.cmd == "add":
         print(add(Path(args.run), args.backs, args.note, args.partial))
     elif args.cmd == "restore":
         print(f"restored evidence/{args.id} into {restore(args.id, Path(args.to))}")
+    elif args.cmd == "section":
+        section(args.id, args.profile, args.title, args.order, args.text)
+    elif args.cmd == "figure":
+        print(json.dumps(figure(args.id, args.label, args.of, args.args, args.tolerance)))
+    elif args.cmd == "page":
+        out, text = ROOT / "docs" / f"results-{args.profile}.md", page(args.profile) + "\n"
+        if args.check:
+            if not out.is_file() or out.read_text() != text:
+                print(f"{out.relative_to(ROOT)} is not what the manifest writes; run tools/evidence.py page "
+                      f"{args.profile}", file=sys.stderr)
+                return 1
+            return 0
+        atomic_write_text(out, text)
+        print(f"wrote {out.relative_to(ROOT)} ({text.count(chr(10))} lines)")
     elif args.cmd == "current":
         print(current(args.profile, args.part).relative_to(ROOT))
     else:

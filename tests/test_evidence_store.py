@@ -1,0 +1,99 @@
+"""tools/evidence.py, the store of measured runs: `current` finds the folder behind a shipped table by its
+manifest's hash (what the Makefile's report defaults name); `figure` and `page` record and read back its figures."""
+import hashlib
+import json
+
+import pytest
+
+from harness.errors import HarnessError
+
+
+def test_current_finds_the_table_run_by_its_manifest_hash(tmp_path, monkeypatch):
+    import tools.evidence as ev
+    (tmp_path / "dispatch" / "thresholds").mkdir(parents=True)
+    run = tmp_path / "evidence" / "some-table-run"
+    (run / "check-sweep").mkdir(parents=True)
+    (run / "manifest.json").write_text('{"legs": {}}\n')
+    (tmp_path / "evidence" / "other").mkdir()
+    (tmp_path / "evidence" / "other" / "manifest.json").write_text('{"legs": {"x": 1}}\n')
+    digest = hashlib.sha256((run / "manifest.json").read_bytes()).hexdigest()
+    table = {"source": {"manifest": {"file": "results/h200/x/manifest.json", "sha256": digest}}}
+    (tmp_path / "dispatch" / "thresholds" / "h200.json").write_text(json.dumps(table))
+    monkeypatch.setattr(ev, "ROOT", tmp_path)
+    monkeypatch.setattr(ev, "EVIDENCE", tmp_path / "evidence")
+    assert ev.current("h200") == run and ev.current("h200", "check-sweep") == run / "check-sweep"
+    with pytest.raises(HarnessError, match="holds no check-forward"):
+        ev.current("h200", "check-forward")
+    (run / "manifest.json").write_text('{"legs": {"changed": 1}}\n')
+    with pytest.raises(HarnessError, match="no table run with the manifest"):
+        ev.current("h200")
+    (tmp_path / "dispatch" / "thresholds" / "h200.json").write_text(json.dumps({"source": {}}))
+    with pytest.raises(HarnessError, match="names no table run"):
+        ev.current("h200")
+
+
+def test_the_shipped_h200_table_names_a_run_that_evidence_holds():
+    from tools.evidence import current
+    assert (current("h200", "check-sweep") / "run.json").is_file()
+    assert (current("h200", "check-forward") / "forward.csv").is_file()
+
+
+def test_restore_copies_a_filed_run_back_with_its_results_decompressed(tmp_path):
+    import lzma
+
+    from tools.evidence import load_manifest, restore
+    rid = "h200-table-h200-gemv-A"
+    assert rid in load_manifest()["runs"]
+    out = restore(rid, tmp_path / "results" / "h200" / "h200-gemv-A")
+    assert (out / "manifest.json").is_file() and (out / "table.json").is_file()
+    packed = sorted(p.relative_to(tmp_path / "results" / "h200" / "h200-gemv-A")
+                    for p in out.rglob("results.csv"))
+    assert packed and not list(out.rglob("*.xz"))
+    from tools.evidence import EVIDENCE
+    assert (out / "sweep" / "results.csv").read_bytes() == lzma.decompress(
+        (EVIDENCE / rid / "sweep" / "results.csv.xz").read_bytes())
+    with pytest.raises(HarnessError, match="exists"):
+        restore(rid, out)
+    with pytest.raises(HarnessError, match="not a filed run"):
+        restore("no-such-run", tmp_path / "x")
+
+
+def _store(tmp_path, monkeypatch):
+    """A store of one filed run (a host-cost table of two shapes) with tools/evidence.py pointed at it."""
+    import tools.evidence as ev
+    run = tmp_path / "evidence" / "h200-host-cost-x"
+    run.mkdir(parents=True)
+    (run / "host_cost.csv").write_text("part,n,k,m,path,host_us,f_linear_host_us,ratio\n"
+                                       "low,64,2048,8,triton:gemv,30.0,20.0,1.5\n"
+                                       "low,2048,4096,8,triton:gemv,40.0,20.0,2.0\n")
+    (tmp_path / "evidence" / "manifest.json").write_text(json.dumps(
+        {"format": 1, "runs": {run.name: {"backs": "a test", "command": "python -m calibrate host-cost"}}}))
+    (tmp_path / "docs").mkdir()
+    for name, value in (("ROOT", tmp_path), ("EVIDENCE", tmp_path / "evidence"),
+                        ("MANIFEST", tmp_path / "evidence" / "manifest.json")):
+        monkeypatch.setattr(ev, name, value)
+    return ev, run
+
+
+def test_a_figure_is_the_readers_value_and_the_page_reads_it_again(tmp_path, monkeypatch):
+    ev, run = _store(tmp_path, monkeypatch)
+    ev.section(run.name, "h200", "Host time", 1, "One paragraph.")
+    assert ev.figure(run.name, "GEMV median", "host_cost", {"m": 8, "path": "triton:gemv", "stat": "median"}, 0) == 1.75
+    assert ev.figure(run.name, "GEMV most", "host_cost", {"m": 8, "path": "triton:gemv", "stat": "max"}, 0) == 2.0
+    text = ev.page("h200")
+    assert "## Host time" in text and "| GEMV median | 1.75 |" in text and "| GEMV most | 2 |" in text
+    assert ev.main(["page", "h200"]) == 0 and ev.main(["page", "h200", "--check"]) == 0
+    # the run changes under its recorded figure: the page refuses, and --check says the page is stale
+    (run / "host_cost.csv").write_text((run / "host_cost.csv").read_text().replace(",2.0\n", ",2.5\n"))
+    with pytest.raises(HarnessError, match="'GEMV median' reads 2.0 now, recorded 1.75"):
+        ev.page("h200")
+    with pytest.raises(HarnessError, match="no reader 'guess'"):
+        ev.figure(run.name, "x", "guess", {}, 0)
+    with pytest.raises(HarnessError, match="not a filed run"):
+        ev.figure("nothing", "x", "host_cost", {}, 0)
+
+
+def test_readings_agree_within_the_recorded_tolerance_element_by_element():
+    from tools.figures import agrees
+    assert agrees([1.0, 2.0], [1.0, 2.004], 0.005) and not agrees([1.0, 2.0], [1.0, 2.01], 0.005)
+    assert not agrees([1.0], [1.0, 2.0], 1) and agrees("PASS", "PASS", 0) and not agrees("FAIL", "PASS", 0)
