@@ -393,9 +393,29 @@ def ratio_lines(rows: list[dict[str, Any]]) -> list[str]:
     return out
 
 
+# the packages transformers' Qwen3.5 takes its gated-delta-net kernels from where they import; else its PyTorch code
+MODEL_KERNEL_PACKAGES = {"gated_delta_rule": ("fla", "flash-linear-attention"),
+                         "causal_conv1d": ("causal_conv1d", "causal-conv1d")}
+REFERENCE = "transformers' PyTorch reference"
+
+
+def model_kernels() -> dict[str, str]:
+    """Which kernels a transformers model's linear-attention layers run: a package and its version, or REFERENCE."""
+    import importlib
+    import importlib.metadata
+    out = {}
+    for op, (module, dist) in MODEL_KERNEL_PACKAGES.items():
+        try:
+            importlib.import_module(module)
+            out[op] = f"{dist} {importlib.metadata.version(dist)}"
+        except Exception:  # transformers falls back to its own code on any import failure, so this does too
+            out[op] = REFERENCE
+    return out
+
+
 def write_e2e(out: Path, rows: list[dict[str, Any]], info: dict[str, Any]) -> None:
     from bench.results import rows_to_csv, write_run_json
     from harness.io import atomic_write_text
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / E2E_FILE, rows_to_csv(rows, COLUMNS))
-    write_run_json(out, info)
+    write_run_json(out, {**info, "model_kernels": info.get("model_kernels") or model_kernels()})

@@ -347,7 +347,7 @@ def test_calibrate_e2e_control_from_the_command_line(tmp_path, capsys):
                   {**fp, "layers": layers})
     assert main(["e2e", str(tmp_path / "run"), "--control", str(tmp_path / "aa")]) == 0
     out = capsys.readouterr().out
-    assert "margin" in out.splitlines()[0] and "SAME within ±margin" in out and "SLOWER" not in out
+    assert "margin" in [line for line in out.splitlines() if not line.startswith("note")][0] and "SAME within ±margin" in out and "SLOWER" not in out
     with pytest.raises(HarnessError, match="ran --layers 2, .* --layers all; run the control with the same --layers"):
         main(["e2e", str(tmp_path / "run"), "--control", str(tmp_path / "aa-2")])
     write_e2e(tmp_path / "aa-cut", _e2e_frame("A", stock, stock).to_dict("records"),
@@ -375,3 +375,26 @@ def test_bench_e2e_control_runs_a_table_of_no_ranges_and_excludes_table(tmp_path
     with pytest.raises(HarnessError, match="--control runs a table of no ranges; it excludes --table"):
         main(["e2e", "--gpu", "h200", "--control", "--table", "x.json", "--out", str(tmp_path / "o")])
     assert not (tmp_path / "o").exists()
+
+
+def test_an_e2e_run_says_which_kernels_its_model_ran(tmp_path, monkeypatch):
+    """run.json records the linear-attention kernels' package (or the PyTorch reference); calibrate e2e labels a run
+    on the reference kernels as such, and an older run without the record says so."""
+    import importlib.metadata
+
+    import bench.e2e as e2e
+    from calibrate.commands.e2e import kernels_note
+    real = importlib.import_module
+
+    def only_fla(name, *a, **k):
+        if name == "causal_conv1d":
+            raise ImportError(name)
+        return object() if name == "fla" else real(name, *a, **k)
+    monkeypatch.setattr(importlib, "import_module", only_fla)
+    monkeypatch.setattr(importlib.metadata, "version", lambda dist: "0.6.0")
+    kernels = e2e.model_kernels()
+    assert kernels == {"gated_delta_rule": "flash-linear-attention 0.6.0", "causal_conv1d": e2e.REFERENCE}
+    assert kernels_note({"model_kernels": kernels}, "run").startswith("note: run ran transformers' PyTorch reference")
+    assert kernels_note({"model_kernels": {"gated_delta_rule": "flash-linear-attention 0.6.0"}}, "run") == \
+        "model kernels: gated_delta_rule: flash-linear-attention 0.6.0"
+    assert "does not record" in kernels_note({}, "run")

@@ -23,6 +23,20 @@ def add_parser(sub, partial: dict) -> None:
     p_e2e.add_argument("--partial", **partial)
 
 
+def kernels_note(info: dict, results: str) -> str:
+    """Which kernels the model's linear-attention layers ran, said first where it was the PyTorch reference (a run
+    no transformers user with the kernels installed would see)."""
+    from bench.e2e import REFERENCE
+    kernels = info.get("model_kernels")
+    if not isinstance(kernels, dict):
+        return f"note: {results} does not record which kernels its model ran (a run before model_kernels)"
+    text = ", ".join(f"{op}: {k}" for op, k in sorted(kernels.items()))
+    if REFERENCE in kernels.values():
+        return (f"note: {results} ran {REFERENCE} kernels in its model ({text}); install the e2e extra "
+                f"(flash-linear-attention) for the kernels a user runs")
+    return f"model kernels: {text}"
+
+
 def run(args) -> int:
     from calibrate.e2e_terms import E2E_MARGIN, check_same_layers, control_margins, load_e2e, predictions, rounds_note
     df, info = load_e2e(args.results, args.partial)
@@ -52,7 +66,7 @@ def run(args) -> int:
     table = predictions(df, fdf, margins)
     if table.empty:
         raise HarnessError(f"{args.results} has no step measured in both variants")
-    for note in filter(None, notes):
+    for note in filter(None, [*notes, kernels_note(info, args.results)]):
         print(note)
     print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     print(f"\nper_round: median of the rounds' patched / stock, [lo, hi] its 95% bootstrap interval; SAME within "
