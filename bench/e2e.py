@@ -122,13 +122,15 @@ def captured_decode(model, prompt, device: str) -> tuple[Callable[[], None] | No
 @dataclass
 class _Measured:
     """What the rounds collect: samples per (step, tokens, variant), why a step was not measured, the logits of the
-    first prefill, and the patched model's linear check."""
+    first prefill, the patched model's linear check, and each patched linear's binding, kept across the variants'
+    switches."""
     samples: dict[tuple[str, int, str], list[float]] = field(default_factory=dict)
     reasons: dict[tuple[str, int, str], str] = field(default_factory=dict)
     logits: dict[str, Any] = field(default_factory=dict)
     patched_count: int = 0
     linear_err: float = 0.0
     linear_worst: str = ""
+    bindings: dict[str, Any] = field(default_factory=dict)
 
 
 def run_e2e(cfg: E2EConfig) -> list[dict[str, Any]]:
@@ -187,14 +189,23 @@ class RoundsInterrupted(KeyboardInterrupt):
 
 @contextmanager
 def _as_variant(model, variant: str, got: _Measured):
-    """The model as one variant: patched by dispatch.patch for 'patched' (removed on the way out), as is for 'stock'."""
+    """The model as one variant: patched by dispatch.patch for 'patched' (removed on the way out), as is for 'stock'.
+    remove() drops each linear's binding, so the bindings an earlier patched call made are put back: a timed call
+    must not pay for binding every linear again (a user patches once). A binding whose weight changed is made anew."""
     import dispatch
+    from dispatch.patching import BOUND
     handle = dispatch.patch(model) if variant == "patched" else None
-    got.patched_count = len(handle) if handle is not None else got.patched_count
+    if handle is not None:
+        got.patched_count = len(handle)
+        for name, module in handle.patched:
+            if name in got.bindings:
+                module.__dict__[BOUND] = got.bindings[name]
     try:
         yield handle
     finally:
         if handle is not None:
+            got.bindings.update({name: module.__dict__[BOUND] for name, module in handle.patched
+                                 if BOUND in module.__dict__})
             handle.remove()
 
 

@@ -12,6 +12,8 @@ from typing import Any, Callable
 import torch
 
 
+BOUND = "_dispatch_bound"  # where a patched linear keeps its binding: (weight, its data_ptr, the bound call)
+
 @dataclass
 class PatchHandle:
     """What patch() changed: (qualified name, module) per patched linear; remove() undoes it."""
@@ -27,7 +29,7 @@ class PatchHandle:
         for _, module in self.patched:
             if type(module) in (DispatchedLinear, CompiledDispatchedLinear):
                 module.__class__ = torch.nn.Linear  # the class it had (patch takes plain nn.Linear only)
-                module.__dict__.pop("_dispatch_bound", None)
+                module.__dict__.pop(BOUND, None)
             module.__dict__.pop("forward", None)  # a forward set on the patched module after patch goes too
         self.patched.clear()
 
@@ -63,18 +65,18 @@ class _Dispatched:
 
     def forward(self, x: Any) -> Any:
         weight = self.weight
-        bound = self.__dict__.get("_dispatch_bound")
+        bound = self.__dict__.get(BOUND)
         if bound is None or bound[0] is not weight or bound[1] != weight.data_ptr():
             if self.bias is not None or not _servable(weight):
                 import torch.nn.functional as F
                 return F.linear(x, weight, self.bias)
-            bound = self.__dict__["_dispatch_bound"] = (weight, weight.data_ptr(), self._bind(weight))
+            bound = self.__dict__[BOUND] = (weight, weight.data_ptr(), self._bind(weight))
         return bound[2](x)
 
     def __getstate__(self) -> dict:
         state = super().__getstate__() if hasattr(super(), "__getstate__") else self.__dict__
         state = dict(state)
-        state.pop("_dispatch_bound", None)
+        state.pop(BOUND, None)
         return state
 
 
