@@ -398,3 +398,27 @@ def test_an_e2e_run_says_which_kernels_its_model_ran(tmp_path, monkeypatch):
     assert kernels_note({"model_kernels": {"gated_delta_rule": "flash-linear-attention 0.6.0"}}, "run") == \
         "model kernels: gated_delta_rule: flash-linear-attention 0.6.0"
     assert "does not record" in kernels_note({}, "run")
+
+
+def test_the_patched_variant_binds_each_linear_once_across_its_switches(monkeypatch):
+    """bench e2e patches and unpatches the model around every timed call; the bindings survive the switches, so a
+    timed patched call never pays for binding every linear again, and a changed weight is bound anew."""
+    import torch
+
+    from bench.e2e import _as_variant, _Measured
+    from dispatch.patching import DispatchedLinear
+    binds = []
+    monkeypatch.setattr(DispatchedLinear, "_bind", lambda self, w: binds.append(w) or (lambda x: x @ w.t()))
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4, bias=False, dtype=torch.bfloat16),
+                                torch.nn.Linear(4, 8, bias=False, dtype=torch.bfloat16))
+    x = torch.randn(2, 8, dtype=torch.bfloat16)
+    got = _Measured()
+    for variant in ("patched", "stock", "patched", "patched"):
+        with _as_variant(model, variant, got), torch.no_grad():
+            model(x)
+    assert len(binds) == 2 and got.patched_count == 2
+    with torch.no_grad():
+        model[0].weight = torch.nn.Parameter(torch.randn(4, 8, dtype=torch.bfloat16))
+    with _as_variant(model, "patched", got), torch.no_grad():
+        model(x)
+    assert len(binds) == 3 and type(model[0]) is torch.nn.Linear  # the new weight bound; unpatched on the way out
