@@ -9,6 +9,7 @@ import pandas as pd
 from bench.autotune_cache import FILE_NAME, tactic_differences
 from bench.results import load_run_info
 from calibrate.analysis import Cells, cell_verdicts, failures, forward_totals, model_uses, provenance
+from calibrate.limit import lines as limit_lines
 from calibrate.forward_model import (MODEL_MISS, forward_ratios, judged_forward, load_forward, model_vs_measured,
                                      null_pair_spread)
 from calibrate.forward_noise import forward_coverage, forward_noise_path, load_forward_floor
@@ -109,6 +110,8 @@ def run(args) -> int:
         fails, covered = _forward_report(folder, fdf, finfo, cells, table, profile, replicate)
         measured_over, measured = pd.concat([measured_over, fails]), measured | covered
     over = over[[(m, mm) not in measured for m, mm in zip(over["model"], over["m"])]]
+    for line in limit_lines(df, forwards[0][1] if forwards else None):
+        print(line)
     if not slower.empty:
         print(f"\nFAIL: the dispatcher is SLOWER than the best path beyond {args.margin:.0%} on {len(slower)} cell(s):")
         print(slower[["n", "k", "m", "chosen", "oracle", "chosen_us", "oracle_us", "regret", "ratio_lo", "ratio_hi"]]

@@ -1,0 +1,32 @@
+"""calibrate/limit.py: the distance to the limit that validate prints, on small fixtures."""
+import pandas as pd
+
+from calibrate.limit import forward_distance, lines, shape_shares
+
+
+def _cells():
+    rows = []
+    for n, k in ((2560, 4096), (64, 2048)):  # 21 MB and a small weight the section leaves out
+        for m in (1, 2, 4, 8, 16):
+            for path, share in (("dispatch", 0.8 + m / 100), ("aten", 0.6)):
+                rows.append({"n": n, "k": k, "m": m, "path": path, "status": "ok", "of_ceiling": share})
+    rows.append({"n": 2560, "k": 4096, "m": 1, "path": "dispatch", "status": "failed", "of_ceiling": 0.1})
+    return pd.DataFrame(rows)
+
+
+def test_shares_are_the_dispatchers_for_large_weights_at_small_m():
+    shares = shape_shares(_cells()[lambda d: d["status"] == "ok"])
+    assert list(shares.index) == [(2560, 4096)] and list(shares.columns) == [1, 2, 4, 8]
+    assert shares.loc[(2560, 4096), 8] == 0.88
+    assert shape_shares(_cells().drop(columns=["of_ceiling"])).empty  # a run without ceilings: no section
+
+
+def test_the_forward_distance_is_the_captured_dispatchers_where_bandwidth_bounds_it():
+    fdf = pd.DataFrame([{"model": "m", "m": m, "path": p, "regime": r, "status": "ok", "us": 2.0 * m, "floor_us": 1.0,
+                         "over_floor": 2.0 * m, "over_ceiling_sum": 1.5 * m}
+                        for m in (1, 8, 512) for p in ("dispatch", "aten") for r in ("graph", "eager")])
+    dist = forward_distance(fdf)
+    assert list(dist["m"]) == [1, 8] and list(dist["over_floor"]) == [2.0, 16.0]
+    text = "\n".join(lines(_cells()[lambda d: d["status"] == "ok"], fdf))
+    assert "share of the size-matched read ceiling" in text and "over_ceiling_sum" in text
+    assert lines(_cells().drop(columns=["of_ceiling"]), fdf.drop(columns=["over_floor"])) == []
