@@ -21,6 +21,7 @@ from bench.shard import assign, full_catalog, full_grid_ms, parse_shard, shard_f
 from bench.sweep import GPU_BOUND_HOST_BLOCKS, SweepConfig, dry_run, require_gpu, run_sweep
 from dispatch import vllm
 from dispatch.backends import ATEN, flashinfer_path
+from shapes.derive import CATALOG_LAYOUTS
 from dispatch.profiles import PROFILES, get_profile
 from dispatch.table import load_table
 from harness.cli import Parser, float_in, int_in, parent
@@ -219,8 +220,9 @@ def _add_forward(sub, parents: list) -> None:
 
 def _add_layout_and_tuning(p) -> None:
     """The options run and forward share: the layout of the model's linears and how FlashInfer is tuned."""
-    p.add_argument("--layout", choices=("vllm", "transformers"), default="vllm",
-                   help="the model's linears as vLLM fuses them (default) or as transformers builds them")
+    p.add_argument("--layout", choices=CATALOG_LAYOUTS, default="vllm",
+                   help="the model's linears as vLLM fuses them (default), as transformers builds them, or (bench run "
+                        "only) the union of both: one table for a vLLM and a transformers model")
     p.add_argument("--tuning", choices=("grid", "vllm"), default="grid",
                    help="grid: FlashInfer's autotuner over the run's M values that are tuning buckets (default); "
                         "vllm: as vLLM tunes at start-up, one call at --max-num-batched-tokens inside "

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Callable
 
 from bench.autotune_cache import FILE_NAME, gemv_file
+from shapes.derive import UNION
 from bench.envinfo import git_sha
 from dispatch.backends import ATEN, is_choosable, lean_path
 from dispatch.profiles import GpuProfile
@@ -119,15 +120,21 @@ REFINE_TOLERANCE = 0.03
 
 @dataclass(frozen=True)
 class Scope:
-    """What a table run covers: the layout its shapes come in (vLLM's fused layers, or transformers' modules) and
-    the catalog models (None: every one). Kept in the manifest, so that every resume runs the same shapes."""
-    layout: str = "vllm"
+    """What a table run covers: the layout its shapes come in (the union of vLLM's fused layers and transformers'
+    modules by default: one table for a vLLM and a transformers model; or one of them) and the catalog models
+    (None: every one). Kept in the manifest, so that every resume runs the same shapes."""
+    layout: str = UNION
     models: tuple[str, ...] | None = None
 
     def args(self) -> list[str]:
-        """The options the GPU legs (bench run, bench forward) take for it."""
+        """The options the sweep legs (bench run) take for it."""
         return [*(["--layout", self.layout] if self.layout != "vllm" else []),
                 *(["--model", ",".join(self.models)] if self.models else [])]
+
+    def forward_args(self) -> list[str]:
+        """The options the forward legs take: a forward runs one layout, vLLM's for the union (the forward the fit
+        and the verdict read; transformers' modules are judged cell by cell)."""
+        return Scope("vllm" if self.layout == UNION else self.layout, self.models).args()
 
     def is_default(self) -> bool:
         return self == Scope()
@@ -144,15 +151,19 @@ def parse_scope(layout: str | None, models: str | None) -> Scope | None:
     names = tuple(m.strip() for m in models.split(",")) if models is not None else None
     if names is not None and (not all(names) or len(set(names)) != len(names)):
         raise HarnessError(f"--model {models!r}: a comma list of distinct catalog models")
-    scope = Scope(layout or "vllm", names)
+    scope = Scope(layout or UNION, names)
     for name in names or (None,):
         model_layers(name, 1, scope.layout)  # an unknown model or layout is refused here
     return scope
 
 
 def run_scope(run: Path) -> Scope:
-    """The scope a run's manifest records (the default for a run without one)."""
-    data = (recorded(run) or {}).get("scope") or {}
+    """The scope a run's manifest records: the default for a run not started, vLLM's layout for a run made before
+    the manifest recorded one."""
+    manifest = recorded(run)
+    if manifest is None:
+        return Scope()
+    data = manifest.get("scope") or {}
     models = data.get("models")
     return Scope(str(data.get("layout") or "vllm"), tuple(models) if models else None)
 
@@ -170,7 +181,8 @@ def legs(profile: GpuProfile, run: Path, scope: Scope | None = None, machines: i
     """The run's legs; `scope` and `machines` (fitting machines) None: what its manifest records."""
     from bench.paths import DISPATCH, paths_for, unchoosable_reason
     p, low = profile.name, profile.low_m_backend
-    covers = (scope if scope is not None else run_scope(run)).args()
+    scope = scope if scope is not None else run_scope(run)
+    covers, covers_fw = scope.args(), scope.forward_args()
     py = [sys.executable, "-m"]
     # the fitted sweep leaves out the dispatcher (it would run the table being replaced; the check runs the new one)
     # and what the dispatcher cannot choose (a backend without a lean call), as a default sweep does
@@ -196,7 +208,7 @@ def legs(profile: GpuProfile, run: Path, scope: Scope | None = None, machines: i
         # the first sweep tunes: its tactics become the table's, which every later leg serves
         Leg("sweep", [*py, "bench", "run", "--gpu", p, *covers, "--paths", fit_paths, "--tune", "--out", str(sweep)],
             True),
-        Leg("forward", [*py, "bench", "forward", "--gpu", p, *covers, "--skip-slower", "3", "--autotune-cache",
+        Leg("forward", [*py, "bench", "forward", "--gpu", p, *covers_fw, "--skip-slower", "3", "--autotune-cache",
                         str(tactics), "--paths", ",".join([ATEN, lean_path(low), lean_path("cublaslt")]), "--out",
                         str(forward)], True),
         Leg("first-fit", [*fit, "--tolerance", str(REFINE_TOLERANCE), "--out", str(run / "first-fit.json"),
@@ -211,7 +223,7 @@ def legs(profile: GpuProfile, run: Path, scope: Scope | None = None, machines: i
             False),
         Leg("check-sweep", [*py, "bench", "run", "--gpu", p, *covers, "--m", check_ms, "--table", str(table),
                             "--autotune-cache", str(table_tactics), "--out", str(check_sweep)], True),
-        Leg("check-forward", [*py, "bench", "forward", "--gpu", p, *covers, "--skip-slower", "3", "--table", str(table),
+        Leg("check-forward", [*py, "bench", "forward", "--gpu", p, *covers_fw, "--skip-slower", "3", "--table", str(table),
                               "--autotune-cache", str(table_tactics), "--paths", check_paths, "--out",
                               str(check_forward)], True),
         Leg("noise", [*py, "calibrate", "noise", str(sweep), str(check_sweep), "--gpu", p, "--out",
@@ -388,7 +400,7 @@ def run_pipeline(profile: GpuProfile, run: Path, resume: bool, execute: Callable
     manifest = kept if kept is not None else {
         "format": MANIFEST_FORMAT, "profile": profile.name,
         "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "harness_sha": git_sha(), "legs": {}, **({"scope": scope.to_json()} if scope else {}),
+        "harness_sha": git_sha(), "legs": {}, "scope": (scope or Scope()).to_json(),
         "fit_machines": machines or FIT_MACHINES}
     if not resume:
         atomic_write_text(manifest_file, json.dumps(manifest, indent=1) + "\n")  # the legs read its scope
@@ -475,7 +487,7 @@ def install(profile: GpuProfile, run: Path) -> list[Path]:
                            f"complete run whose out-of-sample check passed is installed")
     if not run_scope(run).is_default():
         raise HarnessError(f"{run} covers {run_scope(run).to_json()}; the shipped table covers every catalog model "
-                           f"in vLLM's layout. Give the dispatcher {run / 'table.json'} instead "
+                           f"in both layouts (union). Give the dispatcher {run / 'table.json'} instead "
                            f"(dispatch.configure, or --table)")
     for name in ("table.json", "baseline.json"):
         if not (run / name).is_file():

@@ -173,6 +173,14 @@ def _device(index: int) -> tuple[ThresholdTable | None, int, bool]:
     return state
 
 
+def table_for(weight: Any) -> ThresholdTable | None:
+    """The table that serves a weight: its GPU's (configure()'s where one was forced), None for a meta weight."""
+    if weight.is_meta:
+        return None
+    index = weight.get_device()
+    return _device(index)[0] if index >= 0 else _STATE.forced
+
+
 def _load_tactics(table: ThresholdTable) -> None:
     """FlashInfer's autotuner cache the table was fitted with, loaded once per process, so that the lean calls
     resolve the tactics that were measured. FlashInfer refuses a file from another environment (version, CUDA,

@@ -6,18 +6,21 @@ resolves its choices for the weight it was bound to. `handle.remove()` puts ever
 """
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
 
-
 BOUND = "_dispatch_bound"  # where a patched linear keeps its binding: (weight, its data_ptr, the bound call)
+
 
 @dataclass
 class PatchHandle:
-    """What patch() changed: (qualified name, module) per patched linear; remove() undoes it."""
+    """What patch() changed: (qualified name, module) per patched linear, and (name, (N, K)) of those whose shape the
+    table of their device does not hold (they run F.linear); remove() undoes it."""
     patched: list[tuple[str, Any]] = field(default_factory=list)
+    outside: list[tuple[str, tuple[int, int]]] = field(default_factory=list)
 
     def names(self) -> list[str]:
         return [name for name, _ in self.patched]
@@ -110,4 +113,24 @@ def patch(model: Any, lm_head: bool = False, compiled: bool = False) -> PatchHan
             continue
         module.__class__ = CompiledDispatchedLinear if compiled else DispatchedLinear
         handle.patched.append((name, module))
+    handle.outside = _outside_table(handle.patched)
+    if handle.outside:
+        shapes = sorted({shape for _, shape in handle.outside})
+        warnings.warn(f"dispatch.patch: {len(handle.outside)} of {len(handle.patched)} linears ({len(shapes)} shapes: "
+                      f"{', '.join(f'{n}x{k}' for n, k in shapes[:4])}{', ...' if len(shapes) > 4 else ''}) are not "
+                      f"in the table and run F.linear; a table of both layouts covers them (python -m calibrate "
+                      f"table, whose default is both)", stacklevel=3)
     return handle
+
+
+def _outside_table(patched: list[tuple[str, Any]]) -> list[tuple[str, tuple[int, int]]]:
+    """The patched linears whose (N, K) the table of their weight's device does not hold (none where no table is
+    known yet: a weight on the meta device, or a device without one)."""
+    from dispatch.layers import table_for
+    out = []
+    for name, module in patched:
+        table = table_for(module.weight)
+        shape = (int(module.weight.shape[0]), int(module.weight.shape[1]))
+        if table is not None and shape not in table.shapes:
+            out.append((name, shape))
+    return out

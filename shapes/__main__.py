@@ -15,7 +15,7 @@ from typing import Sequence
 from harness.cli import Parser, int_in
 from harness.errors import run_cli
 from shapes.catalog import dedup, model_configs, model_layers
-from shapes.derive import LAYOUTS, LinearLayer, derive_layers, load_config
+from shapes.derive import CATALOG_LAYOUTS, LinearLayer, derive_layers, load_config
 from shapes.grid import hybrid_buckets, parse_m
 
 FORMATS = ("table", "csv", "json")
@@ -67,9 +67,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     p_cfg.add_argument("--shapes", action="store_true", help="deduplicate into distinct shapes")
     p_cfg.add_argument("--format", choices=FORMATS, default="table")
     for p in (p_list, p_cfg):
-        p.add_argument("--layout", choices=LAYOUTS, default="vllm",
+        p.add_argument("--layout", choices=CATALOG_LAYOUTS, default="vllm",
                        help="vllm: vLLM's fused layers and TP splits (default); transformers: the modules as "
-                            "transformers builds them (unfused, one rank)")
+                            "transformers builds them (unfused, one rank); union: both (one table for both)")
 
     p_grid = sub.add_parser("grid", help="the M grid (default or --m), with FlashInfer tuning-bucket membership")
     p_grid.add_argument("--m", help="e.g. 1,8,32 or 1-16384 (powers of two) or 64:512:64")

@@ -29,7 +29,9 @@ LAYER_ORDER = (
     "mlp.shared_expert.gate_proj", "mlp.shared_expert.up_proj", "mlp.shared_expert.down_proj", "mlp.gate",
     "mlp.shared_expert_gate",
 )
-LAYOUTS = ("vllm", "transformers")
+LAYOUTS = ("vllm", "transformers")  # the layouts a forward runs in
+UNION = "union"  # a catalog's layout: vLLM's layers and transformers' modules that vLLM fuses, one table for both
+CATALOG_LAYOUTS = (*LAYOUTS, UNION)
 # transformers' modules for each of vLLM's fused linears (Qwen3.5 / Qwen3-Next): (name, share of the fused N)
 UNFUSED = {
     "linear_attn.in_proj_qkvz": ("linear_attn.in_proj_qkv", "linear_attn.in_proj_z"),
@@ -141,7 +143,15 @@ class ForwardLinear:
 
 def derive_layers(cfg: dict[str, Any], model: str, tp: int = 1, layout: str = "vllm") -> list[LinearLayer]:
     """Every unquantized BF16 linear of one forward pass (plus lm_head), with vLLM's fusions and TP splits (or as
-    transformers' modules are laid out: `layout`); a row per distinct layer name with its count per forward."""
+    transformers' modules are laid out: `layout`; UNION: vLLM's layers, then the transformers modules that vLLM
+    fuses, each counted in its own layout's forward); a row per distinct layer name with its count per forward."""
+    if layout == UNION:
+        if tp != 1:
+            raise HarnessError("the union layout holds transformers' modules, which are one rank; use --tp 1")
+        fused = derive_layers(cfg, model, tp, "vllm")
+        known = {(layer.layer, layer.n, layer.k) for layer in fused}
+        return fused + [layer for layer in derive_layers(cfg, model, tp, "transformers")
+                        if (layer.layer, layer.n, layer.k) not in known]
     steps, shapes, lm_head = _plan(cfg, model, tp, layout)
     counts: dict[str, int] = {}
     for _, name in steps:
@@ -171,8 +181,10 @@ def _plan(cfg: dict[str, Any], model: str, tp: int, layout: str = "vllm"
           ) -> tuple[list[tuple[int, str]], dict[str, tuple[int, int, str]], tuple[int, int]]:
     """(decoder layer index, linear name) in execution order, each name's (n, k, style), lm_head's (n, k): vLLM's
     fused layers, or transformers' modules (`layout`: each fused layer unfused, one rank, the vocab unpadded)."""
+    if layout == UNION:
+        raise HarnessError("a forward runs one layout: vllm or transformers (the union is a catalog of shapes)")
     if layout not in LAYOUTS:
-        raise HarnessError(f"unknown layout {layout!r}; known: {', '.join(LAYOUTS)}")
+        raise HarnessError(f"unknown layout {layout!r}; known: {', '.join(CATALOG_LAYOUTS)}")
     if layout == "transformers" and tp != 1:
         raise HarnessError("the transformers layout is one rank (transformers shards no linear); use --tp 1")
     if tp < 1:

@@ -126,3 +126,26 @@ def test_a_model_patched_on_the_meta_device_runs_once_materialised():
 def test_patch_of_something_that_is_not_a_module_is_a_type_error():
     with pytest.raises(TypeError, match="needs a torch.nn.Module"):
         dispatch.patch(None)
+
+
+def test_patch_says_once_how_many_linears_the_table_does_not_hold(tiny):
+    """With a table that holds only the q/o_proj's and the MLP's up/gate shapes, patch names the rest (k, v and down
+    projections) in one warning (count, shapes) and keeps them in handle.outside; they run F.linear. Without a known table (CPU, none
+    configured), it says nothing."""
+    import warnings
+
+    from dispatch.table import ThresholdTable
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        dispatch.patch(tiny).remove()  # no table known for CPU weights: nothing to say
+    held = {(64, 64): {"graph": (), "eager": ()}, (128, 64): {"graph": (), "eager": ()}}
+    dispatch.configure(ThresholdTable("h200", "tinygemm", {"graph": (), "eager": ()}, held))
+    try:
+        with pytest.warns(UserWarning, match=r"dispatch.patch: 6 of 14 linears \(2 shapes: 32x64, 64x128\)"):
+            handle = dispatch.patch(tiny)
+        assert {shape for _, shape in handle.outside} == {(32, 64), (64, 128)}
+        assert sorted(n.rsplit(".", 1)[-1] for n, _ in handle.outside) == ["down_proj"] * 2 + ["k_proj"] * 2 + \
+            ["v_proj"] * 2
+        handle.remove()
+    finally:
+        dispatch.configure(None)

@@ -221,7 +221,7 @@ def test_stop_after_a_leg_and_an_unknown_leg(tmp_path):
 def test_a_run_for_transformers_layout_keeps_its_scope_in_every_gpu_leg_and_is_not_installed(tmp_path):
     """A table for one model in transformers' module layout: every GPU leg measures those shapes, a resume keeps the
     scope the manifest records (and refuses another), and --install refuses it: the shipped table covers every
-    catalog model in vLLM's layout."""
+    catalog model in both layouts."""
     from calibrate.table_pipeline import Scope, parse_scope
     scope = parse_scope("transformers", "Qwen3.5-4B")
     assert scope == Scope("transformers", ("Qwen3.5-4B",)) and parse_scope(None, None) is None
@@ -242,10 +242,33 @@ def test_a_run_for_transformers_layout_keeps_its_scope_in_every_gpu_leg_and_is_n
     done = run_pipeline(H200, tmp_path / "pass", resume=False, execute=lambda leg, log: 0, same_machine=True,
                         scope=scope)
     assert done["verdict"] == "PASS"
-    with pytest.raises(HarnessError, match="vLLM's layout"):
+    with pytest.raises(HarnessError, match="both layouts"):
         install(H200, tmp_path / "pass")
     with pytest.raises(HarnessError, match="unknown model"):
         parse_scope(None, "Qwen9")
+
+
+def test_a_default_run_sweeps_both_layouts_and_runs_its_forwards_in_vllms(tmp_path):
+    """The default table run covers the union of vLLM's layers and transformers' modules (one shipped table for
+    both): its sweep legs take --layout union, its forward legs vLLM's layout (a forward runs one layout), and the
+    manifest records the scope, so a resume keeps it; a run made before scopes were recorded stays vLLM's."""
+    from calibrate.table_pipeline import Scope, run_scope
+    run, argv = tmp_path / "run", {}
+
+    def execute(leg, log):
+        argv[leg.name] = " ".join(leg.argv)
+        return 0
+    run_pipeline(H200, run, resume=False, execute=execute, stop_after="fit", same_machine=True)
+    assert json.loads((run / MANIFEST).read_text())["scope"] == {"layout": "union", "models": None}
+    assert run_scope(run) == Scope() and Scope().layout == "union"
+    for name in ("sweep", "refine", "machine-2", "machine-3"):
+        if name in argv:
+            assert "--layout union" in argv[name], name
+    assert "--layout" not in argv["forward"]
+    old = json.loads((run / MANIFEST).read_text())
+    del old["scope"]
+    (run / MANIFEST).write_text(json.dumps(old))
+    assert run_scope(run) == Scope("vllm")
 
 
 def test_a_damaged_manifest_is_refused_by_resume_and_install_and_left_as_it_is(tmp_path):

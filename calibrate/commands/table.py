@@ -12,6 +12,7 @@ from calibrate.table_pipeline import (FIT_MACHINES, MANIFEST, MAX_FIT_MACHINES, 
                                       refit_legs, run_pipeline, supersede_fit)
 from dispatch.profiles import get_profile
 from harness.cli import int_in
+from shapes.derive import CATALOG_LAYOUTS
 from harness.errors import HarnessError
 
 
@@ -30,9 +31,10 @@ def add_parser(sub, parents: list) -> None:
     p_table.add_argument("--same-machine", action="store_true",
                          help="let the out-of-sample legs run on a machine that ran a fitted leg (one GPU machine "
                               "only; the manifest then says the check was in-machine)")
-    p_table.add_argument("--layout", choices=("vllm", "transformers"),
-                         help="the layout the table's shapes come in: vLLM's fused layers (default) or transformers' "
-                              "modules (a table for dispatch.patch of a transformers model)")
+    p_table.add_argument("--layout", choices=CATALOG_LAYOUTS,
+                         help="the layout the table's shapes come in: union (the default, as shipped): vLLM's fused "
+                              "layers and the transformers modules they fuse, one table for vLLM and dispatch.patch; "
+                              "vllm or transformers: one of them only")
     p_table.add_argument("--model", help="comma list of catalog models the table covers (default: every model)")
     p_table.add_argument("--machines", type=int_in(1, MAX_FIT_MACHINES),
                          help="how many machines the fit measures on: the sweep's and a machine-<i> leg on each other "

@@ -10,6 +10,7 @@ from bench.autotune_cache import FILE_NAME, tactic_differences
 from bench.results import load_run_info
 from calibrate.analysis import Cells, cell_verdicts, failures, forward_totals, model_uses, provenance
 from calibrate.limit import lines as limit_lines
+from shapes.derive import UNION
 from calibrate.forward_model import (MODEL_MISS, forward_ratios, judged_forward, load_forward, model_vs_measured,
                                      null_pair_spread)
 from calibrate.forward_noise import forward_coverage, forward_noise_path, load_forward_floor
@@ -61,7 +62,7 @@ def run(args) -> int:
     if table.profile != profile.name:
         raise HarnessError(f"threshold table is for {table.profile}, the results are from {profile.name}")
     run_layout, table_layout = info.get("layout", "vllm"), table.source.get("layout", "vllm")
-    if run_layout != table_layout:
+    if run_layout != table_layout and table_layout != UNION:  # a union table holds both layouts' shapes
         raise HarnessError(f"{args.results} measured {run_layout}'s layout and the table was fitted on "
                            f"{table_layout}'s: judge it with a table of that layout (--thresholds FILE), or measure "
                            f"the table's layout (bench run --layout {table_layout})")
