@@ -21,7 +21,6 @@ from bench.shard import assign, full_catalog, full_grid_ms, parse_shard, shard_f
 from bench.sweep import GPU_BOUND_HOST_BLOCKS, SweepConfig, dry_run, require_gpu, run_sweep
 from dispatch import vllm
 from dispatch.backends import ATEN, flashinfer_path
-from shapes.derive import CATALOG_LAYOUTS
 from dispatch.profiles import PROFILES, get_profile
 from dispatch.table import load_table
 from harness.cli import Parser, float_in, int_in, parent
@@ -29,6 +28,7 @@ from harness.console import divert_noise
 from harness.errors import HarnessError, Interrupted, run_cli, signals_deferred
 from harness.io import output_dir, output_file
 from shapes.catalog import catalog, select, select_cells
+from shapes.derive import CATALOG_LAYOUTS
 from shapes.grid import hybrid_buckets, parse_m
 
 

@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from harness.errors import HarnessError
+from harness.errors import HarnessError, run_cli
 
 
 def test_current_finds_the_table_run_by_its_manifest_hash(tmp_path, monkeypatch):
@@ -97,3 +97,13 @@ def test_readings_agree_within_the_recorded_tolerance_element_by_element():
     from tools.figures import agrees
     assert agrees([1.0, 2.0], [1.0, 2.004], 0.005) and not agrees([1.0, 2.0], [1.0, 2.01], 0.005)
     assert not agrees([1.0], [1.0, 2.0], 1) and agrees("PASS", "PASS", 0) and not agrees("FAIL", "PASS", 0)
+
+
+def test_a_figure_with_arguments_its_reader_does_not_take_is_one_line(tmp_path, monkeypatch, capsys):
+    ev, run = _store(tmp_path, monkeypatch)
+    before = (tmp_path / "evidence" / "manifest.json").read_text()
+    assert run_cli(ev.main, "tools/evidence.py", ["figure", run.name, "--label", "x", "--of", "host_cost",
+                                                  "--args", '{"m": 8, "colour": "red"}']) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("tools/evidence.py: error: figure 'x': host_cost(")
+    assert (tmp_path / "evidence" / "manifest.json").read_text() == before

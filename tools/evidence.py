@@ -170,9 +170,8 @@ def restore(rid: str, to: Path) -> Path:
     """A filed run copied back to a working folder (e.g. results/<profile>/<run-id> of a table run, to --resume or
     --refit it), each xz-compressed results.csv decompressed beside it; nothing is written where `to` exists."""
     import lzma
+    _entry(rid)  # a filed run, or one line saying so
     src = EVIDENCE / rid
-    if rid not in load_manifest()["runs"] or not src.is_dir():
-        raise HarnessError(f"evidence/{rid} is not a filed run; `python tools/evidence.py list` names them")
     if to.exists():
         raise HarnessError(f"{to} exists; restore into a new folder (nothing was written)")
     to.parent.mkdir(parents=True, exist_ok=True)

@@ -107,7 +107,11 @@ def read(run: Path, spec: dict) -> Any:
     of = spec.get("of")
     if of not in READERS:
         raise HarnessError(f"figure {spec.get('label')!r}: no reader {of!r}; one of {', '.join(sorted(READERS))}")
-    return READERS[of](run, **spec.get("args", {}))
+    try:
+        return READERS[of](run, **spec.get("args", {}))
+    except (TypeError, KeyError, FileNotFoundError) as exc:  # arguments the reader does not take, a missing column
+        raise HarnessError(f"figure {spec.get('label')!r}: {of}({spec.get('args', {})}) cannot read {run.name}: "
+                           f"{type(exc).__name__}: {exc}; see tools/figures.py for its arguments") from None
 
 
 def agrees(value: Any, stored: Any, tolerance: float) -> bool:

@@ -16,7 +16,6 @@ from calibrate.analysis import FIT_MIN_GAIN, Cells, dispatch_candidates, fit, mo
 from calibrate.forward_model import (GPU_BOUND_MARGIN, gpu_bound_in_every_run, host_bound_in_every_run, kept_choices,
                                      overrides_over_the_table, picks_in_every_run)
 from calibrate.forward_noise import forward_noise_path, load_forward_floor
-from shapes.derive import UNION
 from calibrate.install import Artifact, shipped_layout, table_check, write_outputs
 from calibrate.noise import load_noise, noise_path
 from calibrate.runs import RESULTS
@@ -30,6 +29,7 @@ from dispatch.table import REGIMES, TABLE_DIR, ThresholdTable, load_table
 from harness.cli import float_in
 from harness.errors import HarnessError
 from harness.io import ROOT, atomic_write_text, distinct, is_shipped, output_file, shipped_or_results
+from shapes.derive import UNION
 
 
 def add_parser(sub, parents: list, partial: dict) -> None:

@@ -9,11 +9,10 @@ import pandas as pd
 from bench.autotune_cache import FILE_NAME, tactic_differences
 from bench.results import load_run_info
 from calibrate.analysis import Cells, cell_verdicts, failures, forward_totals, model_uses, provenance
-from calibrate.limit import lines as limit_lines
-from shapes.derive import UNION
 from calibrate.forward_model import (MODEL_MISS, forward_ratios, judged_forward, load_forward, model_vs_measured,
                                      null_pair_spread)
 from calibrate.forward_noise import forward_coverage, forward_noise_path, load_forward_floor
+from calibrate.limit import lines as limit_lines
 from calibrate.noise import LEVEL, coverage, coverage_line, load_noise, noise_path
 from calibrate.runs import verdict_word
 from calibrate.runs import check_gpu as _check_gpu
@@ -25,6 +24,7 @@ from dispatch.table import ThresholdTable, load_table
 from harness.cli import float_in, renamed
 from harness.errors import HarnessError
 from harness.io import atomic_write_text, distinct, output_file
+from shapes.derive import UNION
 
 
 def add_parser(sub, parents: list, partial: dict) -> None:
