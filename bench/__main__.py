@@ -23,7 +23,9 @@ from dispatch import vllm
 from dispatch.backends import ATEN, flashinfer_path
 from dispatch.profiles import PROFILES, get_profile
 from dispatch.table import load_table
-from harness.cli import Parser, float_in, int_in, parent
+from harness.cli import Parser, float_in, int_in
+from harness.options import add
+from harness.options import parent as shared
 from harness.console import divert_noise
 from harness.errors import HarnessError, Interrupted, run_cli, signals_deferred
 from harness.io import output_dir, output_file
@@ -57,38 +59,27 @@ def _parser():
     """The parser, its subparsers and the parent options shared by several commands (--gpu; the tactics options)."""
     parser = Parser(prog="python -m bench", description="GPU and host time of BF16 GEMM paths.")
     sub = parser.add_subparsers(dest="cmd", required=True)
-    gpu = parent((("--gpu",), dict(required=True, help=f"GPU profile: {', '.join(PROFILES)}")))
-    tactics = parent((("--autotune-cache",), dict(
-        metavar="FILE", help="serve FlashInfer's tactics from FILE (e.g. an earlier run's autotune-cache.json) "
-                             "instead of tuning; shapes or M that FILE lacks run FlashInfer's fallback tactic (-1), "
-                             "as in vLLM")),
-        (("--save-autotune-cache",), dict(metavar="FILE", help="after tuning, also write the tactics to FILE (they "
-                                                                "are always kept in OUT/autotune-cache.json)")),
-        (("--tune",), dict(action="store_true", help="tune FlashInfer's tactics in this run. Default: serve the "
-                                                     "tactics of the table the dispatch path runs, as the dispatcher "
-                                                     "loads them, where that file holds every shape of the run at "
-                                                     "each of its M that is a tuning bucket; else tune")))
+    gpu = shared(("gpu", dict(required=True)))
+    tactics = shared("autotune-cache", "save-autotune-cache", "tune")
     return parser, sub, gpu, tactics
 
 
 def _add_run(sub, parents: list) -> None:
     p_run = sub.add_parser("run", parents=parents, help="sweep the shape catalog x M grid x paths on this GPU")
-    p_run.add_argument("--shapes", help="comma list of shape names (n2048_k4096) or NxK; default: the whole catalog")
-    p_run.add_argument("--model", help="only the shapes of one model")
-    p_run.add_argument("--tp", type=int_in(1, 64), default=1, help="tensor-parallel degree of the catalog (default 1)")
-    p_run.add_argument("--m", help="M values: 1,8,32 or 1-16384 (powers of two) or 64:512:64; default: the full grid")
+    add(p_run, "shapes", shown="the whole catalog")
+    add(p_run, "model", what="(one) whose shapes alone are measured", shown="every model")
+    add(p_run, "tp", type=int_in(1, 64), default=1)
+    add(p_run, "m", shown="the default grid")
     p_run.add_argument("--cells", metavar="SHAPE:M;...",
                        help="per shape its own M values, e.g. n256_k2048:80,96;n1024_k2048:20 (instead of --shapes "
                             "and --m; the table pipeline measures the gaps of a first fit this way)")
-    p_run.add_argument("--paths", help=f"comma list of paths (default: the profile's); known: {', '.join(PATHS)}")
-    p_run.add_argument("--table", metavar="FILE",
-                       help="the threshold table the dispatch path runs (default: the GPU profile's committed table)")
-    p_run.add_argument("--out", default="results/latest", help="output folder (default results/latest)")
-    p_run.add_argument("--resume", action="store_true", help="continue an interrupted sweep in --out")
+    add(p_run, "paths", what=f"(known: {', '.join(PATHS)})", shown="the profile's")
+    add(p_run, "table", what="the dispatch path runs")
+    add(p_run, "out", default="results/latest")
+    add(p_run, "resume", what="in --out")
     p_run.add_argument("--timer", choices=("cupti", "events"), default="cupti",
                        help="GPU timer: CUPTI kernel records (default) or CUDA events only")
-    p_run.add_argument("--samples", type=int_in(3, 1000), default=10,
-                       help="the most timed graph replays per path and cell (default 10)")
+    add(p_run, "samples", type=int_in(3, 1000), default=10, what="(the most graph replays) per path and cell")
     p_run.add_argument("--min-samples", type=int_in(3, 1000), default=5,
                        help="replays stop early once a path has this many and their relative standard deviation is "
                             "at most --max-noise (nvbench's stdrel; default 5; = --samples: a fixed count)")
@@ -113,11 +104,11 @@ def _add_run(sub, parents: list) -> None:
                        help="L2 state of each timed call: rotate = cold by rotating input/weight copies over >= 5x L2 "
                             "(default); flush = one copy, a buffer of 2x L2 written before every call inside the graph "
                             "(its kernels excluded from the call's time); warm = one copy, no flush")
-    p_run.add_argument("--no-tune", action="store_true", help="skip FlashInfer's autotuner (time its default tactics)")
+    add(p_run, "no-tune")
     p_run.add_argument("--tune-all", action="store_true", help="also tune backends that are untuned by default (cudnn)")
     p_run.add_argument("--max-rotations", type=int_in(1, 4096), default=512,
                        help="at most this many rotated input/weight copies per graph (default 512)")
-    p_run.add_argument("--allow-mismatch", action="store_true", help="run although the GPU is not the profile's")
+    add(p_run, "allow-mismatch")
     p_run.add_argument("--grid", choices=("default", "full"), default="default",
                        help="full: both models' catalogs at TP 1, 2, 4 and 8 and every vLLM capture size besides the "
                             "default M grid (excludes --shapes, --model, --tp and --m)")
@@ -138,59 +129,55 @@ def _add_run(sub, parents: list) -> None:
                        help="time every cell (default: a low-M backend is skipped on a shape above an M where its GPU "
                             "time exceeded 2x F.linear's cost in both regimes, and a backend without a lean call, "
                             "which the dispatcher cannot choose, is skipped)")
-    p_run.add_argument("--dry-run", action="store_true",
-                       help="print the plan (paths, skips with reasons, tuning buckets, cells, estimated time); no GPU")
+    add(p_run, "dry-run", what="(paths, skips with reasons, tuning buckets, cells, estimated time); no GPU")
     _add_layout_and_tuning(p_run)
 
 
 def _add_anatomy_and_e2e(sub, parents: list) -> None:
     p_an = sub.add_parser("host-anatomy", parents=parents,
                           help="where a FlashInfer call's host time goes, layer by layer, vs F.linear")
-    p_an.add_argument("--shapes", default="n2048_k4096", help="comma list of shapes or NxK (default n2048_k4096)")
-    p_an.add_argument("--m", default="8,48,1024",
-                      help="M values (default 8,48,1024: tuning buckets 8 and 1024, and 48, which is none)")
+    add(p_an, "shapes", default="n2048_k4096")
+    add(p_an, "m", default="8,48,1024", shown="8,48,1024: tuning buckets 8 and 1024, and 48, which is none")
     p_an.add_argument("--backends", help="FlashInfer backends (default: the profile's low-M backend and cublaslt)")
-    p_an.add_argument("--calls", type=int_in(1, 100_000), default=40, help="timed calls per layer and round (default 40)")
-    p_an.add_argument("--rounds", type=int_in(1, 1000), default=9, help="interleaved rounds (default 9)")
-    p_an.add_argument("--out", default="results/host-anatomy", help="output folder (default results/host-anatomy)")
-    p_an.add_argument("--allow-mismatch", action="store_true", help="run although the GPU is not the profile's")
+    add(p_an, "calls", type=int_in(1, 100_000), default=40, what="per layer and round")
+    add(p_an, "rounds", type=int_in(1, 1000), default=9)
+    add(p_an, "out", default="results/host-anatomy")
+    add(p_an, "allow-mismatch")
     p_e2e = sub.add_parser("e2e", parents=parents,
                            help="(GPU) transformers' own model, stock against dispatch.patch: prefill, generate, a "
                                 "captured decode step")
-    p_e2e.add_argument("--model", help="one catalog model (default: the first of the catalog)")
-    p_e2e.add_argument("--config", help="a HF config.json instead of a catalog model")
-    p_e2e.add_argument("--layers", type=int_in(1, 1024), help="only the first N decoder layers (memory)")
+    add(p_e2e, "model", what="(one)", shown="the first of the catalog")
+    add(p_e2e, "config")
+    add(p_e2e, "layers", type=int_in(1, 1024))
     p_e2e.add_argument("--prefill", default="8,128,1031", help="prompt lengths timed eagerly (default 8,128,1031)")
     p_e2e.add_argument("--tokens", type=int_in(1, 4096), default=24, help="greedy tokens generated (default 24)")
-    p_e2e.add_argument("--rounds", type=int_in(1, 1000), default=10,
-                       help="rounds, variant order shuffled; each gives one sample per step and variant (default 10)")
+    add(p_e2e, "rounds", type=int_in(1, 1000), default=10,
+        what=", variant order shuffled; each gives one sample per step and variant")
     p_e2e.add_argument("--repeats", type=int_in(1, 100), default=3,
                        help="timed calls per sample; the sample is the fastest (default 3)")
-    p_e2e.add_argument("--table", metavar="FILE", help="the table the patched model runs (default: the profile's)")
+    add(p_e2e, "table", what="the patched model runs")
     p_e2e.add_argument("--control", action="store_true",
                        help="an A/A run: the patched model's table has no ranges, so both variants run F.linear's "
                             "kernels and only the bound layers differ; its ratios are this host's noise, for "
                             "calibrate e2e --control")
-    p_e2e.add_argument("--out", required=True, help="results folder: e2e.csv and run.json")
+    add(p_e2e, "out", required=True, what=": e2e.csv and run.json")
 
 
 def _add_forward(sub, parents: list) -> None:
     p_fw = sub.add_parser("forward", parents=parents,
                           help="per-forward linear time of whole models, CUDA graph and eager, per path")
-    p_fw.add_argument("--model", help="comma list of catalog models (default: every model of the catalog)")
-    p_fw.add_argument("--config", help="a HF config.json instead of the catalog's models")
-    p_fw.add_argument("--tp", type=int_in(1, 64), default=1, help="tensor-parallel degree (default 1)")
-    p_fw.add_argument("--m", default=",".join(map(str, FORWARD_MS)),
-                      help=f"token counts (default {','.join(map(str, FORWARD_MS))})")
-    p_fw.add_argument("--paths", help="forward rules or registry paths (default: aten, vllm-default, vllm-flag, "
-                                      "seed-pr, vllm-op:<low-M backend>, dispatch; `python -m bench paths` lists "
-                                      "the registry)")
-    p_fw.add_argument("--layers", type=int_in(1, 1000), help="only the first N decoder layers (memory); every row says so")
+    add(p_fw, "model", what="(comma list)", shown="every model of the catalog")
+    add(p_fw, "config")
+    add(p_fw, "tp", type=int_in(1, 64), default=1)
+    add(p_fw, "m", default=",".join(map(str, FORWARD_MS)))
+    add(p_fw, "paths", what="or forward rules (`python -m bench paths` lists the registry)",
+        shown="aten, vllm-default, vllm-flag, seed-pr, vllm-op:<low-M backend>, dispatch")
+    add(p_fw, "layers", type=int_in(1, 1000), what="; every row says so")
     p_fw.add_argument("--no-lm-head", action="store_true", help="leave lm_head out of the forward")
-    p_fw.add_argument("--samples", type=int_in(3, 1000), default=10, help="forwards per path, regime and M (default 10)")
-    p_fw.add_argument("--no-tune", action="store_true", help="skip FlashInfer's autotuner")
-    p_fw.add_argument("--out", default="results/forward", help="output folder (default results/forward)")
-    p_fw.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
+    add(p_fw, "samples", type=int_in(3, 1000), default=10, what="(forwards) per path, regime and M")
+    add(p_fw, "no-tune")
+    add(p_fw, "out", default="results/forward")
+    add(p_fw, "resume", what="in --out")
     p_fw.add_argument("--order-seed", type=int_in(1, 2 ** 31 - 1),
                       help="the eager rounds' shuffle (default: a fresh one per run, recorded in run.json)")
     p_fw.add_argument("--settle-ms", type=float_in(0, 10_000), default=DEFAULT_SETTLE_MS,
@@ -212,31 +199,25 @@ def _add_forward(sub, parents: list) -> None:
                       help="at each M, skip (both regimes, a row that says so) a path whose captured forward takes more "
                            "than X times all-aten's: never the best, and slow forwards take long "
                            "(default: time every path)")
-    p_fw.add_argument("--table", metavar="FILE",
-                      help="the threshold table the dispatch and table-direct rules run (default: the GPU profile's "
-                           "committed table), e.g. a table fitted without forward overrides, to fit them anew")
+    add(p_fw, "table", what="the dispatch and table-direct rules run, e.g. one fitted without forward overrides, to "
+                             "fit them anew")
     _add_layout_and_tuning(p_fw)
 
 
 def _add_layout_and_tuning(p) -> None:
     """The options run and forward share: the layout of the model's linears and how FlashInfer is tuned."""
-    p.add_argument("--layout", choices=CATALOG_LAYOUTS, default="vllm",
-                   help="the model's linears as vLLM fuses them (default), as transformers builds them, or (bench run "
-                        "only) the union of both: one table for a vLLM and a transformers model")
-    p.add_argument("--tuning", choices=("grid", "vllm"), default="grid",
-                   help="grid: FlashInfer's autotuner over the run's M values that are tuning buckets (default); "
-                        "vllm: as vLLM tunes at start-up, one call at --max-num-batched-tokens inside "
-                        "autotune(hybrid buckets up to it, round_up=True)")
-    p.add_argument("--max-num-batched-tokens", type=int_in(1, 1 << 20), metavar="N",
-                   help="with --tuning vllm: vLLM's max_num_batched_tokens (default: vLLM's server default on "
-                        "the profile's GPU)")
+    add(p, "layout", choices=CATALOG_LAYOUTS, default="vllm",
+        what="as vLLM fuses them, as transformers builds them, or (bench run only) the union of both: one table for "
+             "a vLLM and a transformers model")
+    add(p, "tuning")
+    add(p, "max-num-batched-tokens", type=int_in(1, 1 << 20))
 
 
 def _add_tools(sub) -> None:
     p_merge = sub.add_parser("merge", help="merge shards of one grid (bench run --shard, or several machines) into one run")
     p_merge.add_argument("shards", nargs="+", help="the shards' results folders")
-    p_merge.add_argument("-o", "--out", required=True, help="the merged results folder (must not hold results)")
-    p_merge.add_argument("--partial", action="store_true", help="merge although shards are missing or unfinished")
+    add(p_merge, "out", old="-o", required=True, what=": the merged run (must not hold results)")
+    add(p_merge, "partial", what="(missing or unfinished shards)")
     sub.add_parser("paths", help="list the path registry")
     p_prof = sub.add_parser("profiles", help="list the GPU profiles (or check that NAME is one)")
     p_prof.add_argument("name", nargs="?", help="a profile name: exit 2 with one line when it is unknown")

@@ -1,4 +1,4 @@
-"""Merging shards of one grid into one results folder (CPU only): `python -m bench merge DIR... -o DIR`.
+"""Merging shards of one grid into one results folder (CPU only): `python -m bench merge DIR... --out DIR`.
 
 Shards are runs of the same grid split by shape (`bench run --shard I/N` on several machines, or the workers of
 `bench run --devices`). They merge only when they measured alike: the same GPU model, SM, memory, driver, software

@@ -24,27 +24,26 @@ from calibrate.commands import noise as noise_command
 from calibrate.commands import table as table_command
 from calibrate.commands import validate as validate_command
 from calibrate.commands import vllm as vllm_command
-from dispatch.profiles import PROFILES
-from harness.cli import Parser, parent
+from harness.cli import Parser
+from harness.options import parent
 from harness.errors import run_cli
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = Parser(prog="python -m calibrate", description="Validate and fit the threshold dispatcher.")
-    partial = dict(action="store_true", help="judge a run with missing cells or that did not finish (they are named)")
     sub = parser.add_subparsers(dest="cmd", required=True)
-    gpu = parent((("--gpu",), dict(required=True, help=f"GPU profile: {', '.join(PROFILES)}")))
-    gpu_of_runs = parent((("--gpu",), dict(help="GPU profile (default: the runs')")))
-    validate_command.add_parser(sub, [gpu_of_runs], partial)
-    fit_command.add_parser(sub, [gpu], partial)
-    compare_command.add_parser(sub, [gpu_of_runs], partial)
-    agree_command.add_parser(sub, partial)  # agree and host-shift
-    noise_command.add_parser(sub, [gpu], partial)
-    forward_noise_command.add_parser(sub, [gpu], partial)
-    l2_command.add_parser(sub, partial)
+    gpu = parent(("gpu", dict(required=True)))
+    gpu_of_runs = parent(("gpu", dict(what="(default: the runs')")))
+    validate_command.add_parser(sub, [gpu_of_runs])
+    fit_command.add_parser(sub, [gpu])
+    compare_command.add_parser(sub, [gpu_of_runs])
+    agree_command.add_parser(sub)  # agree and host-shift
+    noise_command.add_parser(sub, [gpu])
+    forward_noise_command.add_parser(sub, [gpu])
+    l2_command.add_parser(sub)
     host_cost_command.add_parser(sub, [gpu])
-    baseline_command.add_parser(sub, [gpu], partial)  # baseline and regress
-    e2e_command.add_parser(sub, partial)
-    vllm_command.add_parser(sub, [gpu_of_runs], partial)
+    baseline_command.add_parser(sub, [gpu])  # baseline and regress
+    e2e_command.add_parser(sub)
+    vllm_command.add_parser(sub, [gpu_of_runs])
     table_command.add_parser(sub, [gpu])
     args = parser.parse_args(argv)
     pd.set_option("display.width", 200)

@@ -211,7 +211,7 @@ def legs(profile: GpuProfile, run: Path, scope: Scope | None = None, machines: i
         Leg("forward", [*py, "bench", "forward", "--gpu", p, *covers_fw, "--skip-slower", "3", "--autotune-cache",
                         str(tactics), "--paths", ",".join([ATEN, lean_path(low), lean_path("cublaslt")]), "--out",
                         str(forward)], True),
-        Leg("first-fit", [*fit, "--tolerance", str(REFINE_TOLERANCE), "--out", str(run / "first-fit.json"),
+        Leg("first-fit", [*fit, "--tolerance", str(REFINE_TOLERANCE), "--out-file", str(run / "first-fit.json"),
                           "--plan-refine", str(plan)], False),
         Leg("refine", [*py, "bench", "run", "--gpu", p, *covers, "--cells", f"@{plan}", "--paths", fit_paths,
                        "--autotune-cache", str(tactics), "--out", str(refine)], True,
@@ -219,19 +219,19 @@ def legs(profile: GpuProfile, run: Path, scope: Scope | None = None, machines: i
         *(Leg(name, [*py, "bench", "run", "--gpu", p, *covers, "--paths", lean, "--autotune-cache", str(tactics),
                      "--out", str(run / name)], True) for name in others),
         Leg("fit", [*fit, "--tolerance", str(FIT_TOLERANCE), *(["--add", str(refine)] if refined else []),
-                    *(["--machine", *(str(run / name) for name in others)] if others else []), "--out", str(table)],
+                    *(["--machine", *(str(run / name) for name in others)] if others else []), "--out-file", str(table)],
             False),
         Leg("check-sweep", [*py, "bench", "run", "--gpu", p, *covers, "--m", check_ms, "--table", str(table),
                             "--autotune-cache", str(table_tactics), "--out", str(check_sweep)], True),
         Leg("check-forward", [*py, "bench", "forward", "--gpu", p, *covers_fw, "--skip-slower", "3", "--table", str(table),
                               "--autotune-cache", str(table_tactics), "--paths", check_paths, "--out",
                               str(check_forward)], True),
-        Leg("noise", [*py, "calibrate", "noise", str(sweep), str(check_sweep), "--gpu", p, "--out",
+        Leg("noise", [*py, "calibrate", "noise", str(sweep), str(check_sweep), "--gpu", p, "--out-file",
                       str(run / "noise.json")], False),
         Leg("validate", [*py, "calibrate", "validate", str(check_sweep), "--table", str(table), "--forward",
                          str(check_forward)], False, verdict=True),
         Leg("baseline", [*py, "calibrate", "baseline", "--gpu", p, "--from", str(sweep), str(check_sweep),
-                         "--out", str(run / "baseline.json")], False),
+                         "--out-file", str(run / "baseline.json")], False),
         Leg("report", [*py, "reports", "build", str(check_sweep), "--table", str(table), "--forward",
                        str(check_forward), "-o", str(run / "report.html")], False),
     ]
@@ -309,9 +309,9 @@ def pending_legs(profile: GpuProfile, run: Path, resume: bool, stop_after: str |
 
 
 def leg_outputs(leg: Leg) -> list[str]:
-    """The names a leg writes in the run folder besides its log: its --out (or -o), and a JSON output's tactics file
+    """The names a leg writes in the run folder besides its log: its --out (a folder) or --out-file (-o), and a JSON output's tactics file
     and GEMV configurations beside it."""
-    flag = next((f for f in ("--out", "-o") if f in leg.argv), None)
+    flag = next((f for f in ("--out", "--out-file", "-o") if f in leg.argv), None)
     if flag is None:
         return []
     out = Path(leg.argv[leg.argv.index(flag) + 1])

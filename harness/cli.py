@@ -42,16 +42,3 @@ def parent(*options: tuple[tuple[str, ...], dict]) -> argparse.ArgumentParser:
     for names, kwargs in options:
         p.add_argument(*names, **kwargs)
     return p
-
-
-def renamed(new: str, old: str) -> type[argparse.Action]:
-    """An option's action under its new name that also takes its old spelling for one release, saying so once on
-    stderr: add_argument(new, old, action=renamed(new, old), ...)."""
-    class Renamed(argparse._StoreAction):
-        def __call__(self, parser, namespace, values, option_string=None):
-            if option_string == old:
-                import sys
-                print(f"{parser.prog}: note: {old} is now {new}; the old spelling goes after this release",
-                      file=sys.stderr)
-            super().__call__(parser, namespace, values, option_string)
-    return Renamed

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Sequence
 
 from harness.cli import Parser, int_in
+from harness.options import add, flag_renamed
 from harness.errors import run_cli
 from shapes.catalog import dedup, model_configs, model_layers
 from shapes.derive import CATALOG_LAYOUTS, LinearLayer, derive_layers, load_config
@@ -55,35 +56,37 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
 
     p_list = sub.add_parser("list", help="the catalog: distinct (n, k) shapes of the known models, or their layers")
-    p_list.add_argument("--model", help=f"one model (known: {', '.join(model_configs())})")
-    p_list.add_argument("--tp", type=int_in(1, 64), default=1, help="tensor-parallel degree (default 1)")
-    p_list.add_argument("--layers", action="store_true", help="one row per model layer instead of per distinct shape")
-    p_list.add_argument("--format", choices=FORMATS, default="table")
+    add(p_list, "model", what=f"(one; known: {', '.join(model_configs())})", shown="every model")
+    add(p_list, "tp", type=int_in(1, 64), default=1)
+    p_list.add_argument("--per-layer", "--layers", dest="per_layer", action=flag_renamed("--per-layer", "--layers"),
+                        help="one row per model layer instead of per distinct shape")
+    add(p_list, "format", choices=FORMATS, default="table")
 
     p_cfg = sub.add_parser("from-config", help="derive the linears of any Qwen3.5/Qwen3-Next HF config.json")
     p_cfg.add_argument("path")
-    p_cfg.add_argument("--tp", type=int_in(1, 64), default=1)
+    add(p_cfg, "tp", type=int_in(1, 64), default=1)
     p_cfg.add_argument("--name", help="model name for the rows (default: the file's _model or stem)")
-    p_cfg.add_argument("--shapes", action="store_true", help="deduplicate into distinct shapes")
-    p_cfg.add_argument("--format", choices=FORMATS, default="table")
+    p_cfg.add_argument("--distinct", "--shapes", dest="distinct", action=flag_renamed("--distinct", "--shapes"),
+                       help="deduplicate into distinct shapes")
+    add(p_cfg, "format", choices=FORMATS, default="table")
     for p in (p_list, p_cfg):
-        p.add_argument("--layout", choices=CATALOG_LAYOUTS, default="vllm",
-                       help="vllm: vLLM's fused layers and TP splits (default); transformers: the modules as "
-                            "transformers builds them (unfused, one rank); union: both (one table for both)")
+        add(p, "layout", choices=CATALOG_LAYOUTS, default="vllm",
+            what=": vllm: vLLM's fused layers and TP splits; transformers: the modules as transformers builds them "
+                 "(unfused, one rank); union: both (one table for both)")
 
     p_grid = sub.add_parser("grid", help="the M grid (default or --m), with FlashInfer tuning-bucket membership")
-    p_grid.add_argument("--m", help="e.g. 1,8,32 or 1-16384 (powers of two) or 64:512:64")
-    p_grid.add_argument("--format", choices=FORMATS, default="table")
+    add(p_grid, "m", shown="the default grid")
+    add(p_grid, "format", choices=FORMATS, default="table")
 
     args = parser.parse_args(argv)
     if args.cmd == "list":
         layers = model_layers(args.model, args.tp, args.layout)
-        rows = _layer_rows(layers) if args.layers else _shape_rows(layers)
+        rows = _layer_rows(layers) if args.per_layer else _shape_rows(layers)
     elif args.cmd == "from-config":
         cfg = load_config(args.path)
         name = args.name or cfg.get("_model") or Path(args.path).stem
         layers = derive_layers(cfg, name, args.tp, args.layout)
-        rows = _shape_rows(layers) if args.shapes else _layer_rows(layers)
+        rows = _shape_rows(layers) if args.distinct else _layer_rows(layers)
     else:
         buckets = set(hybrid_buckets())
         rows = [{"m": m, "tuning_bucket": m in buckets} for m in parse_m(args.m)]

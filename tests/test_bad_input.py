@@ -224,13 +224,13 @@ CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
     ("report on a cut results file", lambda t: ["reports", "build", run_folder(t, csv_text=lambda s: "\n".join(s.splitlines()[:50]) + "\n"),
                                                  "-o", str(t / "r.html")], "missing"),
     ("fit on one row", lambda t: ["calibrate", "fit", run_folder(t, csv_text=lambda s: "\n".join(s.splitlines()[:2]) + "\n"),
-                                  "--gpu", "h200", "--out", str(t / "t.json")], "missing"),
+                                  "--gpu", "h200", "--out-file", str(t / "t.json")], "missing"),
     ("fit on one row with --partial", lambda t: ["calibrate", "fit", run_folder(t, csv_text=lambda s: "\n".join(s.splitlines()[:2]) + "\n"),
-                                                 "--gpu", "h200", "--partial", "--out", str(t / "t.json")], "nothing to fit"),
+                                                 "--gpu", "h200", "--partial", "--out-file", str(t / "t.json")], "nothing to fit"),
     ("fit on NaN data", lambda t: ["calibrate", "fit", run_folder(t, set_cell("gpu_us", "nan", 5)), "--gpu", "h200",
-                                   "--out", str(t / "t.json")], "NaN"),
+                                   "--out-file", str(t / "t.json")], "NaN"),
     ("baseline --from NaN data", lambda t: ["calibrate", "baseline", "--gpu", "h200", "--from",
-                                            run_folder(t, set_cell("gpu_samples_us", "nan;1", 2)), "--out", str(t / "b.json")],
+                                            run_folder(t, set_cell("gpu_samples_us", "nan;1", 2)), "--out-file", str(t / "b.json")],
      "gpu_samples_us"),
     # run.json
     ("run.json a list", lambda t: ["calibrate", "validate", run_folder(t, edit_info=lambda i: [i])], "not an object"),
@@ -254,7 +254,7 @@ CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
     ("run.json shapes empty", lambda t: ["calibrate", "validate", run_folder(t, edit_info=lambda i: {**i, "shapes": []})],
      "names no complete grid"),
     ("fit on a run without its grid", lambda t: ["calibrate", "fit", run_folder(t, edit_info=lambda i: {
-        k: v for k, v in i.items() if k != "paths"}), "--gpu", "h200", "--out", str(t / "t.json")], "no complete grid"),
+        k: v for k, v in i.items() if k != "paths"}), "--gpu", "h200", "--out-file", str(t / "t.json")], "no complete grid"),
     ("results negative span_us", lambda t: ["calibrate", "validate", run_folder(t, set_cell("span_us", "-3"))], "span_us"),
     ("results host p20 negative", lambda t: ["calibrate", "validate", run_folder(t, set_cell("host_us_p20", "-1"))],
      "host_us_p20"),
@@ -287,11 +287,11 @@ CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
         t, {"low_m_backend": "cublaslt"}, v2=True)], "low_m_backend"),
     ("table low-M backend not the profile's", lambda t: ["calibrate", "validate", str(SWEEP), "--table", thresholds(
         t, {"low_m_backend": "cute-dsl"}, v2=True)], "profile's"),
-    ("fit --out a shipped table", lambda t: ["calibrate", "fit", str(SWEEP), "--gpu", "h200", "--out",
+    ("fit --out-file a shipped table", lambda t: ["calibrate", "fit", str(SWEEP), "--gpu", "h200", "--out-file",
                                              str(ROOT / "dispatch" / "thresholds" / "h200.json")], "--install"),
-    ("noise --out a shipped floor", lambda t: ["calibrate", "noise", str(SWEEP), str(LEAN), "--gpu", "h200", "--out",
+    ("noise --out-file a shipped floor", lambda t: ["calibrate", "noise", str(SWEEP), str(LEAN), "--gpu", "h200", "--out-file",
                                                str(ROOT / "calibrate" / "noise" / "h200.json")], "--install"),
-    ("fit --out empty", lambda t: ["calibrate", "fit", str(SWEEP), "--gpu", "h200", "--out", ""], "empty"),
+    ("fit --out-file empty", lambda t: ["calibrate", "fit", str(SWEEP), "--gpu", "h200", "--out-file", ""], "empty"),
     ("table --stop-after no leg", lambda t: ["calibrate", "table", "--gpu", "h200", "--run-id", "x", "--stop-after",
                                              "lunch"], "no leg"),
     ("table --model empty", lambda t: ["calibrate", "table", "--gpu", "h200", "--model", "", "--dry-run"],
@@ -326,20 +326,20 @@ CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
     ("bench run --cells @missing", lambda t: ["bench", "run", "--gpu", "h200", "--cells", f"@{t / 'none.txt'}",
                                               "--dry-run"], "not found"),
     ("fit --add the same run", lambda t: ["calibrate", "fit", str(SWEEP), "--gpu", "h200", "--add", str(SWEEP),
-                                          "--out", str(t / "t.json")], "the same run"),
+                                          "--out-file", str(t / "t.json")], "the same run"),
     ("fit --add a run of other tactics", lambda t: ["calibrate", "fit", str(LEAN), "--gpu", "h200", "--add", run_folder(
-        t, source=LEAN, edit_info=lambda i: i["autotune_cache"].update(sha256="0" * 64)), "--out", str(t / "t.json")],
+        t, source=LEAN, edit_info=lambda i: i["autotune_cache"].update(sha256="0" * 64)), "--out-file", str(t / "t.json")],
      "did not serve"),
     ("fit --machine the same run", lambda t: ["calibrate", "fit", str(SWEEP), "--gpu", "h200", "--method", "segments",
-                                              "--machine", str(SWEEP), "--out", str(t / "t.json")], "the same run"),
+                                              "--machine", str(SWEEP), "--out-file", str(t / "t.json")], "the same run"),
     ("fit --machine missing", lambda t: ["calibrate", "fit", str(SWEEP), "--gpu", "h200", "--method", "segments",
-                                         "--machine", str(t / "none"), "--out", str(t / "t.json")], "not found"),
+                                         "--machine", str(t / "none"), "--out-file", str(t / "t.json")], "not found"),
     ("fit --machine of other tactics", lambda t: ["calibrate", "fit", str(LEAN), "--gpu", "h200", "--method",
                                                   "segments", "--machine", run_folder(
-        t, source=LEAN, edit_info=lambda i: i["autotune_cache"].update(sha256="0" * 64)), "--out", str(t / "t.json")],
+        t, source=LEAN, edit_info=lambda i: i["autotune_cache"].update(sha256="0" * 64)), "--out-file", str(t / "t.json")],
      "did not serve"),
     ("fit --machine without segments", lambda t: ["calibrate", "fit", str(LEAN), "--gpu", "h200", "--method", "rules",
-                                                  "--machine", run_folder(t, source=LEAN), "--out", str(t / "t.json")],
+                                                  "--machine", run_folder(t, source=LEAN), "--out-file", str(t / "t.json")],
      "needs --method segments"),
     ("table --refit without --run-id", lambda t: ["calibrate", "table", "--gpu", "h200", "--refit"], "name a run"),
     ("table --refit a run never run", lambda t: ["calibrate", "table", "--gpu", "h200", "--run-id", "no-such-run-7",
@@ -350,17 +350,17 @@ CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
      "--machines"),
     ("table --machines 9", lambda t: ["calibrate", "table", "--gpu", "h200", "--machines", "9", "--dry-run"],
      "--machines"),
-    ("fit --plan-refine a device", lambda t: ["calibrate", "fit", str(SWEEP), "--gpu", "h200", "--out",
+    ("fit --plan-refine a device", lambda t: ["calibrate", "fit", str(SWEEP), "--gpu", "h200", "--out-file",
                                               str(t / "t.json"), "--plan-refine", os.devnull], "not a regular file"),
     ("validate --csv a FIFO", lambda t: (os.mkfifo(t / "f"), ["calibrate", "validate", str(SWEEP), "--csv", str(t / "f")])[1],
      "not a regular file"),
     ("validate --csv a device", lambda t: ["calibrate", "validate", str(SWEEP), "--csv", os.devnull], "not a regular file"),
-    ("noise one run twice", lambda t: ["calibrate", "noise", str(SWEEP), str(SWEEP) + "/", "--gpu", "h200", "--out",
+    ("noise one run twice", lambda t: ["calibrate", "noise", str(SWEEP), str(SWEEP) + "/", "--gpu", "h200", "--out-file",
                                        str(t / "n.json")], "the same run"),
     ("forward-noise one run twice", lambda t: ["calibrate", "forward-noise", str(FORWARD), str(FORWARD), "--gpu", "h200",
-                                               "--out", str(t / "n.json")], "the same run"),
+                                               "--out-file", str(t / "n.json")], "the same run"),
     ("baseline --from one run twice", lambda t: ["calibrate", "baseline", "--gpu", "h200", "--from", str(SWEEP),
-                                                 str(SWEEP), "--out", str(t / "b.json")], "the same run"),
+                                                 str(SWEEP), "--out-file", str(t / "b.json")], "the same run"),
     ("validate --replicate itself", lambda t: ["calibrate", "validate", str(LEAN), "--table", str(LEAN_TABLE), "--replicate", str(LEAN)],
      "the same run"),
     ("agree a run with itself", lambda t: ["calibrate", "agree", str(SWEEP), str(SWEEP)], "the same run"),
@@ -370,17 +370,17 @@ CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
     ("compare a run that is not there", lambda t: ["calibrate", "compare", str(SWEEP), str(t / "none")], "none"),
     ("agree runs of two GPUs", lambda t: ["calibrate", "agree", str(SWEEP), run_folder(
         t, edit_info=lambda i: i["fingerprint"].update(gpu_name="NVIDIA H100 80GB HBM3"))], "different GPUs"),
-    ("fit --hold-out every M", lambda t: ["calibrate", "fit", str(SWEEP), "--gpu", "h200", "--out", str(t / "t.json"),
+    ("fit --hold-out every M", lambda t: ["calibrate", "fit", str(SWEEP), "--gpu", "h200", "--out-file", str(t / "t.json"),
                                           "--hold-out", ",".join(map(str, json.loads((SWEEP / "run.json").read_text())["ms"]))],
      "hold out fewer"),
     ("fit beside someone's tactics file", lambda t: ((t / "t.autotune.json").write_text("{}"),
-                                                     ["calibrate", "fit", str(SWEEP), "--gpu", "h200", "--out",
+                                                     ["calibrate", "fit", str(SWEEP), "--gpu", "h200", "--out-file",
                                                       str(t / "t.json")])[1], "would be replaced"),
     ("merge into a folder with a run.json", lambda t: ((t / "m").mkdir(), (t / "m" / "run.json").write_text("{}"),
-                                                       ["bench", "merge", str(SHARD), "-o", str(t / "m")])[2],
+                                                       ["bench", "merge", str(SHARD), "--out", str(t / "m")])[2],
      "not empty"),
     ("merge a binary shard", lambda t: (shutil.copytree(SHARD, t / "s"), (t / "s" / "results.csv").write_bytes(
-        b"\xad\xff" * 500), ["bench", "merge", str(t / "s"), "-o", str(t / "m")])[2], "not a text table"),
+        b"\xad\xff" * 500), ["bench", "merge", str(t / "s"), "--out", str(t / "m")])[2], "not a text table"),
     ("bench --paths twice", lambda t: ["bench", "run", "--gpu", "h200", "--paths", "aten,aten", "--dry-run"],
      "more than once"),
     ("forward --paths twice", lambda t: ["bench", "forward", "--gpu", "h200", "--paths", "aten,aten"], "more than once"),
@@ -420,12 +420,12 @@ CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
     ("thresholds malformed override", lambda t: ["calibrate", "validate", str(SWEEP), "--table",
                                                  thresholds(t, {"overrides": [{"n": 1}]})], "malformed"),
     ("thresholds missing", lambda t: ["calibrate", "validate", str(SWEEP), "--table", str(t / "none.json")], "not found"),
-    ("merge a folder that is no shard", lambda t: ["bench", "merge", str(t), "-o", str(t / "m")], "has no results.csv"),
-    ("merge into a folder with results", lambda t: ["bench", "merge", str(SWEEP), "-o", str(SWEEP)], "not empty"),
+    ("merge a folder that is no shard", lambda t: ["bench", "merge", str(t), "--out", str(t / "m")], "has no results.csv"),
+    ("merge into a folder with results", lambda t: ["bench", "merge", str(SWEEP), "--out", str(SWEEP)], "not empty"),
     ("merge a shard with a NaN time", lambda t: ["bench", "merge", run_folder(t, set_cell("gpu_us", "nan"), source=SHARD),
-                                                 "-o", str(t / "m")], "gpu_us"),
+                                                 "--out", str(t / "m")], "gpu_us"),
     ("merge a shard whose table is cut", lambda t: ["bench", "merge", run_folder(t, csv_text=lambda s: s + '"cut',
-                                                                                    source=SHARD), "-o", str(t / "m")],
+                                                                                    source=SHARD), "--out", str(t / "m")],
      "cannot read its results.csv"),
     ("shard out of range", lambda t: ["bench", "run", "--gpu", "h200", "--shard", "5/4", "--dry-run"], "--shard"),
     ("shard and devices together", lambda t: ["bench", "run", "--gpu", "h200", "--shard", "1/2", "--devices", "all",
@@ -494,11 +494,11 @@ CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
     ("dispatch unknown command", lambda t: ["calibrate", "judge"], "invalid choice"),
     # output paths
     ("validate --csv a folder", lambda t: ["calibrate", "validate", str(SWEEP), "--csv", str(t)], "is a folder"),
-    ("fit --out a folder", lambda t: ["calibrate", "fit", str(SWEEP), "--gpu", "h200", "--out", str(t)], "is a folder"),
+    ("fit --out-file a folder", lambda t: ["calibrate", "fit", str(SWEEP), "--gpu", "h200", "--out-file", str(t)], "is a folder"),
     ("report -o a folder", lambda t: ["reports", "build", str(SWEEP), "-o", str(t)], "is a folder"),
-    ("baseline --out a folder", lambda t: ["calibrate", "baseline", "--gpu", "h200", "--from", str(SWEEP),
-                                           "--out", str(t)], "is a folder"),
-    ("host-cost --out a folder", lambda t: ["calibrate", "host-cost", "--gpu", "h200", "--out", str(t)], "is a folder"),
+    ("baseline --out-file a folder", lambda t: ["calibrate", "baseline", "--gpu", "h200", "--from", str(SWEEP),
+                                           "--out-file", str(t)], "is a folder"),
+    ("host-cost --out-file a folder", lambda t: ["calibrate", "host-cost", "--gpu", "h200", "--out-file", str(t)], "is a folder"),
     ("bench --out an existing file", lambda t: ["bench", "run", "--gpu", "h200", "--out", user_folder(t) + "/notes.txt"],
      "is a file"),
     ("anatomy --out an existing file", lambda t: ["bench", "host-anatomy", "--gpu", "h200", "--out",
@@ -676,7 +676,7 @@ def test_regress_on_a_users_sweep_lists_the_cells_it_skipped_and_fails_a_slow_on
     slower than its band fails."""
     from calibrate.__main__ import main
     base = str(tmp_path / "b.json")
-    assert main(["baseline", "--gpu", "h200", "--from", str(LEAN), "--out", base]) == 0
+    assert main(["baseline", "--gpu", "h200", "--from", str(LEAN), "--out-file", base]) == 0
 
     def edit(how):
         def rows(df):
@@ -801,7 +801,7 @@ def _run(cmd: list[str] | str, **kw) -> subprocess.CompletedProcess:
 
 
 def test_piping_into_head_ends_quietly():
-    r = _run(f"{sys.executable} -m shapes list --layers | head -2", shell=True)
+    r = _run(f"{sys.executable} -m shapes list --per-layer | head -2", shell=True)
     assert r.stdout.count("\n") == 2 and r.stderr == "", r.stderr
 
 

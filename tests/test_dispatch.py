@@ -1084,14 +1084,14 @@ def test_fit_with_added_cells_fits_their_m_and_refuses_a_cell_twice(tmp_path):
     info["ms"] = [3]
     (added / "run.json").write_text(json.dumps(info))
     out = tmp_path / "t.json"
-    assert main(["fit", str(lean), "--gpu", "h200", "--method", "segments", "--add", str(added), "--out",
+    assert main(["fit", str(lean), "--gpu", "h200", "--method", "segments", "--add", str(added), "--out-file",
                  str(out)]) == 0
     assert 3 in json.loads(out.read_text())["source"]["fitted_ms"]
     df.to_csv(added / "results.csv", index=False)
     info["ms"] = sorted(set(df["m"]))
     (added / "run.json").write_text(json.dumps(info))
     with pytest.raises(HarnessError, match="measured twice"):
-        main(["fit", str(lean), "--gpu", "h200", "--method", "segments", "--add", str(added), "--out",
+        main(["fit", str(lean), "--gpu", "h200", "--method", "segments", "--add", str(added), "--out-file",
               str(tmp_path / "u.json")])
 
 

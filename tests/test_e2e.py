@@ -336,7 +336,7 @@ def test_a_control_run_sets_each_steps_margin_from_its_medians_move():
 
 
 def test_calibrate_e2e_control_from_the_command_line(tmp_path, capsys):
-    """calibrate e2e RUN --control DIR prints each step's margin; a control of other --layers is one line."""
+    """calibrate e2e RUN --control-runs DIR prints each step's margin; a control of other --layers is one line."""
     from bench.e2e import write_e2e
     from calibrate.__main__ import main
     from harness.errors import HarnessError
@@ -345,20 +345,20 @@ def test_calibrate_e2e_control_from_the_command_line(tmp_path, capsys):
     for name, factor, layers in (("run", 1.03, None), ("aa", 0.96, None), ("aa-2", 1.0, 2)):
         write_e2e(tmp_path / name, _e2e_frame("A", stock, [factor * s for s in stock]).to_dict("records"),
                   {**fp, "layers": layers})
-    assert main(["e2e", str(tmp_path / "run"), "--control", str(tmp_path / "aa")]) == 0
+    assert main(["e2e", str(tmp_path / "run"), "--control-runs", str(tmp_path / "aa")]) == 0
     out = capsys.readouterr().out
     assert "margin" in [line for line in out.splitlines() if not line.startswith("note")][0] and "SAME within ±margin" in out and "SLOWER" not in out
     with pytest.raises(HarnessError, match="ran --layers 2, .* --layers all; run the control with the same --layers"):
-        main(["e2e", str(tmp_path / "run"), "--control", str(tmp_path / "aa-2")])
+        main(["e2e", str(tmp_path / "run"), "--control-runs", str(tmp_path / "aa-2")])
     write_e2e(tmp_path / "aa-cut", _e2e_frame("A", stock, stock).to_dict("records"),
               {**fp, "status": "interrupted", "rounds": 10, "rounds_done": 8})
     with pytest.raises(HarnessError, match="interrupted after 8 of 10 rounds"):
-        main(["e2e", str(tmp_path / "run"), "--control", str(tmp_path / "aa-cut")])
+        main(["e2e", str(tmp_path / "run"), "--control-runs", str(tmp_path / "aa-cut")])
     capsys.readouterr()
-    assert main(["e2e", str(tmp_path / "run"), "--control", str(tmp_path / "aa-cut"), "--partial"]) == 0
+    assert main(["e2e", str(tmp_path / "run"), "--control-runs", str(tmp_path / "aa-cut"), "--partial"]) == 0
     assert "note (--partial): " + str(tmp_path / "aa-cut") + " holds 8 of 10 rounds" in capsys.readouterr().out
     with pytest.raises(HarnessError, match="are the same run"):
-        main(["e2e", str(tmp_path / "run"), "--control", str(tmp_path / "run")])
+        main(["e2e", str(tmp_path / "run"), "--control-runs", str(tmp_path / "run")])
     write_e2e(tmp_path / "aa-short", _e2e_frame("A", stock, stock).to_dict("records"),
               {**fp, "status": "interrupted", "rounds": 10, "rounds_done": 4})
     with pytest.raises(HarnessError, match="holds 8 samples where run.json records 4 rounds"):

@@ -484,7 +484,7 @@ def test_the_committed_forward_floor_is_the_committed_runs_and_covers_held_out_p
     from calibrate.__main__ import main
     stored = json.loads((ROOT / "calibrate" / "noise" / "h200-forward.json").read_text())
     runs = stored["source"]["runs"]
-    assert main(["forward-noise", *[str(ROOT / r) for r in runs], "--gpu", "h200", "--out",
+    assert main(["forward-noise", *[str(ROOT / r) for r in runs], "--gpu", "h200", "--out-file",
                  str(tmp_path / "f.json")]) == 0
     again = json.loads((tmp_path / "f.json").read_text())
     assert again["half_widths"] == pytest.approx(stored["half_widths"])

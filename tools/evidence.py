@@ -245,13 +245,14 @@ def page(profile: str) -> str:
 
 def main(argv=None) -> int:
     from harness.cli import Parser
+    from harness.options import add
     p = Parser(prog="tools/evidence.py")
     sub = p.add_subparsers(dest="cmd", required=True)
     a = sub.add_parser("add")
     a.add_argument("run")
     a.add_argument("--backs", required=True)
     a.add_argument("--note", default="")
-    a.add_argument("--partial", action="store_true", help="file a run that did not finish (the manifest says so)")
+    add(a, "partial", what="(the manifest says so)")
     sub.add_parser("list")
     r = sub.add_parser("restore")
     r.add_argument("id")

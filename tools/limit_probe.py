@@ -121,13 +121,14 @@ def main(argv=None) -> int:
     from bench.gpu import output_error, reference
     from shapes.catalog import catalog
     from harness.cli import Parser, float_in
+    from harness.options import add
     from shapes.grid import parse_m
     p = Parser(prog="tools.limit_probe")
-    p.add_argument("--out", required=True)
+    add(p, "out", required=True)
     p.add_argument("--ms", default="1,2,4,8,16,32", type=parse_m)
     p.add_argument("--min-mb", type=float_in(0.0, 1e6), default=16.0)
     p.add_argument("--gemv-ms", default="1,2,4,8,16", type=parse_m)
-    p.add_argument("--shapes", default="", help="comma list of shape names (default: every one of --min-mb)")
+    add(p, "shapes", default="", shown="every one of --min-mb")
     p.add_argument("--skip", default="", help="comma list of candidates to leave out (inductor, gemlite, gemv)")
     args = p.parse_args(argv)
     out = Path(args.out)

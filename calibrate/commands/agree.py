@@ -9,21 +9,22 @@ from calibrate.analysis import Cells
 from calibrate.runs import load_run as _load
 from harness.errors import HarnessError
 from harness.io import distinct, same_gpu
+from harness.options import add
 
 
-def add_parser(sub, partial: dict) -> None:
+def add_parser(sub) -> None:
     p_agree = sub.add_parser("agree", help="how closely two runs of the same cells agree (GPU and host time)")
     p_agree.add_argument("run_a")
     p_agree.add_argument("run_b")
-    p_agree.add_argument("--partial", **partial)
-    p_agree.add_argument("--allow-mismatch", action="store_true", help="compare runs of different GPUs")
+    add(p_agree, "partial")
+    add(p_agree, "allow-mismatch")
     p_shift = sub.add_parser("host-shift", help="whether arms of runs of the same cells (e.g. 1 GPU, 2 GPUs with and "
                                                  "without the host-timing lock) differ in host time beyond the "
                                                  "run-to-run noise")
     p_shift.add_argument("--arm", nargs="+", action="append", required=True, metavar=("NAME", "RUN"),
                          help="an arm: its name, then two or more runs (repeat --arm for each arm, two or more)")
-    p_shift.add_argument("--partial", **partial)
-    p_shift.add_argument("--allow-mismatch", action="store_true", help="compare runs of different GPUs")
+    add(p_shift, "partial")
+    add(p_shift, "allow-mismatch")
 
 
 def run_agree(args) -> int:

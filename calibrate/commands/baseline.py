@@ -18,31 +18,30 @@ from dispatch.profiles import get_profile
 from harness.cli import float_in, int_in
 from harness.errors import HarnessError
 from harness.io import claim_work_dir, distinct, shipped_or_results
+from harness.options import add
 
 
-def add_parser(sub, parents: list, partial: dict) -> None:
+def add_parser(sub, parents: list) -> None:
     p_base = sub.add_parser("baseline", parents=parents,
                             help="write tests/baselines/<profile>.json from fresh (or given) regression-grid runs")
-    p_base.add_argument("--from", dest="sources", nargs="+",
-                        help="existing results folders of one environment (default: measure afresh, GPU)")
-    p_base.add_argument("--work", default="results/baseline", help="where a fresh run writes (default results/baseline)")
-    p_base.add_argument("--out", help="baseline file (default results/<profile>/baseline.json)")
-    p_base.add_argument("--install", action="store_true", help="write the shipped tests/baselines/<profile>.json")
-    p_base.add_argument("--samples", type=int_in(3, 1000), default=10, help="graph replays per cell (default 10)")
+    add(p_base, "from", dest="sources", nargs="+", what="of one environment")
+    add(p_base, "work", default="results/baseline")
+    add(p_base, "out-file", what=": the baseline", shown="results/<profile>/baseline.json", dest="out")
+    add(p_base, "install", what="tests/baselines/<profile>.json")
+    add(p_base, "samples", type=int_in(3, 1000), default=10, what="(graph replays) per cell")
     p_base.add_argument("--runs", type=int_in(1, 20), default=3,
                         help="fresh runs, each in a new process; the baseline holds their envelope (default 3)")
     p_base.add_argument("--retune", action="store_true",
                         help="tune FlashInfer afresh in run 1 instead of serving the committed <profile>.autotune.json")
-    p_base.add_argument("--partial", **partial)
+    add(p_base, "partial")
     p_reg = sub.add_parser("regress", parents=parents,
                            help="compare fresh (or given) measurements with the stored baseline")
-    p_reg.add_argument("--from", dest="source", help="results folder to compare (default: measure afresh, GPU)")
-    p_reg.add_argument("--baseline", help="baseline file (default tests/baselines/<profile>.json)")
-    p_reg.add_argument("--tolerance", type=float_in(0, 1), help="GPU-ratio band (default: the baseline's, 0.05)")
-    p_reg.add_argument("--work", default="results/regress", help="where a fresh run writes (default results/regress)")
-    p_reg.add_argument("--partial", **partial)
-    p_reg.add_argument("--allow-mismatch", action="store_true",
-                       help="compare although the run's GPU profile or fingerprint differs from the baseline's")
+    add(p_reg, "from", dest="source", what="to compare")
+    add(p_reg, "baseline", shown="tests/baselines/<profile>.json")
+    add(p_reg, "tolerance", type=float_in(0, 1), what=": the GPU-ratio band", shown="the baseline's, 0.05")
+    add(p_reg, "work", default="results/regress")
+    add(p_reg, "partial")
+    add(p_reg, "allow-mismatch", what="(also a fingerprint other than the baseline's)")
 
 
 def run(args) -> int:

@@ -10,23 +10,22 @@ from dispatch.profiles import get_profile
 from harness.cli import float_in
 from harness.errors import HarnessError
 from harness.io import atomic_write_text, distinct, output_file
+from harness.options import add
 
 
-def add_parser(sub, parents: list, partial: dict) -> None:
+def add_parser(sub, parents: list) -> None:
     p_cmp = sub.add_parser("compare", parents=parents,
                            help="run B against run A per cell and path: ratio, interval, SAME/FASTER/SLOWER/AMBIGUOUS "
                                 "(exit 1 where any cell is SLOWER)")
     p_cmp.add_argument("run_a", help="the reference run (results folder)")
     p_cmp.add_argument("run_b", help="the run judged against it")
-    p_cmp.add_argument("--margin", type=float_in(0.0, 0.5), default=DEFAULT_MARGIN,
-                       help="a verdict beyond SAME needs the whole interval beyond 1 +- this (default 0.03)")
-    p_cmp.add_argument("--paths", help="comma list of paths to compare (default: every path both runs measured)")
-    p_cmp.add_argument("--no-floor", action="store_true",
-                       help="intervals from the runs' replays alone, not widened by the profile's noise floor")
+    add(p_cmp, "margin", type=float_in(0.0, 0.5), default=DEFAULT_MARGIN)
+    add(p_cmp, "paths", what="to compare", shown="every path both runs measured")
+    add(p_cmp, "no-floor", what="(intervals from the runs' replays alone)")
     p_cmp.add_argument("--allow-env-mismatch", action="store_true",
                        help="compare runs whose environments differ (FlashInfer, CUDA, driver, GPU, pdl, ...)")
-    p_cmp.add_argument("--out-file", help="CSV file of every compared cell")
-    p_cmp.add_argument("--partial", **partial)
+    add(p_cmp, "out-file", what=": a CSV of every compared cell")
+    add(p_cmp, "partial")
 
 
 def run(args) -> int:

@@ -7,20 +7,21 @@ from calibrate.runs import check_gpu as _check_gpu
 from calibrate.runs import profile_of as _profile_of
 from harness.errors import HarnessError
 from harness.io import distinct
+from harness.options import add, renamed
 
 
-def add_parser(sub, partial: dict) -> None:
+def add_parser(sub) -> None:
     p_e2e = sub.add_parser("e2e", help="an end-to-end run (bench e2e): each step's patched / stock with its interval "
                                        "and verdict, and with --forward what its model's measured linears predict")
     p_e2e.add_argument("results", help="the folder python -m bench e2e wrote")
-    p_e2e.add_argument("--forward", metavar="DIR",
-                       help="a measured forward of the same model and layout (bench forward --layout transformers "
-                            "--paths aten,dispatch), on the same GPU: adds each step's prediction")
-    p_e2e.add_argument("--control", metavar="DIR", nargs="+",
+    add(p_e2e, "forward", what=": one of the same model and layout (bench forward --layout transformers --paths "
+                               "aten,dispatch), on the same GPU: adds each step's prediction")
+    p_e2e.add_argument("--control-runs", "--control", dest="control", metavar="DIR", nargs="+",
+                       action=renamed("--control-runs", "--control"),
                        help="A/A runs of the same model (bench e2e --control) on the same GPU: each step's margin "
                             "becomes the farthest their medians moved from 1 (at least 1%%); --partial also admits "
                             "interrupted ones")
-    p_e2e.add_argument("--partial", **partial)
+    add(p_e2e, "partial")
 
 
 def kernels_note(info: dict, results: str) -> str:

@@ -29,10 +29,11 @@ from dispatch.table import REGIMES, TABLE_DIR, ThresholdTable, load_table
 from harness.cli import float_in
 from harness.errors import HarnessError
 from harness.io import ROOT, atomic_write_text, distinct, is_shipped, output_file, shipped_or_results
+from harness.options import add
 from shapes.derive import UNION
 
 
-def add_parser(sub, parents: list, partial: dict) -> None:
+def add_parser(sub, parents: list) -> None:
     p_fit = sub.add_parser("fit", parents=parents,
                            help="fit per-shape M ranges for both regimes (graph: GPU time; eager: host and GPU)")
     p_fit.add_argument("results")
@@ -63,11 +64,10 @@ def add_parser(sub, parents: list, partial: dict) -> None:
                             "where its choices ran faster than all-aten beyond the noise in every run and no single "
                             "path beat them, they are kept at the model's cells (a measured gain is not given up on "
                             "the cells' word alone)")
-    p_fit.add_argument("--forward", nargs="+", metavar="DIR",
-                       help="measured-forward folders: at each (model, M, regime) they all measured, a lean single "
-                            "path whose whole forward beat all-aten beyond the noise in every one of them is picked "
-                            "for that model's shapes (eager: every cell; graph: cells left to F.linear); the eager "
-                            "boundness starts where it starts in the latest of them")
+    add(p_fit, "forward", nargs="+",
+        what=": at each (model, M, regime) they all measured, a lean single path whose whole forward beat all-aten "
+             "beyond the noise in every one of them is picked for that model's shapes (eager: every cell; graph: "
+             "cells left to F.linear); the eager boundness starts where it starts in the latest of them")
     p_fit.add_argument("--forward-noise", action="store_true",
                        help="widen every forward test of the fit (--forward picks, --table-forward overrides, --keep) "
                             "by the profile's forward noise floor (python -m calibrate forward-noise), so that a "
@@ -75,14 +75,12 @@ def add_parser(sub, parents: list, partial: dict) -> None:
     p_fit.add_argument("--method", choices=("rules", "segments"), default="rules",
                        help="rules: the per-cell fit with forward picks and overrides (default); segments: the "
                             "fewest ranges within --tolerance of the per-M best (calibrate/segments.py)")
-    p_fit.add_argument("--tolerance", type=float_in(0, 0.5), default=0.02,
-                       help="with --method segments: a range's path may cost this much more than the per-M best "
-                            "(default 0.02)")
-    p_fit.add_argument("--out", help="table file to write (default results/<profile>/table.json)")
-    p_fit.add_argument("--install", action="store_true",
-                       help="write the shipped dispatch/thresholds/<profile>.json (and its tactics file)")
-    p_fit.add_argument("--dry-run", action="store_true", help="print, write nothing")
-    p_fit.add_argument("--partial", **partial)
+    add(p_fit, "tolerance", type=float_in(0, 0.5), default=0.02,
+        what="(--method segments): a range's path may cost this much more than the per-M best")
+    add(p_fit, "out-file", what=": the table", shown="results/<profile>/table.json", dest="out")
+    add(p_fit, "install", what="dispatch/thresholds/<profile>.json (and its tactics file)")
+    add(p_fit, "dry-run")
+    add(p_fit, "partial")
 
 
 def run(args, argv) -> int:

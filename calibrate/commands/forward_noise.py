@@ -12,18 +12,18 @@ from calibrate.runs import RESULTS, replicate_profile
 from calibrate.runs import load_forwards as _load_forwards
 from harness.errors import HarnessError
 from harness.io import shipped_or_results
+from harness.options import add
 
 
-def add_parser(sub, parents: list, partial: dict) -> None:
+def add_parser(sub, parents: list) -> None:
     p_fnoise = sub.add_parser("forward-noise", parents=parents,
                               help="measure the run-to-run noise of measured forwards' ratios from runs in fresh "
                                    "processes")
     p_fnoise.add_argument("runs", nargs="+", help="two or more measured-forward folders (python -m bench forward); "
                                                   "each consecutive pair is a replicate pair")
-    p_fnoise.add_argument("--out", help="floor file (default results/<profile>/forward-noise.json)")
-    p_fnoise.add_argument("--install", action="store_true",
-                          help="write the shipped calibrate/noise/<profile>-forward.json")
-    p_fnoise.add_argument("--partial", **partial)
+    add(p_fnoise, "out-file", what=": the floor", shown="results/<profile>/forward-noise.json", dest="out")
+    add(p_fnoise, "install", what="calibrate/noise/<profile>-forward.json")
+    add(p_fnoise, "partial")
 
 
 def run(args) -> int:

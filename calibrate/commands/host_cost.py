@@ -4,15 +4,16 @@ from __future__ import annotations
 
 from harness.cli import int_in
 from harness.io import output_file
+from harness.options import add
 
 
 def add_parser(sub, parents: list) -> None:
     p_host = sub.add_parser("host-cost", parents=parents,
                             help="(GPU) host time of dispatch.linear against F.linear above the threshold")
-    p_host.add_argument("--calls", type=int_in(100, 1_000_000), default=4000)
-    p_host.add_argument("--out", help="CSV file for the per-shape figures")
+    add(p_host, "calls", type=int_in(100, 1_000_000), default=4000, what="per layer and shape")
+    add(p_host, "out-file", what=": a CSV of the per-shape figures", dest="out")
 
 
 def run(args) -> int:
     from calibrate.hostcost import run_host_cost  # the one command that times the dispatcher: it imports torch
-    return run_host_cost(args.gpu, args.calls, output_file(args.out, "--out") if args.out else None)
+    return run_host_cost(args.gpu, args.calls, output_file(args.out, "--out-file") if args.out else None)

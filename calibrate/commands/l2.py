@@ -12,9 +12,10 @@ from dispatch.table import load_table
 from harness.cli import float_in
 from harness.errors import HarnessError
 from harness.io import atomic_write_text, output_file
+from harness.options import add
 
 
-def add_parser(sub, partial: dict) -> None:
+def add_parser(sub) -> None:
     p_l2 = sub.add_parser("l2", help="which dispatch decisions flip between L2 states (runs swept with bench run --l2)")
     p_l2.add_argument("--rotate", required=True, help="results of bench run --l2 rotate")
     p_l2.add_argument("--flush", required=True, help="results of bench run --l2 flush")
@@ -23,9 +24,9 @@ def add_parser(sub, partial: dict) -> None:
                       help="pick the cells where the table's choice is within --within of the alternative from this "
                            "run (default: the --rotate run)")
     p_l2.add_argument("--within", type=float_in(0, 1), default=0.10, help="closeness of a cell (default 0.10)")
-    p_l2.add_argument("--forward", help="a measured-forward folder: which L2 state's cell-sum model is closest to it")
-    p_l2.add_argument("--csv", help="write the per-cell table here")
-    p_l2.add_argument("--partial", **partial)
+    add(p_l2, "forward", what=": one; which L2 state's cell-sum model is closest to it")
+    add(p_l2, "csv")
+    add(p_l2, "partial")
 
 
 def run(args) -> int:

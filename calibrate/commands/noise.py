@@ -11,15 +11,16 @@ from calibrate.noise import coverage, coverage_line, fit_floor, noise_path
 from calibrate.runs import RESULTS, replicate_profile
 from calibrate.runs import load_run as _load
 from harness.io import shipped_or_results
+from harness.options import add
 
 
-def add_parser(sub, parents: list, partial: dict) -> None:
+def add_parser(sub, parents: list) -> None:
     p_noise = sub.add_parser("noise", parents=parents,
                              help="measure the run-to-run noise floor of GPU-time ratios from replicate runs")
     p_noise.add_argument("runs", nargs="+", help="two or more runs of one grid, each in a fresh process")
-    p_noise.add_argument("--out", help="floor file (default results/<profile>/noise.json)")
-    p_noise.add_argument("--install", action="store_true", help="write the shipped calibrate/noise/<profile>.json")
-    p_noise.add_argument("--partial", **partial)
+    add(p_noise, "out-file", what=": the floor", shown="results/<profile>/noise.json", dest="out")
+    add(p_noise, "install", what="calibrate/noise/<profile>.json")
+    add(p_noise, "partial")
 
 
 def run(args) -> int:

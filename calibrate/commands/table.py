@@ -14,6 +14,7 @@ from dispatch.profiles import get_profile
 from harness.cli import int_in
 from shapes.derive import CATALOG_LAYOUTS
 from harness.errors import HarnessError
+from harness.options import add
 
 
 def add_parser(sub, parents: list) -> None:
@@ -21,28 +22,26 @@ def add_parser(sub, parents: list) -> None:
                              help="(GPU) a table from one command: sweep, forward, fit, out-of-sample check, "
                                   "baseline, report, in legs that resume")
     p_table.add_argument("--run-id", help="the run's folder under results/<profile>/ (default: a new UTC time stamp)")
-    p_table.add_argument("--resume", action="store_true", help="continue the legs of --run-id that are not done")
+    add(p_table, "resume", what=": the legs of --run-id that are not done")
     p_table.add_argument("--refit", action="store_true",
                          help="fit --run-id's measurements again (a changed fit rule) and run every leg after the fit "
                               "again; the earlier entries and outputs move to refit-<n>/")
-    p_table.add_argument("--dry-run", action="store_true", help="print the legs and write nothing (any machine)")
+    add(p_table, "dry-run", what="(its legs; any machine)")
     p_table.add_argument("--stop-after", metavar="LEG",
                          help="stop after this leg (e.g. fit: the check on another machine with --resume)")
     p_table.add_argument("--same-machine", action="store_true",
                          help="let the out-of-sample legs run on a machine that ran a fitted leg (one GPU machine "
                               "only; the manifest then says the check was in-machine)")
-    p_table.add_argument("--layout", choices=CATALOG_LAYOUTS,
-                         help="the layout the table's shapes come in: union (the default, as shipped): vLLM's fused "
-                              "layers and the transformers modules they fuse, one table for vLLM and dispatch.patch; "
-                              "vllm or transformers: one of them only")
-    p_table.add_argument("--model", help="comma list of catalog models the table covers (default: every model)")
+    add(p_table, "layout", choices=CATALOG_LAYOUTS, shown="union, as shipped",
+        what=" the table covers: union: vLLM's fused layers and the transformers modules they fuse, one table for vLLM "
+             "and dispatch.patch; vllm or transformers: one of them only")
+    add(p_table, "model", what="(comma list) the table covers", shown="every model")
     p_table.add_argument("--machines", type=int_in(1, MAX_FIT_MACHINES),
                          help="how many machines the fit measures on: the sweep's and a machine-<i> leg on each other "
                               f"one (default {FIT_MACHINES}; a resume keeps the run's; with --refit, more than the "
                               f"run's adds machine-<i> legs before the fit)")
-    p_table.add_argument("--install", action="store_true",
-                         help="install the table, its tactics and the baseline of --run-id as the shipped files "
-                              "(a complete run whose check passed)")
+    add(p_table, "install", what=": the table, its tactics and the baseline of --run-id (a complete run whose "
+                             "check passed)")
 
 
 def run(args) -> int:

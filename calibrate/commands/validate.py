@@ -21,31 +21,29 @@ from calibrate.runs import profile_of as _profile_of
 from calibrate.runs import refuse_overlap as _refuse_overlap
 from dispatch.profiles import get_profile
 from dispatch.table import ThresholdTable, load_table
-from harness.cli import float_in, renamed
+from harness.cli import float_in
 from harness.errors import HarnessError
 from harness.io import atomic_write_text, distinct, output_file
+from harness.options import add
 from shapes.derive import UNION
 
 
-def add_parser(sub, parents: list, partial: dict) -> None:
+def add_parser(sub, parents: list) -> None:
     p_val = sub.add_parser("validate", parents=parents, help="judge a threshold table against measured results")
     p_val.add_argument("results", help="results folder or results.csv (run.json beside it)")
-    p_val.add_argument("--table", "--thresholds", dest="thresholds", action=renamed("--table", "--thresholds"),
-                       metavar="FILE", help="threshold table file (default: dispatch/thresholds/<profile>.json); "
-                                            "--thresholds is its old spelling")
-    p_val.add_argument("--margin", type=float_in(0, 0.5), default=0.03, help="equivalence margin (default 0.03 = 3%%)")
+    add(p_val, "table", what="judged")
+    add(p_val, "margin", type=float_in(0, 0.5), default=0.03)
     p_val.add_argument("--oracle", choices=("candidates", "all"), default="all",
                        help="best achievable over every measured path (default) or the dispatcher's own candidates")
-    p_val.add_argument("--csv", help="write the per-cell verdicts here")
-    p_val.add_argument("--partial", **partial)
-    p_val.add_argument("--forward", nargs="+", metavar="DIR",
-                       help="measured-forward folders (python -m bench forward), e.g. one per model: per-forward "
-                            "verdicts use them where they have the (model, M), and the cell-sum model is set beside "
-                            "them; two folders that both measured one (model, M) are refused")
+    add(p_val, "csv", what="(the verdicts)")
+    add(p_val, "partial")
+    add(p_val, "forward", nargs="+",
+        what=", e.g. one per model: per-forward verdicts use them where they have the (model, M), and the cell-sum "
+             "model is set beside them; two folders that both measured one (model, M) are refused")
     p_val.add_argument("--forward-replicate", metavar="DIR",
                        help="with --forward: a measured forward of the same models and M in a fresh process: how "
                             "often its ratios fall inside --forward's intervals (their coverage)")
-    p_val.add_argument("--allow-mismatch", action="store_true", help="judge a run from another GPU than the profile's")
+    add(p_val, "allow-mismatch")
     p_val.add_argument("--replicate", help="a replicate run (fresh process, same GPU): measure how often its point "
                                            "ratios fall inside this run's intervals (their coverage)")
 
@@ -58,7 +56,7 @@ def run(args) -> int:
     df, info = _load(args.results, args.partial, profile.name, getattr(args, "allow_mismatch", None))
     cells = Cells.from_results(df)
 
-    table = load_table(profile.name, args.thresholds)
+    table = load_table(profile.name, args.table)
     if table.profile != profile.name:
         raise HarnessError(f"threshold table is for {table.profile}, the results are from {profile.name}")
     run_layout, table_layout = info.get("layout", "vllm"), table.source.get("layout", "vllm")

@@ -9,20 +9,17 @@ from calibrate.runs import profile_of as _profile_of
 from calibrate.runs import load_forwards as _load_forwards
 from calibrate.runs import refuse_overlap as _refuse_overlap
 from dispatch.profiles import get_profile
+from harness.options import add
 
 
-def add_parser(sub, parents: list, partial: dict) -> None:
+def add_parser(sub, parents: list) -> None:
     p_vllm = sub.add_parser("vllm", parents=parents,
                             help="the answer in vLLM's terms from measured forwards: vLLM default, its flag, the seed"
                                  " PR's rule, the best single threshold and the table")
-    p_vllm.add_argument("--forward", nargs="+", metavar="DIR", required=True,
-                        help="measured-forward folders of one GPU (python -m bench forward, default paths), e.g. one "
-                             "per model")
-    p_vllm.add_argument("--no-floor", action="store_true",
-                        help="intervals from the runs' paired rounds alone, not widened by the profile's forward "
-                             "noise floor")
+    add(p_vllm, "forward", nargs="+", required=True, what="of one GPU (default paths), e.g. one per model")
+    add(p_vllm, "no-floor", what="(intervals from the runs' paired rounds alone)")
     p_vllm.add_argument("--markdown", action="store_true", help="print only the short answer as a Markdown table")
-    p_vllm.add_argument("--partial", **partial)
+    add(p_vllm, "partial")
 
 
 def run(args) -> int:
