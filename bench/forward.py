@@ -473,8 +473,6 @@ def run_forward(cfg: ForwardConfig) -> Path:
     seqs = sequences(cfg)
     if cfg.quiet:
         divert_noise(cfg.out / "log.txt")
-    import torch
-
     clock = make_clock("cupti")
     reader = ClockReader()
     if cfg.order_seed is None:  # a fresh shuffle per run: replicate runs must not share one order's bias
@@ -483,20 +481,7 @@ def run_forward(cfg: ForwardConfig) -> Path:
     pinned = _load_pinned_tactics(cfg)
     dispatch.tactics_from_table(False)  # the dispatch rule runs this run's tactics, as every other rule does
     serve_gemv(False, cfg.table)  # the forward never tunes the GEMV: it serves the tactics' file, else the table's
-    info = run_info(cfg.command, kind="forward", profile=cfg.profile.name, models=list(cfg.models), tp=cfg.tp,
-                    ms=cfg.ms, paths=cfg.rules, regimes=list(REGIMES), samples=cfg.samples, pdl=cfg.profile.pdl,
-                    decoder_layers=cfg.decoder_layers, lm_head=cfg.lm_head, lm_head_rule=LM_HEAD_RULE,
-                    eager_order_seed=cfg.order_seed, graph_order=GRAPH_ORDER, eager_settle=cfg.settle_ms > 0,
-                    settle_ms=cfg.settle_ms, settle_at=cfg.settle_at,
-                    settle_drain="before the settle", eager_profiler=EAGER_PROFILER,
-                    sustain_ms=cfg.sustain_ms or None, idle_ms=cfg.idle_ms if cfg.sustain_ms else None,
-                    table_file=cfg.table_file, skip_slower=cfg.skip_slower,
-                    tuning=tuning_info(cfg.vllm_tune_tokens), layout=cfg.layout,
-                    linears={m: len(s) for m, s in seqs.items()},
-                    rules={r: RULES.get(r, "registry path") for r in cfg.rules},
-                    table=getattr(cfg.table, "source", {}).get("fitted_from") if cfg.table else None,
-                    dispatch_layer=_layer_of_dispatch() if DISPATCH in cfg.rules else None,
-                    clocks_start=nvml_clocks())
+    info = _run_info(cfg, seqs)
     cfg.out.mkdir(parents=True, exist_ok=True)
     rows = finished_rows(out_csv, ("model", "m", "path", "regime"), "forward table") if cfg.resume else []
     try:
@@ -504,14 +489,7 @@ def run_forward(cfg: ForwardConfig) -> Path:
     except (TypeError, ValueError):
         raise HarnessError(f"{out_csv} has a row whose m is not an integer; restore it or choose another --out") from None
     write_run_json(cfg.out, {**info, "status": "running"})
-    used = {path_for(r, lin, m, sm, cfg.profile, cfg.table, regime) for r in cfg.rules for s in seqs.values()
-            for lin in s for m in cfg.ms for regime in REGIMES}
-    fns: dict[str, Callable] = {}
-    for name in used | {ATEN}:
-        try:
-            fns[name] = PATHS[name].build(cfg.profile.pdl)
-        except ImportError as exc:
-            raise HarnessError(f"path {name} needs a package that is missing ({exc}); pip install -e '.[gpu]'") from None
+    used, fns = _path_fns(cfg, seqs, sm)
     if dispatches:
         dispatch.configure(cfg.table)
     phase = PhaseTimer()
@@ -530,34 +508,9 @@ def run_forward(cfg: ForwardConfig) -> Path:
             if not todo:
                 bar.update(len(cfg.ms))
                 continue
-            bar.set_postfix_str(f"{model}: {len(seq)} weights")
-            try:
-                with phase("weights"):
-                    weights = _weights(seq, seed=len(seq))
-            except torch.OutOfMemoryError:
-                raise HarnessError(f"{model}: its {len(seq)} distinct weights do not fit in GPU memory; measure the "
-                                   f"first N decoder layers with --layers N") from None
-            bar.update(len(cfg.ms) - len(todo))
-            fresh, bound, twins = [], {}, {}
-            for m in todo:
-                bar.set_postfix_str(f"{model} M={m} graph")
-                graph_rows, bound_m, twins_m = graph_m(cfg, clock, model, seq, weights, m, sm, fns, phase, reader)
-                fresh += graph_rows
-                bound.update({(m, rule): b for rule, b in bound_m.items()})
-                twins.update({(model, m, rule): first for rule, first in twins_m.items()})
-                bar.update(1)
-            bar.set_postfix_str(f"{model} eager, every M interleaved")
-            if not cfg.sustain_ms:
-                probes = cfg.probes.get(model, {})
-                capped = None if cfg.settle_at == "every" else {
-                    key for key in bound if probes.get(str(key[0]), {}).get("capped", True)}
-                fresh += eager_rows(cfg, clock, model, len(seq), bound, phase, reader, capped)
-                fresh += twin_rows(fresh, twins)
-            annotate_forward(fresh, [(lin.n, lin.k) for lin in seq], info.get("ceilings"))
+            fresh = _measure_model(cfg, (clock, reader, phase, bar), model, seq, todo, sm, fns, info)
             rows = [r for r in rows if not (r["model"] == model and int(r["m"]) in todo)] + fresh
             atomic_write_text(out_csv, rows_to_csv(rows, columns))
-            del weights, bound
-            torch.cuda.empty_cache()
     except KeyboardInterrupt as exc:
         interrupted = exc
     finally:
@@ -579,13 +532,82 @@ def run_forward(cfg: ForwardConfig) -> Path:
         raise Interrupted(f"interrupted; finished rows are in {out_csv}, continue with the same command and --resume",
                           signal_of(interrupted))
     clock.close()
+    _say_done(cfg, rows, info, out_csv)
+    return cfg.out
+
+
+def _run_info(cfg: ForwardConfig, seqs) -> dict[str, Any]:
+    """run.json's settings of a forward run (its outcome is added as it ends)."""
+    return run_info(cfg.command, kind="forward", profile=cfg.profile.name, models=list(cfg.models), tp=cfg.tp,
+                    ms=cfg.ms, paths=cfg.rules, regimes=list(REGIMES), samples=cfg.samples, pdl=cfg.profile.pdl,
+                    decoder_layers=cfg.decoder_layers, lm_head=cfg.lm_head, lm_head_rule=LM_HEAD_RULE,
+                    eager_order_seed=cfg.order_seed, graph_order=GRAPH_ORDER, eager_settle=cfg.settle_ms > 0,
+                    settle_ms=cfg.settle_ms, settle_at=cfg.settle_at,
+                    settle_drain="before the settle", eager_profiler=EAGER_PROFILER,
+                    sustain_ms=cfg.sustain_ms or None, idle_ms=cfg.idle_ms if cfg.sustain_ms else None,
+                    table_file=cfg.table_file, skip_slower=cfg.skip_slower,
+                    tuning=tuning_info(cfg.vllm_tune_tokens), layout=cfg.layout,
+                    linears={m: len(s) for m, s in seqs.items()},
+                    rules={r: RULES.get(r, "registry path") for r in cfg.rules},
+                    table=getattr(cfg.table, "source", {}).get("fitted_from") if cfg.table else None,
+                    dispatch_layer=_layer_of_dispatch() if DISPATCH in cfg.rules else None,
+                    clocks_start=nvml_clocks())
+
+
+def _path_fns(cfg: ForwardConfig, seqs, sm: int) -> tuple[set[str], dict[str, Callable]]:
+    """The registry paths the run's rules serve at some linear, M and regime, and each one's built call."""
+    used = {path_for(r, lin, m, sm, cfg.profile, cfg.table, regime) for r in cfg.rules for s in seqs.values()
+            for lin in s for m in cfg.ms for regime in REGIMES}
+    fns: dict[str, Callable] = {}
+    for name in used | {ATEN}:
+        try:
+            fns[name] = PATHS[name].build(cfg.profile.pdl)
+        except ImportError as exc:
+            raise HarnessError(f"path {name} needs a package that is missing ({exc}); pip install -e '.[gpu]'") from None
+    return used, fns
+
+
+def _measure_model(cfg: ForwardConfig, timing, model: str, seq, todo: list[int], sm: int, fns, info) -> list[dict]:
+    """One model's rows at the M of `todo`: every M captured, then the eager rounds of all of them interleaved.
+    `timing`: the run's (clock, clock reader, phase timer, progress bar)."""
+    import torch
+    clock, reader, phase, bar = timing
+    bar.set_postfix_str(f"{model}: {len(seq)} weights")
+    try:
+        with phase("weights"):
+            weights = _weights(seq, seed=len(seq))
+    except torch.OutOfMemoryError:
+        raise HarnessError(f"{model}: its {len(seq)} distinct weights do not fit in GPU memory; measure the "
+                           f"first N decoder layers with --layers N") from None
+    bar.update(len(cfg.ms) - len(todo))
+    fresh, bound, twins = [], {}, {}
+    for m in todo:
+        bar.set_postfix_str(f"{model} M={m} graph")
+        graph_rows, bound_m, twins_m = graph_m(cfg, clock, model, seq, weights, m, sm, fns, phase, reader)
+        fresh += graph_rows
+        bound.update({(m, rule): b for rule, b in bound_m.items()})
+        twins.update({(model, m, rule): first for rule, first in twins_m.items()})
+        bar.update(1)
+    bar.set_postfix_str(f"{model} eager, every M interleaved")
+    if not cfg.sustain_ms:
+        probes = cfg.probes.get(model, {})
+        capped = None if cfg.settle_at == "every" else {
+            key for key in bound if probes.get(str(key[0]), {}).get("capped", True)}
+        fresh += eager_rows(cfg, clock, model, len(seq), bound, phase, reader, capped)
+        fresh += twin_rows(fresh, twins)
+    annotate_forward(fresh, [(lin.n, lin.k) for lin in seq], info.get("ceilings"))
+    del weights, bound
+    torch.cuda.empty_cache()
+    return fresh
+
+
+def _say_done(cfg: ForwardConfig, rows: list[dict], info: dict, out_csv: Path) -> None:
     ok = sum(1 for r in rows if r.get("status") == "ok")
     if cfg.sustain_ms:
         failed = {(r["model"], r["m"], r["path"]) for r in rows if r.get("status") != "ok"}
         print(f"sustain: {ok} replays timed, {len(failed)} (model, M, path) failed, in {info['wall_s']:.0f} s; results: "
               f"{out_csv} and run.json (the lines above summarise each path)", file=terminal(), flush=True)
-        return cfg.out
+        return
     print(f"forward: {ok} of {len(rows)} rows ok in {info['wall_s']:.0f} s; results: {out_csv} and run.json\n"
           f"  next: python -m calibrate validate RESULTS --forward {cfg.out}   |   "
           f"python -m reports build RESULTS --forward {cfg.out} -o report.html", file=terminal(), flush=True)
-    return cfg.out

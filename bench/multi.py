@@ -112,11 +112,53 @@ def run_on_devices(cfg, spec: str, gpus: dict[int, tuple[str, int]] | None = Non
     (a worker must be a module-level function: workers are spawned)."""
     import multiprocessing as mp
 
+    devices = _checked_devices(cfg, spec, local_gpus() if gpus is None else gpus)
+    cfg = replace(cfg, host_timing=HOST_TIMING[host_timing])
+    order = longest_first(cfg.shapes, cfg.ms, cfg.paths, cfg.profile)
+    todo, pinned = split_resumed(order, cfg.ms, cfg.paths, devices, cfg.out) if cfg.resume else (order, {d: [] for d in devices})
+    ctx = mp.get_context("spawn")
+    work, events, lock = ctx.Queue(), ctx.Queue(), ctx.Lock()
+    for shape in todo:
+        work.put(shape.name)
+    payload = _payload(cfg, devices)
+    grid = [s.name for s in cfg.shapes]
+    procs = {d: ctx.Process(target=worker or _worker, name=f"bench-gpu{d}",
+                            args=(d, payload, grid, [s.name for s in pinned[d]], work, events,
+                                  lock if host_timing == "serialized" else None,
+                                  str(shard_dir(cfg.out, d)), devices))
+             for d in devices}
+    total = len(todo) + sum(len(v) for v in pinned.values())
+    from bench.sweep import _progress
+    bar = _progress(total, f"bench x{len(devices)} GPUs")
+    t0 = time.perf_counter()
+    for p in procs.values():
+        p.start()
+    failures, interrupted = _follow(procs, events, bar)
+    wall = time.perf_counter() - t0
+    shards = [shard_dir(cfg.out, d) for d in devices if (shard_dir(cfg.out, d) / "results.csv").is_file()]
+    if not shards:
+        raise HarnessError("no worker measured anything" + (f": {'; '.join(failures)}" if failures else ""))
+    if (cfg.out / "results.csv").exists():  # an earlier leg's merge: the harness wrote it, the shards hold its rows
+        (cfg.out / "results.csv").unlink()
+    merge_shards(shards, cfg.out, partial=True)
+    if interrupted:
+        raise Interrupted(f"interrupted; finished shapes are in {cfg.out}/{SHARD_DIR}/ and merged into "
+                          f"{cfg.out}/results.csv; continue with the same command and --resume")
+    if failures:
+        raise HarnessError(f"{len(failures)} worker(s) failed ({'; '.join(failures)}); the others' shapes are merged "
+                           f"into {cfg.out}; fix it and continue with --resume")
+    print(f"bench: {len(shards)} GPUs, {total} shapes in {wall:.0f} s; merged into {cfg.out}/results.csv "
+          f"(shards in {cfg.out}/{SHARD_DIR}/)\n  next: python -m calibrate validate {cfg.out}", flush=True)
+    return cfg.out
+
+
+def _checked_devices(cfg, spec: str, gpus: dict[int, tuple[str, int]]) -> list[int]:
+    """The GPUs of `spec`, each the profile's and all alike, and the run's options and --out fit for them: checked
+    before anything is written."""
     from dispatch.profiles import check_device
-    gpus = local_gpus() if gpus is None else gpus
     devices = parse_devices(spec, len(gpus))
     names = {}
-    for d in devices:  # every GPU must be the profile's (and so alike): checked before anything is written
+    for d in devices:
         name, sm = gpus[d]
         check_device(cfg.profile, name, sm, cfg.allow_mismatch)
         names[d] = name
@@ -132,13 +174,11 @@ def run_on_devices(cfg, spec: str, gpus: dict[int, tuple[str, int]] | None = Non
         if load_run_info(cfg.out / "results.csv").get("kind") != MERGED:  # only a merge is redone from its shards
             raise HarnessError(f"{cfg.out}/results.csv is not a merge of --devices shards (a run on one GPU?); "
                                f"resume it without --devices, or choose another --out")
-    cfg = replace(cfg, host_timing=HOST_TIMING[host_timing])
-    order = longest_first(cfg.shapes, cfg.ms, cfg.paths, cfg.profile)
-    todo, pinned = split_resumed(order, cfg.ms, cfg.paths, devices, cfg.out) if cfg.resume else (order, {d: [] for d in devices})
-    ctx = mp.get_context("spawn")
-    work, events, lock = ctx.Queue(), ctx.Queue(), ctx.Lock()
-    for shape in todo:
-        work.put(shape.name)
+    return devices
+
+
+def _payload(cfg, devices: list[int]) -> dict[str, Any]:
+    """What each worker rebuilds its sweep from (a spawned process gets no live objects)."""
     payload = {f.name: getattr(cfg, f.name) for f in fields(cfg)
                if f.name not in ("paths", "next_shape", "host_lock", "on_shape_done", "progress", "out", "resume")}
     payload["path_names"] = [p.name for p in cfg.paths]
@@ -147,19 +187,12 @@ def run_on_devices(cfg, spec: str, gpus: dict[int, tuple[str, int]] | None = Non
     from bench.envinfo import nvml_index
     payload["visible"] = {d: visible_entry(d, os.environ.get("CUDA_VISIBLE_DEVICES")) for d in devices}
     payload["cores"] = {d: cpu_affinity(nvml_index(d)) for d in devices}
-    grid = [s.name for s in cfg.shapes]
-    procs = {d: ctx.Process(target=worker or _worker, name=f"bench-gpu{d}",
-                            args=(d, payload, grid, [s.name for s in pinned[d]], work, events,
-                                  lock if host_timing == "serialized" else None,
-                                  str(shard_dir(cfg.out, d)), devices))
-             for d in devices}
-    total = len(todo) + sum(len(v) for v in pinned.values())
-    from bench.sweep import _progress
-    bar = _progress(total, f"bench x{len(devices)} GPUs")
-    t0 = time.perf_counter()
+    return payload
+
+
+def _follow(procs: dict, events, bar) -> tuple[list[str], bool]:
+    """Follow the workers' events until all have exited: (their failures, whether the run was interrupted)."""
     failures, interrupted = [], False
-    for p in procs.values():
-        p.start()
 
     def handle(event: tuple) -> None:
         nonlocal interrupted
@@ -193,22 +226,7 @@ def run_on_devices(cfg, spec: str, gpus: dict[int, tuple[str, int]] | None = Non
             handle(events.get(timeout=0.2))
         except queue_mod.Empty:
             break
-    wall = time.perf_counter() - t0
-    shards = [shard_dir(cfg.out, d) for d in devices if (shard_dir(cfg.out, d) / "results.csv").is_file()]
-    if not shards:
-        raise HarnessError("no worker measured anything" + (f": {'; '.join(failures)}" if failures else ""))
-    if (cfg.out / "results.csv").exists():  # an earlier leg's merge: the harness wrote it, the shards hold its rows
-        (cfg.out / "results.csv").unlink()
-    merge_shards(shards, cfg.out, partial=True)
-    if interrupted:
-        raise Interrupted(f"interrupted; finished shapes are in {cfg.out}/{SHARD_DIR}/ and merged into "
-                          f"{cfg.out}/results.csv; continue with the same command and --resume")
-    if failures:
-        raise HarnessError(f"{len(failures)} worker(s) failed ({'; '.join(failures)}); the others' shapes are merged "
-                           f"into {cfg.out}; fix it and continue with --resume")
-    print(f"bench: {len(shards)} GPUs, {total} shapes in {wall:.0f} s; merged into {cfg.out}/results.csv "
-          f"(shards in {cfg.out}/{SHARD_DIR}/)\n  next: python -m calibrate validate {cfg.out}", flush=True)
-    return cfg.out
+    return failures, interrupted
 
 
 def _worker(device: int, payload: dict[str, Any], grid: list[str], pinned: list[str], work, events, lock,

@@ -582,30 +582,7 @@ def run_sweep(cfg: SweepConfig) -> Path:
     dispatch.tactics_from_table(False)  # the dispatch path runs this run's tactics, as every other path does
     dispatch.configure(cfg.table)
     serve_gemv(cfg.tune and not pinned, cfg.table if cfg.table is not None else _profile_table(cfg.profile))
-    extra = {"shard": cfg.shard} if cfg.shard else {}
-    if cfg.host_timing:
-        extra["host_timing"] = cfg.host_timing
-    info = run_info(cfg.command, profile=cfg.profile.name, timer=cfg.timer, l2=cfg.l2, warm_l2=cfg.l2 == "warm", **extra,
-                    samples=cfg.samples, ms=cfg.ms, **({"cells": cfg.cells} if cfg.cells is not None else {}),
-                    replay_us=cfg.target_replay_us,
-                    host_blocks=f"{cfg.host_calls} calls x {cfg.host_rounds} rounds (at most "
-                                f"{GPU_BOUND_HOST_BLOCKS[0]} x {GPU_BOUND_HOST_BLOCKS[1]} where a call is estimated at "
-                                f">= {cfg.gpu_bound_us:g} µs of GPU time)" + (
-                                    f"; a block holds the calls that last {cfg.host_block_us:g} µs by a warm-up "
-                                    f"estimate, at least {MIN_CALLS}" if cfg.host_block_us else ""),
-                    stopping=(cfg.stopping.describe() if cfg.stopping else f"fixed: {cfg.samples} replays"),
-                    gpu_twins=("timed in full (--time-twins)" if cfg.time_twins else
-                               "a public call is not captured where its checked call ran its lean twin's kernels, the "
-                               "dispatcher is replayed in its warm-ups only where they ran the path it chose; both take "
-                               "that path's GPU time, gpu_from names it; a mismatch is timed itself"),
-                    shapes=[s.name for s in cfg.shapes],
-                    paths=[p.name for p in cfg.paths], pdl=cfg.profile.pdl, tuning=tuning_info(cfg.vllm_tune_tokens),
-                    layout=cfg.layout, table_file=cfg.table_file,
-                    skip_unchoosable=("paths the dispatcher cannot choose are skipped" if cfg.skip_unchoosable
-                                      else "off"),
-                    skip_hopeless=(f"low-M paths above {cfg.hopeless_factor:g}x F.linear's cost at a smaller M of the "
-                                   f"shape are skipped" if cfg.hopeless_factor else "off (--all)"),
-                    clocks_start=nvml_clocks())
+    info = _sweep_info(cfg)
     cfg.out.mkdir(parents=True, exist_ok=True)
     rows, done = done_keys(cfg.out) if cfg.resume else ([], set())
     if cfg.resume and (cfg.out / "run.json").is_file():
@@ -634,26 +611,9 @@ def run_sweep(cfg: SweepConfig) -> Path:
             t_shape = time.perf_counter()
             todo = [m for m in cfg.ms_of(shape) if any((shape.n, shape.k, m, p.name) not in done for p in cfg.paths)]
             tune_info = tune_group_paths(cfg, shape, todo, sm, fns, bar, phase) if cfg.tune and not pinned else {}
-            hopeless: dict[str, str] = {}
-            for m in cfg.ms_of(shape):
-                bar.set_postfix_str(f"{shape.name} M={m}")
-                if m not in todo:
-                    bar.update(1)
-                    continue
-                live, skipped = split_runnable(cfg.paths, shape, m, sm, done, clock.name, hopeless,
-                                               cfg.skip_unchoosable)
-                rows.extend(skipped)
-                measured = measure_group(cfg, clock, shape, m, live, fns, props.L2_cache_size, tune_info, phase,
-                                         flush, flush_names)
-                annotate(measured, info.get("ceilings"))
-                rows.extend(measured)
-                for name, reason in hopeless_after(measured, m, cfg.hopeless_factor).items():
-                    hopeless.setdefault(name, reason)
-                if time.perf_counter() - last_write >= cfg.write_every_s:
-                    with phase("write"):
-                        write_results(cfg.out, rows)
-                    last_write = time.perf_counter()
-                bar.update(1)
+            served = (sm, fns, props.L2_cache_size, tune_info)
+            last_write = _sweep_shape(cfg, (clock, phase, bar), shape, todo, served, (flush, flush_names), info, rows,
+                                      done, last_write)
             if cfg.on_shape_done is not None:
                 with phase("write"):
                     write_results(cfg.out, rows)  # a finished shape is on disk before it is reported
@@ -672,6 +632,62 @@ def run_sweep(cfg: SweepConfig) -> Path:
     if cfg.progress:  # a --devices worker stays quiet: the parent prints one summary
         print_summary(cfg, rows, wall)
     return cfg.out
+
+
+def _sweep_info(cfg: SweepConfig) -> dict[str, Any]:
+    """run.json's settings of a sweep (its outcome is added as it ends)."""
+    extra = {"shard": cfg.shard} if cfg.shard else {}
+    if cfg.host_timing:
+        extra["host_timing"] = cfg.host_timing
+    return run_info(cfg.command, profile=cfg.profile.name, timer=cfg.timer, l2=cfg.l2, warm_l2=cfg.l2 == "warm", **extra,
+                    samples=cfg.samples, ms=cfg.ms, **({"cells": cfg.cells} if cfg.cells is not None else {}),
+                    replay_us=cfg.target_replay_us,
+                    host_blocks=f"{cfg.host_calls} calls x {cfg.host_rounds} rounds (at most "
+                                f"{GPU_BOUND_HOST_BLOCKS[0]} x {GPU_BOUND_HOST_BLOCKS[1]} where a call is estimated at "
+                                f">= {cfg.gpu_bound_us:g} µs of GPU time)" + (
+                                    f"; a block holds the calls that last {cfg.host_block_us:g} µs by a warm-up "
+                                    f"estimate, at least {MIN_CALLS}" if cfg.host_block_us else ""),
+                    stopping=(cfg.stopping.describe() if cfg.stopping else f"fixed: {cfg.samples} replays"),
+                    gpu_twins=("timed in full (--time-twins)" if cfg.time_twins else
+                               "a public call is not captured where its checked call ran its lean twin's kernels, the "
+                               "dispatcher is replayed in its warm-ups only where they ran the path it chose; both take "
+                               "that path's GPU time, gpu_from names it; a mismatch is timed itself"),
+                    shapes=[s.name for s in cfg.shapes],
+                    paths=[p.name for p in cfg.paths], pdl=cfg.profile.pdl, tuning=tuning_info(cfg.vllm_tune_tokens),
+                    layout=cfg.layout, table_file=cfg.table_file,
+                    skip_unchoosable=("paths the dispatcher cannot choose are skipped" if cfg.skip_unchoosable
+                                      else "off"),
+                    skip_hopeless=(f"low-M paths above {cfg.hopeless_factor:g}x F.linear's cost at a smaller M of the "
+                                   f"shape are skipped" if cfg.hopeless_factor else "off (--all)"),
+                    clocks_start=nvml_clocks())
+
+
+def _sweep_shape(cfg: SweepConfig, timing, shape, todo: list[int], paths, flush, info: dict, rows: list, done: set,
+                 last_write: float) -> float:
+    """Measure one shape at its M of `todo` (rows appended to `rows`, written at most every cfg.write_every_s).
+    `timing`: (clock, phase timer, progress bar); `paths`: (SM, built calls, L2 bytes, tuning info); `flush`: the L2
+    flush and its kernels' names. Returns the time of the last write."""
+    clock, phase, bar = timing
+    sm, fns, l2_bytes, tune_info = paths
+    hopeless: dict[str, str] = {}
+    for m in cfg.ms_of(shape):
+        bar.set_postfix_str(f"{shape.name} M={m}")
+        if m not in todo:
+            bar.update(1)
+            continue
+        live, skipped = split_runnable(cfg.paths, shape, m, sm, done, clock.name, hopeless, cfg.skip_unchoosable)
+        rows.extend(skipped)
+        measured = measure_group(cfg, clock, shape, m, live, fns, l2_bytes, tune_info, phase, *flush)
+        annotate(measured, info.get("ceilings"))
+        rows.extend(measured)
+        for name, reason in hopeless_after(measured, m, cfg.hopeless_factor).items():
+            hopeless.setdefault(name, reason)
+        if time.perf_counter() - last_write >= cfg.write_every_s:
+            with phase("write"):
+                write_results(cfg.out, rows)
+            last_write = time.perf_counter()
+        bar.update(1)
+    return last_write
 
 
 def _finish(cfg: SweepConfig, rows, info, phase: PhaseTimer, clock, fns, pinned, wall: float,

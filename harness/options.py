@@ -100,9 +100,9 @@ OPTIONS: dict[str, Option] = {
 def add(parser: argparse.ArgumentParser, name: str, *, what: str = "", default=None, dest: str | None = None,
         shown: str | None = None, short: str | None = None, old: str | None = None, **kwargs) -> argparse.Action:
     """Declare the shared option `name` on `parser`. `what`: a few words on what it is for in this command; `short`:
-    a one-letter spelling besides; `old`: this command's old spelling, kept one release; `shown`: the default as the help says it where it is not a value (the profile's
-    file, every path); `default` and the other keywords (required, type, nargs, choices, metavar) are
-    argparse's."""
+    a one-letter spelling besides; `old`: this command's old spelling, kept one release; `shown`: the default as the
+    help says it where it is not a value (the profile's file, every path); `default` and the other keywords
+    (required, type, nargs, choices, metavar) are argparse's."""
     opt = OPTIONS[name]
     args = {**opt.kwargs, **kwargs}
     shown = shown if shown is not None else ("none" if default is None else default)

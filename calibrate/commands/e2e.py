@@ -70,7 +70,7 @@ def run(args) -> int:
     for note in filter(None, [*notes, kernels_note(info, args.results)]):
         print(note)
     print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-    print(f"\nper_round: median of the rounds' patched / stock, [lo, hi] its 95% bootstrap interval; SAME within "
+    print("\nper_round: median of the rounds' patched / stock, [lo, hi] its 95% bootstrap interval; SAME within "
           + (f"±margin: the farthest the {len(args.control)} control run(s)' medians moved from 1, at least "
              f"{E2E_MARGIN:.0%}" if margins is not None else f"±{E2E_MARGIN:.0%}"))
     return 0

@@ -23,7 +23,6 @@ def add_parser(sub, parents: list) -> None:
 
 
 def run(args) -> int:
-    from calibrate.forward_noise import load_forward_floor
     from calibrate.vllm_terms import markdown, text, vllm_terms
     first = load_forward(args.forward[0], args.partial)[1]
     profile = get_profile(_profile_of(first, args.gpu))
