@@ -116,84 +116,109 @@ def f_linear_m(table, n: int, k: int) -> tuple[int, str] | None:
 
 def run_host_cost(profile_name: str, calls: int, out: Path | None) -> int:
     require_cuda()
-    import torch
-    import torch.nn.functional as F
-
-    from dispatch.lean import lean_call, public_call
     profile = get_profile(profile_name)
     table = load_table(profile_name)
     dispatch.configure(table)
     rows = [HEADER]
-    above: dict[str, list[float]] = {}
     try:
-        for shape in catalog():
-            where = f_linear_m(table, shape.n, shape.k)
-            if where is None:
-                print(f"{shape.name:16s} no M where both regimes run F.linear to time", flush=True)
-                continue
-            m, part = where
-            x = torch.randn(m, shape.k, device="cuda", dtype=torch.bfloat16)
-            w = torch.randn(shape.n, shape.k, device="cuda", dtype=torch.bfloat16)
-            layers = bound_layers(w)
-            # as the sweep does: a call whose GPU time dwarfs its host time gets few calls (every call also runs on
-            # the GPU, and the blocks wait for it)
-            gpu_bound = (estimate_call_us(m, shape.n, shape.k, profile.sizing_tflops, profile.sizing_gbps)
-                         >= SweepConfig.gpu_bound_us)
-            fns = {"F.linear": lambda: F.linear(x, w), **drop_ins(x, w)}
-            fns.update({name: (lambda layer=layer: layer(x)) for name, layer in layers.items()})
-            host = host_times(fns, calls=5 if gpu_bound else 50, rounds=5 if gpu_bound else max(1, calls // 50))
-            a = host["F.linear"][0]
-            line = f"{shape.name:16s} M={m:5d} ({part})  F.linear {a:7.2f} µs"
-            for name in fns:
-                if name == "F.linear":
-                    continue
-                above.setdefault(name, [])
-                above[name].append(host[name][0] / a)
-                rows.append(_row(part, shape.n, shape.k, m, name, host[name][0], a))
-                line += f"  {name} {host[name][0]:7.2f} µs ({host[name][0] / a:.3f})"
-            print(line, flush=True)
-        lean_ratios: dict[str, list[float]] = {}
-        gemv = _gemv_call(profile.sm)
-        for shape in catalog():
-            x = torch.randn(LEAN_M, shape.k, device="cuda", dtype=torch.bfloat16)
-            w = torch.randn(shape.n, shape.k, device="cuda", dtype=torch.bfloat16)
-            layers = bound_layers(w)
-            device, align = w.get_device(), BACKENDS[profile.low_m_backend].align_bytes
-            # the bound layer's own per-call pieces, to set against its excess over the lean call it runs: the
-            # capture test it calls (the hooked counter) and the CUDA query it replaced, and the activation checks
-            # (here as a function call; the bound layer inlines them)
-            fns = {"F.linear": lambda: F.linear(x, w),
-                   **{f"{BIND_AT_LEAN_M} {name[len('dispatch.bind '):]}": (lambda layer=layer: layer(x))
-                      for name, layer in layers.items()},
-                   "part: capture test (hooks)": capture.hooked_flag,
-                   "part: capture query (CUDA)": capture.cuda_query,
-                   "part: activation check": lambda: input_ok(x, device, align)}
-            for b in dict.fromkeys((profile.low_m_backend, "cublaslt")):
-                backend = BACKENDS[b]
-                if (backend.skip_reason(profile.sm, shape.n, shape.k, LEAN_M)
-                        or not accepts(backend, x, w, None, profile.sm)):
-                    continue
-                lean, public = lean_call(b, backend.pdl(profile.pdl)), public_call(b, backend.pdl(profile.pdl))
-                fns[lean_path(b)] = lambda lean=lean: lean(x, w)
-                fns[flashinfer_path(b)] = lambda public=public: public(x, w)
-            if gemv is not None:  # the GEMV's call, its configuration tuned once per shape before timing
-                gemv.tunes_here([w], [x])
-                fns[GEMV] = lambda: gemv(x, w)
-            host = host_times(fns, calls=50, rounds=max(1, calls // 200))
-            a = host["F.linear"][0]
-            line = (f"{shape.name:16s} M={LEAN_M:5d}  eager choice {table.choose(shape.n, shape.k, LEAN_M, 'eager')}"
-                    f"  F.linear {a:7.2f} µs")
-            for name, (v, *_) in host.items():
-                if name == "F.linear":
-                    continue
-                lean_ratios.setdefault(name, []).append(v / a)
-                rows.append(_row("lean", shape.n, shape.k, LEAN_M, name, v, a))
-                line += f"  {name} {v:7.2f} µs ({v / a:.3f})"
-            print(line, flush=True)
+        above = _time_where_f_linear(table, profile, calls, rows)
+        lean_ratios = _time_at_lean_m(table, profile, calls, rows)
     finally:
         dispatch.reset()
     if out:
         atomic_write_text(out, "\n".join(rows) + "\n")
+    _summarise(above, lean_ratios)
+    return 0
+
+
+def _time_where_f_linear(table, profile, calls: int, rows: list[str]) -> dict[str, list[float]]:
+    """Each catalog shape at an M where both regimes of the table run F.linear: every layer's host time over
+    F.linear's (what a dispatching layer costs where it gains nothing)."""
+    import torch
+    import torch.nn.functional as F
+    above: dict[str, list[float]] = {}
+    for shape in catalog():
+        where = f_linear_m(table, shape.n, shape.k)
+        if where is None:
+            print(f"{shape.name:16s} no M where both regimes run F.linear to time", flush=True)
+            continue
+        m, part = where
+        x = torch.randn(m, shape.k, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(shape.n, shape.k, device="cuda", dtype=torch.bfloat16)
+        layers = bound_layers(w)
+        # as the sweep does: a call whose GPU time dwarfs its host time gets few calls (every call also runs on
+        # the GPU, and the blocks wait for it)
+        gpu_bound = (estimate_call_us(m, shape.n, shape.k, profile.sizing_tflops, profile.sizing_gbps)
+                     >= SweepConfig.gpu_bound_us)
+        fns = {"F.linear": lambda: F.linear(x, w), **drop_ins(x, w)}
+        fns.update({name: (lambda layer=layer: layer(x)) for name, layer in layers.items()})
+        host = host_times(fns, calls=5 if gpu_bound else 50, rounds=5 if gpu_bound else max(1, calls // 50))
+        a = host["F.linear"][0]
+        line = f"{shape.name:16s} M={m:5d} ({part})  F.linear {a:7.2f} µs"
+        for name in fns:
+            if name == "F.linear":
+                continue
+            above.setdefault(name, []).append(host[name][0] / a)
+            rows.append(_row(part, shape.n, shape.k, m, name, host[name][0], a))
+            line += f"  {name} {host[name][0]:7.2f} µs ({host[name][0] / a:.3f})"
+        print(line, flush=True)
+    return above
+
+
+def _lean_fns(profile, x, w, gemv) -> dict:
+    """At LEAN_M: F.linear, the bound layers, their per-call pieces, and each backend's lean and public call."""
+    import torch.nn.functional as F
+
+    from dispatch.lean import lean_call, public_call
+    layers = bound_layers(w)
+    device, align = w.get_device(), BACKENDS[profile.low_m_backend].align_bytes
+    # the bound layer's own per-call pieces, to set against its excess over the lean call it runs: the capture
+    # test it calls (the hooked counter) and the CUDA query it replaced, and the activation checks (here as a
+    # function call; the bound layer inlines them)
+    fns = {"F.linear": lambda: F.linear(x, w),
+           **{f"{BIND_AT_LEAN_M} {name[len('dispatch.bind '):]}": (lambda layer=layer: layer(x))
+              for name, layer in layers.items()},
+           "part: capture test (hooks)": capture.hooked_flag,
+           "part: capture query (CUDA)": capture.cuda_query,
+           "part: activation check": lambda: input_ok(x, device, align)}
+    n, k = w.shape
+    for b in dict.fromkeys((profile.low_m_backend, "cublaslt")):
+        backend = BACKENDS[b]
+        if backend.skip_reason(profile.sm, n, k, LEAN_M) or not accepts(backend, x, w, None, profile.sm):
+            continue
+        lean, public = lean_call(b, backend.pdl(profile.pdl)), public_call(b, backend.pdl(profile.pdl))
+        fns[lean_path(b)] = lambda lean=lean: lean(x, w)
+        fns[flashinfer_path(b)] = lambda public=public: public(x, w)
+    if gemv is not None:  # the GEMV's call, its configuration tuned once per shape before timing
+        gemv.tunes_here([w], [x])
+        fns[GEMV] = lambda: gemv(x, w)
+    return fns
+
+
+def _time_at_lean_m(table, profile, calls: int, rows: list[str]) -> dict[str, list[float]]:
+    """Each catalog shape at LEAN_M: every call's host time over F.linear's."""
+    import torch
+    lean_ratios: dict[str, list[float]] = {}
+    gemv = _gemv_call(profile.sm)
+    for shape in catalog():
+        x = torch.randn(LEAN_M, shape.k, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(shape.n, shape.k, device="cuda", dtype=torch.bfloat16)
+        host = host_times(_lean_fns(profile, x, w, gemv), calls=50, rounds=max(1, calls // 200))
+        a = host["F.linear"][0]
+        line = (f"{shape.name:16s} M={LEAN_M:5d}  eager choice {table.choose(shape.n, shape.k, LEAN_M, 'eager')}"
+                f"  F.linear {a:7.2f} µs")
+        for name, (v, *_) in host.items():
+            if name == "F.linear":
+                continue
+            lean_ratios.setdefault(name, []).append(v / a)
+            rows.append(_row("lean", shape.n, shape.k, LEAN_M, name, v, a))
+            line += f"  {name} {v:7.2f} µs ({v / a:.3f})"
+        print(line, flush=True)
+    return lean_ratios
+
+
+def _summarise(above: dict[str, list[float]], lean_ratios: dict[str, list[float]]) -> None:
+    """Print the medians and refuse a layer in use that costs more than WORST_BOUND where it runs F.linear."""
     print("host time over F.linear's, median over catalog shapes [min, max]:")
     for name, r in {**{f"{k} where it runs F.linear": v for k, v in above.items()}, **lean_ratios}.items():
         print(f"  {name:40s} {np.median(r):.3f} [{min(r):.3f}, {max(r):.3f}] ({len(r)} shapes)")
@@ -205,4 +230,3 @@ def run_host_cost(profile_name: str, calls: int, out: Path | None) -> int:
     if worst > WORST_BOUND:
         raise HarnessError(f"{in_use} costs {worst:.2f}x F.linear's host time where it runs F.linear "
                            f"(> {WORST_BOUND})")
-    return 0

@@ -248,91 +248,111 @@ def anatomy_section(path: str) -> str:
 
 def forward_section(run: Run, path: str, loaded: tuple[pd.DataFrame, dict]) -> str:
     """One measured-forward folder's section; `loaded`: its (forward.csv, run.json) as load_forward read them."""
-    from calibrate.forward_noise import load_forward_floor
-    from calibrate.forward_model import (EAGER_VOID, MODEL_MISS, eager_void, forward_ratios, forward_verdicts,
-                                         model_vs_measured)
+    from calibrate.forward_model import forward_ratios
     fdf, info = loaded
     ratios = forward_ratios(fdf)
     measured = [c for c in ratios.columns if c not in ("model", "m", "regime", ATEN)]
     paths = [c for c in RULES if c in measured] + [c for c in measured if c not in RULES]
-    parts = [f"<p class='muted'>{esc(info.get('command', ''))} · {esc(info.get('started', ''))} · "
-             f"{esc((info.get('fingerprint') or {}).get('gpu_name', ''))} · decoder layers: "
-             f"{esc(info.get('decoder_layers') or 'all')} · lm_head: {esc(info.get('lm_head'))}"
-             + (f" · dispatch ran the {esc(info['dispatch_layer'])} bound layer" if info.get("dispatch_layer") else "")
-             + (f" · LM head: {esc(info['lm_head_rule'])}" if info.get("lm_head_rule") else
-                " · registry paths also ran the LM head (runs before lm_head_rule)")
-             + (f" · every timed forward after {esc(info['settle_ms'])} ms of untimed runs of itself"
-                if info.get("settle_ms") else
-                " · eager forwards timed right after an untimed run of themselves" if info.get("eager_settle") else "")
-             + (f", shuffle seed {esc(info.get('eager_order_seed'))}" if info.get("eager_settle") else "") + "</p>",
-             *([f"<p class='verdict no'>The eager rows of this run are void and left out: {esc(EAGER_VOID)}.</p>"]
-               if eager_void(info) else []),
-             "<p>Every BF16 linear of one forward, in layer order with one weight per instance, timed as a whole: "
-             "<b>graph</b> = the forward captured as one CUDA graph, CUPTI first-kernel-start to last-kernel-end; "
-             "<b>eager</b> = the forward launched op by op from an idle GPU to one synchronize (host and GPU overlap "
-             "as in a real eager step" + ("; timed with the profiler paused, busy time from one profiled forward "
-                                          "after them" if info.get("eager_profiler") else
-                                          "; timed with CUPTI recording, whose per-launch cost is in the host time")
-             + "). 'vllm-default', 'vllm-flag' and 'seed-pr' are what vLLM " + esc(VLLM_VERSION)
-             + " runs by default, with its FlashInfer flag, and under the seed PR's rule on this GPU (on SM90 all "
-             "three are F.linear everywhere: docs/vllm.md); runs older than these names measured 'vllm-flashinfer' "
-             "(FlashInfer everywhere, a hypothetical on SM90) and 'seed-fix' (TinyGEMM at M <= 32, F.linear above); "
-             "lm_head is F.linear in every rule, as in vLLM." + (
-                 " 'table-direct' (dotted) runs the dispatcher's table choices called directly, without the bound "
-                 "layer: the distance from it to 'dispatch' is what the dispatcher's per-call work costs."
-                 if TABLE_DIRECT in ratios.columns else "") + (
-                 " 'dispatch-python' is the dispatcher with its Python bound layer, beside 'dispatch' (the layer named "
-                 "above)."
-                 if DISPATCH_PYTHON in ratios.columns else "") + "</p>",
-             figures.img('measured forwards', lambda: figures.forward_figure(fdf))]
+    parts = _forward_intro(fdf, info, ratios)
     cols = [("model", "model"), ("m", "M"), ("regime", "regime")] + [(p, f"{p} / aten") for p in paths]
     parts.append("<h3>Per-forward time over aten's (measured)</h3>"
                  + table(ratios.sort_values(["model", "regime", "m"]), cols, fmt={p: "{:.3f}" for p in paths},
                          left=("model", "regime")))
     if run.profile is not None:
-        floor = load_forward_floor(run.profile.name)
-        fv = forward_verdicts(fdf, run.profile.capture_size, floor)
-        if not fv.empty:
-            bad, noisy = fv[~fv["ok"]], fv[fv["verdict"] == "within noise"]
-            parts.append("<p><b>Measured verdict, both regimes:</b> the dispatcher's forward is within 1% of the "
-                         "best measured path (or its paired interval"
-                         + (f", widened by the run-to-run noise of measured forwards ({esc(floor.describe())}),"
-                            if floor else "") + f" reaches there) at {int(fv['ok'].sum())} of "
-                         f"{len(fv)} (model, M, regime) points"
-                         + (": over it at " + ", ".join(f"{r.model} M={r.m} {r.regime} ({r.dispatch_over_best:.3f}x "
-                                                        f"{r.best})" for r in bad.itertuples()) if len(bad) else "")
-                         + (". Above 1% by the point ratio but within the noise: " + ", ".join(
-                             f"{r.model} M={r.m} {r.regime} ({r.dispatch_over_best:.3f}x {r.best})"
-                             for r in noisy.itertuples()) if len(noisy) else "")
-                         + ".</p>"
-                         + table(fv, [("model", "model"), ("m", "M"), ("regime", "regime"),
-                                      ("vllm_regime", "vLLM runs M here"), ("best", "best path"),
-                                      ("dispatch_over_best", "dispatch / best"), ("ratio_lo", "lo"),
-                                      ("ratio_hi", "hi"), ("dispatch_over_aten", "dispatch / aten"), ("verdict", "verdict")]
-                                 + ([("choices_over_best", "table's choices / best"),
-                                     ("binding_cost", "dispatch / table-direct"), ("binding_lo", "lo"),
-                                     ("binding_hi", "hi"), ("same_kernels", "same kernels (ratio pooled)")]
-                                    if fv["binding_cost"].notna().any() else []),
-                                 fmt={c: "{:.3f}" for c in ("dispatch_over_best", "ratio_lo", "ratio_hi",
-                                                            "dispatch_over_aten", "choices_over_best", "binding_cost",
-                                                            "binding_lo", "binding_hi")},
-                                 left=("model", "regime", "best")))
-        mv = model_vs_measured(run.cells, fdf, info, run.profile, run.table)
-        if not mv.empty:
-            miss = mv[mv["miss"]]
-            worst = mv.iloc[(mv["measured_over_model"] - 1).abs().argsort()[::-1]]
-            parts.append(f"<h3>Model against measurement</h3><p>The cell-sum model (GPU time per call summed in the "
-                         f"graph regime, max(host, GPU) per call summed in the eager regime, from {esc(run.path)}) "
-                         f"misses the measured forward by more than {MODEL_MISS:.0%} in <b>{len(miss)} of {len(mv)}</b> "
-                         f"rows; the largest miss is {(mv['measured_over_model'] - 1).abs().max():.1%}. Per-forward "
-                         f"verdicts use the measured forwards wherever they exist.</p>"
-                         "<details><summary>Every row, largest miss first</summary>"
-                         + table(worst, [("model", "model"), ("m", "M"), ("path", "path"), ("regime", "regime"),
-                                         ("measured_us", "measured µs"), ("modelled_us", "model µs"),
-                                         ("measured_over_model", "measured / model"), ("miss", "miss > 5%")],
-                                 fmt={"measured_us": "{:.0f}", "modelled_us": "{:.0f}", "measured_over_model": "{:.3f}"},
-                                 left=("model", "path", "regime")) + "</details>")
+        parts += _forward_verdicts_part(run, fdf) + _model_vs_measured_part(run, fdf, info)
     return "".join(parts)
+
+
+def _forward_intro(fdf: pd.DataFrame, info: dict, ratios: pd.DataFrame) -> list[str]:
+    """The run's provenance line, what the regimes and rule names mean, and the figure."""
+    from calibrate.forward_model import EAGER_VOID, eager_void
+    return [f"<p class='muted'>{esc(info.get('command', ''))} · {esc(info.get('started', ''))} · "
+            f"{esc((info.get('fingerprint') or {}).get('gpu_name', ''))} · decoder layers: "
+            f"{esc(info.get('decoder_layers') or 'all')} · lm_head: {esc(info.get('lm_head'))}"
+            + (f" · dispatch ran the {esc(info['dispatch_layer'])} bound layer" if info.get("dispatch_layer") else "")
+            + (f" · LM head: {esc(info['lm_head_rule'])}" if info.get("lm_head_rule") else
+               " · registry paths also ran the LM head (runs before lm_head_rule)")
+            + (f" · every timed forward after {esc(info['settle_ms'])} ms of untimed runs of itself"
+               if info.get("settle_ms") else
+               " · eager forwards timed right after an untimed run of themselves" if info.get("eager_settle") else "")
+            + (f", shuffle seed {esc(info.get('eager_order_seed'))}" if info.get("eager_settle") else "") + "</p>",
+            *([f"<p class='verdict no'>The eager rows of this run are void and left out: {esc(EAGER_VOID)}.</p>"]
+              if eager_void(info) else []),
+            "<p>Every BF16 linear of one forward, in layer order with one weight per instance, timed as a whole: "
+            "<b>graph</b> = the forward captured as one CUDA graph, CUPTI first-kernel-start to last-kernel-end; "
+            "<b>eager</b> = the forward launched op by op from an idle GPU to one synchronize (host and GPU overlap "
+            "as in a real eager step" + ("; timed with the profiler paused, busy time from one profiled forward "
+                                         "after them" if info.get("eager_profiler") else
+                                         "; timed with CUPTI recording, whose per-launch cost is in the host time")
+            + "). 'vllm-default', 'vllm-flag' and 'seed-pr' are what vLLM " + esc(VLLM_VERSION)
+            + " runs by default, with its FlashInfer flag, and under the seed PR's rule on this GPU (on SM90 all "
+            "three are F.linear everywhere: docs/vllm.md); runs older than these names measured 'vllm-flashinfer' "
+            "(FlashInfer everywhere, a hypothetical on SM90) and 'seed-fix' (TinyGEMM at M <= 32, F.linear above); "
+            "lm_head is F.linear in every rule, as in vLLM." + (
+                " 'table-direct' (dotted) runs the dispatcher's table choices called directly, without the bound "
+                "layer: the distance from it to 'dispatch' is what the dispatcher's per-call work costs."
+                if TABLE_DIRECT in ratios.columns else "") + (
+                " 'dispatch-python' is the dispatcher with its Python bound layer, beside 'dispatch' (the layer named "
+                "above)."
+                if DISPATCH_PYTHON in ratios.columns else "") + "</p>",
+            figures.img('measured forwards', lambda: figures.forward_figure(fdf))]
+
+
+def _forward_verdicts_part(run: Run, fdf: pd.DataFrame) -> list[str]:
+    """The measured verdict of the dispatcher's forward against the best path, both regimes."""
+    from calibrate.forward_noise import load_forward_floor
+    from calibrate.forward_model import forward_verdicts
+    parts: list[str] = []
+    floor = load_forward_floor(run.profile.name)
+    fv = forward_verdicts(fdf, run.profile.capture_size, floor)
+    if not fv.empty:
+        bad, noisy = fv[~fv["ok"]], fv[fv["verdict"] == "within noise"]
+        parts.append("<p><b>Measured verdict, both regimes:</b> the dispatcher's forward is within 1% of the "
+                     "best measured path (or its paired interval"
+                     + (f", widened by the run-to-run noise of measured forwards ({esc(floor.describe())}),"
+                        if floor else "") + f" reaches there) at {int(fv['ok'].sum())} of "
+                     f"{len(fv)} (model, M, regime) points"
+                     + (": over it at " + ", ".join(f"{r.model} M={r.m} {r.regime} ({r.dispatch_over_best:.3f}x "
+                                                    f"{r.best})" for r in bad.itertuples()) if len(bad) else "")
+                     + (". Above 1% by the point ratio but within the noise: " + ", ".join(
+                         f"{r.model} M={r.m} {r.regime} ({r.dispatch_over_best:.3f}x {r.best})"
+                         for r in noisy.itertuples()) if len(noisy) else "")
+                     + ".</p>"
+                     + table(fv, [("model", "model"), ("m", "M"), ("regime", "regime"),
+                                  ("vllm_regime", "vLLM runs M here"), ("best", "best path"),
+                                  ("dispatch_over_best", "dispatch / best"), ("ratio_lo", "lo"),
+                                  ("ratio_hi", "hi"), ("dispatch_over_aten", "dispatch / aten"), ("verdict", "verdict")]
+                             + ([("choices_over_best", "table's choices / best"),
+                                 ("binding_cost", "dispatch / table-direct"), ("binding_lo", "lo"),
+                                 ("binding_hi", "hi"), ("same_kernels", "same kernels (ratio pooled)")]
+                                if fv["binding_cost"].notna().any() else []),
+                             fmt={c: "{:.3f}" for c in ("dispatch_over_best", "ratio_lo", "ratio_hi",
+                                                        "dispatch_over_aten", "choices_over_best", "binding_cost",
+                                                        "binding_lo", "binding_hi")},
+                             left=("model", "regime", "best")))
+    return parts
+
+
+def _model_vs_measured_part(run: Run, fdf: pd.DataFrame, info: dict) -> list[str]:
+    """How far the cell-sum model misses the measured forwards."""
+    from calibrate.forward_model import MODEL_MISS, model_vs_measured
+    parts: list[str] = []
+    mv = model_vs_measured(run.cells, fdf, info, run.profile, run.table)
+    if not mv.empty:
+        miss = mv[mv["miss"]]
+        worst = mv.iloc[(mv["measured_over_model"] - 1).abs().argsort()[::-1]]
+        parts.append(f"<h3>Model against measurement</h3><p>The cell-sum model (GPU time per call summed in the "
+                     f"graph regime, max(host, GPU) per call summed in the eager regime, from {esc(run.path)}) "
+                     f"misses the measured forward by more than {MODEL_MISS:.0%} in <b>{len(miss)} of {len(mv)}</b> "
+                     f"rows; the largest miss is {(mv['measured_over_model'] - 1).abs().max():.1%}. Per-forward "
+                     f"verdicts use the measured forwards wherever they exist.</p>"
+                     "<details><summary>Every row, largest miss first</summary>"
+                     + table(worst, [("model", "model"), ("m", "M"), ("path", "path"), ("regime", "regime"),
+                                     ("measured_us", "measured µs"), ("modelled_us", "model µs"),
+                                     ("measured_over_model", "measured / model"), ("miss", "miss > 5%")],
+                             fmt={"measured_us": "{:.0f}", "modelled_us": "{:.0f}", "measured_over_model": "{:.3f}"},
+                             left=("model", "path", "regime")) + "</details>")
+    return parts
 
 
 def vllm_section(run: Run, frames: list[pd.DataFrame]) -> str | None:

@@ -181,6 +181,19 @@ def _plan(cfg: dict[str, Any], model: str, tp: int, layout: str = "vllm"
           ) -> tuple[list[tuple[int, str]], dict[str, tuple[int, int, str]], tuple[int, int]]:
     """(decoder layer index, linear name) in execution order, each name's (n, k, style), lm_head's (n, k): vLLM's
     fused layers, or transformers' modules (`layout`: each fused layer unfused, one rank, the vocab unpadded)."""
+    _check_layout(layout, tp)
+    tc = text_config(cfg)
+    _check_family(tc, model)
+    dims = _dims(tc, model, tp)
+    steps = _steps(tc, model)
+    shapes = _fused_shapes(tc, model, tp, dims, {name for _, name in steps})
+    if layout == "transformers":
+        return _unfused(steps, shapes, dims) + ((dims["vocab"], dims["hidden"]),)
+    padded_vocab = math.ceil(dims["vocab"] / LM_HEAD_PAD) * LM_HEAD_PAD
+    return steps, shapes, (math.ceil(padded_vocab / tp), dims["hidden"])
+
+
+def _check_layout(layout: str, tp: int) -> None:
     if layout == UNION:
         raise HarnessError("a forward runs one layout: vllm or transformers (the union is a catalog of shapes)")
     if layout not in LAYOUTS:
@@ -189,8 +202,10 @@ def _plan(cfg: dict[str, Any], model: str, tp: int, layout: str = "vllm"
         raise HarnessError("the transformers layout is one rank (transformers shards no linear); use --tp 1")
     if tp < 1:
         raise HarnessError(f"TP degree must be >= 1, got {tp}")
-    tc = text_config(cfg)
-    _check_family(tc, model)
+
+
+def _dims(tc: dict[str, Any], model: str, tp: int) -> dict[str, int]:
+    """The config's sizes the linears are made of, per rank where vLLM shards them."""
     hidden = size(tc, "hidden_size", model)
     heads, kv_heads = size(tc, "num_attention_heads", model), size(tc, "num_key_value_heads", model)
     if heads % kv_heads:
@@ -202,17 +217,30 @@ def _plan(cfg: dict[str, Any], model: str, tp: int, layout: str = "vllm"
             raise HarnessError(f"{model}: config has no head_dim and hidden_size = {hidden} is not a multiple of "
                                f"num_attention_heads = {heads}; add head_dim")
         head_dim = hidden // heads
-    gate = 2 if tc.get("attn_output_gate", True) else 1
     lin_k_heads, lin_v_heads = size(tc, "linear_num_key_heads", model), size(tc, "linear_num_value_heads", model)
     if lin_v_heads % lin_k_heads:
         raise HarnessError(f"{model}: linear_num_value_heads = {lin_v_heads} is not a multiple of "
                            f"linear_num_key_heads = {lin_k_heads}; fix the config.json")
-    key_dim = lin_k_heads * size(tc, "linear_key_head_dim", model)
-    value_dim = lin_v_heads * size(tc, "linear_value_head_dim", model)
-    vocab = size(tc, "vocab_size", model)
-    types = layer_types(tc, model)
+    # KV heads are replicated across ranks once TP exceeds them (QKVParallelLinear).
+    if tp >= kv_heads:
+        if tp % kv_heads:
+            raise HarnessError(f"TP {tp} is not a multiple of num_key_value_heads = {kv_heads}; vLLM cannot replicate them")
+        kv_per_rank = 1
+    else:
+        kv_per_rank = _split(kv_heads, tp, "num_key_value_heads")
+    _split(lin_k_heads, tp, "linear_num_key_heads")
+    return {"hidden": hidden, "head_dim": head_dim, "gate": 2 if tc.get("attn_output_gate", True) else 1,
+            "key_dim": lin_k_heads * size(tc, "linear_key_head_dim", model),
+            "value_dim": lin_v_heads * size(tc, "linear_value_head_dim", model),
+            "vocab": size(tc, "vocab_size", model), "kv_per_rank": kv_per_rank,
+            "q_per_rank": _split(heads, tp, "num_attention_heads"),
+            "v_heads": _split(lin_v_heads, tp, "linear_num_value_heads")}
+
+
+def _steps(tc: dict[str, Any], model: str) -> list[tuple[int, str]]:
+    """(layer index, fused linear name) in execution order."""
     steps: list[tuple[int, str]] = []
-    for index, kind in enumerate(types):
+    for index, kind in enumerate(layer_types(tc, model)):
         names = (["linear_attn.in_proj_qkvz", "linear_attn.in_proj_ba", "linear_attn.out_proj"]
                  if kind == "linear_attention" else ["self_attn.qkv_proj", "self_attn.o_proj"])
         if _mlp_is_moe(tc, index, model):
@@ -222,18 +250,13 @@ def _plan(cfg: dict[str, Any], model: str, tp: int, layout: str = "vllm"
         else:
             names += ["mlp.gate_up_proj", "mlp.down_proj"]
         steps += [(index, name) for name in sorted(names, key=LAYER_ORDER.index)]
-    present = {name for _, name in steps}
+    return steps
 
-    # KV heads are replicated across ranks once TP exceeds them (QKVParallelLinear).
-    if tp >= kv_heads:
-        if tp % kv_heads:
-            raise HarnessError(f"TP {tp} is not a multiple of num_key_value_heads = {kv_heads}; vLLM cannot replicate them")
-        kv_per_rank = 1
-    else:
-        kv_per_rank = _split(kv_heads, tp, "num_key_value_heads")
-    q_per_rank = _split(heads, tp, "num_attention_heads")
-    _split(lin_k_heads, tp, "linear_num_key_heads")
-    v_heads = _split(lin_v_heads, tp, "linear_num_value_heads")
+
+def _fused_shapes(tc: dict[str, Any], model: str, tp: int, d: dict[str, int], present: set[str]
+                  ) -> dict[str, tuple[int, int, str]]:
+    """Each of vLLM's fused linears present in the model: (n, k, style) on one rank."""
+    hidden, head_dim = d["hidden"], d["head_dim"]
 
     def inter(name: str) -> int:
         if name not in tc:
@@ -241,11 +264,12 @@ def _plan(cfg: dict[str, Any], model: str, tp: int, layout: str = "vllm"
         return size(tc, name, model)
 
     shapes: dict[str, tuple[int, int, str]] = {
-        "linear_attn.in_proj_qkvz": (_split(2 * key_dim + 2 * value_dim, tp, "in_proj_qkvz N"), hidden, "column"),
-        "linear_attn.in_proj_ba": (2 * v_heads, hidden, "column"),
-        "linear_attn.out_proj": (hidden, _split(value_dim, tp, "linear value dim"), "row"),
-        "self_attn.qkv_proj": ((q_per_rank * gate + 2 * kv_per_rank) * head_dim, hidden, "column"),
-        "self_attn.o_proj": (hidden, q_per_rank * head_dim, "row"),
+        "linear_attn.in_proj_qkvz": (_split(2 * d["key_dim"] + 2 * d["value_dim"], tp, "in_proj_qkvz N"), hidden,
+                                     "column"),
+        "linear_attn.in_proj_ba": (2 * d["v_heads"], hidden, "column"),
+        "linear_attn.out_proj": (hidden, _split(d["value_dim"], tp, "linear value dim"), "row"),
+        "self_attn.qkv_proj": ((d["q_per_rank"] * d["gate"] + 2 * d["kv_per_rank"]) * head_dim, hidden, "column"),
+        "self_attn.o_proj": (hidden, d["q_per_rank"] * head_dim, "row"),
     }
     if "mlp.gate_up_proj" in present:
         shapes["mlp.gate_up_proj"] = (_split(2 * inter("intermediate_size"), tp, "2 x intermediate_size"), hidden, "column")
@@ -257,19 +281,22 @@ def _plan(cfg: dict[str, Any], model: str, tp: int, layout: str = "vllm"
         si = inter("shared_expert_intermediate_size")
         shapes["mlp.shared_expert.gate_up_proj"] = (_split(2 * si, tp, "2 x shared_expert_intermediate_size"), hidden, "column")
         shapes["mlp.shared_expert.down_proj"] = (hidden, _split(si, tp, "shared_expert_intermediate_size"), "row")
+    return shapes
 
-    if layout == "transformers":
-        parts = {"linear_attn.in_proj_qkv": 2 * key_dim + value_dim, "linear_attn.in_proj_z": value_dim,
-                 "linear_attn.in_proj_b": v_heads, "linear_attn.in_proj_a": v_heads,
-                 "self_attn.q_proj": q_per_rank * gate * head_dim, "self_attn.k_proj": kv_per_rank * head_dim,
-                 "self_attn.v_proj": kv_per_rank * head_dim}
-        for fused, names in UNFUSED.items():
-            if fused not in shapes:
-                continue
-            n, k, style = shapes.pop(fused)
-            for name in names:
-                shapes[name] = (parts.get(name, n // 2), k, style)  # gate and up: half of gate_up each
-        steps = [(i, name) for i, fused in steps for name in UNFUSED.get(fused, (fused,))]
-        return steps, shapes, (vocab, hidden)
-    padded_vocab = math.ceil(vocab / LM_HEAD_PAD) * LM_HEAD_PAD
-    return steps, shapes, (math.ceil(padded_vocab / tp), hidden)
+
+def _unfused(steps: list[tuple[int, str]], shapes: dict[str, tuple[int, int, str]], d: dict[str, int]
+             ) -> tuple[list[tuple[int, str]], dict[str, tuple[int, int, str]]]:
+    """transformers' modules: each fused layer split into the linears it was made of (one rank)."""
+    head_dim = d["head_dim"]
+    parts = {"linear_attn.in_proj_qkv": 2 * d["key_dim"] + d["value_dim"], "linear_attn.in_proj_z": d["value_dim"],
+             "linear_attn.in_proj_b": d["v_heads"], "linear_attn.in_proj_a": d["v_heads"],
+             "self_attn.q_proj": d["q_per_rank"] * d["gate"] * head_dim, "self_attn.k_proj": d["kv_per_rank"] * head_dim,
+             "self_attn.v_proj": d["kv_per_rank"] * head_dim}
+    shapes = dict(shapes)
+    for fused, names in UNFUSED.items():
+        if fused not in shapes:
+            continue
+        n, k, style = shapes.pop(fused)
+        for name in names:
+            shapes[name] = (parts.get(name, n // 2), k, style)  # gate and up: half of gate_up each
+    return [(i, name) for i, fused in steps for name in UNFUSED.get(fused, (fused,))], shapes

@@ -115,11 +115,11 @@ def tune_gemv(ws, xs, m: int):
     return best, ([Gemv(w, best) for w in ws] if best else [])
 
 
-def main(argv=None) -> int:
-    import torch
-    import torch.nn.functional as F
-    from bench.gpu import output_error, reference
-    from shapes.catalog import catalog
+FIELDS = ["shape", "n", "k", "m", "path", "us", "bytes", "gbps", "of_size_matched", "of_large_buffer", "rel_err",
+          "setup_s"]
+
+
+def _parser():
     from harness.cli import Parser, float_in
     from harness.options import add
     from shapes.grid import parse_m
@@ -130,106 +130,123 @@ def main(argv=None) -> int:
     p.add_argument("--gemv-ms", default="1,2,4,8,16", type=parse_m)
     add(p, "shapes", default="", shown="every one of --min-mb")
     p.add_argument("--skip", default="", help="comma list of candidates to leave out (inductor, gemlite, gemv)")
-    args = p.parse_args(argv)
+    return p
+
+
+def large_buffer_ceiling() -> dict:
+    """The sustained read bandwidth over a 2 GiB buffer: the fastest block size of the streaming-read kernel."""
+    import torch
+    big = 2 ** 30
+    buf = torch.randn(big // 2, device="cuda", dtype=torch.bfloat16)
+    blocks, _ = read_kernels()
+    o = torch.empty(big // 2 // 1024 + 1, device="cuda", dtype=torch.float32)
+    large = min(timed(lambda b, bl=bl: blocks[(triton_cdiv(b.numel(), bl),)](b, b.numel(), o, BLOCK=bl, num_warps=8),
+                      [(buf,)], 4, 10) for bl in (4096, 8192, 16384))
+    return {"bytes": big, "us": large, "gbps": big / large / 1e3}
+
+
+def _candidates(xs, ws, m: int, skip: set[str], gemv_ms: set[int]) -> dict:
+    """name -> (fn, its argument list over the rotated copies, setup seconds): every candidate that builds."""
+    import torch.nn.functional as F
+    cands = {"aten": (F.linear, [(x, w) for x, w in zip(xs, ws)], 0.0)}
+    if "inductor" not in skip:
+        t = time.perf_counter()
+        try:
+            mm = inductor_mm()
+            mm(xs[0], ws[0])
+            cands["inductor"] = (mm, [(x, w) for x, w in zip(xs, ws)], time.perf_counter() - t)
+        except Exception as exc:
+            print(f"  inductor M={m}: {type(exc).__name__}: {str(exc)[:200]}", file=sys.stderr)
+    if "gemlite" not in skip:
+        t = time.perf_counter()
+        try:
+            layers = gemlite_layers(ws)
+            for layer, x in zip(layers, xs):
+                layer(x)
+            cands["gemlite"] = (lambda x, layer: layer(x), [(x, layer) for x, layer in zip(xs, layers)],
+                                time.perf_counter() - t)
+        except Exception as exc:
+            print(f"  gemlite M={m}: {type(exc).__name__}: {str(exc)[:200]}", file=sys.stderr)
+            skip.add("gemlite")
+    if "gemv" not in skip and m in gemv_ms:
+        t = time.perf_counter()
+        cfg, gs = tune_gemv(ws, xs, m)
+        if cfg is not None:
+            cands["gemv:" + cfg.key()] = (lambda x, g: g(x), [(x, g) for x, g in zip(xs, gs)], time.perf_counter() - t)
+    return cands
+
+
+def _probe_shape(s, ms: list[int], args, skip: set[str], sms: int, ceilings: dict, writer) -> None:
+    """One weight: its size-matched read ceiling, then every candidate at each M, checked against fp32 and timed."""
+    import torch
+    from bench.gpu import output_error, reference
+    n, k = s.n, s.k
+    c_us, c_name, c_all = read_ceiling(n * k, sms)
+    ceilings[s.name] = {"bytes": n * k * 2, "us": c_us, "best": c_name, "gbps": n * k * 2 / c_us / 1e3, "all": c_all}
+    print(f"{s.name}: read ceiling {c_us:.2f} µs ({n * k * 2 / c_us / 1e3:.0f} GB/s, {c_name})", flush=True)
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    rot = 2 if n * k * 2 > 5e8 else ROTATIONS
+    ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=gen) * k ** -0.5 for _ in range(rot)]
+    for m in ms if rot == ROTATIONS else ms[:1]:
+        xs = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(rot)]
+        ref = reference(xs[0], ws[0])
+        byts = (n * k + m * k + m * n) * 2
+        calls = max(4, min(64, int(1e9 // byts)))
+        for name, (fn, arglist, setup_s) in _candidates(xs, ws, m, skip, set(args.gemv_ms)).items():
+            try:
+                err = output_error(fn(*arglist[0]), xs[0], ws[0], ref)
+                if not err < 2e-2:
+                    raise ValueError(f"relative error {err:.3g} against fp32")
+                t_us = timed(fn, arglist, calls)
+            except Exception as exc:
+                print(f"  {name} M={m}: {type(exc).__name__}: {str(exc)[:200]}", file=sys.stderr)
+                continue
+            writer.writerow({"shape": s.name, "n": n, "k": k, "m": m, "path": name, "us": round(t_us, 3),
+                             "bytes": byts, "gbps": round(byts / t_us / 1e3, 1),
+                             "of_size_matched": round(c_us / t_us, 3), "of_large_buffer":
+                             round(byts / t_us / 1e3 / ceilings["large_buffer"]["gbps"], 3), "rel_err": err,
+                             "setup_s": round(setup_s, 2)})
+            print(f"  M={m} {name}: {t_us:.2f} µs, {c_us / t_us:.2f} of the read ceiling", flush=True)
+    del ws
+    torch.cuda.empty_cache()
+
+
+def main(argv=None) -> int:
+    import csv
+
+    import torch
+    from bench.envinfo import run_info
+    from dispatch.profiles import detect_profile, this_gpu
+    from shapes.catalog import catalog
+    args = _parser().parse_args(argv)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    ms, gemv_ms = list(args.ms), set(args.gemv_ms)
     skip = set(filter(None, args.skip.split(",")))
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     names = set(filter(None, args.shapes.split(",")))
     shapes = sorted({(s.n, s.k): s for s in catalog() if s.n * s.k * 2 >= args.min_mb * 1e6
                      and (not names or s.name in names)}.values(), key=lambda s: s.n * s.k)
-    rows, ceilings = [], {}
+    ceilings: dict = {}
     t0 = time.perf_counter()
-    import csv
-    fields = ["shape", "n", "k", "m", "path", "us", "bytes", "gbps", "of_size_matched", "of_large_buffer", "rel_err",
-              "setup_s"]
-    sheet = (out / "limit.csv").open("w", newline="")
-    writer = csv.DictWriter(sheet, fieldnames=fields)
-    writer.writeheader()
-
-    from bench.envinfo import run_info
-    from dispatch.profiles import detect_profile, this_gpu
     profile = detect_profile(*this_gpu())
     info = run_info(["python", "-m", "tools.limit_probe", *(argv if argv is not None else sys.argv[1:])],
                     kind="limit", profile=profile.name if profile else None, status="running")
+    with (out / "limit.csv").open("w", newline="") as sheet:
+        writer = csv.DictWriter(sheet, fieldnames=FIELDS)
+        writer.writeheader()
 
-    def record(status: str = "running") -> None:  # after every shape: a run cut short keeps what it measured
-        sheet.flush()
-        (out / "run.json").write_text(json.dumps({**info, "status": status, "ceilings": ceilings,
-                                                  "wall_s": round(time.perf_counter() - t0, 1)},
-                                                 indent=1, default=str) + "\n")
-    big = 2 ** 30  # a 2 GiB buffer: the sustained bandwidth
-    buf = torch.randn(big // 2, device="cuda", dtype=torch.bfloat16)
-    blocks, persistent = read_kernels()
-    o = torch.empty(big // 2 // 1024 + 1, device="cuda", dtype=torch.float32)
-    large = min(timed(lambda b, bl=bl: blocks[(triton_cdiv(b.numel(), bl),)](b, b.numel(), o, BLOCK=bl, num_warps=8),
-                      [(buf,)], 4, 10) for bl in (4096, 8192, 16384))
-    ceilings["large_buffer"] = {"bytes": big, "us": large, "gbps": big / large / 1e3}
-    del buf, o
-    print(f"large buffer: {big / large / 1e3:.0f} GB/s", flush=True)
-    record()
-    for s in shapes:
-        n, k = s.n, s.k
-        c_us, c_name, c_all = read_ceiling(n * k, sms)
-        ceilings[s.name] = {"bytes": n * k * 2, "us": c_us, "best": c_name,
-                            "gbps": n * k * 2 / c_us / 1e3, "all": c_all}
-        print(f"{s.name}: read ceiling {c_us:.2f} µs ({n * k * 2 / c_us / 1e3:.0f} GB/s, {c_name})", flush=True)
-        gen = torch.Generator(device="cuda").manual_seed(0)
-        rot = 2 if n * k * 2 > 5e8 else ROTATIONS
-        ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=gen) * k ** -0.5 for _ in range(rot)]
-        for m in ms if rot == ROTATIONS else ms[:1]:
-            xs = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(rot)]
-            ref = reference(xs[0], ws[0])
-            byts = (n * k + m * k + m * n) * 2
-            calls = max(4, min(64, int(1e9 // byts)))
-            cands = {"aten": (F.linear, [(x, w) for x, w in zip(xs, ws)], 0.0)}
-            if "inductor" not in skip:
-                t = time.perf_counter()
-                try:
-                    mm = inductor_mm()
-                    mm(xs[0], ws[0])
-                    cands["inductor"] = (mm, [(x, w) for x, w in zip(xs, ws)], time.perf_counter() - t)
-                except Exception as exc:
-                    print(f"  inductor M={m}: {type(exc).__name__}: {str(exc)[:200]}", file=sys.stderr)
-            if "gemlite" not in skip:
-                t = time.perf_counter()
-                try:
-                    layers = gemlite_layers(ws)
-                    for layer, x in zip(layers, xs):
-                        layer(x)
-                    cands["gemlite"] = (lambda x, layer: layer(x), [(x, layer) for x, layer in zip(xs, layers)],
-                                        time.perf_counter() - t)
-                except Exception as exc:
-                    print(f"  gemlite M={m}: {type(exc).__name__}: {str(exc)[:200]}", file=sys.stderr)
-                    skip.add("gemlite")
-            if "gemv" not in skip and m in gemv_ms:
-                t = time.perf_counter()
-                cfg, gs = tune_gemv(ws, xs, m)
-                if cfg is not None:
-                    cands["gemv:" + cfg.key()] = (lambda x, g: g(x), [(x, g) for x, g in zip(xs, gs)],
-                                                  time.perf_counter() - t)
-            for name, (fn, arglist, setup_s) in cands.items():
-                try:
-                    err = output_error(fn(*arglist[0]), xs[0], ws[0], ref)
-                    if not err < 2e-2:
-                        raise ValueError(f"relative error {err:.3g} against fp32")
-                    t_us = timed(fn, arglist, calls)
-                except Exception as exc:
-                    print(f"  {name} M={m}: {type(exc).__name__}: {str(exc)[:200]}", file=sys.stderr)
-                    continue
-                rows.append(row := {"shape": s.name, "n": n, "k": k, "m": m, "path": name, "us": round(t_us, 3),
-                             "bytes": byts, "gbps": round(byts / t_us / 1e3, 1),
-                             "of_size_matched": round(c_us / t_us, 3), "of_large_buffer":
-                             round(byts / t_us / 1e3 / ceilings["large_buffer"]["gbps"], 3), "rel_err": err,
-                             "setup_s": round(setup_s, 2)})
-                writer.writerow(row)
-                print(f"  M={m} {name}: {t_us:.2f} µs, {c_us / t_us:.2f} of the read ceiling", flush=True)
-        del ws
-        torch.cuda.empty_cache()
+        def record(status: str = "running") -> None:  # after every shape: a run cut short keeps what it measured
+            sheet.flush()
+            (out / "run.json").write_text(json.dumps({**info, "status": status, "ceilings": ceilings,
+                                                      "wall_s": round(time.perf_counter() - t0, 1)},
+                                                     indent=1, default=str) + "\n")
+        ceilings["large_buffer"] = large_buffer_ceiling()
+        print(f"large buffer: {ceilings['large_buffer']['gbps']:.0f} GB/s", flush=True)
         record()
-    sheet.close()
-    record("complete")
+        for s in shapes:
+            _probe_shape(s, list(args.ms), args, skip, sms, ceilings, writer)
+            record()
+        record("complete")
     return 0
 
 
