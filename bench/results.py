@@ -92,7 +92,6 @@ def load_results(path: str | Path, partial: bool = False):
     """Read a results table (a run folder, results.csv, results.csv.xz or results.parquet) and validate it against
     its run.json: columns, types, finite non-negative times of ok rows, parseable samples, no duplicate cell, and
     every cell of the run's grid present (unless `partial`: then missing cells are allowed, and the caller says so)."""
-    import pandas as pd
     path = Path(path)
     if path.is_dir():  # results.csv, or an archived folder's xz-compressed copy of it (read-only use)
         path = next((p for p in (path / "results.csv", path / "results.csv.xz") if p.is_file()), path / "results.csv")

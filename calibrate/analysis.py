@@ -144,10 +144,6 @@ class Cells:
         host, gpu = (self.percentile(n, k, m, path, c, which) for c in ("host_us", "gpu_us"))
         return max(gpu, host) if not np.isnan(host) else gpu
 
-    def kernels(self, n: int, k: int, m: int, path: str) -> Any:
-        """The kernel names a measured path ran at a cell, as the results table has them (None where not measured)."""
-        return self._kernels.get((n, k, m, path))
-
     def same_kernels(self, n: int, k: int, m: int, path: str, other: str = ATEN) -> bool:
         """Whether two measured paths ran the very same kernels at a cell (by name, in order), so that their GPU
         times differ by measurement noise alone."""

@@ -23,7 +23,7 @@ from bench.autotune_cache import FILE_NAME, gemv_file, sha256
 from calibrate.analysis import Cells, paired_ratio_ci, ratio_ci
 from dispatch.backends import ATEN
 from harness.errors import HarnessError
-from harness.io import atomic_write_text, read_json_object
+from harness.io import read_json_object
 
 REGRESSION_MS = (1, 8, 32, 64, 256, 1031, 4096, 16384)
 FINGERPRINT_KEYS = ("gpu_name", "sm", "driver_major", "torch", "cublas", "flashinfer", "pdl")
@@ -61,9 +61,24 @@ class BaselineCell:
 class CellCheck:
     cell: BaselineCell
     fresh: BaselineCell | None
-    status: str  # "ok", "FAIL" or "missing"
+    status: str  # "ok", "FAIL", "missing" or "skipped"
     message: str
     kernel_changed: bool = False
+    band: tuple[float, float] | None = None  # the stored GPU-ratio interval widened by the tolerance
+
+    @property
+    def verdict(self) -> str:
+        """The fresh GPU ratio against the stored band, in calibrate compare's classes (docs/compare.md): SAME (its
+        interval inside the band), SLOWER or FASTER (wholly above or below it: the check fails), AMBIGUOUS (across
+        an edge: the check passes, the runs cannot tell); a cell without a fresh measurement keeps its status."""
+        if self.fresh is None or self.band is None:
+            return self.status
+        lo, hi = self.band
+        if self.fresh.gpu_ratio_lo > hi:
+            return "SLOWER"
+        if self.fresh.gpu_ratio_hi < lo:
+            return "FASTER"
+        return "SAME" if lo <= self.fresh.gpu_ratio_lo and self.fresh.gpu_ratio_hi <= hi else "AMBIGUOUS"
 
 
 def baseline_path(profile: str) -> Path:
@@ -306,8 +321,9 @@ def check_cell(stored: BaselineCell, fresh: BaselineCell | None, tolerance: floa
     changed = not (set(fresh.kernels.split(" | ")) <= set(stored.kernels.split(" | "))
                    and set(fresh.aten_kernels.split(" | ")) <= set(stored.aten_kernels.split(" | ")))
     if problems:
-        return CellCheck(stored, fresh, "FAIL", "; ".join(problems), changed)
-    return CellCheck(stored, fresh, "ok", f"GPU ratio {fresh.gpu_ratio:.3f} (stored {stored.gpu_ratio:.3f})", changed)
+        return CellCheck(stored, fresh, "FAIL", "; ".join(problems), changed, (lo_band, hi_band))
+    return CellCheck(stored, fresh, "ok", f"GPU ratio {fresh.gpu_ratio:.3f} (stored {stored.gpu_ratio:.3f})", changed,
+                     (lo_band, hi_band))
 
 
 def compare(baseline: Baseline, fresh: list[BaselineCell], tolerance: float | None = None,

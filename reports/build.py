@@ -157,22 +157,50 @@ def problems_section(rows: pd.DataFrame) -> str:
                            ("where", "shapes")], cls="wrap", left=("status", "path", "reason", "where"))
 
 
+def _run_against_run(primary: Run, other: Run, rows: pd.DataFrame) -> str:
+    """Run B (other) against run A (primary) as `calibrate compare` judges it (calibrate/compare.py): per path the
+    cells per verdict class, the cells not SAME, the environment's differences first; and the FlashInfer/aten
+    ratio of both runs side by side (what a table's decision at a cell rests on)."""
+    from calibrate.compare import DEFAULT_MARGIN, VERDICTS, compare
+    from calibrate.noise import load_noise
+    noise = load_noise(primary.profile.name) if primary.profile is not None else None
+    c = compare(primary.df, other.df, primary.info, other.info, noise, DEFAULT_MARGIN)
+    counts = c.rows.groupby(["path", "verdict"]).size().unstack(fill_value=0)
+    for v in VERDICTS:
+        if v not in counts:
+            counts[v] = 0
+    counts = counts[list(VERDICTS)].reset_index()
+    env = ("<p class='verdict no'>The environments differ (" + esc("; ".join(c.env_differences)) + "): a verdict "
+           "may be the environment's, not the code's.</p>") if c.env_differences else ""
+    odd = c.rows[c.rows["verdict"] != "SAME"].copy()
+    odd["order"] = odd["verdict"].map(VERDICTS.index)
+    odd = odd.sort_values(["order", "ratio"], ascending=[True, False])
+    total = c.rows["verdict"].value_counts()
+    out = (f"<h3>{esc(primary.label)} vs {esc(other.label)}</h3>{env}"
+           f"<p>B = {esc(other.path)} against A = {esc(primary.path)}, GPU time B / A per cell with its interval "
+           f"(replays resampled" + (", widened by the noise floor" if noise is not None else "") + f"), margin "
+           f"{DEFAULT_MARGIN:.0%} (docs/compare.md; <code>python -m calibrate compare</code> prints the same): "
+           + ", ".join(f"{v} {int(total.get(v, 0))}" for v in VERDICTS) + f" of {len(c.rows)} cells"
+           + (f"; measured in one run only: {c.only_a} in A, {c.only_b} in B" if c.only_a or c.only_b else "")
+           + ".</p>" + table(counts, [("path", "path")] + [(v, v) for v in VERDICTS], left=("path",)))
+    if not odd.empty:
+        out += ("<details><summary>Cells not SAME (SLOWER first)</summary>"
+                + table(odd.head(60), [("shape", "shape"), ("m", "M"), ("path", "path"), ("a_us", "A µs"),
+                                       ("b_us", "B µs"), ("ratio", "B / A"), ("lo", "lo"), ("hi", "hi"),
+                                       ("verdict", "verdict"), ("same_kernels", "same kernels")],
+                        fmt={"a_us": "{:.2f}", "b_us": "{:.2f}", "ratio": "{:.3f}", "lo": "{:.3f}", "hi": "{:.3f}"},
+                        left=("shape", "path", "verdict")) + "</details>")
+    try:
+        drift = compare_runs(primary, other, rows)
+    except HarnessError:
+        return out
+    return out + figures.img('run vs run', lambda: figures.compare_figure(drift, 'A', 'B'))
+
+
 def comparison_section(primary: Run, rows: pd.DataFrame, others: list[Run], baseline: str | None) -> str:
     parts = []
     for other in others:
-        comp = compare_runs(primary, other, rows)
-        med = comp["drift"].abs().median()
-        big = comp[comp["drift"].abs() > 0.05]
-        parts.append(
-            f"<h3>{esc(primary.label)} vs {esc(other.label)}</h3>"
-            f"<p>{len(comp)} shared FlashInfer cells; median |drift| of the FlashInfer/aten ratio {med:.2%}; "
-            f"{len(big)} cells drift by more than 5%; kernels differ in {int(comp['kernel_changed'].sum())}.</p>"
-            + figures.img('run vs run', lambda: figures.compare_figure(comp, 'A', 'B')) +
-            f"<details><summary>Largest drifts (A = {esc(primary.path)}, B = {esc(other.path)})</summary>"
-            + table(comp.head(60), [("shape", "shape"), ("m", "M"), ("path", "path"), ("ratio_a", "ratio A"),
-                                    ("ratio_b", "ratio B"), ("drift", "drift"), ("kernel_changed", "kernels changed")],
-                    fmt={"ratio_a": "{:.3f}", "ratio_b": "{:.3f}", "drift": "{:+.1%}"},
-                    left=("shape", "path")) + "</details>")
+        parts.append(_run_against_run(primary, other, rows))
     if baseline:
         from calibrate.baseline import cells_from_results, compare, load_baseline
         b = load_baseline(Path(baseline))
@@ -183,7 +211,7 @@ def comparison_section(primary: Run, rows: pd.DataFrame, others: list[Run], base
                               "stored_hi": c.cell.gpu_ratio_hi,
                               "fresh": c.fresh.gpu_ratio if c.fresh else float("nan"),
                               "drift": (c.fresh.gpu_ratio / c.cell.gpu_ratio - 1) if c.fresh else float("nan"),
-                              "status_check": {"ok": "SAME", "FAIL": "SLOWER"}.get(c.status, "AMBIGUOUS"),
+                              "status_check": c.verdict,
                               "result": c.status, "kernel_changed": c.kernel_changed, "note": c.message}
                              for c in checks])
         nbad = int((rows["result"] != "ok").sum())

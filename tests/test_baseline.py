@@ -146,7 +146,12 @@ def test_regress_cli_on_recorded_runs(baseline_file, recorded, tmp_path, capsys)
     info = json.loads((SWEEP / "run.json").read_text())
     (run / "run.json").write_text(json.dumps({**info, "ms": list(REGRESSION_MS)}))  # the regression grid's M
     assert dispatch_main(["regress", "--gpu", "h200", "--baseline", str(baseline_file), "--from", str(run)]) == 1
-    assert "FAIL: n2048_k4096 M=256 flashinfer:cublaslt" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "SLOWER: n2048_k4096 M=256 flashinfer:cublaslt" in out and "SLOWER 1," in out
+    fast = _scaled(df, 2048, 4096, 256, "flashinfer:cublaslt", 0.90)  # a change either way moves a decision
+    fast.to_csv(run / "results.csv", index=False)
+    assert dispatch_main(["regress", "--gpu", "h200", "--baseline", str(baseline_file), "--from", str(run)]) == 1
+    assert "FASTER: n2048_k4096 M=256 flashinfer:cublaslt" in capsys.readouterr().out
 
 
 def test_several_runs_widen_the_interval_to_their_envelope(recorded):

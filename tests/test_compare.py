@@ -58,3 +58,10 @@ def test_runs_of_different_environments_are_refused_unless_allowed(tmp_path, cap
         main(["compare", RUN, str(other)])
     assert main(["compare", RUN, str(other), "--allow-env-mismatch", "--no-floor"]) == 0
     assert "environment differs: flashinfer" in capsys.readouterr().out
+
+
+def test_agree_reports_compares_verdicts(tmp_path, capsys):
+    slow, hit = _slowed(tmp_path, 1.5)
+    assert main(["agree", RUN, str(slow)]) == 0
+    line = capsys.readouterr().out.strip().splitlines()[-1]
+    assert "calibrate compare --no-floor" in line and f"SLOWER {hit}," in line

@@ -3,7 +3,6 @@ import contextlib
 import json
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pytest
 

@@ -1,7 +1,6 @@
 """CPU tests of the work split over GPUs and machines: queue order, shard arithmetic, the full grid, merging shards
 (and refusing to), resuming a --devices run. Shards here are cut from a committed H200 run, rows unedited."""
 import json
-import math
 from pathlib import Path
 
 import pandas as pd

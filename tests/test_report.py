@@ -175,3 +175,13 @@ def test_a_run_measured_in_two_folders_gets_a_forward_section_each(tmp_path):
     assert first < second and '<section id="forward">' not in html
     assert "Qwen3.5-35B-A3B" in html[first:second] and "Qwen3.5-4B" in html[second:]
     assert "Measured forward (h200-idle-forward-35b-1)" in html
+
+
+def test_the_run_comparison_is_calibrate_compares(report, capsys):
+    """The comparison section's counts are what `calibrate compare` prints for the same two runs (one compare)."""
+    from calibrate.__main__ import main as calibrate_main
+    calibrate_main(["compare", str(DATA / "h200-lean-validate"), str(DATA / "h200-lean-fit"), "--allow-env-mismatch"])
+    total = capsys.readouterr().out.strip().splitlines()[-1]
+    assert re.fullmatch(r"SLOWER \d+, AMBIGUOUS \d+, FASTER \d+, SAME \d+ of \d+ cells", total)
+    section = report.read_text().split('<section id="comparison">')[1].split("</section>")[0]
+    assert total in section and "docs/compare.md" in section

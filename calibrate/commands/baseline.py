@@ -133,10 +133,19 @@ def _regress(args, profile) -> int:
           + (f"; {len(skipped)} left out by the run (not judged):" if skipped else ""))
     for c in skipped:
         print(f"  not judged: {describe(c)}")
+    print(verdict_counts(checks))
     for c in bad:
-        print(f"{c.status}: {describe(c)}")
+        print(f"{c.verdict if c.verdict in ('SLOWER', 'FASTER') else c.status}: {describe(c)}")  # FAIL: host
     print(verdict_word(not bad, args.source, incomplete))
     return 0 if not bad else 1
+
+
+def verdict_counts(checks) -> str:
+    """The judged cells per verdict class of calibrate compare (docs/compare.md): the fresh GPU ratio against the
+    stored band. SLOWER and FASTER fail the check (as does a host ratio outside its band); AMBIGUOUS passes."""
+    from calibrate.compare import VERDICTS
+    judged = [c.verdict for c in checks if c.fresh is not None]
+    return "GPU ratio against the stored band: " + ", ".join(f"{v} {judged.count(v)}" for v in VERDICTS)
 
 
 def _check_fingerprint(baseline, info: dict, what: str, allow_mismatch: bool) -> list[str]:
