@@ -394,7 +394,9 @@ def test_an_e2e_run_says_which_kernels_its_model_ran(tmp_path, monkeypatch):
     monkeypatch.setattr(importlib.metadata, "version", lambda dist: "0.6.0")
     kernels = e2e.model_kernels()
     assert kernels == {"gated_delta_rule": "flash-linear-attention 0.6.0", "causal_conv1d": e2e.REFERENCE}
-    assert kernels_note({"model_kernels": kernels}, "run").startswith("note: run ran transformers' PyTorch reference")
+    note = kernels_note({"model_kernels": kernels}, "run")
+    assert note.startswith("note: run ran transformers' PyTorch reference kernels for 1 of its 2 ops")
+    assert note.endswith("install causal-conv1d for the kernels a user runs")  # the missing one, not fla
     assert kernels_note({"model_kernels": {"gated_delta_rule": "flash-linear-attention 0.6.0"}}, "run") == \
         "model kernels: gated_delta_rule: flash-linear-attention 0.6.0"
     assert "does not record" in kernels_note({}, "run")

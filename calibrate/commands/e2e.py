@@ -33,8 +33,11 @@ def kernels_note(info: dict, results: str) -> str:
         return f"note: {results} does not record which kernels its model ran (a run before model_kernels)"
     text = ", ".join(f"{op}: {k}" for op, k in sorted(kernels.items()))
     if REFERENCE in kernels.values():
-        return (f"note: {results} ran {REFERENCE} kernels in its model ({text}); install the e2e extra "
-                f"(flash-linear-attention) for the kernels a user runs")
+        from bench.e2e import MODEL_KERNEL_PACKAGES
+        missing = [MODEL_KERNEL_PACKAGES[op][1] for op, k in sorted(kernels.items())
+                   if k == REFERENCE and op in MODEL_KERNEL_PACKAGES]
+        return (f"note: {results} ran {REFERENCE} kernels for {len(missing)} of its {len(kernels)} ops ({text}); "
+                f"install {', '.join(missing) or 'the e2e extra'} for the kernels a user runs")
     return f"model kernels: {text}"
 
 
