@@ -2,6 +2,8 @@
 manifest's hash (what the Makefile's report defaults name); `figure` and `page` record and read back its figures."""
 import hashlib
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -107,3 +109,15 @@ def test_a_figure_with_arguments_its_reader_does_not_take_is_one_line(tmp_path, 
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("tools/evidence.py: error: figure 'x': host_cost(")
     assert (tmp_path / "evidence" / "manifest.json").read_text() == before
+
+
+def test_add_from_the_command_line_files_a_run_and_refuses_it_twice(tmp_path, monkeypatch, capsys):
+    ev, _ = _store(tmp_path, monkeypatch)
+    run = tmp_path / "limit-run"
+    shutil.copytree(Path(__file__).parent / "data" / "h200-lean-fit", run)
+    assert ev.main(["add", str(run), "--backs", "a test of add"]) == 0
+    rid = capsys.readouterr().out.strip()
+    assert (ev.EVIDENCE / rid / "results.csv").is_file()
+    assert json.loads(ev.MANIFEST.read_text())["runs"][rid]["backs"] == "a test of add"
+    with pytest.raises(HarnessError, match="filed already|exists already"):
+        ev.main(["add", str(run), "--backs", "again"])

@@ -245,14 +245,14 @@ def page(profile: str) -> str:
 
 def main(argv=None) -> int:
     from harness.cli import Parser
-    from harness.options import add
+    from harness.options import add as add_option
     p = Parser(prog="tools/evidence.py")
     sub = p.add_subparsers(dest="cmd", required=True)
     a = sub.add_parser("add")
     a.add_argument("run")
     a.add_argument("--backs", required=True)
     a.add_argument("--note", default="")
-    add(a, "partial", what="(the manifest says so)")
+    add_option(a, "partial", what="(the manifest says so)")
     sub.add_parser("list")
     r = sub.add_parser("restore")
     r.add_argument("id")
