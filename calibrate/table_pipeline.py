@@ -57,7 +57,7 @@ def recorded(run: Path) -> dict | None:
     """A run's manifest as the legs read it: None where there is none yet; a damaged one is refused in one line."""
     if not (run / MANIFEST).exists():
         return None
-    return _read_manifest(run / MANIFEST)
+    return read_manifest(run / MANIFEST)
 
 
 _FIX = "restore it from the run's copy, or start another --run-id"
@@ -73,7 +73,7 @@ _MANIFEST_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
 }
 
 
-def _read_manifest(path: Path) -> dict:
+def read_manifest(path: Path) -> dict:
     """A run's manifest where the run goes on from it (resume, install): each key of the type the legs write and
     fit_machines within 1..MAX_FIT_MACHINES; a damaged one is refused in one line."""
     data = read_json_object(path, "table run manifest", _FIX)
@@ -323,7 +323,7 @@ def refit_legs(profile: GpuProfile, run: Path) -> list[str]:
     """The legs --refit runs again; refused in one line where the run has not fitted yet (resume it instead)."""
     if not (run / MANIFEST).is_file():
         raise HarnessError(f"{run} has no {MANIFEST}; --refit refits a table run's measurements: run it first")
-    manifest = _read_manifest(run / MANIFEST)  # a damaged one is refused in one line
+    manifest = read_manifest(run / MANIFEST)  # a damaged one is refused in one line
     names = [leg.name for leg in legs(profile, run)]
     late = names[names.index(REFIT_FROM):]
     done = manifest.get("legs", {})
@@ -340,7 +340,7 @@ def supersede_fit(profile: GpuProfile, run: Path, machines: int | None = None) -
     `machines` (more than the run's): the refit also measures on that many machines, so that a resume first runs
     the new machine-<i> legs, each on a machine of its own."""
     late = refit_legs(profile, run)
-    manifest = _read_manifest(run / MANIFEST)
+    manifest = read_manifest(run / MANIFEST)
     before = int(manifest.get("fit_machines") or 1)
     if machines is not None and not before <= machines <= MAX_FIT_MACHINES:
         raise HarnessError(f"--refit --machines {machines}: the run fits on {before}; a refit adds machines (from "
@@ -385,7 +385,7 @@ def run_pipeline(profile: GpuProfile, run: Path, resume: bool, execute: Callable
         raise HarnessError(f"{run} exists; pass --resume to continue it, or choose another --run-id")
     if resume and not manifest_file.is_file():
         raise HarnessError(f"{run} has no {MANIFEST}; it is not a table run to resume")
-    kept = _read_manifest(manifest_file) if resume else None
+    kept = read_manifest(manifest_file) if resume else None
     if resume and scope is not None and scope != run_scope(run):
         raise HarnessError(f"{run} covers {run_scope(run).to_json()}, not {scope.to_json()}; resume it without "
                            f"--layout/--model, or start another --run-id")
@@ -481,7 +481,7 @@ def install(profile: GpuProfile, run: Path) -> list[Path]:
     manifest_file = run / MANIFEST
     if not manifest_file.is_file():
         raise HarnessError(f"{run} has no {MANIFEST}; run python -m calibrate table first")
-    manifest = _read_manifest(manifest_file)
+    manifest = read_manifest(manifest_file)
     if manifest.get("status") != "complete" or manifest.get("verdict") != "PASS":
         raise HarnessError(f"{run}: status {manifest.get('status')!r}, verdict {manifest.get('verdict')!r}; only a "
                            f"complete run whose out-of-sample check passed is installed")

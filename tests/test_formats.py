@@ -21,11 +21,11 @@ def test_a_table_of_an_unknown_format_is_refused(tmp_path):
 
 
 def test_a_table_run_manifest_of_an_unknown_format_is_refused(tmp_path):
-    from calibrate.table_pipeline import MANIFEST, MANIFEST_FORMAT, _read_manifest
+    from calibrate.table_pipeline import MANIFEST, MANIFEST_FORMAT, read_manifest
     (tmp_path / MANIFEST).write_text(json.dumps({"format": 9, "legs": {}}))
-    _refused(lambda: _read_manifest(tmp_path / MANIFEST))
+    _refused(lambda: read_manifest(tmp_path / MANIFEST))
     (tmp_path / MANIFEST).write_text(json.dumps({"legs": {}}))  # written before the key: format 1
-    assert _read_manifest(tmp_path / MANIFEST) == {"legs": {}} and MANIFEST_FORMAT == 1
+    assert read_manifest(tmp_path / MANIFEST) == {"legs": {}} and MANIFEST_FORMAT == 1
 
 
 def test_noise_floors_say_their_format_and_refuse_another(tmp_path):

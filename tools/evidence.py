@@ -37,10 +37,13 @@ EVIDENCE = ROOT / "evidence"
 MANIFEST = EVIDENCE / "manifest.json"
 RESULT_FILES = ("results.csv", "forward.csv", "host_cost.csv", "sustain.csv", "e2e.csv", "limit.csv")
 FIX = "pass a results folder the harness wrote"
+TABLE_MANIFEST = "manifest.json"  # calibrate.table_pipeline.MANIFEST
 MANIFEST_FORMAT = 1
 
 
 def _result_file(run: Path) -> Path:
+    if not (run / "run.json").is_file() and (run / TABLE_MANIFEST).is_file():
+        return run / TABLE_MANIFEST  # a make-table run: its manifest names every leg and its verdict
     data = next((run / f for f in (*RESULT_FILES, "results.csv.xz") if (run / f).is_file()), None)
     if data is None:
         raise HarnessError(f"{run} holds none of {', '.join(RESULT_FILES)}; {FIX}")
@@ -69,6 +72,8 @@ def check_run(run: Path, partial: bool = False) -> dict:
     from dispatch.profiles import PROFILES
     if not run.is_dir():
         raise HarnessError(f"{run} is not a folder; {FIX}")
+    if _result_file(run).name == TABLE_MANIFEST:
+        return _check_table_run(run, partial)
     info = read_json_object(run / "run.json", "run.json", FIX)
     profile, kind = info.get("profile"), info.get("kind", "sweep")
     if profile not in PROFILES:
@@ -95,6 +100,29 @@ def check_run(run: Path, partial: bool = False) -> dict:
         from bench.results import _read_table
         _read_table(data)
     return info
+
+
+def _check_table_run(run: Path, partial: bool) -> dict:
+    """A make-table run (calibrate table): its manifest read as a resume reads it, complete with a verdict (PASS or
+    FAIL: a failed check is evidence too), each of its measured legs' results passing their reader. Returns what
+    run_id and the manifest entry need, in run.json's terms."""
+    from calibrate.table_pipeline import read_manifest
+    from dispatch.profiles import PROFILES
+    m = read_manifest(run / TABLE_MANIFEST)
+    if m.get("profile") not in PROFILES:
+        raise HarnessError(f"{run}/{TABLE_MANIFEST} names profile {m.get('profile')!r:.40}, not one of "
+                           f"{', '.join(PROFILES)}; {FIX}")
+    if m.get("status") != "complete" and not partial:
+        raise HarnessError(f"{run} is {m.get('status')!r}, not a complete table run; finish it (calibrate table "
+                           f"--resume) before it is filed, or file what it holds with --partial")
+    for leg in m.get("legs", {}):
+        if (run / leg / "run.json").is_file():
+            check_run(run / leg, partial)
+    first = (m.get("machines") or [{}])[0]
+    verdict = m.get("verdict") or "none"
+    return {"profile": m["profile"], "kind": "table", "started": m.get("started"), "status": m.get("status"),
+            "fingerprint": {**(first.get("fingerprint") or {}), "harness_sha": m.get("harness_sha")},
+            "command": f"python -m calibrate table --gpu {m['profile']} (verdict {verdict})"}
 
 
 def _filed_digests() -> dict[str, str]:

@@ -95,6 +95,17 @@ def validate(run: Path) -> str:
     return out.getvalue().strip().splitlines()[-1]
 
 
+@reader("e2e")
+def e2e(run: Path, step: str, tokens: int, column: str | list[str]):
+    """A step of a bench e2e run as `calibrate e2e` judges it (recomputed): per_round, lo, hi, verdict, ..."""
+    from calibrate.e2e_terms import load_e2e, predictions
+    df, _ = load_e2e(run)
+    row = _one(predictions(df, None, None), {"step": step, "tokens": tokens}, f"e2e {step}")
+    cols = [column] if isinstance(column, str) else column
+    values = [row[c] if isinstance(row[c], str) else _number(row[c]) for c in cols]
+    return values[0] if isinstance(column, str) else values
+
+
 @reader("probe")
 def probe(run: Path, n: int, k: int, ms: list[int], path: str, column: str) -> list[float]:
     """One column of tools/limit_probe's limit.csv for (N, K, path) at each of `ms`."""
