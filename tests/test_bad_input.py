@@ -741,7 +741,16 @@ def test_report_builds_print_no_traceback_and_stop_on_ctrl_c_to_the_group(tmp_pa
     """The drawing workers leave signals to the parent: a finished build prints nothing of theirs, and Ctrl-C to the
     whole process group ends the build within seconds with 130 and one line."""
     import time
-    cmd = [sys.executable, "-m", "reports", "build", str(LEAN), "-o", str(tmp_path / "r.html")]
+
+    import pandas as pd
+    small = tmp_path / "small"  # two of the run's shapes: a build with workers, drawn in a few seconds
+    small.mkdir()
+    info = json.loads((LEAN / "run.json").read_text())
+    info["shapes"] = info["shapes"][:2]
+    (small / "run.json").write_text(json.dumps(info))
+    df = pd.read_csv(LEAN / "results.csv")
+    df[df["shape"].isin(info["shapes"])].to_csv(small / "results.csv", index=False)
+    cmd = [sys.executable, "-m", "reports", "build", str(small), "-o", str(tmp_path / "r.html")]
     r = _run(cmd)
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
     for delay in (2.0,):
@@ -836,15 +845,15 @@ def test_a_full_standard_output_is_one_line():
     assert r.returncode == 2 and r.stderr.strip().startswith("bench: error: cannot write to standard output"), r.stderr
 
 
-def test_native_build_folder_must_be_a_folder(tmp_path):
+def test_native_build_folder_must_be_a_folder(tmp_path, monkeypatch, capsys):
+    from dispatch.__main__ import main
     (tmp_path / "file").write_text("x")
-    r = subprocess.run([sys.executable, "-m", "dispatch", "build-native"], cwd=ROOT, capture_output=True, text=True,
-                       env={**os.environ, "PYTHONPATH": str(ROOT), "BLB_NATIVE_DIR": str(tmp_path / "file")})
-    assert r.returncode == 2 and r.stderr.strip().startswith("dispatch: error:") and "is a file" in r.stderr, r.stderr
     (tmp_path / "loop").symlink_to(tmp_path / "loop")
-    r = subprocess.run([sys.executable, "-m", "dispatch", "build-native"], cwd=ROOT, capture_output=True, text=True,
-                       env={**os.environ, "PYTHONPATH": str(ROOT), "BLB_NATIVE_DIR": str(tmp_path / "loop")})
-    assert r.returncode == 2 and "symlink loop" in r.stderr, r.stderr
+    for folder, needle in (("file", "is a file"), ("loop", "symlink loop")):
+        monkeypatch.setenv("BLB_NATIVE_DIR", str(tmp_path / folder))
+        assert run_cli(main, "dispatch", ["build-native"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.startswith("dispatch: error:") and needle in err and len(err.splitlines()) == 1, err
 
 
 def test_make_never_runs_a_variable_as_shell_code(tmp_path):
