@@ -753,13 +753,19 @@ def test_report_builds_print_no_traceback_and_stop_on_ctrl_c_to_the_group(tmp_pa
     cmd = [sys.executable, "-m", "reports", "build", str(small), "-o", str(tmp_path / "r.html")]
     r = _run(cmd)
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
-    for delay in (2.0,):
+    out = tmp_path / "r.html"
+    for delay in (0.5, 1.0, 1.5):  # while it imports, draws, writes (the build takes about 2 s here)
+        out.unlink(missing_ok=True)
         p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                              start_new_session=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
         time.sleep(delay)
         os.killpg(p.pid, signal.SIGINT)
         _, err = p.communicate(timeout=20)
-        assert p.returncode in (0, 130) and "Traceback" not in err, err
+        # 130 and one line; or, where the signal lands once the interpreter has begun to exit (it has put back the
+        # default handler), the process ends by the signal itself (a shell shows 130), its page already written
+        assert p.returncode in (0, 130, -signal.SIGINT) and "Traceback" not in err, err
+        assert p.returncode != 130 or err.strip() == "reports: interrupted", err
+        assert not out.exists() or out.read_text().rstrip().endswith("</html>")  # never half a page
 
 
 def test_a_work_folder_is_cleared_only_when_the_harness_made_it(tmp_path):
