@@ -121,3 +121,20 @@ def test_add_from_the_command_line_files_a_run_and_refuses_it_twice(tmp_path, mo
     assert json.loads(ev.MANIFEST.read_text())["runs"][rid]["backs"] == "a test of add"
     with pytest.raises(HarnessError, match="filed already|exists already"):
         ev.main(["add", str(run), "--backs", "again"])
+
+
+def test_a_table_run_is_filed_by_its_manifest_and_an_unfinished_one_is_refused(tmp_path, monkeypatch, capsys):
+    ev, _ = _store(tmp_path, monkeypatch)
+    run = tmp_path / "table-run"
+    shutil.copytree(Path(__file__).parent / "data" / "h200-table-run-manifest", run)
+    shutil.copytree(Path(__file__).parent / "data" / "h200-lean-fit", run / "sweep")  # a leg's results, read
+    manifest = json.loads((run / "manifest.json").read_text())
+    (run / "manifest.json").write_text(json.dumps({**manifest, "status": "waiting before check-sweep"}))
+    with pytest.raises(HarnessError, match="not a complete table run"):
+        ev.main(["add", str(run), "--backs", "a table run"])
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    assert ev.main(["add", str(run), "--backs", "a table run"]) == 0
+    rid = capsys.readouterr().out.strip()
+    entry = json.loads(ev.MANIFEST.read_text())["runs"][rid]
+    assert rid.startswith("h200-table-") and "python -m calibrate table --gpu h200" in entry["command"]
+    assert (ev.EVIDENCE / rid / "sweep" / "results.csv").is_file()
