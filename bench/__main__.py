@@ -387,7 +387,8 @@ def _e2e(args, profile, command: list[str]) -> int:
                                       rounds_done=stopped.rounds if stopped else args.rounds,
                                       variants="stock, and the same model after dispatch.patch (LM head left as is)"))
     print("\n".join([f"e2e {name}: {out}/{E2E_FILE}", *ratio_lines(rows),
-                     f"  next: python -m calibrate e2e RUN --control-runs {out}   (this host's noise as each step's margin)"
+                     f"  next: python -m calibrate e2e RUN --control-runs {out}   (this host's noise as each step's "
+                     f"margin)"
                      if args.control else
                      f"  next: python -m calibrate e2e {out}{' --partial' if stopped else ''}   (each step's interval "
                      f"and verdict)"]))

@@ -45,12 +45,9 @@ def ratio_lines(moves: pd.DataFrame) -> list[str]:
     return ["ratio to F.linear, |b/a - 1| per path:", *lines] if lines else []
 
 
-NO_SHARED_CELL = "the runs share no cell measured ok in both"
-
-
 def summary_lines(df: pd.DataFrame) -> list[str]:
     if df.empty:
-        return [NO_SHARED_CELL]
+        return ["the runs share no cell measured ok in both"]
     d = df["gpu_diff"].abs()
     h = df["host_ratio"].dropna()
     lines = [f"{len(df)} cells measured ok in both runs",

@@ -59,6 +59,24 @@ def compare(a: pd.DataFrame, b: pd.DataFrame, info_a: dict[str, Any], info_b: di
     return Comparison(pd.DataFrame(rows), env, len(keys_a - keys_b), len(keys_b - keys_a))
 
 
+def verdict_totals(verdicts) -> str:
+    """'SLOWER 1, AMBIGUOUS 0, FASTER 0, SAME 7': how many of `verdicts` fall in each class, in listing order."""
+    verdicts = list(verdicts)
+    return ", ".join(f"{v} {verdicts.count(v)}" for v in VERDICTS)
+
+
+def counts_per_path(rows: pd.DataFrame) -> pd.DataFrame:
+    """Compared cells per path (index) and verdict (a column for every class, in listing order)."""
+    counts = rows.groupby(["path", "verdict"]).size().unstack(fill_value=0)
+    return counts.reindex(columns=list(VERDICTS), fill_value=0)
+
+
+def not_same(rows: pd.DataFrame) -> pd.DataFrame:
+    """The compared cells that are not SAME, SLOWER first, the largest ratio first within a class."""
+    odd = rows[rows["verdict"] != "SAME"].assign(order=lambda d: d["verdict"].map(VERDICTS.index))
+    return odd.sort_values(["order", "ratio"], ascending=[True, False]).drop(columns="order")
+
+
 def summary_lines(c: Comparison, margin: float, label_a: str, label_b: str, listed: int = 40) -> list[str]:
     """What the command prints: the environment, counts per path and verdict, then the cells that are not SAME."""
     lines = [f"B = {label_b} against A = {label_a}: GPU time B / A per cell, margin {margin:.0%}"]
@@ -66,16 +84,10 @@ def summary_lines(c: Comparison, margin: float, label_a: str, label_b: str, list
               else ["environment: the same (every fingerprint key a baseline is tied to)"])
     if c.only_a or c.only_b:
         lines.append(f"cells measured ok in one run only: {c.only_a} in A, {c.only_b} in B (not compared)")
-    counts = c.rows.groupby(["path", "verdict"]).size().unstack(fill_value=0)
-    for v in VERDICTS:
-        if v not in counts:
-            counts[v] = 0
     lines.append("")
-    lines.append(counts[list(VERDICTS)].to_string())
-    odd = c.rows[c.rows["verdict"] != "SAME"].copy()
+    lines.append(counts_per_path(c.rows).to_string())
+    odd = not_same(c.rows)
     if not odd.empty:
-        odd["order"] = odd["verdict"].map(VERDICTS.index)
-        odd = odd.sort_values(["order", "ratio"], ascending=[True, False])
         lines.append("")
         lines.append("cells not SAME (kernels: whether both runs ran the very same kernels):")
         shown = odd.head(listed)
@@ -83,7 +95,6 @@ def summary_lines(c: Comparison, margin: float, label_a: str, label_b: str, list
                      .to_string(index=False, float_format=lambda v: f"{v:.4g}"))
         if len(odd) > listed:
             lines.append(f"... and {len(odd) - listed} more (--out-file writes every cell)")
-    total = c.rows["verdict"].value_counts()
     lines.append("")
-    lines.append(", ".join(f"{v} {int(total.get(v, 0))}" for v in VERDICTS) + f" of {len(c.rows)} cells")
+    lines.append(verdict_totals(c.rows["verdict"]) + f" of {len(c.rows)} cells")
     return lines

@@ -161,26 +161,19 @@ def _run_against_run(primary: Run, other: Run, rows: pd.DataFrame) -> str:
     """Run B (other) against run A (primary) as `calibrate compare` judges it (calibrate/compare.py): per path the
     cells per verdict class, the cells not SAME, the environment's differences first; and the FlashInfer/aten
     ratio of both runs side by side (what a table's decision at a cell rests on)."""
-    from calibrate.compare import DEFAULT_MARGIN, VERDICTS, compare
+    from calibrate.compare import DEFAULT_MARGIN, VERDICTS, compare, counts_per_path, not_same, verdict_totals
     from calibrate.noise import load_noise
     noise = load_noise(primary.profile.name) if primary.profile is not None else None
     c = compare(primary.df, other.df, primary.info, other.info, noise, DEFAULT_MARGIN)
-    counts = c.rows.groupby(["path", "verdict"]).size().unstack(fill_value=0)
-    for v in VERDICTS:
-        if v not in counts:
-            counts[v] = 0
-    counts = counts[list(VERDICTS)].reset_index()
+    counts = counts_per_path(c.rows).reset_index()
     env = ("<p class='verdict no'>The environments differ (" + esc("; ".join(c.env_differences)) + "): a verdict "
            "may be the environment's, not the code's.</p>") if c.env_differences else ""
-    odd = c.rows[c.rows["verdict"] != "SAME"].copy()
-    odd["order"] = odd["verdict"].map(VERDICTS.index)
-    odd = odd.sort_values(["order", "ratio"], ascending=[True, False])
-    total = c.rows["verdict"].value_counts()
+    odd = not_same(c.rows)
     out = (f"<h3>{esc(primary.label)} vs {esc(other.label)}</h3>{env}"
            f"<p>B = {esc(other.path)} against A = {esc(primary.path)}, GPU time B / A per cell with its interval "
            f"(replays resampled" + (", widened by the noise floor" if noise is not None else "") + f"), margin "
            f"{DEFAULT_MARGIN:.0%} (docs/compare.md; <code>python -m calibrate compare</code> prints the same): "
-           + ", ".join(f"{v} {int(total.get(v, 0))}" for v in VERDICTS) + f" of {len(c.rows)} cells"
+           + verdict_totals(c.rows["verdict"]) + f" of {len(c.rows)} cells"
            + (f"; measured in one run only: {c.only_a} in A, {c.only_b} in B" if c.only_a or c.only_b else "")
            + ".</p>" + table(counts, [("path", "path")] + [(v, v) for v in VERDICTS], left=("path",)))
     if not odd.empty:

@@ -176,7 +176,7 @@ def _candidates(xs, ws, m: int, skip: set[str], gemv_ms: set[int]) -> dict:
     return cands
 
 
-def _probe_shape(s, ms: list[int], args, skip: set[str], sms: int, ceilings: dict, writer) -> None:
+def _probe_shape(s, ms: list[int], gemv_ms: set[int], skip: set[str], sms: int, ceilings: dict, writer) -> None:
     """One weight: its size-matched read ceiling, then every candidate at each M, checked against fp32 and timed."""
     import torch
     from bench.gpu import output_error, reference
@@ -192,7 +192,7 @@ def _probe_shape(s, ms: list[int], args, skip: set[str], sms: int, ceilings: dic
         ref = reference(xs[0], ws[0])
         byts = (n * k + m * k + m * n) * 2
         calls = max(4, min(64, int(1e9 // byts)))
-        for name, (fn, arglist, setup_s) in _candidates(xs, ws, m, skip, set(args.gemv_ms)).items():
+        for name, (fn, arglist, setup_s) in _candidates(xs, ws, m, skip, gemv_ms).items():
             try:
                 err = output_error(fn(*arglist[0]), xs[0], ws[0], ref)
                 if not err < 2e-2:
@@ -244,7 +244,7 @@ def main(argv=None) -> int:
         print(f"large buffer: {ceilings['large_buffer']['gbps']:.0f} GB/s", flush=True)
         record()
         for s in shapes:
-            _probe_shape(s, list(args.ms), args, skip, sms, ceilings, writer)
+            _probe_shape(s, list(args.ms), set(args.gemv_ms), skip, sms, ceilings, writer)
             record()
         record("complete")
     return 0

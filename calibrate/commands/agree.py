@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from calibrate.agree import (NO_SHARED_CELL, agreement, host_shift, host_shift_lines, ratio_lines, ratio_moves,
-                             summary_lines)
+from calibrate.agree import agreement, host_shift, host_shift_lines, ratio_lines, ratio_moves, summary_lines
 from calibrate.analysis import Cells
-from calibrate.compare import DEFAULT_MARGIN, VERDICTS, compare
+from calibrate.compare import DEFAULT_MARGIN, compare, verdict_totals
 from calibrate.runs import load_run as _load
 from harness.errors import HarnessError
 from harness.io import distinct, same_gpu
@@ -35,12 +34,12 @@ def run_agree(args) -> int:
     b, ib = _load(args.run_b, args.partial)
     same_gpu([(args.run_a, ia), (args.run_b, ib)], args.allow_mismatch)
     ca, cb = Cells.from_results(a), Cells.from_results(b)
-    lines = summary_lines(agreement(ca, cb)) + ratio_lines(ratio_moves(ca, cb))
-    if lines[0] != NO_SHARED_CELL:  # GPU time per cell in calibrate compare's classes, no floor: the runs' own replays
+    shared = agreement(ca, cb)
+    lines = summary_lines(shared) + ratio_lines(ratio_moves(ca, cb))
+    if not shared.empty:  # GPU time per cell in calibrate compare's classes, no floor: the runs' own replays
         c = compare(a, b, ia, ib, None, DEFAULT_MARGIN)
-        total = c.rows["verdict"].value_counts()
         lines.append(f"GPU time b/a per cell against the runs' own replays, margin {DEFAULT_MARGIN:.0%} "
-                     f"(calibrate compare --no-floor): " + ", ".join(f"{v} {int(total.get(v, 0))}" for v in VERDICTS))
+                     f"(calibrate compare --no-floor): " + verdict_totals(c.rows["verdict"]))
     print("\n".join(lines))
     return 0
 

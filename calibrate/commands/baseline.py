@@ -143,9 +143,8 @@ def _regress(args, profile) -> int:
 def verdict_counts(checks) -> str:
     """The judged cells per verdict class of calibrate compare (docs/compare.md): the fresh GPU ratio against the
     stored band. SLOWER and FASTER fail the check (as does a host ratio outside its band); AMBIGUOUS passes."""
-    from calibrate.compare import VERDICTS
-    judged = [c.verdict for c in checks if c.fresh is not None]
-    return "GPU ratio against the stored band: " + ", ".join(f"{v} {judged.count(v)}" for v in VERDICTS)
+    from calibrate.compare import verdict_totals
+    return "GPU ratio against the stored band: " + verdict_totals(c.verdict for c in checks if c.fresh is not None)
 
 
 def _check_fingerprint(baseline, info: dict, what: str, allow_mismatch: bool) -> list[str]:
