@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import math
+import secrets
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -164,6 +165,9 @@ class GraphTiming:
     gpu_from: str | None = None  # the path whose timed replays these are (a twin with the same kernels), or None
     stop: str = ""  # why its replays stopped: the stopping criterion met, or the maximum count
     clocks: list[tuple[int, float, int] | None] = field(default_factory=list)  # (SM MHz, W, reasons) after each sample
+    # the interleaved pass its replays were timed in (replay_interleaved): sample i of two timings of one pass ran in
+    # round i, side by side, so a clock change between rounds hits both (calibrate pairs them)
+    replay_pass: str = ""
 
     def read_off(self, path: str, **own: Any) -> GraphTiming:
         """This timing as a twin's, read off `path` (gpu_from) in lists of its own; `own` keeps the twin's fields."""
@@ -214,6 +218,13 @@ class Stopping:
                 "on": "CUDA-event time per replay"}
 
 
+def new_pass_id() -> str:
+    """A token unique to one interleaved pass (a results row's replay_pass): rows of one cell pair their samples only
+    where their tokens match, so rows timed in another pass, process or leg never pair. The letter keeps it a string
+    when a table is read back."""
+    return "p" + secrets.token_hex(6)
+
+
 def replay_interleaved(clock, graphs: dict[str, Any], calls: int, samples: int, warmup: int = 2,
                        exclude: frozenset[str] = frozenset(), settle_s: float = 0.0, reader=None,
                        orders: list[list[str]] | None = None, twins: dict[str, tuple[str, ...]] | None = None,
@@ -235,7 +246,8 @@ def replay_interleaved(clock, graphs: dict[str, Any], calls: int, samples: int, 
     Without a settle, CUPTI is drained once, after the last replay (each drain costs milliseconds)."""
     import torch
     names = list(graphs)
-    result = {p: GraphTiming() for p in names}
+    pass_id = new_pass_id()
+    result = {p: GraphTiming(replay_pass=pass_id) for p in names}
     use_records = clock.name == "cupti"
     deferred = [p for p in (twins or {}) if p in graphs] if use_records else []
 

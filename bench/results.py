@@ -19,7 +19,7 @@ COLUMNS = (
     "m_is_bucket", "tune_s", "fi_runner", "fi_tactic",
     "models", "layers", "count", "in_cuda_graph", "tags",
     "gpu_samples_us", "pdl", "span_samples_us", "gpu_from", "stop",
-    "bytes", "gbps", "of_ceiling", "of_large_ceiling",
+    "bytes", "gbps", "of_ceiling", "of_large_ceiling", "replay_pass",
 )
 REQUIRED = ("n", "k", "m", "path", "status", "gpu_us", "gpu_us_p20", "gpu_us_p80", "event_us", "host_us",
             "kernels", "kernels_per_call", "timer", "rel_err")
@@ -107,7 +107,33 @@ def load_results(path: str | Path, partial: bool = False):
     info = load_run_info(path)
     df.attrs["incomplete"] = check_grid(df, info, path, partial)  # empty unless `partial` let it by
     df.attrs["run_pdl"] = bool(info.get("pdl", False))  # runs before the pdl column: the run's setting
+    if "replay_pass" not in df.columns:
+        df["replay_pass"] = legacy_passes(df, resumed=bool(info.get("previous_legs")))
     return df
+
+
+LEGACY_PASS = "recorded-before-replay-pass"
+
+
+def legacy_passes(df, resumed: bool) -> list[str]:
+    """replay_pass for a run recorded before the column: a sweep timed every path of a cell in one interleaved pass
+    (bench.gpu.replay_interleaved), except a twin that was not read off its twin (a public FlashInfer call beside its
+    lean call, or the dispatcher, with gpu_from empty), which may have been timed in a second pass. Those rows, and
+    every row of a resumed run (a cell's paths may come from different legs), get no pass: they never pair."""
+    from dispatch.backends import DISPATCH, backend_of, is_lean, lean_path
+    if resumed:
+        return [""] * len(df)
+    cell_paths: dict[tuple, set[str]] = {}
+    for n, k, m, p in zip(df["n"], df["k"], df["m"], df["path"]):
+        cell_paths.setdefault((n, k, m), set()).add(str(p))
+    gpu_from = df["gpu_from"] if "gpu_from" in df.columns else [""] * len(df)
+    out = []
+    for n, k, m, p, src in zip(df["n"], df["k"], df["m"], df["path"], gpu_from):
+        backend, p = backend_of(str(p)), str(p)
+        twin = p == DISPATCH or (backend is not None and not is_lean(p)
+                                 and lean_path(backend) in cell_paths[(n, k, m)])
+        out.append("" if twin and not (isinstance(src, str) and src.strip()) else LEGACY_PASS)
+    return out
 
 
 def _read_table(path: Path):

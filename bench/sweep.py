@@ -364,7 +364,7 @@ def time_gpu(cfg: SweepConfig, clock, group: Group, checked: dict[str, Any], ops
                                 samples=len(t.gpu_us), kernels=t.kernels, kernels_per_call=t.kernels_per_call,
                                 gpu_samples_us=[round(v, 4) for v in t.gpu_us],
                                 span_samples_us=[round(v, 4) for v in t.span_us], gpu_from=t.gpu_from or "",
-                                stop=t.stop)
+                                stop=t.stop, replay_pass=t.replay_pass)
 
 
 def _captured(group: Group, fns: dict[str, Any], ops, calls: int, flush, phase: PhaseTimer) -> dict[str, Any]:

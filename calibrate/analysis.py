@@ -107,6 +107,8 @@ class Cells:
         # plain dicts for the per-cell lookups that verdicts, totals and the fit make by the thousand
         keys = list(self.df.index)
         self._gpu = dict(zip(keys, self.df["gpu_us"].astype(float)))
+        passes = self.df["replay_pass"] if "replay_pass" in self.df.columns else pd.Series("", index=self.df.index)
+        self._pass = {key: v for key, v in zip(keys, passes) if isinstance(v, str) and v.strip()}
         host = self.df["host_us"] if "host_us" in self.df.columns else pd.Series(np.nan, index=self.df.index)
         self._host = dict(zip(keys, pd.to_numeric(host, errors="coerce").astype(float)))
         self._kernels = dict(zip(keys, self.df["kernels"])) if "kernels" in self.df.columns else {}
@@ -124,6 +126,39 @@ class Cells:
 
     def host(self, n: int, k: int, m: int, path: str) -> float:
         return self._host[(n, k, m, path)]
+
+    def side_by_side(self, n: int, k: int, m: int, a: str, b: str) -> tuple[np.ndarray, np.ndarray, bool]:
+        """Two paths' GPU-time samples at a cell, and whether they pair: timed in one interleaved pass (the same
+        replay_pass), sample i of each in round i, so they pair over the rounds both ran (a path whose replays met
+        the stopping criterion stops early; the other's later rounds, at a clock the first never saw, are left out).
+        A multi-ms GEMM on the H200 drops its clock by ~10% a few replays in (power cap): medians of unpaired samples
+        then compare one path's fast rounds with the other's slow ones."""
+        sa, sb = self.samples[(n, k, m, a)], self.samples[(n, k, m, b)]
+        pa = self._pass.get((n, k, m, a))
+        if pa is None or pa != self._pass.get((n, k, m, b)):
+            return sa, sb, False
+        rounds = min(len(sa), len(sb))
+        return sa[:rounds], sb[:rounds], True
+
+    def ratio_ci(self, n: int, k: int, m: int, a: str, b: str, n_boot: int = 2000, level: float = 0.95,
+                 seed: int = 0) -> tuple[float, float, float]:
+        """GPU time of path a over path b at a cell and its bootstrap interval: paired where the two were timed side
+        by side (side_by_side), medians of independent resamples otherwise."""
+        sa, sb, paired = self.side_by_side(n, k, m, a, b)
+        return (paired_ratio_ci if paired else ratio_ci)(sa, sb, n_boot=n_boot, level=level, seed=seed)
+
+    def gpu_ratio(self, n: int, k: int, m: int, a: str, b: str) -> float:
+        """The point estimate of ratio_ci without its bootstrap: the median of the paired ratios where a and b were
+        timed side by side, the ratio of their medians otherwise."""
+        sa, sb, paired = self.side_by_side(n, k, m, a, b)
+        return float(np.median(sa / sb)) if paired else self.gpu(n, k, m, a) / self.gpu(n, k, m, b)
+
+    def gpu_beside_aten(self, n: int, k: int, m: int, path: str) -> float:
+        """A path's GPU time as compared side by side: F.linear's times the path's ratio to it (gpu_ratio), so that
+        paths compare in the rounds each shared with F.linear; its own median where F.linear is not measured."""
+        if path == ATEN or not self.has(n, k, m, ATEN):
+            return self.gpu(n, k, m, path)
+        return self.gpu(n, k, m, ATEN) * self.gpu_ratio(n, k, m, path, ATEN)
 
     def cost(self, n: int, k: int, m: int, path: str, regime: str) -> float:
         """A call's cost: GPU time inside CUDA graphs, max(host, GPU) when eager (the host-bound model)."""
@@ -178,7 +213,7 @@ def calibrated_ratio(cells: Cells, n: int, k: int, m: int, a: str, b: str, noise
                      ) -> tuple[float, float, float]:
     """GPU time of path a over path b at a cell, with its bootstrap interval widened by the run-to-run floor `noise`
     (None: the bootstrap alone), banded by F.linear's GPU time as the floor was measured (b's where aten is absent)."""
-    ratio, lo, hi = ratio_ci(cells.samples[(n, k, m, a)], cells.samples[(n, k, m, b)], seed=seed)
+    ratio, lo, hi = cells.ratio_ci(n, k, m, a, b, seed=seed)
     if noise is not None:
         lo, hi = noise.widen(ratio, lo, hi, cells.gpu(n, k, m, ATEN if cells.has(n, k, m, ATEN) else b))
     return ratio, lo, hi
@@ -249,7 +284,7 @@ def cell_verdicts(cells: Cells, table: ThresholdTable, margin: float = 0.03, ora
             if not cands:
                 continue
             chosen = chosen_path(table, cells, n, k, m)
-            best = min(cands, key=lambda p: cells.gpu(n, k, m, p))
+            best = min(cands, key=lambda p: cells.gpu_beside_aten(n, k, m, p))
             ratio, lo, hi = calibrated_ratio(cells, n, k, m, chosen, best, noise, hash((n, k, m)) & 0xFFFF)
             v = "SAME" if chosen == best else verdict(lo, hi, margin)
             low_vs_aten = ""
@@ -512,7 +547,7 @@ def crossover(cells: Cells, table: ThresholdTable, n: int, k: int, margin: float
     for m in cells.ms(n, k):
         if not (cells.has(n, k, m, low) and cells.has(n, k, m, ATEN)):
             continue
-        _, lo, hi = ratio_ci(cells.samples[(n, k, m, low)], cells.samples[(n, k, m, ATEN)], seed=m)
+        _, lo, hi = cells.ratio_ci(n, k, m, low, ATEN, seed=m)
         v = verdict(lo, hi, margin)
         if v == "FASTER":
             was_faster = True

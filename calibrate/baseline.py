@@ -20,7 +20,7 @@ from typing import Any
 import pandas as pd
 
 from bench.autotune_cache import FILE_NAME, gemv_file, sha256
-from calibrate.analysis import Cells, paired_ratio_ci, ratio_ci
+from calibrate.analysis import Cells
 from dispatch.backends import ATEN
 from harness.errors import HarnessError
 from harness.io import read_json_object
@@ -125,8 +125,7 @@ def cells_from_results(df: pd.DataFrame, flashinfer_paths: list[str]) -> list[Ba
         if path not in flashinfer_paths or not cells.has(n, k, m, ATEN):
             continue
         fi, at = cells.samples[(n, k, m, path)], cells.samples[(n, k, m, ATEN)]
-        # replays alternate between the paths, so sample i of each ran side by side: pair them when counts agree
-        ratio, lo, hi = paired_ratio_ci(fi, at) if len(fi) == len(at) else ratio_ci(fi, at)
+        ratio, lo, hi = cells.ratio_ci(n, k, m, path, ATEN)  # paired where timed side by side
         row, arow = cells.df.loc[(n, k, m, path)], cells.df.loc[(n, k, m, ATEN)]
         host = cells.host(n, k, m, path) / cells.host(n, k, m, ATEN)
         host = round(host, 4) if math.isfinite(host) else float("nan")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from calibrate.analysis import Cells, low_m_measured, ratio_ci, verdict
+from calibrate.analysis import Cells, low_m_measured, verdict
 from dispatch.backends import ATEN
 from dispatch.table import ThresholdTable
 
@@ -23,7 +23,7 @@ def close_cells(cells: Cells, table: ThresholdTable, within: float = 0.10) -> li
     for n, k in cells.shapes():
         for m in cells.ms(n, k):
             if cells.has(n, k, m, low) and cells.has(n, k, m, ATEN):
-                if abs(cells.gpu(n, k, m, low) / cells.gpu(n, k, m, ATEN) - 1) <= within:
+                if abs(cells.gpu_ratio(n, k, m, low, ATEN) - 1) <= within:
                     out.append((n, k, m))
     return out
 
@@ -42,7 +42,7 @@ def decisions(runs: dict[str, Cells], table: ThresholdTable, keys: list[tuple[in
                 row[f"{mode}_ratio"] = np.nan
                 row[f"{mode}_faster"] = ""
                 continue
-            r, lo, hi = ratio_ci(cells.samples[(n, k, m, low)], cells.samples[(n, k, m, ATEN)], seed=m)
+            r, lo, hi = cells.ratio_ci(n, k, m, low, ATEN, seed=m)
             row[f"{mode}_ratio"] = r
             row[f"{mode}_verdict"] = verdict(lo, hi, margin)
             row[f"{mode}_faster"] = low if r < 1 else ATEN

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from calibrate.analysis import Cells, ratio_ci
+from calibrate.analysis import Cells
 from dispatch.backends import ATEN, DISPATCH
 from harness.errors import HarnessError
 from harness.io import check_format, read_json
@@ -87,8 +87,7 @@ def replicate_diffs(a: Cells, b: Cells) -> pd.DataFrame:
     for (n, k, m, p) in a.samples:
         if p in (ATEN, DISPATCH) or not (b.has(n, k, m, p) and a.has(n, k, m, ATEN) and b.has(n, k, m, ATEN)):
             continue
-        ra = a.gpu(n, k, m, p) / a.gpu(n, k, m, ATEN)
-        rb = b.gpu(n, k, m, p) / b.gpu(n, k, m, ATEN)
+        ra, rb = a.gpu_ratio(n, k, m, p, ATEN), b.gpu_ratio(n, k, m, p, ATEN)
         rows.append({"n": n, "k": k, "m": m, "path": p, "ref_us": a.gpu(n, k, m, ATEN), "ratio_a": ra, "ratio_b": rb,
                      "d": math.log(rb / ra)})
     return pd.DataFrame(rows)
@@ -113,8 +112,8 @@ def coverage(a: Cells, b: Cells, floor: NoiseFloor | None, level: float = LEVEL,
     floor. The mean of each column is the measured coverage; `level` is the nominal one."""
     rows = []
     for r in replicate_diffs(a, b).itertuples(index=False):
-        ratio, lo, hi = ratio_ci(a.samples[(r.n, r.k, r.m, r.path)], a.samples[(r.n, r.k, r.m, ATEN)], n_boot=n_boot,
-                                 level=level, seed=hash((r.n, r.k, r.m)) & 0xFFFF)
+        ratio, lo, hi = a.ratio_ci(r.n, r.k, r.m, r.path, ATEN, n_boot=n_boot, level=level,
+                                   seed=hash((r.n, r.k, r.m)) & 0xFFFF)
         row = {"n": r.n, "k": r.k, "m": r.m, "path": r.path, "ref_us": r.ref_us, "ratio_a": ratio,
                "ratio_b": r.ratio_b, "boot_inside": lo <= r.ratio_b <= hi}
         if floor is not None:

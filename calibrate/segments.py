@@ -94,7 +94,7 @@ def eager_model(m: int, gpu_bound_from: float | None, host_bound_until: float | 
 
 
 def _cost(cells: Cells, n: int, k: int, m: int, path: str, how: tuple[str, ...]) -> float:
-    parts = {"graph": lambda: cells.gpu(n, k, m, path), "eager": lambda: cells.cost(n, k, m, path, "eager")}
+    parts = {"graph": lambda: cells.gpu_beside_aten(n, k, m, path), "eager": lambda: cells.cost(n, k, m, path, "eager")}
     return max(parts[h]() for h in how)
 
 

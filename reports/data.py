@@ -12,7 +12,7 @@ from dispatch.vllm import SEED_PR_MAX_M
 from bench.paths import TUNED_CUBLASLT
 from bench.results import load_results, load_run_info
 from calibrate.analysis import (Cells, cell_verdicts, crossover, failures, forward_totals, low_m_measured, model_uses,
-                                provenance, ratio_ci, verdict)
+                                provenance, verdict)
 from calibrate.noise import load_noise
 from dispatch.backends import ATEN, DISPATCH, is_flashinfer
 from dispatch.profiles import PROFILES, GpuProfile
@@ -78,7 +78,7 @@ def ratio_rows(run: Run) -> pd.DataFrame:
     for r in df.itertuples(index=False):
         key, akey = (r.n, r.k, r.m, r.path), (r.n, r.k, r.m, ATEN)
         if r.path != ATEN and key in c.samples and akey in c.samples:
-            x, a, b = ratio_ci(c.samples[key], c.samples[akey], n_boot=1000, seed=(r.n * 31 + r.m) & 0xFFFF)
+            x, a, b = c.ratio_ci(*key, ATEN, n_boot=1000, seed=(r.n * 31 + r.m) & 0xFFFF)
             ratio.append(x), lo.append(a), hi.append(b), verd.append(verdict(a, b, MARGIN))
             same.append(str(r.kernels) == str(c.kernels(*akey)))
         else:

@@ -127,6 +127,22 @@ def test_results_roundtrip_and_resume(tmp_path):
     assert not list(tmp_path.glob(".results.csv.*"))  # no temp file left behind
 
 
+def test_replay_pass_survives_the_table_and_an_older_run_gets_one_at_load(tmp_path):
+    """A row's pass token reads back as the string written (never a number); a run recorded before the column gets
+    the passes its timing implied (bench.results.legacy_passes)."""
+    from bench.results import LEGACY_PASS
+    rows = [{**_row(64, 2048, m, "aten"), "replay_pass": token} for m, token in ((1, "p1e5"), (8, "p000123"))]
+    write_results(tmp_path, rows)
+    write_run_json(tmp_path, {"shapes": ["n64_k2048"], "ms": [1, 8], "paths": ["aten"], "status": "complete"})
+    assert list(load_results(tmp_path)["replay_pass"]) == ["p1e5", "p000123"]
+    old = tmp_path / "old"
+    old.mkdir()
+    text = (tmp_path / "results.csv").read_text().splitlines()
+    (old / "results.csv").write_text("\n".join(line.rsplit(",", 1)[0] for line in text) + "\n")
+    (old / "run.json").write_text((tmp_path / "run.json").read_text())
+    assert list(load_results(old)["replay_pass"]) == [LEGACY_PASS, LEGACY_PASS]
+
+
 @pytest.mark.parametrize("content,needle", [
     (None, "not found"), ("", "cannot read|no rows"), ("n,k,m\n1,2,3\n", "lacks column"),
 ])
@@ -408,6 +424,10 @@ def test_twins_with_the_same_kernels_are_replayed_once_and_a_mismatch_is_timed_i
     assert out["flashinfer:cublaslt"].gpu_from == "flashinfer-lean:cublaslt" and out["dispatch"].gpu_from is None
     assert out["flashinfer:cublaslt"].gpu_us == out["flashinfer-lean:cublaslt"].gpu_us == [0.08] * 4
     assert out["dispatch"].gpu_us == [0.09] * 4
+    # one pass token per interleaved pass: a read-off twin keeps its twin's, the second pass has its own
+    passes = {p: t.replay_pass for p, t in out.items()}
+    assert passes["aten"] == passes["flashinfer-lean:cublaslt"] == passes["flashinfer:cublaslt"] != passes["dispatch"]
+    assert all(v.startswith("p") and len(v) > 4 for v in passes.values())
 
 
 def test_without_a_settle_cupti_is_drained_once_and_the_records_are_kept(monkeypatch):
@@ -464,6 +484,9 @@ def test_a_public_call_running_its_lean_twins_kernels_is_not_captured(monkeypatc
     assert rows["flashinfer:cublaslt"]["gpu_from"] == "flashinfer-lean:cublaslt"
     assert rows["flashinfer:cublaslt"]["gpu_us"] == rows["flashinfer-lean:cublaslt"]["gpu_us"]
     assert rows["flashinfer:tinygemm"]["gpu_from"] == "" and rows["flashinfer:tinygemm"]["status"] == "ok"
+    # the late capture is another pass: its samples never pair with the first pass's
+    assert rows["aten"]["replay_pass"] == rows["flashinfer:cublaslt"]["replay_pass"] != rows["flashinfer:tinygemm"][
+        "replay_pass"]
 
 
 def test_replays_stop_once_the_stopping_criterion_is_met(monkeypatch):

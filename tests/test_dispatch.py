@@ -1198,3 +1198,48 @@ def test_the_first_bind_builds_the_cpp_layer_once_where_the_tools_are_there(tmp_
     monkeypatch.setattr(native, "toolchain_missing", lambda: ["ninja"])
     dispatch.bind(w)
     assert built == [True]  # turned off, or no tools: nothing is compiled
+
+
+def _clock_step(passes=("p1", "p1")):
+    """A cell on a GPU whose clock drops by 10% after five rounds: F.linear met the stopping criterion in the fast
+    rounds (five samples), the path ran on into the slow ones (ten); side by side it is 0.92x F.linear throughout."""
+    fast, slow = [745.0 * (1 + d) for d in (-0.001, 0.0, 0.001, 0.0005, -0.0005)], [820.0] * 5
+    path = [x * 0.92 for x in fast] + [x * 0.92 for x in slow]
+    rows = [{"n": 8192, "k": 2048, "m": 16384, "path": p, "status": "ok", "gpu_us": float(np.median(s)),
+             "host_us": 20.0, "gpu_samples_us": ";".join(f"{x:.3f}" for x in s), "tp": 1, "in_cuda_graph": True,
+             "replay_pass": rp}
+            for p, s, rp in (("aten", fast, passes[0]), ("flashinfer-lean:cublaslt", path, passes[1]))]
+    return Cells.from_results(pd.DataFrame(rows))
+
+
+def test_paths_timed_side_by_side_pair_over_the_rounds_both_ran():
+    """Rows of one interleaved pass pair their samples over the rounds both ran: a clock step after F.linear stopped
+    does not turn a 0.92x path into a tie. Rows of different passes (or without one) compare their medians."""
+    from calibrate.analysis import calibrated_ratio
+    cells = _clock_step()
+    a, b, paired = cells.side_by_side(8192, 2048, 16384, "flashinfer-lean:cublaslt", "aten")
+    assert paired and len(a) == len(b) == 5
+    ratio, lo, hi = calibrated_ratio(cells, 8192, 2048, 16384, "flashinfer-lean:cublaslt", "aten", None, 0)
+    assert ratio == pytest.approx(0.92) and hi < 0.93
+    assert cells.gpu_ratio(8192, 2048, 16384, "flashinfer-lean:cublaslt", "aten") == pytest.approx(0.92)
+    assert cells.gpu_beside_aten(8192, 2048, 16384, "flashinfer-lean:cublaslt") == pytest.approx(0.92 * 745.0)
+    for passes in (("p1", "p2"), ("", "")):
+        apart = _clock_step(passes)
+        assert not apart.side_by_side(8192, 2048, 16384, "flashinfer-lean:cublaslt", "aten")[2]
+        ratio, lo, hi = calibrated_ratio(apart, 8192, 2048, 16384, "flashinfer-lean:cublaslt", "aten", None, 0)
+        assert ratio > 0.96 and hi > 1.0  # the medians straddle the step: no win beyond the noise
+        assert apart.gpu_beside_aten(8192, 2048, 16384, "flashinfer-lean:cublaslt") == pytest.approx(
+            apart.gpu(8192, 2048, 16384, "flashinfer-lean:cublaslt"))
+
+
+def test_a_run_before_the_replay_pass_column_pairs_only_what_one_pass_timed():
+    """A results table without replay_pass: a public FlashInfer call beside its lean twin, or the dispatcher, pairs
+    only where it was read off a twin (gpu_from); every other row of a run pairs; a resumed run pairs nothing."""
+    from bench.results import LEGACY_PASS, legacy_passes
+    df = pd.DataFrame({"n": [64] * 5 + [128], "k": [2048] * 6, "m": [8] * 6,
+                       "path": ["aten", "flashinfer-lean:cublaslt", "flashinfer:cublaslt", "flashinfer:tinygemm",
+                                "dispatch", "flashinfer:cublaslt"],
+                       "gpu_from": ["", "", "flashinfer-lean:cublaslt", "", "", ""]})
+    assert legacy_passes(df, resumed=False) == [LEGACY_PASS, LEGACY_PASS, LEGACY_PASS, LEGACY_PASS, "", LEGACY_PASS]
+    assert legacy_passes(df.assign(gpu_from=""), resumed=False)[2] == ""
+    assert legacy_passes(df, resumed=True) == [""] * 6
