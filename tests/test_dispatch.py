@@ -533,38 +533,35 @@ def test_flashinfer_alone_is_the_flashinfer_everywhere_rule_on_each_sm():
     assert [flashinfer_path(sm100, cells, 2048, 4096, m) for m in (8, 64)] == ["flashinfer:cute-dsl"] * 2
 
 
+def _shipped_run() -> tuple[Path, dict]:
+    """The evidence folder of the shipped H200 table's run (found by its manifest's sha256) and the table."""
+    from tools.evidence import current
+    root = Path(__file__).parent.parent
+    return current("h200"), json.loads((root / "dispatch" / "thresholds" / "h200.json").read_text())
+
+
 @pytest.mark.evidence
 def test_the_committed_h200_table_names_its_table_run():
     """dispatch/thresholds/h200.json names its table run's manifest, kept in evidence/ with the run, by sha256, and
     the fit command that made it from that run's data."""
-    from bench.autotune_cache import sha256
-    root = Path(__file__).parent.parent
-    committed = json.loads((root / "dispatch" / "thresholds" / "h200.json").read_text())
-    run = Path(committed["source"]["manifest"]["file"]).parent  # results/<profile>/<run-id>, filed in evidence/
-    kept = root / "evidence" / f"h200-table-{run.name}"
-    assert sha256(kept / "manifest.json") == committed["source"]["manifest"]["sha256"]
+    kept, committed = _shipped_run()
     assert committed["source"]["fit_command"] == "python " + json.loads((kept / "manifest.json").read_text())[
         "legs"]["fit"]["command"]
+    assert (kept / "table.json").is_file() and (kept / "check-sweep").is_dir()
 
 
-# The shipped table's run: its fitted legs, filed in evidence/ with it.
-SHIPPED_RUN = ("h200-gemv-A", {leg: f"h200-table-h200-gemv-A/{leg}"
-                               for leg in ("sweep", "forward", "refine", "machine-2", "machine-3")})
-
-
-def _refit_with_todays_fit(run: tuple[str, dict[str, str]], tmp_path: Path) -> tuple[dict, dict]:
-    """A table run's fit leg on its data (filed in evidence/) and with the noise floor its table recorded, by today's
-    fit: (today's table, the run's)."""
+def _refit_with_todays_fit(kept: Path, tmp_path: Path) -> tuple[dict, dict]:
+    """A table run's fit leg on its data (filed in evidence/ as `kept`) and with the noise floor its table recorded,
+    by today's fit: (today's table, the run's). The fit command's paths under the run's folder (its sweep's parent,
+    results/<profile>/<run-id>/) are read from `kept`."""
     import shlex
 
     from calibrate.__main__ import main
-    root = Path(__file__).parent.parent
-    run_id, legs = run
-    table = json.loads((root / "evidence" / f"h200-table-{run_id}" / "table.json").read_text())
+    table = json.loads((kept / "table.json").read_text())
     argv = shlex.split(table["source"]["fit_command"])[3:]
-    for leg, where in legs.items():
-        argv = [str(root / "evidence" / where) if a == f"results/h200/{run_id}/{leg}" else a for a in argv]
-    argv[argv.index("--out") + 1] = str(tmp_path / "h200.json")
+    folder = str(Path(argv[1]).parent) + "/"  # after the subcommand, the fit's first argument: the run's sweep
+    argv = [str(kept / a[len(folder):]) if a.startswith(folder) else a for a in argv]
+    argv[next(i for i, a in enumerate(argv) if a in ("--out", "--out-file")) + 1] = str(tmp_path / "h200.json")
     (tmp_path / "floor.json").write_text(json.dumps(table["source"]["noise_floor"]))
     assert main([*argv, "--noise", str(tmp_path / "floor.json")]) == 0
     return json.loads((tmp_path / "h200.json").read_text()), table
@@ -574,7 +571,7 @@ def _refit_with_todays_fit(run: tuple[str, dict[str, str]], tmp_path: Path) -> t
 def test_the_newest_table_run_is_what_todays_fit_makes_of_its_data(tmp_path):
     """The shipped table's fit leg by today's fit gives the shipped table's ranges: a fit change that would change
     the table shows here, before anyone measures it."""
-    again, table = _refit_with_todays_fit(SHIPPED_RUN, tmp_path)
+    again, table = _refit_with_todays_fit(_shipped_run()[0], tmp_path)
     assert again["default"] == table["default"] and again["shapes"] == table["shapes"]
 
 
