@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import dispatch
-from dispatch.backends import ATEN, BACKENDS, DISPATCH, GEMV, LOW_M_BACKENDS, Backend, flashinfer_path, lean_path
+from dispatch.backends import (ATEN, BACKENDS, DISPATCH, GEMV, LOW_M_BACKENDS, Backend, backend_of, flashinfer_path,
+                               is_lean, lean_path)
 from dispatch.lean import LEAN_BACKENDS
 from harness.errors import HarnessError
 
@@ -182,3 +183,20 @@ def paths_for(profile_backends: tuple[str, ...], spec: str | None = None) -> lis
         return [PATHS[n] for n in names]
     fi = [PATHS[f(b)] for b in profile_backends for f in (flashinfer_path, lean_path) if f(b) in PATHS]
     return [PATHS[ATEN], *fi, PATHS[GEMV], PATHS[DISPATCH]]
+
+
+def kernel_twins(names: list[str]) -> dict[str, tuple[str, ...]]:
+    """Per path, the paths that may run its very kernels (replay_interleaved checks their digests): a public
+    FlashInfer call its lean twin; the dispatcher whatever it chose (lean calls first, then F.linear, then public)."""
+    twins: dict[str, tuple[str, ...]] = {}
+    for name in names:
+        backend = backend_of(name)
+        if backend is not None and not is_lean(name) and lean_path(backend) in names:
+            twins[name] = (lean_path(backend),)
+    if DISPATCH in names:
+        # not the GEMV: its kernel has one name for every configuration, so a digest cannot tell the dispatcher's
+        # configuration from the GEMV path's; where the dispatcher runs it, it is timed itself
+        order = sorted((n for n in names if n not in (DISPATCH, GEMV)),
+                       key=lambda n: (0 if is_lean(n) else 1 if n == ATEN else 2, n))
+        twins[DISPATCH] = tuple(order)
+    return twins

@@ -120,20 +120,16 @@ def legacy_passes(df, resumed: bool) -> list[str]:
     (bench.gpu.replay_interleaved), except a twin that was not read off its twin (a public FlashInfer call beside its
     lean call, or the dispatcher, with gpu_from empty), which may have been timed in a second pass. Those rows, and
     every row of a resumed run (a cell's paths may come from different legs), get no pass: they never pair."""
-    from dispatch.backends import DISPATCH, backend_of, is_lean, lean_path
+    from bench.paths import kernel_twins
     if resumed:
         return [""] * len(df)
-    cell_paths: dict[tuple, set[str]] = {}
+    cell_paths: dict[tuple, list[str]] = {}
     for n, k, m, p in zip(df["n"], df["k"], df["m"], df["path"]):
-        cell_paths.setdefault((n, k, m), set()).add(str(p))
+        cell_paths.setdefault((n, k, m), []).append(str(p))
+    twins = {cell: kernel_twins(paths) for cell, paths in cell_paths.items()}
     gpu_from = df["gpu_from"] if "gpu_from" in df.columns else [""] * len(df)
-    out = []
-    for n, k, m, p, src in zip(df["n"], df["k"], df["m"], df["path"], gpu_from):
-        backend, p = backend_of(str(p)), str(p)
-        twin = p == DISPATCH or (backend is not None and not is_lean(p)
-                                 and lean_path(backend) in cell_paths[(n, k, m)])
-        out.append("" if twin and not (isinstance(src, str) and src.strip()) else LEGACY_PASS)
-    return out
+    return ["" if str(p) in twins[(n, k, m)] and not (isinstance(src, str) and src.strip()) else LEGACY_PASS
+            for n, k, m, p, src in zip(df["n"], df["k"], df["m"], df["path"], gpu_from)]
 
 
 def _read_table(path: Path):

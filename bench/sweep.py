@@ -16,13 +16,13 @@ from bench.envinfo import nvml_clocks, run_info
 from bench.gpu import (REL_ERR_BOUND, L2Flush, Stopping, capture, flashinfer_choices, make_operands, output_error,
                        reference, replay_interleaved)
 from bench.hosttime import MIN_CALLS, host_times
-from bench.paths import ATEN, DISPATCH, PATHS, GemmPath, unchoosable_reason
+from bench.paths import ATEN, DISPATCH, PATHS, GemmPath, kernel_twins, unchoosable_reason
 from bench.results import done_keys, write_parquet, write_results, write_run_json
 from bench.shard import SECONDS_PER_CELL, SECONDS_PER_TUNING
 from bench.stats import (PhaseTimer, Window, attribute, calls_per_graph, estimate_call_us, kernel_digest,
                          rotation_count, summary)
 from dispatch import vllm
-from dispatch.backends import GEMV, backend_of, is_lean, lean_path
+from dispatch.backends import GEMV
 from dispatch.profiles import GpuProfile, check_device, this_gpu
 from harness.console import divert_noise, log_path, terminal, third_party_stdout
 from harness.errors import HarnessError, Interrupted, signal_of, signals_deferred
@@ -384,23 +384,6 @@ def eager_digests(records: list, windows: dict[str, Window]) -> dict[str, str]:
     ordered = list(windows.values())
     timings = attribute(sorted(records, key=lambda r: r.start), ordered, graph=False)
     return {w.path: kernel_digest(t.names) for w, t in zip(ordered, timings)}
-
-
-def kernel_twins(names: list[str]) -> dict[str, tuple[str, ...]]:
-    """Per path, the paths that may run its very kernels (replay_interleaved checks their digests): a public
-    FlashInfer call its lean twin; the dispatcher whatever it chose (lean calls first, then F.linear, then public)."""
-    twins: dict[str, tuple[str, ...]] = {}
-    for name in names:
-        backend = backend_of(name)
-        if backend is not None and not is_lean(name) and lean_path(backend) in names:
-            twins[name] = (lean_path(backend),)
-    if DISPATCH in names:
-        # not the GEMV: its kernel has one name for every configuration, so a digest cannot tell the dispatcher's
-        # configuration from the GEMV path's; where the dispatcher runs it, it is timed itself
-        order = sorted((n for n in names if n not in (DISPATCH, GEMV)),
-                       key=lambda n: (0 if is_lean(n) else 1 if n == ATEN else 2, n))
-        twins[DISPATCH] = tuple(order)
-    return twins
 
 
 def measure_group(cfg: SweepConfig, clock, shape: Shape, m: int, paths: list[GemmPath], fns: dict[str, Any],

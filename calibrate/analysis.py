@@ -52,8 +52,8 @@ def ratio_ci(a: np.ndarray, b: np.ndarray, n_boot: int = 2000, level: float = 0.
 def paired_ratio_ci(a: np.ndarray, b: np.ndarray, n_boot: int = 2000, level: float = 0.95, seed: int = 0
                     ) -> tuple[float, float, float]:
     """median(a_i / b_i) over samples taken side by side (interleaved replays) and its bootstrap interval (pairs
-    resampled). A clock change that hits both samples of a pair cancels: on the H200 a multi-ms GEMM drops from
-    ~1930 to ~2270 us after a few replays (power cap), which makes the unpaired interval 30% wide."""
+    resampled). A clock change that hits both samples of a pair cancels (a power cap that lowers the clock a few
+    replays into a long GEMM widens the unpaired interval; docs/design.md)."""
     if len(a) != len(b) or len(a) == 0:
         raise ValueError(f"paired ratio needs equal, non-empty samples ({len(a)} vs {len(b)})")
     r = np.asarray(a, dtype=float) / np.asarray(b, dtype=float)
@@ -131,8 +131,8 @@ class Cells:
         """Two paths' GPU-time samples at a cell, and whether they pair: timed in one interleaved pass (the same
         replay_pass), sample i of each in round i, so they pair over the rounds both ran (a path whose replays met
         the stopping criterion stops early; the other's later rounds, at a clock the first never saw, are left out).
-        A multi-ms GEMM on the H200 drops its clock by ~10% a few replays in (power cap): medians of unpaired samples
-        then compare one path's fast rounds with the other's slow ones."""
+        Where the clock falls mid-cell (a power cap; docs/design.md), medians of unpaired samples set one path's
+        fast rounds against the other's slow ones."""
         sa, sb = self.samples[(n, k, m, a)], self.samples[(n, k, m, b)]
         pa = self._pass.get((n, k, m, a))
         if pa is None or pa != self._pass.get((n, k, m, b)):

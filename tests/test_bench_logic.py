@@ -409,7 +409,7 @@ def test_twins_with_the_same_kernels_are_replayed_once_and_a_mismatch_is_timed_i
     twin's, gpu_from says so; the dispatcher with other kernels than every candidate is timed itself, in a second
     pass (its warm-ups again, then its timed replays)."""
     from bench.gpu import replay_interleaved
-    from bench.sweep import kernel_twins
+    from bench.paths import kernel_twins
     clock, log, ms = _FakeCupti(), [], {"now": 0.0}
     _fake_cuda(monkeypatch, ms)
     graphs = {"aten": _FakeGraph(clock, ("gemm_a",), [100], log, "aten"),
