@@ -105,7 +105,11 @@ def load_results(path: str | Path, partial: bool = False):
         validate_results(other, twin)
         _same_rows(df, other, path, twin)
     info = load_run_info(path)
-    df.attrs["incomplete"] = check_grid(df, info, path, partial)  # empty unless `partial` let it by
+    incomplete = check_grid(df, info, path, partial)  # empty unless `partial` let it by
+    inside = inside_grid(df, info)
+    if not inside.all():
+        df = df[inside].copy()
+    df.attrs["incomplete"] = incomplete
     df.attrs["run_pdl"] = bool(info.get("pdl", False))  # runs before the pdl column: the run's setting
     if "replay_pass" not in df.columns:
         df["replay_pass"] = legacy_passes(df, resumed=bool(info.get("previous_legs")))
@@ -317,14 +321,21 @@ def check_grid(df, info: dict[str, Any], path: Path, partial: bool) -> list[str]
     if problems and not partial:
         raise HarnessError(f"results {path}: {'; '.join(problems)}; no verdict on incomplete data: finish it with "
                            f"`python -m bench run ... --resume`, or pass --partial to judge only what was measured")
-    if want is not None and "shape" in df.columns:  # only the run's own grid is judged
-        inside = [(s, m, p) in want for s, m, p in zip(df["shape"].astype(str), df["m"].astype(int),
-                                                        df["path"].astype(str))]
-        outside = len(df) - sum(inside)
-        if outside:
-            df.drop(df.index[[not i for i in inside]], inplace=True)
-            problems.append(f"{outside} row(s) outside the run's grid left out") if partial else None
+    outside = len(df) - int(inside_grid(df, info).sum())
+    if outside and partial:
+        problems.append(f"{outside} row(s) outside the run's grid left out")
     return problems
+
+
+def inside_grid(df, info: dict[str, Any]):
+    """A mask of the rows whose cell is in run.json's grid (all of them where run.json lists none): only the run's
+    own grid is judged."""
+    import pandas as pd
+    want = expected_cells(info)
+    if want is None or "shape" not in df.columns:
+        return pd.Series(True, index=df.index)
+    return pd.Series([(s, m, p) in want for s, m, p in zip(df["shape"].astype(str), df["m"].astype(int),
+                                                           df["path"].astype(str))], index=df.index)
 
 
 def load_run_info(path: str | Path) -> dict[str, Any]:

@@ -121,7 +121,9 @@ def test_results_roundtrip_and_resume(tmp_path):
     kept, keys = done_keys(tmp_path)
     assert keys == {(64, 2048, 1, "aten"), (64, 2048, 8, "aten")} and len(kept) == 2
     write_results(tmp_path, kept + [_row(64, 2048, 16, "aten")])  # resumed rows survive a rewrite
-    assert len(load_results(tmp_path, partial=True)) == 2  # a row outside the run's grid is not judged
+    partial = load_results(tmp_path, partial=True)
+    assert len(partial) == 2  # a row outside the run's grid is not judged, and the caller is told
+    assert partial.attrs["incomplete"] == ["1 row(s) outside the run's grid left out"]
     write_run_json(tmp_path, {"shapes": ["n64_k2048"], "ms": [1, 8, 16], "paths": ["aten"], "status": "complete"})
     assert len(load_results(tmp_path)) == 3
     assert not list(tmp_path.glob(".results.csv.*"))  # no temp file left behind
