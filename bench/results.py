@@ -106,8 +106,10 @@ def load_results(path: str | Path, partial: bool = False):
         _same_rows(df, other, path, twin)
     info = load_run_info(path)
     incomplete = check_grid(df, info, path, partial)  # empty unless `partial` let it by
-    inside = inside_grid(df, info)
+    inside = inside_grid(df, info)  # only the run's own grid is judged
     if not inside.all():
+        if partial:
+            incomplete.append(f"{int((~inside).sum())} row(s) outside the run's grid left out")
         df = df[inside].copy()
     df.attrs["incomplete"] = incomplete
     df.attrs["run_pdl"] = bool(info.get("pdl", False))  # runs before the pdl column: the run's setting
@@ -321,15 +323,11 @@ def check_grid(df, info: dict[str, Any], path: Path, partial: bool) -> list[str]
     if problems and not partial:
         raise HarnessError(f"results {path}: {'; '.join(problems)}; no verdict on incomplete data: finish it with "
                            f"`python -m bench run ... --resume`, or pass --partial to judge only what was measured")
-    outside = len(df) - int(inside_grid(df, info).sum())
-    if outside and partial:
-        problems.append(f"{outside} row(s) outside the run's grid left out")
     return problems
 
 
 def inside_grid(df, info: dict[str, Any]):
-    """A mask of the rows whose cell is in run.json's grid (all of them where run.json lists none): only the run's
-    own grid is judged."""
+    """A mask of the rows whose cell is in run.json's grid (all of them where run.json lists none)."""
     import pandas as pd
     want = expected_cells(info)
     if want is None or "shape" not in df.columns:
