@@ -13,6 +13,7 @@ optional extra (pip install -e '.[e2e]').
 """
 from __future__ import annotations
 
+import json
 import random
 import time
 from contextlib import contextmanager
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from bench.e2e_kernels import op_kernels
 from bench.gpu import REL_ERR_BOUND
 from bench.stats import rel_err, summary
 from harness.errors import HarnessError, signal_of
@@ -27,7 +29,7 @@ from harness.errors import HarnessError, signal_of
 E2E_FILE = "e2e.csv"
 COLUMNS = ("model", "step", "tokens", "variant", "status", "reason", "us", "us_p20", "us_p80", "samples",
            "samples_us", "patched_linears", "logits_rel_err", "logits_err_fp32", "linear_rel_err", "linear_worst",
-           "kernels", "kernels_us", "own_kernels_us", "shared_kernels_us", "kernels_reason")
+           "kernels", "kernels_us", "own_kernels_us", "shared_kernels_us", "kernels_reason", "op_kernels")
 VARIANTS = ("stock", "patched")
 # The logits check: each variant's relative Frobenius error against the same model run in fp32. Over many layers of
 # random weights bf16 rounding grows far beyond a single GEMM's, so the patched model is held to the stock model's own
@@ -131,6 +133,7 @@ class _Measured:
     linear_err: float = 0.0
     linear_worst: str = ""
     bindings: dict[str, Any] = field(default_factory=dict)
+    decode_kernels: set[str] | None = None  # the captured stock decode step's kernel names (None: no CUPTI split)
 
 
 def run_e2e(cfg: E2EConfig) -> list[dict[str, Any]]:
@@ -154,8 +157,8 @@ def run_e2e(cfg: E2EConfig) -> list[dict[str, Any]]:
     split = None
     if clock is not None:
         try:
-            split, split_why = decode_split(clock, lambda: captured_decode(model, first, cfg.device),
-                                            lambda: dispatch.patch(model))
+            split, split_why, got.decode_kernels = decode_split(
+                clock, lambda: captured_decode(model, first, cfg.device), lambda: dispatch.patch(model))
         except Exception as exc:  # the split is a diagnostic: the timed steps go on without it
             split_why = f"kernel split failed: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
     bar.update()
@@ -285,6 +288,8 @@ def _rows(cfg: E2EConfig, got: _Measured, split: dict[str, dict[str, float]] | N
                 base.update({c: int(v) if c == "kernels" else round(v, 2) for c, v in split[variant].items()}
                             if split else
                             {"kernels_reason": split_why})
+                if got.decode_kernels:
+                    base["op_kernels"] = json.dumps(op_kernels(got.decode_kernels, MODEL_KERNEL_PACKAGES))
             if key not in got.samples:
                 rows.append({**base, "status": "skipped", "reason": got.reasons.get(key, "not measured")})
                 continue
@@ -424,9 +429,18 @@ def model_kernels() -> dict[str, str]:
     return out
 
 
+def decode_kernels(rows: list[dict[str, Any]]) -> dict[str, list[str]] | None:
+    """Per linear-attention op, its kernels that ran in the captured stock decode step (none: the PyTorch reference
+    ran there); None where the run had no CUPTI split to read them from."""
+    text = next((r.get("op_kernels") for r in rows
+                 if r.get("step") == "decode-graph" and r.get("variant") == "stock" and r.get("op_kernels")), None)
+    return json.loads(text) if text else None
+
+
 def write_e2e(out: Path, rows: list[dict[str, Any]], info: dict[str, Any]) -> None:
     from bench.results import rows_to_csv, write_run_json
     from harness.io import atomic_write_text
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / E2E_FILE, rows_to_csv(rows, COLUMNS))
-    write_run_json(out, {**info, "model_kernels": info.get("model_kernels") or model_kernels()})
+    write_run_json(out, {**info, "model_kernels": info.get("model_kernels") or model_kernels(),
+                         "decode_kernels": info.get("decode_kernels") or decode_kernels(rows)})

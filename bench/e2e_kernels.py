@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import statistics
 from collections import defaultdict
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from bench.stats import Window, in_window
 
@@ -59,20 +59,29 @@ def make_clock(device: str) -> tuple[Any, str]:
         return None, str(exc)
 
 
+def op_kernels(names: Iterable[str], ops: Iterable[str]) -> dict[str, list[str]]:
+    """Per op, the distinct kernel names of a step that carry the op's name: a package's kernels do (fla's
+    fused_recurrent_gated_delta_rule_fwd_kernel, causal-conv1d's causal_conv1d_update_kernel); an op that ran as
+    PyTorch's own elementwise and convolution kernels (transformers' reference code) has none."""
+    names = set(names)
+    return {op: sorted(n for n in names if op in n) for op in ops}
+
+
 def decode_split(clock, capture: Callable[[], tuple[Callable[[], None] | None, str]], patch: Callable[[], Any]
-                 ) -> tuple[dict[str, dict[str, float]] | None, str]:
+                 ) -> tuple[dict[str, dict[str, float]] | None, str, set[str]]:
     """Capture the decode step stock, then patched (capture() gives (replay, why not)); replay them in turn with the
-    clock on; (median split, '') or (None, why not). The patch stays until the patched graph's replays are done."""
+    clock on; (median split, '', the stock step's kernel names) or (None, why not, what was seen). The patch stays
+    until the patched graph's replays are done."""
     import torch
     replay = {}
     replay["stock"], why = capture()
     if replay["stock"] is None:
-        return None, why
+        return None, why, set()
     handle = patch()
     try:
         replay["patched"], why = capture()
         if replay["patched"] is None:
-            return None, why
+            return None, why, set()
         clock.drain()
         windows = []
         for s in range(REPLAYS + 1):  # the first pair warms up
@@ -89,9 +98,10 @@ def decode_split(clock, capture: Callable[[], tuple[Callable[[], None] | None, s
     for w in windows:
         if w.sample:
             per[w.sample][w.path] = [(r.name, (r.end - r.start) / 1e3) for r in in_window(records, starts, w)]
+    names = {name for pair in per.values() for name, _ in pair.get("stock", ())}
     if any(not k for pair in per.values() for k in pair.values()):
-        return None, "CUPTI reported no kernel for a replay of the captured step"
-    return median_split([kernel_split(pair["stock"], pair["patched"]) for pair in per.values()]), ""
+        return None, "CUPTI reported no kernel for a replay of the captured step", names
+    return median_split([kernel_split(pair["stock"], pair["patched"]) for pair in per.values()]), "", names
 
 
 def split_line(stock: dict[str, Any], patched: dict[str, Any]) -> str | None:

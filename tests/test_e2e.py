@@ -200,6 +200,61 @@ def test_the_kernel_split_matches_kernels_by_name_and_count():
     assert again["patched"]["own_kernels_us"] == 12.0 and again["stock"]["kernels_us"] == 29.0
 
 
+def test_the_captured_decode_step_says_which_linear_attention_kernels_ran(tmp_path, monkeypatch):
+    """decode_split keeps the stock step's kernel names; a package's kernels carry their op's name, so run.json says
+    per op what ran in the step (none: transformers' reference), and calibrate e2e says where a package imported but
+    none of its kernels ran."""
+    import json
+    from types import SimpleNamespace
+
+    import torch
+
+    import bench.e2e as e2e
+    from bench.e2e_kernels import decode_split, op_kernels
+    from calibrate.commands.e2e import kernels_note
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    fla = "fused_recurrent_gated_delta_rule_fwd_kernel"
+    kernels = {"stock": [("gemm", 5.0), (fla, 3.0), ("vectorized_elementwise_kernel", 1.0)],
+               "patched": [("tinygemm", 3.0), (fla, 3.0), ("vectorized_elementwise_kernel", 1.0)]}
+
+    class Clock:
+        t, records = 0, []
+
+        def now(self):
+            self.t += 1
+            return self.t
+
+        def drain(self):
+            out, self.records = self.records, []
+            return out
+    clock = Clock()
+    patched = []
+
+    def capture():
+        variant = "patched" if patched else "stock"
+
+        def replay():
+            for name, us in kernels[variant]:
+                start = clock.now()
+                clock.records.append(SimpleNamespace(name=name, start=start, end=start + us * 1e3, graph_id=1))
+        return replay, ""
+    split, why, names = decode_split(clock, capture, lambda: patched.append(1) or SimpleNamespace(remove=lambda: None))
+    assert why == "" and split["stock"]["own_kernels_us"] == 5.0 and split["patched"]["own_kernels_us"] == 3.0
+    assert names == {"gemm", fla, "vectorized_elementwise_kernel"}
+    seen = op_kernels(names, e2e.MODEL_KERNEL_PACKAGES)
+    assert seen == {"gated_delta_rule": [fla], "causal_conv1d": []}
+    rows = [{"step": "decode-graph", "tokens": 1, "variant": "stock", "op_kernels": json.dumps(seen)}]
+    e2e.write_e2e(tmp_path, rows, {"kind": "e2e", "model_kernels": {"gated_delta_rule": "flash-linear-attention 0.6.0",
+                                                                    "causal_conv1d": "causal-conv1d 1.7.0"}})
+    info = json.loads((tmp_path / "run.json").read_text())
+    assert info["decode_kernels"] == seen
+    note = kernels_note(info, "run")
+    assert note.startswith("note: run imported the packages") and "none of causal_conv1d's kernels ran" in note
+    both = {**info, "decode_kernels": {**seen, "causal_conv1d": ["causal_conv1d_update_kernel"]}}
+    assert kernels_note(both, "run").endswith("(each seen in the captured decode step)")
+    assert not kernels_note({**info, "decode_kernels": None}, "run").endswith("step)")  # no split: no claim
+
+
 def test_the_kernel_split_as_shares_of_the_stock_step():
     """Stock step 4000 µs, the changed linears' kernels 1000 -> 700 µs, the rest 2500 -> 2540 µs: 7.5% saved
     inside the step, the rest 1% slower."""
