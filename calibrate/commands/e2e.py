@@ -42,8 +42,7 @@ def kernels_note(info: dict, results: str) -> str:
     unseen = sorted(op for op in kernels if isinstance(seen, dict) and seen.get(op) == [])
     if unseen:
         return (f"note: {results} imported the packages ({text}), but none of {', '.join(unseen)}'s kernels ran in "
-                f"its captured decode step: transformers ran its PyTorch reference there (a version it does not "
-                f"take?)")
+                f"its captured decode step: transformers ran its PyTorch reference there")
     shown = isinstance(seen, dict) and all(seen.get(op) for op in kernels)
     return f"model kernels: {text}" + (" (each seen in the captured decode step)" if shown else "")
 
