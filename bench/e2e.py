@@ -288,7 +288,7 @@ def _rows(cfg: E2EConfig, got: _Measured, split: dict[str, dict[str, float]] | N
                 base.update({c: int(v) if c == "kernels" else round(v, 2) for c, v in split[variant].items()}
                             if split else
                             {"kernels_reason": split_why})
-                if got.decode_kernels:
+                if got.decode_kernels and variant == "stock":  # the names are the stock step's
                     base["op_kernels"] = json.dumps(op_kernels(got.decode_kernels, MODEL_KERNEL_PACKAGES))
             if key not in got.samples:
                 rows.append({**base, "status": "skipped", "reason": got.reasons.get(key, "not measured")})

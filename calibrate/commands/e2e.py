@@ -39,11 +39,12 @@ def kernels_note(info: dict, results: str) -> str:
         return (f"note: {results} ran {REFERENCE} kernels for {len(missing)} of its {len(kernels)} ops ({text}); "
                 f"install {', '.join(missing) or 'the e2e extra'} for the kernels a user runs")
     seen = info.get("decode_kernels")
-    unseen = sorted(op for op in kernels if isinstance(seen, dict) and seen.get(op) == [])
+    seen = seen if isinstance(seen, dict) else {}  # none recorded: no CUPTI split, or a run before decode_kernels
+    unseen = sorted(op for op in kernels if seen.get(op) == [])
     if unseen:
         return (f"note: {results} imported the packages ({text}), but none of {', '.join(unseen)}'s kernels ran in "
                 f"its captured decode step: transformers ran its PyTorch reference there")
-    shown = isinstance(seen, dict) and all(seen.get(op) for op in kernels)
+    shown = bool(seen) and all(seen.get(op) for op in kernels)
     return f"model kernels: {text}" + (" (each seen in the captured decode step)" if shown else "")
 
 
