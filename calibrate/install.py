@@ -17,6 +17,7 @@ from typing import Callable
 
 from harness.errors import HarnessError, signals_deferred
 from harness.io import check_target, umask
+from shapes.derive import UNION
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,8 @@ def shipped_layout(profile: str) -> str:
 
 
 def table_check(profile: str, layout: str | None) -> Callable[[Path], None]:
-    """A staged table: it loads as the dispatcher loads it, is this profile's, of `layout` (None: any), and its
+    """A staged table: it loads as the dispatcher loads it, is this profile's, of `layout` or the union of both
+    layouts (`layout` None: any), and its
     tactics file, where it names one, is staged beside it with the recorded hash and reads as a tactics file."""
     def check(path: Path) -> None:
         from bench.autotune_cache import read_entries
@@ -127,7 +129,7 @@ def table_check(profile: str, layout: str | None) -> Callable[[Path], None]:
         if table.profile != profile:
             raise HarnessError(f"it is a table of the {table.profile!r} profile, not {profile!r}")
         got = str(table.source.get("layout") or "vllm")
-        if layout is not None and got != layout:
+        if layout is not None and got not in (layout, UNION):  # a union table holds both layouts' shapes
             raise HarnessError(f"it covers {got}'s layout; the shipped {profile} table covers {layout}'s. Give the "
                                f"dispatcher that table by path instead (dispatch.configure, or --table)")
         tactics = _staged_sibling(path, table.source.get("tactics"), "tactics file")

@@ -475,7 +475,7 @@ def install(profile: GpuProfile, run: Path) -> list[Path]:
     profile's (python -m calibrate noise ... --install): every verdict and fit reads that floor."""
     from bench.autotune_cache import sha256
     from calibrate.baseline import autotune_cache_path, baseline_path
-    from calibrate.install import Artifact, baseline_check, install as install_all, table_check
+    from calibrate.install import Artifact, baseline_check, install as install_all, shipped_layout, table_check
     from dispatch.table import TABLE_DIR
     from harness.io import parse_json_text, read_input, read_input_text
     manifest_file = run / MANIFEST
@@ -519,7 +519,7 @@ def install(profile: GpuProfile, run: Path) -> list[Path]:
             data["autotune_cache"]["file"] = autotune_cache_path(base).name
         return data
     artifacts = [Artifact(table, edited(run / "table.json", "the run's table", as_table), "the table",
-                          table_check(profile.name, "vllm")),
+                          table_check(profile.name, shipped_layout(profile.name))),
                  Artifact(base, edited(run / "baseline.json", "the run's baseline", as_baseline), "the baseline",
                           baseline_check(profile.name))]
     for src, dst, what in ((run / "table.autotune.json", autotune_cache_path(table), "the table's tactics"),

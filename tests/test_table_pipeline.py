@@ -179,6 +179,29 @@ def test_install_of_a_sound_run_replaces_every_file(tmp_path, monkeypatch):
                                                                           "h200.autotune.json", "h200.json"]
 
 
+def _with_layout(path, layout):
+    data = json.loads(path.read_text())
+    data["source"]["layout"] = layout
+    path.write_text(json.dumps(data))
+
+
+def test_a_union_table_replaces_a_vllm_layout_one_and_is_not_replaced_by_one(tmp_path, monkeypatch):
+    """A default run's table covers both layouts' shapes, so it installs over a shipped table of vLLM's layout; once
+    shipped, a table of vLLM's layout alone would drop transformers' shapes and is refused, nothing written."""
+    run, _ = _passing_run(tmp_path, monkeypatch)
+    shipped = tmp_path / "thresholds" / "h200.json"
+    shutil.copyfile(ROOT / "dispatch/thresholds/h200.json", shipped)
+    _with_layout(shipped, "vllm")
+    _with_layout(run / "table.json", "union")
+    install(H200, run)
+    assert json.loads(shipped.read_text())["source"]["layout"] == "union"
+    before = shipped.read_bytes()
+    _with_layout(run / "table.json", "vllm")
+    with pytest.raises(HarnessError, match="covers vllm's layout; the shipped h200 table covers union's"):
+        install(H200, run)
+    assert shipped.read_bytes() == before
+
+
 def test_the_check_waits_for_another_machine_and_resumes_there(tmp_path):
     """Sweep to fit on machine A; the check legs do not run there (the run waits, exit 0), a resume on machine B runs
     them; the manifest names each leg's machine and says the check was out of machine. The fitted sweep leaves the
