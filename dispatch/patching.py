@@ -124,13 +124,19 @@ def patch(model: Any, lm_head: bool = False, compiled: bool = False) -> PatchHan
 
 
 def _outside_table(patched: list[tuple[str, Any]]) -> list[tuple[str, tuple[int, int]]]:
-    """The patched linears whose (N, K) the table of their weight's device does not hold (none where no table is
-    known yet: a weight on the meta device, or a device without one)."""
+    """The patched linears whose (N, K) the table of their weight's device does not hold and whose default rule
+    runs F.linear at every M (none where no table is known yet: a weight on the meta device, or a device without
+    one; none where the default runs another path somewhere, as a rule for every shape does)."""
     from dispatch.layers import table_for
     out = []
     for name, module in patched:
         table = table_for(module.weight)
         shape = (int(module.weight.shape[0]), int(module.weight.shape[1]))
-        if table is not None and shape not in table.shapes:
+        if table is not None and shape not in table.shapes and _default_is_aten(table):
             out.append((name, shape))
     return out
+
+
+def _default_is_aten(table: Any) -> bool:
+    from dispatch.table import ATEN
+    return all(path == ATEN for ranges in table.default.values() for _, path in ranges)

@@ -147,5 +147,34 @@ def test_patch_says_once_how_many_linears_the_table_does_not_hold(tiny):
         assert sorted(n.rsplit(".", 1)[-1] for n, _ in handle.outside) == ["down_proj"] * 2 + ["k_proj"] * 2 + \
             ["v_proj"] * 2
         handle.remove()
+        # a default with ranges (a rule for every shape, like the seed PR's M <= 32) serves the rest: nothing to say
+        every = {"graph": ((32, "flashinfer-lean:tinygemm"),), "eager": ()}
+        dispatch.configure(ThresholdTable("h200", "tinygemm", every, held))
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            handle = dispatch.patch(tiny)
+        assert handle.outside == []
+        handle.remove()
     finally:
         dispatch.configure(None)
+
+
+SHIPPED = sorted(p.stem for p in __import__("dispatch.table", fromlist=["TABLE_DIR"]).TABLE_DIR.glob("*.json")
+                 if ".autotune" not in p.name)
+
+
+@pytest.mark.parametrize("profile", SHIPPED)
+def test_a_shipped_table_holds_every_catalog_shape_of_its_layout(profile):
+    """What `dispatch.patch` finds in the table by default: a union table holds every shape transformers builds for
+    the catalog models as well as vLLM's fused ones, so no linear of a stock model falls outside it."""
+    from dispatch.table import load_table
+    from shapes.catalog import catalog
+    table = load_table(profile)
+    if any(table.default.values()):
+        pytest.skip(f"{profile}'s table has one rule for every shape (its default), no shape of its own")
+    layout = str(table.source.get("layout") or "vllm")
+    wanted = {(s.n, s.k) for s in catalog(layout=layout)}
+    assert wanted - set(table.shapes) == set(), f"{profile} ({layout}) lacks these catalog shapes"
+    if layout == "union":
+        for single in ("vllm", "transformers"):
+            assert {(s.n, s.k) for s in catalog(layout=single)} <= set(table.shapes)

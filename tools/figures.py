@@ -96,11 +96,14 @@ def validate(run: Path) -> str:
 
 
 @reader("e2e")
-def e2e(run: Path, step: str, tokens: int, column: str | list[str]):
-    """A step of a bench e2e run as `calibrate e2e` judges it (recomputed): per_round, lo, hi, verdict, ..."""
+def e2e(run: Path, step: str, tokens: int, column: str | list[str], forward: str | None = None):
+    """A step of a bench e2e run as `calibrate e2e` judges it (recomputed): per_round, lo, hi, verdict, ...; with
+    `forward` (the evidence id of a transformers-layout bench forward run) also what its linears predict."""
     from calibrate.e2e_terms import load_e2e, predictions
+    from calibrate.forward_model import load_forward
     df, _ = load_e2e(run)
-    row = _one(predictions(df, None, None), {"step": step, "tokens": tokens}, f"e2e {step}")
+    fw = load_forward(run.parent / forward)[0] if forward else None
+    row = _one(predictions(df, fw, None), {"step": step, "tokens": tokens}, f"e2e {step}")
     cols = [column] if isinstance(column, str) else column
     values = [row[c] if isinstance(row[c], str) else _number(row[c]) for c in cols]
     return values[0] if isinstance(column, str) else values
