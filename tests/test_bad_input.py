@@ -564,7 +564,8 @@ CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
      "above 16384"),
     ("results csv and parquet disagree", lambda t: ["calibrate", "validate", _with_parquet(t, 3.0)], "disagree"),
     ("results of another layout than the table", lambda t: ["calibrate", "validate", run_folder(
-        t, edit_info=lambda i: {**i, "layout": "transformers"}, source=LEAN)], "measured transformers's layout"),
+        t, edit_info=lambda i: {**i, "layout": "transformers"}, source=LEAN), "--table", str(LEAN_TABLE)],
+     "measured transformers's layout"),
     ("baseline band of no width limit", lambda t: ["calibrate", "regress", "--gpu", "h200", "--from", str(LEAN),
                                                   "--baseline", baseline(t, _wide_band)], "can fail nothing"),
     ("baseline nested a million deep", lambda t: ["calibrate", "regress", "--gpu", "h200", "--from", str(LEAN),
@@ -581,7 +582,7 @@ CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
                                                                   str(t / "new") + "/"], "names a folder"),
     ("fit --install of a transformers-layout sweep", lambda t: ["calibrate", "fit", run_folder(
         t, edit_info=lambda i: {**i, "layout": "transformers"}, source=LEAN), "--gpu", "h200", "--install"],
-     "covers vllm's"),
+     "measured transformers's layout; the shipped h200 table covers"),
     ("run.json of a newer format", lambda t: ["calibrate", "validate", run_folder(t, edit_info=lambda i: {**i, "format": 99})],
      "format 99 is not one this harness reads"),
     ("e2e file empty", lambda t: ["calibrate", "e2e", _e2e_folder(t, b"")], "not a table bench e2e wrote"),
