@@ -4,6 +4,7 @@ import torch
 
 import dispatch
 from dispatch.patching import DispatchedLinear
+from dispatch.table import TABLE_DIR
 
 transformers = pytest.importorskip("transformers")
 
@@ -159,8 +160,7 @@ def test_patch_says_once_how_many_linears_the_table_does_not_hold(tiny):
         dispatch.configure(None)
 
 
-SHIPPED = sorted(p.stem for p in __import__("dispatch.table", fromlist=["TABLE_DIR"]).TABLE_DIR.glob("*.json")
-                 if ".autotune" not in p.name)
+SHIPPED = sorted(p.stem for p in TABLE_DIR.glob("*.json") if ".autotune" not in p.name)
 
 
 @pytest.mark.parametrize("profile", SHIPPED)
