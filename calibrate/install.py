@@ -17,7 +17,7 @@ from typing import Callable
 
 from harness.errors import HarnessError, signals_deferred
 from harness.io import check_target, umask
-from shapes.derive import UNION
+from shapes.derive import layout_covers
 
 
 @dataclass(frozen=True)
@@ -129,7 +129,7 @@ def table_check(profile: str, layout: str | None) -> Callable[[Path], None]:
         if table.profile != profile:
             raise HarnessError(f"it is a table of the {table.profile!r} profile, not {profile!r}")
         got = str(table.source.get("layout") or "vllm")
-        if layout is not None and got not in (layout, UNION):  # a union table holds both layouts' shapes
+        if layout is not None and not layout_covers(got, layout):
             raise HarnessError(f"it covers {got}'s layout; the shipped {profile} table covers {layout}'s. Give the "
                                f"dispatcher that table by path instead (dispatch.configure, or --table)")
         tactics = _staged_sibling(path, table.source.get("tactics"), "tactics file")

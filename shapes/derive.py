@@ -42,6 +42,11 @@ UNFUSED = {
 }  # vLLM pads the vocab of ParallelLMHead/VocabParallelEmbedding to a multiple of 64
 
 
+def layout_covers(table_layout: str, needed: str) -> bool:
+    """Whether a table of `table_layout` holds the shapes of `needed`: its own layout, or the union of both."""
+    return table_layout in (needed, UNION)
+
+
 @dataclass(frozen=True)
 class LinearLayer:
     """One BF16 linear of a model at one TP degree: weight [n, k] per rank."""

@@ -30,7 +30,7 @@ from harness.cli import float_in
 from harness.errors import HarnessError
 from harness.io import ROOT, atomic_write_text, distinct, is_shipped, output_file, shipped_or_results
 from harness.options import add
-from shapes.derive import UNION
+from shapes.derive import layout_covers
 
 
 def add_parser(sub, parents: list) -> None:
@@ -151,7 +151,7 @@ def _fit_cmd(args, argv, profile, df, info, cells) -> int:
                              args.install)
     if is_shipped(out):
         want, got = shipped_layout(profile.name), info.get("layout", "vllm")
-        if got != want and got != UNION:  # a union table holds both layouts' shapes
+        if not layout_covers(got, want):
             raise HarnessError(f"{args.results} measured {got}'s layout; the shipped {profile.name} table covers "
                                f"{want}'s. Fit it to a file of its own (--out FILE) and give the dispatcher that "
                                f"file; nothing was written")

@@ -25,7 +25,7 @@ from harness.cli import float_in
 from harness.errors import HarnessError
 from harness.io import atomic_write_text, distinct, output_file
 from harness.options import add
-from shapes.derive import UNION
+from shapes.derive import layout_covers
 
 
 def add_parser(sub, parents: list) -> None:
@@ -60,7 +60,7 @@ def run(args) -> int:
     if table.profile != profile.name:
         raise HarnessError(f"threshold table is for {table.profile}, the results are from {profile.name}")
     run_layout, table_layout = info.get("layout", "vllm"), table.source.get("layout", "vllm")
-    if run_layout != table_layout and table_layout != UNION:  # a union table holds both layouts' shapes
+    if not layout_covers(table_layout, run_layout):
         raise HarnessError(f"{args.results} measured {run_layout}'s layout and the table was fitted on "
                            f"{table_layout}'s: judge it with a table of that layout (--thresholds FILE), or measure "
                            f"the table's layout (bench run --layout {table_layout})")
