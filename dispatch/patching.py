@@ -132,11 +132,7 @@ def _outside_table(patched: list[tuple[str, Any]]) -> list[tuple[str, tuple[int,
     for name, module in patched:
         table = table_for(module.weight)
         shape = (int(module.weight.shape[0]), int(module.weight.shape[1]))
-        if table is not None and shape not in table.shapes and _default_is_aten(table):
+        # a shape the table does not hold takes its default ranges: outside only where they run F.linear throughout
+        if table is not None and shape not in table.shapes and table.threshold(*shape) == 0:
             out.append((name, shape))
     return out
-
-
-def _default_is_aten(table: Any) -> bool:
-    from dispatch.table import ATEN
-    return all(path == ATEN for ranges in table.default.values() for _, path in ranges)
