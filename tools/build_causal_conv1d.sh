@@ -36,8 +36,8 @@ EOF
 mkdir -p "$out"
 (cd "$src" && CUDA_HOME="$cuda" PATH="$cuda/bin:$PATH" CAUSAL_CONV1D_FORCE_BUILD=TRUE MAX_JOBS=${JOBS:-2} \
   "$work/venv/bin/pip" wheel -q --no-deps --no-build-isolation --no-index -w "$out" .)
-# the extension's symbol tables are 30% of its size; strip them and repack (wheel pack rewrites RECORD), so the wheel
-# (22 MB, 25 unstripped) fits beside the FlashInfer bundle in what one device call carries
+# the extension's symbol tables are a large part of it; strip them and repack (wheel pack rewrites RECORD), so the
+# wheel fits beside the FlashInfer bundle in what one device call carries
 wheel=$(ls "$out"/causal_conv1d-"$version"-*.whl)
 "$work/venv/bin/python" -m wheel unpack -d "$work/unpacked" "$wheel" >/dev/null
 find "$work/unpacked" -name '*.so' -exec strip --strip-unneeded {} +
