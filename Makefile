@@ -9,12 +9,12 @@ GPU ?=
 DEVICES ?=
 OUT ?= results/$(GPU)
 
-.PHONY: venv gpu-env bench table forward baseline regress host-anatomy report test evidence clean
+.PHONY: venv gpu-env bench table forward baseline regress host-anatomy report test test-installed evidence clean
 # `make report`'s defaults: the shipped H200 table's own out-of-sample check runs (tools/evidence.py current), so the
 # first page shows the current answer; COMPARE is empty (no second run) unless given
 RESULTS ?= $(shell $(PYTHON) tools/evidence.py current h200 check-sweep 2>/dev/null)
 COMPARE ?=
-BASELINE ?= tests/baselines/h200.json
+BASELINE ?= calibrate/baselines/h200.json
 ANATOMY ?= tests/data/h200-host-anatomy
 FORWARD ?= $(shell $(PYTHON) tools/evidence.py current h200 check-forward 2>/dev/null)
 REPORT ?= report.html
@@ -71,7 +71,11 @@ report: $(VENV)/.installed
 # one pytest worker per core (pytest-xdist, in the dev extra); the workers share one C++ build, and one worker
 # builds the report tests' report (their xdist_group)
 test: $(VENV)/.installed
-	$(PY) -m pytest -q -m "not evidence" -n auto --dist loadgroup
+	$(PY) -m pytest -q -m "not evidence and not installed" -n auto --dist loadgroup
+
+# a wheel of this checkout installed into a fresh virtual environment, the README's commands run from elsewhere
+test-installed: $(VENV)/.installed
+	$(PY) -m pytest -q -m installed -n auto
 
 evidence: $(VENV)/.installed
 	$(PY) -m pytest -q -m evidence

@@ -1,4 +1,4 @@
-"""Stored per-GPU ratios (tests/baselines/<profile>.json) and the comparison of fresh measurements against them.
+"""Stored per-GPU ratios (calibrate/baselines/<profile>.json) and the comparison of fresh measurements against them.
 
 A baseline holds, per catalog shape x regression M, the FlashInfer/aten GPU-time ratio (cuBLASLt and the low-M
 backend) with its interval, the host-time ratio, the kernel names and the sample counts: everything a dispatch
@@ -24,10 +24,10 @@ from calibrate.analysis import Cells
 from dispatch.backends import ATEN
 from harness.errors import HarnessError
 from harness.io import read_json_object
+from harness.shipped import shipped_file
 
 REGRESSION_MS = (1, 8, 32, 64, 256, 1031, 4096, 16384)
 FINGERPRINT_KEYS = ("gpu_name", "sm", "driver_major", "torch", "cublas", "flashinfer", "pdl")
-BASELINE_DIR = Path(__file__).resolve().parent.parent / "tests" / "baselines"
 DEFAULT_TOLERANCE = 0.05  # GPU-time ratio band, relative to the stored ratio
 DEFAULT_HOST_TOLERANCE = 1.0  # host ratio within a factor 2: run-to-run host medians on one H200 host moved 0.4-1.75x (5-95%)
 FORMAT = 4  # 3: the autotuner cache the runs served; 4: paired ratios
@@ -82,11 +82,11 @@ class CellCheck:
 
 
 def baseline_path(profile: str) -> Path:
-    return BASELINE_DIR / f"{profile}.json"
+    return shipped_file("baseline", profile)
 
 
 def autotune_cache_path(baseline_file: Path) -> Path:
-    """Where a baseline keeps the FlashInfer tactics its runs served: tests/baselines/<profile>.autotune.json."""
+    """Where a baseline keeps the FlashInfer tactics its runs served: calibrate/baselines/<profile>.autotune.json."""
     return baseline_file.with_suffix(".autotune.json")
 
 
@@ -263,7 +263,7 @@ class Baseline:
         """The pinned tactics beside the baseline, checked by hash; None when the baseline's runs were tuned apiece."""
         if not self.autotune_cache:
             return None
-        f = (self.path.parent if self.path else BASELINE_DIR) / self.autotune_cache["file"]
+        f = (self.path or baseline_path(self.profile)).parent / self.autotune_cache["file"]
         if not f.is_file():
             raise HarnessError(f"the baseline's autotuner cache {f} is missing; restore it or regenerate both "
                                f"with make baseline GPU={self.profile}")

@@ -19,17 +19,18 @@ import numpy as np
 import pandas as pd
 
 from calibrate.forward_model import _paired
-from calibrate.noise import LEVEL, NOISE_DIR, widen_log
+from calibrate.noise import LEVEL, _none_shipped, widen_log
 from dispatch.backends import ATEN
 from harness.errors import HarnessError
 from harness.io import check_format, read_json
+from harness.shipped import shipped_file
 
 REGIMES = ("graph", "eager")
 FILE_FORMAT = 1  # the format of a forward noise floor file (none written before: read as 1)
 
 
 def forward_noise_path(profile: str) -> Path:
-    return NOISE_DIR / f"{profile}-forward.json"
+    return shipped_file("forward-noise", profile)
 
 
 @dataclass(frozen=True)
@@ -53,10 +54,11 @@ class ForwardFloor:
 
 
 def load_forward_floor(profile: str, path: Path | None = None) -> ForwardFloor | None:
-    """The profile's stored forward floor; None when there is none (the paired intervals alone)."""
+    """The profile's stored forward floor; None where the profile ships none (the paired intervals alone), an error
+    where it ships one and this installation lacks it."""
     p = path or forward_noise_path(profile)
     if path is None and not p.exists():
-        return None
+        return _none_shipped(profile, "forward-noise")
     data = read_json(p, "forward noise floor",
                      f"measure one with python -m calibrate forward-noise RUN_A RUN_B --gpu {profile}")
     check_format(data if isinstance(data, dict) else {}, p, "forward noise floor", (FILE_FORMAT,),

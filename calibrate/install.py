@@ -1,4 +1,4 @@
-"""The one installer: every write of a shipped file (dispatch/thresholds, calibrate/noise, tests/baselines) goes
+"""The one installer: every write of a shipped file (dispatch/thresholds, calibrate/noise, calibrate/baselines) goes
 through `install`, which stages all of an install's files, reads each staged file back with the reader the runtime
 uses, and only then renames them all into place. On any failure the shipped files are as they were.
 
@@ -17,6 +17,7 @@ from typing import Callable
 
 from harness.errors import HarnessError, signals_deferred
 from harness.io import check_target, umask
+from harness.shipped import shipped_file
 from shapes.derive import layout_covers
 
 
@@ -105,9 +106,8 @@ def write_outputs(artifacts: list[Artifact]) -> list[Path]:
 
 def shipped_layout(profile: str) -> str:
     """The layout of the profile's shipped table (vLLM's where none is shipped or it names none)."""
-    from dispatch.table import TABLE_DIR
     from harness.io import read_json
-    path = TABLE_DIR / f"{profile}.json"
+    path = shipped_file("table", profile)
     if not path.is_file():
         return "vllm"
     try:

@@ -21,15 +21,24 @@ from calibrate.analysis import Cells
 from dispatch.backends import ATEN, DISPATCH
 from harness.errors import HarnessError
 from harness.io import check_format, read_json
+from harness.shipped import missing_line, shipped_file
 
-NOISE_DIR = Path(__file__).parent / "noise"
 BANDS_US = (10.0, 30.0, 100.0, math.inf)  # upper edges of the reference GPU-time bands
 LEVEL = 0.95
 FILE_FORMAT = 1  # the format of a noise floor file (none written before: read as 1)
 
 
 def noise_path(profile: str) -> Path:
-    return NOISE_DIR / f"{profile}.json"
+    return shipped_file("noise", profile)
+
+
+def _none_shipped(profile: str, kind: str) -> None:
+    """None where `profile` ships no file of `kind`; one line where it ships one and this installation lacks it."""
+    from dispatch.profiles import PROFILES
+    known = PROFILES.get(profile)
+    if known is not None and kind in known.ships:
+        raise HarnessError(missing_line(kind, profile))
+    return None
 
 
 def widen_log(ratio: float, lo: float, hi: float, floor: float) -> tuple[float, float]:
@@ -63,10 +72,11 @@ class NoiseFloor:
 
 
 def load_noise(profile: str, path: Path | None = None) -> NoiseFloor | None:
-    """The profile's stored floor, or None when there is none (intervals are then the bootstrap alone)."""
+    """The profile's stored floor, or None where the profile ships none (intervals are then the bootstrap alone); a
+    floor its profile ships and this installation lacks is an error, never a silently narrower interval."""
     p = path or noise_path(profile)
     if path is None and not p.exists():
-        return None
+        return _none_shipped(profile, "noise")
     data = read_json(p, "noise floor", f"measure one with python -m calibrate noise RUN_A RUN_B --gpu {profile}")
     check_format(data if isinstance(data, dict) else {}, p, "noise floor", (FILE_FORMAT,),
                  "re-measure it with python -m calibrate noise")

@@ -30,6 +30,7 @@ from dispatch.backends import ATEN, is_choosable, lean_path
 from dispatch.profiles import GpuProfile
 from harness.errors import HarnessError
 from harness.io import ROOT, atomic_write_text, check_format, read_json_object
+from harness.shipped import shipped_file
 
 MANIFEST = "manifest.json"
 # M values the out-of-sample sweep adds to the default grid: none of them is a grid value, nor the midpoint of two
@@ -476,7 +477,6 @@ def install(profile: GpuProfile, run: Path) -> list[Path]:
     from bench.autotune_cache import sha256
     from calibrate.baseline import autotune_cache_path, baseline_path
     from calibrate.install import Artifact, baseline_check, install as install_all, shipped_layout, table_check
-    from dispatch.table import TABLE_DIR
     from harness.io import parse_json_text, read_input, read_input_text
     manifest_file = run / MANIFEST
     if not manifest_file.is_file():
@@ -493,7 +493,7 @@ def install(profile: GpuProfile, run: Path) -> list[Path]:
         if not (run / name).is_file():
             raise HarnessError(f"{run} has no {name}; a passing run has both: restore it, or run the legs again with "
                                f"--refit; nothing was installed")
-    table, base = TABLE_DIR / f"{profile.name}.json", baseline_path(profile.name)
+    table, base = shipped_file("table", profile.name), baseline_path(profile.name)
     where = manifest_file.resolve()
     named = {"file": str(where.relative_to(ROOT) if ROOT in where.parents else where), "sha256": sha256(manifest_file)}
     fix = f"restore it from the run's copy, or run the table again (--run-id {run.name} --refit)"

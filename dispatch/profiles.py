@@ -27,6 +27,9 @@ class GpuProfile:
     # The vendor's nominal HBM bandwidth (GB/s), shown beside the ceilings a run measures (bench/ceiling.py); never
     # a ceiling itself.
     hbm_peak_gbps: float = 0.0
+    # The files the package ships for this GPU (harness.shipped.KINDS): a kind named here and missing from an
+    # installation is an error where it is read, never a silently different verdict.
+    ships: tuple[str, ...] = ()
 
     @property
     def server(self) -> vllm.ServerDefaults:
@@ -45,12 +48,13 @@ class GpuProfile:
 
 PROFILES: dict[str, GpuProfile] = {p.name: p for p in (
     GpuProfile("h100", 90, "H100", ("tinygemm", "cublaslt", "cudnn"), "tinygemm", 80, hbm_peak_gbps=3350.0),
-    GpuProfile("h200", 90, "H200", ("tinygemm", "cublaslt", "cudnn"), "tinygemm", 141, hbm_peak_gbps=4800.0),
+    GpuProfile("h200", 90, "H200", ("tinygemm", "cublaslt", "cudnn"), "tinygemm", 141, hbm_peak_gbps=4800.0,
+               ships=("table", "noise", "forward-noise", "baseline")),
     # TinyGEMM's SM list includes 100: measured beside cute-dsl, the low-M backend vLLM runs there
     GpuProfile("b200", 100, "B200", ("cute-dsl", "tinygemm", "cublaslt", "cudnn"), "cute-dsl", 180, 1380.0, 6700.0,
-               hbm_peak_gbps=8000.0),
+               hbm_peak_gbps=8000.0, ships=("table",)),
     GpuProfile("gb200", 100, "GB200", ("cute-dsl", "tinygemm", "cublaslt", "cudnn"), "cute-dsl", 186, 1380.0, 6700.0,
-               hbm_peak_gbps=8000.0),
+               hbm_peak_gbps=8000.0, ships=("table",)),
 )}
 
 

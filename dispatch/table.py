@@ -24,9 +24,9 @@ from typing import Any
 from dispatch.backends import ATEN, BACKENDS, GEMV, GEMV_MAX_M, LOW_M_BACKENDS, flashinfer_path, lean_path
 from harness.errors import HarnessError
 from harness.io import check_format, read_json
+from harness.shipped import shipped_file
 from shapes.grid import M_MAX
 
-TABLE_DIR = Path(__file__).parent / "thresholds"
 FORMATS = (1, 2)  # 1: a single threshold with per-shape overrides (no format key); 2: per-regime ranges
 REGIMES = ("graph", "eager")
 Range = tuple[int, str]
@@ -245,7 +245,7 @@ def load_table(profile: str | Path | None = None, path: str | Path | None = None
     if path is None:
         if profile is None:
             raise HarnessError("name a GPU profile or a threshold file")
-        path = TABLE_DIR / f"{profile}.json"
+        path = shipped_file("table", str(profile))
     data = read_json(path, "threshold table", "run `python -m calibrate fit RESULTS --gpu PROFILE` to make one")
     table = parse_table(data, str(path))
     for key, field_name in (("tactics", "tactics"), ("gemv_configs", "gemv_configs")):

@@ -6,17 +6,14 @@ import json
 import os
 import shutil
 import stat
-import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
 from harness.errors import HarnessError
+from harness.shipped import PACKAGES as ROOT, is_own, shipped_dirs
 
 WORK_MARKER = ".bf16-linear-bench-work"  # a folder holding this file was created by the harness and may be cleared
-ROOT = Path(__file__).resolve().parent.parent
-# Files the project ships: written only when the user asks for it by an explicit flag (--install)
-SHIPPED_DIRS = tuple(ROOT / d for d in ("dispatch/thresholds", "calibrate/noise", "tests/baselines"))
 
 
 def resolved(path: Path, option: str = "the output") -> Path:
@@ -28,24 +25,14 @@ def resolved(path: Path, option: str = "the output") -> Path:
 
 
 def is_tracked(path: Path) -> bool:
-    """Whether `path` (links followed) is a file of the project's checkout: tracked by git where git can tell, else
-    anything inside the project's folder but results/."""
-    real = resolved(path)
-    if real != ROOT and ROOT not in real.parents:
-        return False
-    try:
-        done = subprocess.run(["git", "-C", str(ROOT), "ls-files", "--error-unmatch", "--", str(real)],
-                              capture_output=True, timeout=10)
-        if done.returncode in (0, 1) and b"not a git repository" not in done.stderr:
-            return done.returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return (ROOT / "results") not in real.parents
+    """Whether `path` (links followed) is one of the project's own files (harness.shipped.is_own): never an
+    output."""
+    return is_own(resolved(path))
 
 
 def is_shipped(path: Path) -> bool:
     real = resolved(path)
-    return any(real == d or d in real.parents for d in SHIPPED_DIRS)
+    return any(real == d or d in real.parents for d in shipped_dirs())
 
 
 def check_target(path: Path, option: str, install: bool = False) -> Path:
@@ -62,12 +49,15 @@ def check_target(path: Path, option: str, install: bool = False) -> Path:
         raise HarnessError(f"{option} {path}: {folder} is a file, not a folder; choose another path")
     if not os.access(folder, os.W_OK | os.X_OK):
         raise HarnessError(f"{option} {path}: {folder} is not writable; choose a folder you can write")
-    if is_shipped(real) and not install:
+    if is_shipped(real):
+        if install:
+            return real
         raise HarnessError(f"{option} {path} is a file the project ships; pass --install to replace it, or write "
                            f"elsewhere")
-    if path.is_symlink() and is_tracked(real):
-        raise HarnessError(f"{option} {path} is a symlink to {real}, a file of the project's own; nothing was "
-                           f"written: name another output, or remove the link")
+    if is_tracked(real):
+        link = f"a symlink to {real}, " if path.is_symlink() else ""
+        raise HarnessError(f"{option} {path} is {link}a file of the project's own; nothing was written: name "
+                           f"another output" + (", or remove the link" if link else " (results/ is for outputs)"))
     return real
 
 
@@ -227,9 +217,14 @@ def output_dir(value: str | Path, option: str) -> Path:
     existing folder on its path writable (tried with a temporary file: root ignores modes, not read-only mounts
     or immutable folders)."""
     path = Path(value)
+    if str(value) == "":
+        raise HarnessError(f"{option} is empty; name a folder to write (e.g. results/run)")
     for p in (path, *path.parents):
         if p.exists() and not p.is_dir():
             raise HarnessError(f"{option} {path}: {p} is a file, not a folder; choose another output folder")
+    if is_tracked(path):
+        raise HarnessError(f"{option} {path} is inside the project's own files (a package's folder or .git); "
+                           f"choose another output folder (results/ is for outputs)")
     nearest = next((p for p in (path, *path.parents) if p.exists()), Path("."))
     try:
         with tempfile.TemporaryFile(dir=nearest):

@@ -19,7 +19,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("build", help="build report.html from results folders")
     p.add_argument("results", nargs="+", help="results folder(s); the first is reported, the others compared with it")
-    add(p, "baseline", what="to compare the first run with", shown="none; tests/baselines/<profile>.json is shipped")
+    add(p, "baseline", what="to compare the first run with", shown="none; calibrate/baselines/<profile>.json is shipped")
     p.add_argument("--anatomy", help="a host-anatomy results folder (python -m bench host-anatomy)")
     add(p, "forward", nargs="+", what=", e.g. one per model; a section each")
     add(p, "table", what="reported")

@@ -16,8 +16,9 @@ from calibrate.analysis import (Cells, cell_verdicts, crossover, failures, forwa
 from calibrate.noise import load_noise
 from dispatch.backends import ATEN, DISPATCH, is_flashinfer
 from dispatch.profiles import PROFILES, GpuProfile
-from dispatch.table import REGIMES, TABLE_DIR, ThresholdTable, load_table
+from dispatch.table import REGIMES, ThresholdTable, load_table
 from harness.errors import HarnessError
+from harness.shipped import shipped_file
 
 MARGIN = 0.03  # equivalence margin of every verdict in the report, as in `python -m calibrate validate`
 
@@ -49,7 +50,7 @@ def load_run(path: str | Path, thresholds: str | None = None, partial: bool = Fa
     table = None
     if thresholds:
         table = load_table(path=thresholds)
-    elif profile and (TABLE_DIR / f"{profile.name}.json").exists():
+    elif profile and shipped_file("table", profile.name).exists():
         table = load_table(profile.name)
     cells = Cells.from_results(df)
     problem = ""

@@ -28,7 +28,7 @@ SHARD = DATA / "h200-shards" / "shard-1"  # a shard of a --shard run, as bench m
 FORWARD = ROOT / "evidence" / "h200-forward-20261201T1016-4d4993"  # a forward of the current rules
 LEAN = DATA / "h200-lean-validate"  # a run that measured the lean paths of the table beside it
 LEAN_TABLE = DATA / "h200-lean-table.json"  # a table fitted before the GEMV path: every path it chooses, LEAN measured
-WATCHED = [ROOT / "dispatch" / "thresholds", ROOT / "tests" / "baselines", ROOT / "calibrate" / "noise", DATA,
+WATCHED = [ROOT / "dispatch" / "thresholds", ROOT / "calibrate" / "baselines", ROOT / "calibrate" / "noise", DATA,
            ROOT / "shapes" / "configs", ROOT / "README.md", ROOT / "evidence" / "manifest.json"]
 
 
@@ -114,7 +114,7 @@ def thresholds(tmp: Path, edit: dict | None = None, raw: bytes | None = None, v2
 
 
 def baseline(tmp: Path, edit: Callable[[dict], object] | None = None, raw: bytes | None = None) -> str:
-    text = (ROOT / "tests" / "baselines" / "h200.json").read_text()
+    text = (ROOT / "calibrate" / "baselines" / "h200.json").read_text()
     p = tmp / "h200.json"
     if raw is not None:
         p.write_bytes(raw)
@@ -123,7 +123,7 @@ def baseline(tmp: Path, edit: Callable[[dict], object] | None = None, raw: bytes
     if edit is not None:
         edit(data)
     p.write_text(json.dumps(data))
-    tactics = ROOT / "tests" / "baselines" / "h200.autotune.json"
+    tactics = ROOT / "calibrate" / "baselines" / "h200.autotune.json"
     if tactics.is_file():  # a baseline whose runs served one tactics file keeps it beside itself
         shutil.copy(tactics, tmp / "h200.autotune.json")
     return str(p)

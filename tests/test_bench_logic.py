@@ -559,15 +559,15 @@ def test_a_run_serves_the_tactics_of_the_table_its_dispatcher_runs_unless_it_tun
     """By default a sweep serves the tactics file of the table its dispatch path runs (the file the dispatcher loads),
     so that two runs of one command run the same cuBLASLt kernels; --tune, a tuning-bucket M the file lacks, or a run
     of F.linear alone tunes (or needs nothing)."""
-    from dispatch.table import TABLE_DIR
-    shipped = TABLE_DIR / "h200.autotune.json"
+    from harness.shipped import shipped_dir
+    shipped = shipped_dir("table") / "h200.autotune.json"
     plan = _plan(capsys)
     assert f"tactics served from {shipped}" in plan and "0 (shape, path) tunings" in plan
     for extra in (["--tune"], ["--m", "768"], ["--paths", "aten"], ["--no-tune"]):
         assert "tactics served" not in _plan(capsys, *extra), extra
     assert "tactics served" in _plan(capsys, "--m", "1,3000")  # 3000 is no bucket: served as the dispatcher serves it
     # another table: its own tactics file, beside it, where it holds the run's cells
-    table = json.loads((TABLE_DIR / "h200.json").read_text())
+    table = json.loads((shipped_dir("table") / "h200.json").read_text())
     table["source"]["tactics"] = {"file": "mine.autotune.json"}
     (tmp_path / "mine.json").write_text(json.dumps(table))
     entries = json.loads(shipped.read_text())
@@ -583,12 +583,12 @@ def test_a_forward_serves_the_tables_tactics_where_they_hold_its_linears():
 
     from bench.__main__ import _served
     from bench.forward import FORWARD_MS
-    from dispatch.table import TABLE_DIR
+    from harness.shipped import shipped_dir
     from shapes.catalog import catalog
     args = Namespace(tune=False, autotune_cache=None, no_tune=False, save_autotune_cache=None)
     h200 = get_profile("h200")
     cells = [(s.n, s.k, m) for s in catalog("Qwen3.5-35B-A3B") for m in FORWARD_MS]
-    assert _served(args, h200, None, cells, ["aten", "dispatch"]) == TABLE_DIR / "h200.autotune.json"
+    assert _served(args, h200, None, cells, ["aten", "dispatch"]) == shipped_dir("table") / "h200.autotune.json"
     assert _served(args, h200, None, [*cells, (4096, 4096, 8)], ["aten", "dispatch"]) is None  # a linear it lacks: tune
     assert _served(Namespace(**{**vars(args), "tune": True}), h200, None, cells, ["aten", "dispatch"]) is None
 

@@ -1,4 +1,4 @@
-"""GPU regression test: the regression grid measured afresh against tests/baselines/<profile>.json.
+"""GPU regression test: the regression grid measured afresh against calibrate/baselines/<profile>.json.
 
 Tolerance: --regression-tolerance (default: the baseline's, 5%). Failing cells are measured once more before a verdict.
 The grid is measured in a spawned process serving the baseline's pinned FlashInfer tactics (<profile>.autotune.json).

@@ -4,7 +4,7 @@ import torch
 
 import dispatch
 from dispatch.patching import DispatchedLinear
-from dispatch.table import TABLE_DIR
+from harness.shipped import shipped_dir
 
 transformers = pytest.importorskip("transformers")
 
@@ -160,7 +160,7 @@ def test_patch_says_once_how_many_linears_the_table_does_not_hold(tiny):
         dispatch.configure(None)
 
 
-SHIPPED = sorted(p.stem for p in TABLE_DIR.glob("*.json") if ".autotune" not in p.name)
+SHIPPED = sorted(p.stem for p in shipped_dir("table").glob("*.json") if ".autotune" not in p.name)
 
 
 @pytest.mark.parametrize("profile", SHIPPED)

@@ -101,12 +101,10 @@ def test_a_failing_check_is_a_verdict_and_blocks_install(tmp_path):
 
 def _passing_run(tmp_path, monkeypatch):
     """A passing run whose table, baseline and tactics are the shipped ones, and the shipped folders in tmp_path."""
-    import calibrate.baseline as baseline
-    import dispatch.table as table
-    for name in ("thresholds", "baselines"):
-        (tmp_path / name).mkdir()
-    monkeypatch.setattr(table, "TABLE_DIR", tmp_path / "thresholds")
-    monkeypatch.setattr(baseline, "BASELINE_DIR", tmp_path / "baselines")
+    import harness.shipped as shipped
+    monkeypatch.setattr(shipped, "PACKAGES", tmp_path / "site")
+    for folder in shipped.shipped_dirs():
+        folder.mkdir(parents=True)
     run = tmp_path / "run"
     run_pipeline(H200, run, resume=False, execute=lambda leg, log: 0, same_machine=True)
     shipped_table = json.loads((ROOT / "dispatch/thresholds/h200.json").read_text())
@@ -115,31 +113,28 @@ def _passing_run(tmp_path, monkeypatch):
     (run / "table.json").write_text(json.dumps(shipped_table))
     for shipped, copy in (("dispatch/thresholds/h200.autotune.json", "table.autotune.json"),
                           ("dispatch/thresholds/h200.autotune.gemv.json", "table.autotune.gemv.json"),
-                          ("tests/baselines/h200.json", "baseline.json"),
-                          ("tests/baselines/h200.autotune.json", "baseline.autotune.json"),
-                          ("tests/baselines/h200.autotune.gemv.json", "baseline.autotune.gemv.json")):
+                          ("calibrate/baselines/h200.json", "baseline.json"),
+                          ("calibrate/baselines/h200.autotune.json", "baseline.autotune.json"),
+                          ("calibrate/baselines/h200.autotune.gemv.json", "baseline.autotune.gemv.json")):
         shutil.copyfile(ROOT / shipped, run / copy)
-    old = {tmp_path / "thresholds" / "h200.json": "old table", tmp_path / "baselines" / "h200.json": "old baseline"}
+    old = {tmp_path / "site/dispatch/thresholds" / "h200.json": "old table", tmp_path / "site/calibrate/baselines" / "h200.json": "old baseline"}
     for path, text in old.items():
         path.write_text(text)
     return run, old
 
 
 def test_install_writes_the_shipped_files_of_a_passing_run(tmp_path, monkeypatch):
-    import calibrate.noise as noise
-    monkeypatch.setattr(noise, "NOISE_DIR", tmp_path / "noise")
-    (tmp_path / "noise").mkdir()
     run, _ = _passing_run(tmp_path, monkeypatch)
     (run / "noise.json").write_text("{}")
     written = install(H200, run)
-    assert tmp_path / "thresholds" / "h200.json" in written
-    assert tmp_path / "noise" / "h200.json" not in written  # the floor every verdict reads: installed on its own
-    shipped = json.loads((tmp_path / "thresholds" / "h200.json").read_text())
+    assert tmp_path / "site/dispatch/thresholds" / "h200.json" in written
+    assert tmp_path / "site/calibrate/noise" / "h200.json" not in written  # the floor every verdict reads: installed on its own
+    shipped = json.loads((tmp_path / "site/dispatch/thresholds" / "h200.json").read_text())
     assert shipped["source"]["tactics"]["file"] == "h200.autotune.json"  # beside it, under its shipped name
     assert shipped["source"]["manifest"]["file"].endswith(MANIFEST) and len(shipped["source"]["manifest"]["sha256"]) == 64
     # a baseline of fewer source runs than the shipped one gets a note that says how to widen it
     assert fewer_baseline_runs(H200, run) is None
-    (tmp_path / "baselines" / "h200.json").write_text(json.dumps({"sources": [{}] * 6}))
+    (tmp_path / "site/calibrate/baselines" / "h200.json").write_text(json.dumps({"sources": [{}] * 6}))
     (run / "baseline.json").write_text(json.dumps({"sources": [{}] * 2}))
     note = fewer_baseline_runs(H200, run)
     assert note.startswith("the shipped baseline held 6 source runs, this run's holds 2")
@@ -175,7 +170,7 @@ def test_install_of_a_sound_run_replaces_every_file(tmp_path, monkeypatch):
     written = install(H200, run)
     assert {p.name for p in written} == {"h200.json", "h200.autotune.json", "h200.autotune.gemv.json"}
     assert len(written) == 6 and all(p.read_text() not in old.values() for p in written)
-    assert sorted(p.name for p in (tmp_path / "thresholds").iterdir()) == ["h200.autotune.gemv.json",
+    assert sorted(p.name for p in (tmp_path / "site/dispatch/thresholds").iterdir()) == ["h200.autotune.gemv.json",
                                                                           "h200.autotune.json", "h200.json"]
 
 
@@ -189,7 +184,7 @@ def test_a_union_table_replaces_a_vllm_layout_one_and_is_not_replaced_by_one(tmp
     """A default run's table covers both layouts' shapes, so it installs over a shipped table of vLLM's layout; once
     shipped, a table of vLLM's layout alone would drop transformers' shapes and is refused, nothing written."""
     run, _ = _passing_run(tmp_path, monkeypatch)
-    shipped = tmp_path / "thresholds" / "h200.json"
+    shipped = tmp_path / "site/dispatch/thresholds" / "h200.json"
     shutil.copyfile(ROOT / "dispatch/thresholds/h200.json", shipped)
     _with_layout(shipped, "vllm")
     _with_layout(run / "table.json", "union")

@@ -23,11 +23,11 @@ from harness.options import add
 
 def add_parser(sub, parents: list) -> None:
     p_base = sub.add_parser("baseline", parents=parents,
-                            help="write tests/baselines/<profile>.json from fresh (or given) regression-grid runs")
+                            help="write calibrate/baselines/<profile>.json from fresh (or given) regression-grid runs")
     add(p_base, "from", dest="sources", nargs="+", what="of one environment")
     add(p_base, "work", default="results/baseline")
     add(p_base, "out-file", what=": the baseline", shown="results/<profile>/baseline.json", dest="out")
-    add(p_base, "install", what="tests/baselines/<profile>.json")
+    add(p_base, "install", what="calibrate/baselines/<profile>.json")
     add(p_base, "samples", type=int_in(3, 1000), default=10, what="(graph replays) per cell")
     p_base.add_argument("--runs", type=int_in(1, 20), default=3,
                         help="fresh runs, each in a new process; the baseline holds their envelope (default 3)")
@@ -37,7 +37,7 @@ def add_parser(sub, parents: list) -> None:
     p_reg = sub.add_parser("regress", parents=parents,
                            help="compare fresh (or given) measurements with the stored baseline")
     add(p_reg, "from", dest="source", what="to compare")
-    add(p_reg, "baseline", shown="tests/baselines/<profile>.json")
+    add(p_reg, "baseline", shown="calibrate/baselines/<profile>.json")
     add(p_reg, "tolerance", type=float_in(0, 1), what=": the GPU-ratio band", shown="the baseline's, 0.05")
     add(p_reg, "work", default="results/regress")
     add(p_reg, "partial")

@@ -17,7 +17,7 @@ from calibrate.forward_model import (GPU_BOUND_MARGIN, gpu_bound_in_every_run, h
                                      overrides_over_the_table, picks_in_every_run)
 from calibrate.forward_noise import forward_noise_path, load_forward_floor
 from calibrate.install import Artifact, shipped_layout, table_check, write_outputs
-from calibrate.noise import load_noise, noise_path
+from calibrate.noise import load_noise
 from calibrate.runs import RESULTS
 from calibrate.runs import load_forwards as _load_forwards
 from calibrate.runs import load_run as _load
@@ -25,11 +25,12 @@ from calibrate.runs import profile_of as _profile_of
 from calibrate.runs import sibling_free as _sibling_free
 from dispatch.backends import GEMV
 from dispatch.profiles import get_profile
-from dispatch.table import REGIMES, TABLE_DIR, ThresholdTable, load_table
+from dispatch.table import REGIMES, ThresholdTable, load_table
 from harness.cli import float_in
 from harness.errors import HarnessError
-from harness.io import ROOT, atomic_write_text, distinct, is_shipped, output_file, shipped_or_results
+from harness.io import atomic_write_text, distinct, is_shipped, output_file, shipped_or_results
 from harness.options import add
+from harness.shipped import shipped_file, shown
 from shapes.derive import layout_covers
 
 
@@ -147,7 +148,7 @@ def _with_added(results: str, df: pd.DataFrame, info: dict, added: list[str], pa
 
 
 def _fit_cmd(args, argv, profile, df, info, cells) -> int:
-    out = shipped_or_results(args.out, TABLE_DIR / f"{profile.name}.json", RESULTS / profile.name / "table.json",
+    out = shipped_or_results(args.out, shipped_file("table", profile.name), RESULTS / profile.name / "table.json",
                              args.install)
     if is_shipped(out):
         want, got = shipped_layout(profile.name), info.get("layout", "vllm")
@@ -272,7 +273,7 @@ def _source(args, argv, profile, info, df, cells, base, hold_out, noise, floor, 
                       "cell costs no more); between two measured M whose choices differ, the boundary is where the "
                       "two paths' costs, interpolated linearly in M, cross (a model of unmeasured M); shapes not "
                       "measured and M above the last range run F.linear",
-              "noise_floor": {**noise.to_json(), "file": args.noise or str(noise_path(profile.name).relative_to(ROOT))}
+              "noise_floor": {**noise.to_json(), "file": args.noise or shown("noise", profile.name)}
               if noise else None,
               "measured_forwards": forward_note}
     if args.method == "segments":
