@@ -10,13 +10,13 @@ DEVICES ?=
 OUT ?= results/$(GPU)
 
 .PHONY: venv gpu-env bench table forward baseline regress host-anatomy report test test-installed evidence clean
-# `make report`'s defaults: the shipped H200 table's own out-of-sample check runs (tools/evidence.py current), so the
+# `make report`'s defaults: the shipped H200 table's own out-of-sample check runs (python -m evidence_store current), so the
 # first page shows the current answer; COMPARE is empty (no second run) unless given
-RESULTS ?= $(shell $(PYTHON) tools/evidence.py current h200 check-sweep 2>/dev/null)
+RESULTS ?= $(shell $(PYTHON) -m evidence_store current h200 check-sweep 2>/dev/null)
 COMPARE ?=
 BASELINE ?= calibrate/baselines/h200.json
 ANATOMY ?= tests/data/h200-host-anatomy
-FORWARD ?= $(shell $(PYTHON) tools/evidence.py current h200 check-forward 2>/dev/null)
+FORWARD ?= $(shell $(PYTHON) -m evidence_store current h200 check-forward 2>/dev/null)
 REPORT ?= report.html
 # Recipes read these from the environment, quoted ("$$GPU"): a value is never shell code (GPU='h200;rm x' is a name
 # the profile check refuses).

@@ -14,6 +14,19 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str):
         raise HarnessError(f"{message} (see `{self.prog} --help`)")
 
+    def parse_known_args(self, args=None, namespace=None):
+        """As argparse, and an empty value (--shapes "", a "" in a list) is refused: it never means the default."""
+        namespace, extras = super().parse_known_args(args, namespace)
+        for action in self._actions:
+            value = getattr(namespace, action.dest, None)
+            if value == action.default:
+                continue
+            if value == "" or (isinstance(value, list) and "" in value):
+                name = "/".join(action.option_strings) or action.metavar or action.dest
+                raise HarnessError(f"{name} is empty; give it a value, or leave it out for its default (see "
+                                   f"`{self.prog} --help`)")
+        return namespace, extras
+
 
 def _bounded(convert: Callable[[str], float], what: str, lo: float, hi: float) -> Callable[[str], float]:
     def parse(text: str):

@@ -69,6 +69,7 @@ def worker_signals() -> None:
     pool's own teardown) ends the worker at once and quietly."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})  # forked inside signals_deferred
 
 
 @contextmanager

@@ -19,7 +19,7 @@ from bench.forward_paths import (FLASHINFER_EVERYWHERE, SEED_PR, TABLE_DIRECT, V
                                  VLLM_FLAG)
 from bench.paths import TUNED_CUBLASLT  # noqa: E402
 from dispatch.backends import ATEN, DISPATCH, flashinfer_path, is_kernel_path, lean_path  # noqa: E402
-from harness.errors import worker_signals  # noqa: E402
+from harness.errors import signals_deferred, worker_signals  # noqa: E402
 
 PLAIN = FuncFormatter(lambda v, _: f"{v:g}")  # 0.6, 2, 300 instead of 6x10^-1 on log axes
 
@@ -80,7 +80,8 @@ class Drawing:
         workers = min(len(jobs), os.cpu_count() or 1)
         if workers >= 2 and "fork" in multiprocessing.get_all_start_methods():
             try:
-                self.pool = multiprocessing.get_context("fork").Pool(workers, initializer=worker_signals)
+                with signals_deferred():  # a signal inside fork's own hooks would print past the one line
+                    self.pool = multiprocessing.get_context("fork").Pool(workers, initializer=worker_signals)
                 self.pending = self.pool.starmap_async(_draw_one, jobs)
             except OSError:
                 self.pool = None

@@ -295,7 +295,7 @@ CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
     ("table --stop-after no leg", lambda t: ["calibrate", "table", "--gpu", "h200", "--run-id", "x", "--stop-after",
                                              "lunch"], "no leg"),
     ("table --model empty", lambda t: ["calibrate", "table", "--gpu", "h200", "--model", "", "--dry-run"],
-     "a comma list of distinct catalog models"),
+     "--model is empty"),
     ("table --model unknown", lambda t: ["calibrate", "table", "--gpu", "h200", "--model", "Qwen9", "--dry-run"],
      "unknown model"),
     ("table --install with --layout", lambda t: ["calibrate", "table", "--gpu", "h200", "--run-id", "x", "--install",

@@ -535,7 +535,7 @@ def test_flashinfer_alone_is_the_flashinfer_everywhere_rule_on_each_sm():
 
 def _shipped_run() -> tuple[Path, dict]:
     """The evidence folder of the shipped H200 table's run (found by its manifest's sha256) and the table."""
-    from tools.evidence import current
+    from evidence_store.store import current
     root = Path(__file__).parent.parent
     return current("h200"), json.loads((root / "dispatch" / "thresholds" / "h200.json").read_text())
 

@@ -8,8 +8,9 @@ import pytest
 from bench.results import load_results
 from calibrate.hostcost import load_host_cost
 from dispatch.table import load_table
-from tools.evidence import EVIDENCE, ROOT, check_run, load_manifest, page
-from tools.figures import agrees, read
+from evidence_store.page import page
+from evidence_store.store import EVIDENCE, ROOT, check_run, load_manifest
+from evidence_store.figures import agrees, read
 
 pytestmark = pytest.mark.evidence
 RUNS = load_manifest()["runs"]
@@ -54,4 +55,4 @@ def test_each_filed_run_passes_the_readers_its_commands_use(rid):
 @pytest.mark.parametrize("profile", PROFILES)
 def test_each_results_page_is_what_the_manifest_writes(profile):
     assert (ROOT / "docs" / f"results-{profile}.md").read_text() == page(profile) + "\n", \
-        f"run python tools/evidence.py page {profile}"
+        f"run python -m evidence_store page {profile}"

@@ -1,6 +1,7 @@
-"""tools/evidence.py, the store of measured runs: `current` finds the folder behind a shipped table by its
+"""python -m evidence_store, the store of measured runs: `current` finds the folder behind a shipped table by its
 manifest's hash (what the Makefile's report defaults name); `figure` and `page` record and read back its figures."""
 import hashlib
+import re
 import json
 import shutil
 from pathlib import Path
@@ -11,7 +12,7 @@ from harness.errors import HarnessError, run_cli
 
 
 def test_current_finds_the_table_run_by_its_manifest_hash(tmp_path, monkeypatch):
-    import tools.evidence as ev
+    import evidence_store.store as ev
     (tmp_path / "dispatch" / "thresholds").mkdir(parents=True)
     run = tmp_path / "evidence" / "some-table-run"
     (run / "check-sweep").mkdir(parents=True)
@@ -21,6 +22,8 @@ def test_current_finds_the_table_run_by_its_manifest_hash(tmp_path, monkeypatch)
     digest = hashlib.sha256((run / "manifest.json").read_bytes()).hexdigest()
     table = {"source": {"manifest": {"file": "results/h200/x/manifest.json", "sha256": digest}}}
     (tmp_path / "dispatch" / "thresholds" / "h200.json").write_text(json.dumps(table))
+    import harness.shipped as shipped
+    monkeypatch.setattr(shipped, "PACKAGES", tmp_path)
     monkeypatch.setattr(ev, "ROOT", tmp_path)
     monkeypatch.setattr(ev, "EVIDENCE", tmp_path / "evidence")
     assert ev.current("h200") == run and ev.current("h200", "check-sweep") == run / "check-sweep"
@@ -35,7 +38,7 @@ def test_current_finds_the_table_run_by_its_manifest_hash(tmp_path, monkeypatch)
 
 
 def test_the_shipped_h200_table_names_a_run_that_evidence_holds():
-    from tools.evidence import current
+    from evidence_store.store import current
     assert (current("h200", "check-sweep") / "run.json").is_file()
     assert (current("h200", "check-forward") / "forward.csv").is_file()
 
@@ -43,7 +46,7 @@ def test_the_shipped_h200_table_names_a_run_that_evidence_holds():
 def test_restore_copies_a_filed_run_back_with_its_results_decompressed(tmp_path):
     import lzma
 
-    from tools.evidence import load_manifest, restore
+    from evidence_store.store import load_manifest, restore
     rid = "h200-table-h200-gemv-A"
     assert rid in load_manifest()["runs"]
     out = restore(rid, tmp_path / "results" / "h200" / "h200-gemv-A")
@@ -51,7 +54,7 @@ def test_restore_copies_a_filed_run_back_with_its_results_decompressed(tmp_path)
     packed = sorted(p.relative_to(tmp_path / "results" / "h200" / "h200-gemv-A")
                     for p in out.rglob("results.csv"))
     assert packed and not list(out.rglob("*.xz"))
-    from tools.evidence import EVIDENCE
+    from evidence_store.store import EVIDENCE
     assert (out / "sweep" / "results.csv").read_bytes() == lzma.decompress(
         (EVIDENCE / rid / "sweep" / "results.csv.xz").read_bytes())
     with pytest.raises(HarnessError, match="exists"):
@@ -61,8 +64,12 @@ def test_restore_copies_a_filed_run_back_with_its_results_decompressed(tmp_path)
 
 
 def _store(tmp_path, monkeypatch):
-    """A store of one filed run (a host-cost table of two shapes) with tools/evidence.py pointed at it."""
-    import tools.evidence as ev
+    """A store of one filed run (a host-cost table of two shapes) with python -m evidence_store pointed at it."""
+    import types
+
+    import evidence_store.__main__ as cli
+    import evidence_store.page as pages
+    import evidence_store.store as store
     run = tmp_path / "evidence" / "h200-host-cost-x"
     run.mkdir(parents=True)
     (run / "host_cost.csv").write_text("part,n,k,m,path,host_us,f_linear_host_us,ratio\n"
@@ -73,7 +80,9 @@ def _store(tmp_path, monkeypatch):
     (tmp_path / "docs").mkdir()
     for name, value in (("ROOT", tmp_path), ("EVIDENCE", tmp_path / "evidence"),
                         ("MANIFEST", tmp_path / "evidence" / "manifest.json")):
-        monkeypatch.setattr(ev, name, value)
+        monkeypatch.setattr(store, name, value)
+    ev = types.SimpleNamespace(section=pages.section, figure=pages.figure, page=pages.page, main=cli.main,
+                               EVIDENCE=store.EVIDENCE, MANIFEST=store.MANIFEST)
     return ev, run
 
 
@@ -96,7 +105,7 @@ def test_a_figure_is_the_readers_value_and_the_page_reads_it_again(tmp_path, mon
 
 
 def test_readings_agree_within_the_recorded_tolerance_element_by_element():
-    from tools.figures import agrees
+    from evidence_store.figures import agrees
     assert agrees([1.0, 2.0], [1.0, 2.004], 0.005) and not agrees([1.0, 2.0], [1.0, 2.01], 0.005)
     assert not agrees([1.0], [1.0, 2.0], 1) and agrees("PASS", "PASS", 0) and not agrees("FAIL", "PASS", 0)
 
@@ -104,10 +113,10 @@ def test_readings_agree_within_the_recorded_tolerance_element_by_element():
 def test_a_figure_with_arguments_its_reader_does_not_take_is_one_line(tmp_path, monkeypatch, capsys):
     ev, run = _store(tmp_path, monkeypatch)
     before = (tmp_path / "evidence" / "manifest.json").read_text()
-    assert run_cli(ev.main, "tools/evidence.py", ["figure", run.name, "--label", "x", "--of", "host_cost",
+    assert run_cli(ev.main, "python -m evidence_store", ["figure", run.name, "--label", "x", "--of", "host_cost",
                                                   "--args", '{"m": 8, "colour": "red"}']) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and err[0].startswith("tools/evidence.py: error: figure 'x': host_cost(")
+    assert len(err) == 1 and err[0].startswith("python -m evidence_store: error: figure 'x': host_cost(")
     assert (tmp_path / "evidence" / "manifest.json").read_text() == before
 
 
@@ -138,3 +147,84 @@ def test_a_table_run_is_filed_by_its_manifest_and_an_unfinished_one_is_refused(t
     entry = json.loads(ev.MANIFEST.read_text())["runs"][rid]
     assert rid.startswith("h200-table-") and "python -m calibrate table --gpu h200" in entry["command"]
     assert (ev.EVIDENCE / rid / "sweep" / "results.csv").is_file()
+
+
+@pytest.mark.parametrize("field, value, needle", [
+    ("started", "../../../../x", "started '../../../../x' is not a time"),
+    ("started", 20261203, "is not a time"),
+    ("profile", "../h200", "not one of"),
+    ("kind", "a/b", "not a short lower-case word"),
+])
+def test_an_id_is_never_made_from_unchecked_fields(field, value, needle, tmp_path, monkeypatch):
+    ev, _ = _store(tmp_path, monkeypatch)
+    run = tmp_path / "run"
+    shutil.copytree(Path(__file__).parent / "data" / "h200-lean-fit", run)
+    info = json.loads((run / "run.json").read_text())
+    (run / "run.json").write_text(json.dumps({**info, field: value}))
+    before = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*"))
+    with pytest.raises(HarnessError, match=re.escape(needle)):
+        ev.main(["add", str(run), "--backs", "x"])
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
+def test_an_interrupted_run_is_filed_only_with_partial_and_says_so(tmp_path, monkeypatch, capsys):
+    ev, _ = _store(tmp_path, monkeypatch)
+    run = tmp_path / "run"
+    shutil.copytree(Path(__file__).parent / "data" / "h200-lean-fit", run)
+    lines = (run / "results.csv").read_text().splitlines(keepends=True)
+    (run / "results.csv").write_text("".join(lines[:len(lines) // 2]))  # the cells it measured before it stopped
+    info = json.loads((run / "run.json").read_text())
+    (run / "run.json").write_text(json.dumps({**info, "status": "interrupted"}))
+    with pytest.raises(HarnessError, match="not a complete run"):
+        ev.main(["add", str(run), "--backs", "x"])
+    assert ev.main(["add", str(run), "--backs", "x", "--partial"]) == 0
+    rid = capsys.readouterr().out.strip()
+    assert "interrupted" in json.loads(ev.MANIFEST.read_text())["runs"][rid]["partial"]
+
+
+def test_a_leg_of_a_filed_table_run_is_not_filed_again(tmp_path, monkeypatch, capsys):
+    import lzma
+    ev, _ = _store(tmp_path, monkeypatch)
+    filed = ev.EVIDENCE / "h200-table-20261203T1101-abcdef" / "sweep"
+    filed.mkdir(parents=True)
+    leg = Path(__file__).parent / "data" / "h200-lean-fit"
+    (filed / "results.csv.xz").write_bytes(lzma.compress((leg / "results.csv").read_bytes()))
+    with pytest.raises(HarnessError, match="evidence/h200-table-20261203T1101-abcdef"):
+        ev.main(["add", str(leg), "--backs", "x"])
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["section", "ID", "--profile", "h999", "--title", "t", "--order", "1", "--text", "x"], "invalid choice: 'h999'"),
+    (["figure", "ID", "--label", "x", "--of", "host_cost", "--tolerance", "nan"], "outside"),
+    (["figure", "ID", "--label", "x", "--of", "host_cost", "--tolerance", "-1"], "outside"),
+    (["figure", "ID", "--label", "x", "--of", "host_cost", "--args", "[1]"], "not a JSON object"),
+    (["page", "h999"], "invalid choice"),
+    (["add", "RUN", "--backs", ""], "--backs is empty"),
+])
+def test_the_stores_options_are_checked_before_anything_is_read(argv, needle, tmp_path, monkeypatch, capsys):
+    ev, run = _store(tmp_path, monkeypatch)
+    before = ev.MANIFEST.read_text()
+    assert run_cli(ev.main, "python -m evidence_store", [a.replace("ID", run.name) for a in argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0]
+    assert ev.MANIFEST.read_text() == before
+
+
+def test_a_signal_while_the_store_imports_is_one_line(tmp_path):
+    """SIGTERM sent from inside the store's first heavy import (pandas, by way of the profiles and readers)."""
+    import signal
+    import subprocess
+    import sys
+    code = ("import builtins, os, signal, runpy, sys\n"
+            "real = builtins.__import__\n"
+            "def imp(name, *a, **k):\n"
+            "    if name == 'dispatch.profiles':\n"
+            "        os.kill(os.getpid(), signal.SIGTERM)\n"
+            "    return real(name, *a, **k)\n"
+            "builtins.__import__ = imp\n"
+            "sys.argv = ['evidence_store', 'list']\n"
+            "runpy.run_module('evidence_store', run_name='__main__')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          cwd=Path(__file__).parent.parent)
+    assert done.returncode == 128 + signal.SIGTERM
+    assert done.stderr.strip() == "evidence_store: interrupted"

@@ -45,5 +45,5 @@ def test_noise_floors_say_their_format_and_refuse_another(tmp_path):
 
 
 def test_the_evidence_manifest_says_its_format():
-    from tools.evidence import MANIFEST_FORMAT, load_manifest
+    from evidence_store.store import MANIFEST_FORMAT, load_manifest
     assert load_manifest()["format"] == MANIFEST_FORMAT

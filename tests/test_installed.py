@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _shipped_check_run() -> Path:
     """The shipped H200 table's own table run, as filed in evidence/ (found by its manifest's hash)."""
-    from tools.evidence import current
+    from evidence_store.store import current
     return current("h200")
 
 

@@ -72,7 +72,7 @@ def test_the_verdict_in_words_agrees_with_validate(report, tmp_path, capsys):
 def test_the_table_runs_check_gets_the_same_verdict_on_the_page_as_from_validate(tmp_path, capsys, part):
     """The shipped table's run (and its first, failed fit): validate and the page give the same verdict."""
     from calibrate.__main__ import main as calibrate_main
-    from tools.evidence import current
+    from evidence_store.store import current
     run = current("h200")
     fit = run / part if part else run
     args = [str(fit / "check-sweep"), "--table", str(fit / "table.json"),

@@ -1,10 +1,10 @@
 """The figures evidence/manifest.json records for its runs, and how each is read back or recomputed from the run.
 
 A manifest entry may carry `figures`: a list of {"label", "of", "args", "value", "tolerance"}. `of` names one of
-the readers below; `value` is what the reader gave when the figure was recorded (`tools/evidence.py figure`, never
+the readers below; `value` is what the reader gave when the figure was recorded (`python -m evidence_store figure`, never
 by hand); `tolerance` is how far a later reading may be from it (0 for a value read from a file; a recomputation by
 today's code, such as `validate`, compares exactly or within its recorded tolerance). The results page
-(`tools/evidence.py page`) shows the values read now, and the evidence test reads every figure again.
+(`python -m evidence_store page`) shows the values read now, and the evidence test reads every figure again.
 """
 from __future__ import annotations
 
@@ -125,7 +125,7 @@ def read(run: Path, spec: dict) -> Any:
         return READERS[of](run, **spec.get("args", {}))
     except (TypeError, KeyError, FileNotFoundError) as exc:  # arguments the reader does not take, a missing column
         raise HarnessError(f"figure {spec.get('label')!r}: {of}({spec.get('args', {})}) cannot read {run.name}: "
-                           f"{type(exc).__name__}: {exc}; see tools/figures.py for its arguments") from None
+                           f"{type(exc).__name__}: {exc}; see evidence_store/figures.py for its arguments") from None
 
 
 def agrees(value: Any, stored: Any, tolerance: float) -> bool:
