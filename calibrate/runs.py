@@ -28,6 +28,31 @@ def check_gpu(info: dict, profile_name: str, results: str, allow_mismatch: bool 
                                                          if allow_mismatch is not None else ""))
 
 
+def table_problem(table, info: dict, measured_paths: set[str], results: str, allow_mismatch: bool = False) -> str:
+    """Why `table` cannot judge a run (its run.json `info`, the paths it measured), or "": the one rule of validate
+    and the report. The table must be of the run's GPU (the identity rule on the run's fingerprint, unless
+    allow_mismatch), of a layout that holds the run's, and choose only paths the run measured (else it would count
+    F.linear where the table runs a kernel the run never timed)."""
+    from dispatch.profiles import PROFILES
+    from shapes.derive import layout_covers
+    fp = info.get("fingerprint") or {}
+    gpu, sm = str(fp.get("gpu_name", "")), fp.get("sm")
+    profile = PROFILES.get(table.profile)
+    if profile is None or (not allow_mismatch and not matches(profile, gpu, sm if isinstance(sm, int) else -1)):
+        return (f"the table is the {table.profile} profile's and {results} was measured on {gpu or 'an unnamed GPU'!r}"
+                f" (SM{sm}): judge it with its own GPU's table (--table FILE)")
+    run_layout, table_layout = info.get("layout", "vllm"), table.source.get("layout", "vllm")
+    if not layout_covers(table_layout, run_layout):
+        return (f"{results} measured {run_layout}'s layout and the table was fitted on {table_layout}'s: judge it "
+                f"with a table of that layout (--table FILE), or measure the table's layout (bench run --layout "
+                f"{table_layout})")
+    unmeasured = sorted(table.paths() - measured_paths)
+    if unmeasured:
+        return (f"the table chooses {', '.join(unmeasured)}, which {results} did not measure; judge it on a run that "
+                f"did (python -m bench run --paths ...)")
+    return ""
+
+
 def profile_of(info: dict, given: str | None) -> str:
     if given:
         return given

@@ -23,7 +23,7 @@ from typing import Any
 
 from dispatch.backends import ATEN, BACKENDS, GEMV, GEMV_MAX_M, LOW_M_BACKENDS, flashinfer_path, lean_path
 from harness.errors import HarnessError
-from harness.io import check_format, read_json
+from harness.io import check_format, is_count, read_json
 from harness.shipped import shipped_file
 from shapes.grid import M_MAX
 
@@ -164,11 +164,17 @@ def _parse_regimes(data: dict, where: str) -> dict[str, Ranges]:
 
 
 def _parse_format1(data: dict, where: str) -> tuple[dict[str, Ranges], dict[tuple[int, int], dict[str, Ranges]]]:
-    try:
-        overrides = {(int(o["n"]), int(o["k"])): int(o["threshold"]) for o in data.get("overrides", [])}
-        default = int(data["default_threshold"])
-    except (KeyError, TypeError, ValueError) as exc:
-        raise HarnessError(f"{where}: malformed threshold or override ({exc}); each override is {{n, k, threshold}}") from None
+    listed = data.get("overrides", [])
+    fields = [(o.get("n"), o.get("k"), o.get("threshold")) if isinstance(o, dict) else () for o in
+              (listed if isinstance(listed, list) else [None])]
+    if not all(len(f) == 3 and is_count(f[0]) and is_count(f[1]) and is_count(f[2], None) for f in fields) \
+            or not is_count(data.get("default_threshold"), None):
+        raise HarnessError(f"{where}: malformed threshold or override; each override is {{n, k, threshold}} of "
+                           f"integers (n, k positive)")
+    overrides = {(n, k): t for n, k, t in fields}
+    if len(overrides) != len(fields):
+        raise HarnessError(f"{where}: an override lists one shape twice; one override a shape")
+    default = data["default_threshold"]
     if default < 0 or any(t < 0 for t in overrides.values()):
         raise HarnessError(f"{where}: thresholds must be >= 0 (0 means never FlashInfer)")
     if any(t > M_MAX for t in (default, *overrides.values())):
@@ -199,10 +205,13 @@ def parse_table(data: Any, where: str) -> ThresholdTable:
         if not isinstance(data.get("shapes", []), list):
             raise HarnessError(f"{where}: shapes must be a list of {{n, k, graph, eager}} entries")
         for i, own in enumerate(data.get("shapes", [])):
-            try:
-                key = (int(own["n"]), int(own["k"]))
-            except (KeyError, TypeError, ValueError) as exc:
-                raise HarnessError(f"{where}: shape entry {i} needs integer n and k ({exc})") from None
+            if not isinstance(own, dict) or not (is_count(own.get("n")) and is_count(own.get("k"))):
+                n, k = (own.get("n"), own.get("k")) if isinstance(own, dict) else (None, None)
+                raise HarnessError(f"{where}: shape entry {i} needs positive integers n and k (has {n!r:.20} and "
+                                   f"{k!r:.20}); fix the table or refit it")
+            key = (own["n"], own["k"])
+            if key in shapes:
+                raise HarnessError(f"{where}: shape {key[0]}x{key[1]} is listed twice (entry {i}); one entry a shape")
             shapes[key] = _parse_regimes(own, f"{where} shape {key[0]}x{key[1]}")
     else:
         default, shapes = _parse_format1(data, where)
@@ -242,12 +251,16 @@ def load_table(profile: str | Path | None = None, path: str | Path | None = None
     load_table(Path(...)) or path=...)."""
     if path is None and profile is not None and _names_a_file(profile):
         profile, path = None, profile
-    if path is None:
+    shipped = path is None
+    if shipped:
         if profile is None:
             raise HarnessError("name a GPU profile or a threshold file")
         path = shipped_file("table", str(profile))
     data = read_json(path, "threshold table", "run `python -m calibrate fit RESULTS --gpu PROFILE` to make one")
     table = parse_table(data, str(path))
+    if shipped and table.profile != str(profile):
+        raise HarnessError(f"{path} is the {table.profile} profile's table, not the {profile} profile's; restore the "
+                           f"shipped file (reinstall, or git checkout) or pass the table by path")
     for key, field_name in (("tactics", "tactics"), ("gemv_configs", "gemv_configs")):
         spec = table.source.get(key)
         if isinstance(spec, dict) and spec.get("file"):

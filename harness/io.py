@@ -148,6 +148,12 @@ def read_json_object(path: str | Path, what: str, fix: str) -> dict[str, Any]:
     return data
 
 
+def is_count(value: Any, least: int | None = 1) -> bool:
+    """A JSON integer >= least (None: any integer): never a float that looks whole (2560.0 or 2560.5), a bool or a
+    numeric string."""
+    return isinstance(value, int) and not isinstance(value, bool) and (least is None or value >= least)
+
+
 def umask() -> int:
     """The process's umask (read without changing it for longer than the call)."""
     mask = os.umask(0)

@@ -17,6 +17,7 @@ from calibrate.noise import load_noise
 from dispatch.backends import ATEN, DISPATCH, is_flashinfer
 from dispatch.profiles import PROFILES, GpuProfile
 from dispatch.table import REGIMES, ThresholdTable, load_table
+from calibrate.runs import table_problem
 from harness.errors import HarnessError
 from harness.shipped import shipped_file
 
@@ -33,7 +34,7 @@ class Run:
     cells: Cells
     table: ThresholdTable | None
     incomplete: list[str]  # what check_grid found missing (only with --partial; empty for a complete run)
-    table_problem: str = ""  # why the table cannot judge this run (it chooses paths the run did not measure)
+    table_problem: str = ""  # why the table cannot judge this run (calibrate.runs.table_problem)
 
     @property
     def gpu(self) -> str:
@@ -53,11 +54,8 @@ def load_run(path: str | Path, thresholds: str | None = None, partial: bool = Fa
     elif profile and shipped_file("table", profile.name).exists():
         table = load_table(profile.name)
     cells = Cells.from_results(df)
-    problem = ""
-    unmeasured = sorted(table.paths() - cells.paths()) if table is not None else []
-    if unmeasured:  # judging it would count F.linear where the table runs a kernel the run never timed
-        problem = (f"the table chooses {', '.join(unmeasured)}, which this run did not measure, so it cannot judge "
-                   f"the dispatcher here")
+    problem = table_problem(table, info, cells.paths(), Path(path).name) if table is not None else ""
+    if problem:  # the report shows the measurements, and says why no dispatcher verdict
         table = None
     label = f"{Path(path).name} ({info.get('started', '?')[:10]}, {(info.get('fingerprint') or {}).get('gpu_name', '?')})"
     return Run(label, str(path), df, info, profile, cells, table, incomplete, problem)

@@ -192,7 +192,7 @@ def test_table_files():
                         ({"default": {"graph": [{"up_to": 8, "path": "aten"}, {"up_to": 4, "path": "aten"}],
                                       "eager": []}}, "increasing"),
                         ({"default": {"graph": [{"up_to": 0, "path": "aten"}], "eager": []}}, "outside 1..16384"),
-                        ({"shapes": [{"n": "x", "k": 1}]}, "integer n and k")):
+                        ({"shapes": [{"n": "x", "k": 1}]}, "positive integers n and k")):
         with pytest.raises(HarnessError, match=needle):
             parse_table({**v2, **bad}, "x")
     t2 = parse_table(json.loads(json.dumps(t.to_json())), "roundtrip")
@@ -1240,3 +1240,33 @@ def test_a_run_before_the_replay_pass_column_pairs_only_what_one_pass_timed():
     assert legacy_passes(df, resumed=False) == [LEGACY_PASS, LEGACY_PASS, LEGACY_PASS, LEGACY_PASS, "", LEGACY_PASS]
     assert legacy_passes(df.assign(gpu_from=""), resumed=False)[2] == ""
     assert legacy_passes(df, resumed=True) == [""] * 6
+
+
+@pytest.mark.parametrize("shapes, needle", [
+    ([{"n": 2560.5, "k": 4096}], "positive integers n and k"),
+    ([{"n": 2560.0, "k": 4096}], "positive integers n and k"),
+    ([{"n": True, "k": 4096}], "positive integers n and k"),
+    ([{"n": "2560", "k": 4096}], "positive integers n and k"),
+    ([{"n": 0, "k": 4096}], "positive integers n and k"),
+    ([{"n": 2560, "k": -4096}], "positive integers n and k"),
+    ([{"n": 2560, "k": 4096}, {"n": 2560, "k": 4096}], "listed twice"),
+])
+def test_a_tables_shape_is_a_pair_of_positive_integers_once(shapes, needle):
+    from dispatch.table import parse_table
+    v2 = json.loads((Path(__file__).parent.parent / "dispatch" / "thresholds" / "h200.json").read_text())
+    regimes = {"graph": [{"up_to": 8, "path": "aten"}], "eager": []}
+    with pytest.raises(HarnessError, match=needle):
+        parse_table({**v2, "shapes": [{**s, **regimes} for s in shapes]}, "x")
+
+
+def test_a_shipped_table_of_another_profile_is_refused(tmp_path, monkeypatch):
+    import harness.shipped as shipped
+    from dispatch.table import load_table
+    folder = tmp_path / "dispatch" / "thresholds"
+    folder.mkdir(parents=True)
+    b200 = (Path(__file__).parent.parent / "dispatch" / "thresholds" / "b200.json").read_text()
+    (folder / "h200.json").write_text(b200)
+    monkeypatch.setattr(shipped, "PACKAGES", tmp_path)
+    with pytest.raises(HarnessError, match="is the b200 profile's table, not the h200 profile's"):
+        load_table("h200")
+    assert load_table(path=folder / "h200.json").profile == "b200"  # by path: the user's file, taken as it is

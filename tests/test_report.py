@@ -1,4 +1,5 @@
 """The HTML report, built from the committed H200 data: its content, bad input, and a render in headless Chromium."""
+import json
 import re
 import shutil
 import subprocess
@@ -12,6 +13,7 @@ from reports.__main__ import main as reports_main
 # one worker builds the module's report once for all its tests (pytest-xdist --dist loadgroup, as make test runs)
 pytestmark = pytest.mark.xdist_group("report")
 DATA = Path(__file__).parent / "data"
+ROOT = Path(__file__).parent.parent
 TABLE = DATA / "h200-table-rules-fit.json"  # fixtures: a table and a baseline of two runs that tuned apiece
 SECTIONS = ("summary", "table", "shapes", "totals", "cells", "problems", "comparison", "anatomy", "forward")
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -57,7 +59,7 @@ def test_the_verdict_in_words_agrees_with_validate(report, tmp_path, capsys):
     # a run that did not measure the table's lean paths is not judged with it; the page says why
     old = tmp_path / "old.html"
     assert reports_main(["build", str(DATA / "h200-sweep"), "--figures", "none", "-o", str(old)]) == 0
-    assert "which this run did not measure" in old.read_text()
+    assert "which h200-sweep did not measure" in old.read_text()
     out = tmp_path / "seed.html"
     assert reports_main(["build", str(DATA / "h200-sweep"), "--table", str(seed), "--figures", "none",
                          "-o", str(out)]) == 0
@@ -185,3 +187,24 @@ def test_the_run_comparison_is_calibrate_compares(report, capsys):
     assert re.fullmatch(r"SLOWER \d+, AMBIGUOUS \d+, FASTER \d+, SAME \d+ of \d+ cells", total)
     section = report.read_text().split('<section id="comparison">')[1].split("</section>")[0]
     assert total in section and "docs/compare.md" in section
+
+
+@pytest.mark.parametrize("edit, table, needle", [
+    (lambda info: info["fingerprint"].update(gpu_name="NVIDIA H100 80GB HBM3"), None,
+     "measured on &#x27;NVIDIA H100 80GB HBM3&#x27;"),
+    (lambda info: None, "b200", "the table is the b200 profile&#x27;s"),
+], ids=["an H100 run, the H200 table", "H200 data, the B200 table"])
+def test_the_report_judges_only_with_a_table_of_the_runs_gpu(edit, table, needle, tmp_path):
+    """As validate: a table of another GPU gives no verdict; the page shows the measurements and says why."""
+    import shutil
+    run = tmp_path / "run"
+    shutil.copytree(DATA / "h200-lean-validate", run)
+    info = json.loads((run / "run.json").read_text())
+    edit(info)
+    (run / "run.json").write_text(json.dumps(info))
+    argv = ["build", str(run), "--figures", "none", "-o", str(tmp_path / "r.html")]
+    if table:
+        argv += ["--table", str(ROOT / "dispatch" / "thresholds" / f"{table}.json")]
+    assert reports_main(argv) == 0
+    page = (tmp_path / "r.html").read_text()
+    assert needle in page and "Yes, the dispatcher holds" not in page

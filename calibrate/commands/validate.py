@@ -14,7 +14,7 @@ from calibrate.forward_model import (MODEL_MISS, forward_ratios, judged_forward,
 from calibrate.forward_noise import forward_coverage, forward_noise_path, load_forward_floor
 from calibrate.limit import lines as limit_lines
 from calibrate.noise import LEVEL, coverage, coverage_line, load_noise, noise_path
-from calibrate.runs import verdict_word
+from calibrate.runs import table_problem, verdict_word
 from calibrate.runs import check_gpu as _check_gpu
 from calibrate.runs import load_run as _load
 from calibrate.runs import profile_of as _profile_of
@@ -25,7 +25,6 @@ from harness.cli import float_in
 from harness.errors import HarnessError
 from harness.io import atomic_write_text, distinct, output_file
 from harness.options import add
-from shapes.derive import layout_covers
 
 
 def add_parser(sub, parents: list) -> None:
@@ -59,15 +58,9 @@ def run(args) -> int:
     table = load_table(profile.name, args.table)
     if table.profile != profile.name:
         raise HarnessError(f"threshold table is for {table.profile}, the results are from {profile.name}")
-    run_layout, table_layout = info.get("layout", "vllm"), table.source.get("layout", "vllm")
-    if not layout_covers(table_layout, run_layout):
-        raise HarnessError(f"{args.results} measured {run_layout}'s layout and the table was fitted on "
-                           f"{table_layout}'s: judge it with a table of that layout (--thresholds FILE), or measure "
-                           f"the table's layout (bench run --layout {table_layout})")
-    unmeasured = sorted(table.paths() - cells.paths())
-    if unmeasured:
-        raise HarnessError(f"the table chooses {', '.join(unmeasured)}, which {args.results} did not measure; judge it "
-                           f"on a run that did (python -m bench run --paths ...)")
+    problem = table_problem(table, info, cells.paths(), args.results, bool(getattr(args, "allow_mismatch", False)))
+    if problem:
+        raise HarnessError(problem)
     if args.forward_replicate and len(args.forward or []) != 1:
         raise HarnessError("--forward-replicate needs --forward with one folder: the run whose intervals it checks")
     forwards, replicate = [], None
