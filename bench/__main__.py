@@ -22,7 +22,7 @@ from bench.sweep import GPU_BOUND_HOST_BLOCKS, SweepConfig, dry_run, require_gpu
 from dispatch import vllm
 from dispatch.backends import ATEN, flashinfer_path
 from dispatch.profiles import PROFILES, get_profile
-from dispatch.table import load_table
+from dispatch.table import check_files, load_table, shipped_table
 from harness.cli import Parser, float_in, int_in
 from harness.options import add
 from harness.options import parent as shared
@@ -407,6 +407,7 @@ def _check_before_gpu(cfg: SweepConfig, args) -> None:
         parse_devices(args.devices, 1 << 16)  # the syntax; the real run checks the indices against its GPUs
     if cfg.autotune_cache is not None:
         autotune_cache.read_entries(cfg.autotune_cache)
+        autotune_cache.read_gemv(cfg.autotune_cache)
     if cfg.resume:
         done_keys(cfg.out)
 
@@ -434,6 +435,7 @@ def _table(path: str, profile: str):
     table = load_table(path=path)
     if table.profile != profile:
         raise HarnessError(f"--table {path} is a table for {table.profile}, not {profile}; pass one fitted for {profile}")
+    check_files(table)
     return table
 
 
@@ -463,10 +465,9 @@ def _table_tactics(args, profile, table, cells: list[tuple[int, int, int]], path
             or all(name == ATEN for name in paths)):
         return None
     if table is None:
-        try:
-            table = load_table(profile.name)
-        except HarnessError:
-            return None  # no table for this profile: nothing to serve
+        table = shipped_table(profile.name)  # a damaged one stops here; a profile without one: nothing to serve
+        if table is None:
+            return None
     tactics = table.tactics
     if tactics is None or not tactics.is_file():
         return None

@@ -11,22 +11,17 @@ The project's GEMV (dispatch/gemv.py) keeps its tuned configurations beside a ta
 """
 from __future__ import annotations
 
-import hashlib
 import re
 import shutil
 from pathlib import Path
 from typing import Any
 
 from harness.errors import HarnessError
-from harness.io import atomic_write, read_json
+from harness.io import atomic_write, read_json, sha256
 
 FILE_NAME = "autotune-cache.json"
 # an entry key of FlashInfer's bf16_gemm: "('bf16_gemm', '<Runner>', ((M, K), (K, N), ...), ...)"
 _BF16_GEMM_KEY = re.compile(r"\('bf16_gemm', '(\w+)', \(\((\d+), (\d+)\), \((\d+), (\d+)\),")
-
-
-def sha256(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
 
 
 def read_entries(path: Path) -> dict[str, Any]:
@@ -44,6 +39,17 @@ def gemv_file(tactics: Path) -> Path:
     """Where the GEMV configurations served with a tactics file live (dispatch.gemv.beside)."""
     from dispatch.gemv import beside
     return beside(tactics)
+
+
+def read_gemv(path: Path) -> int:
+    """The GEMV configurations beside a tactics file read and checked without serving them (a dry run refuses what
+    the real run would); how many (0 where there is no such file)."""
+    from dispatch.gemv import parse
+    target = gemv_file(path)
+    if not target.is_file() and not target.is_symlink():
+        return 0
+    return len(parse(read_json(target, "GEMV configuration file", "delete it and tune afresh (bench run --tune)"),
+                     str(target)))
 
 
 def describe(path: Path, mode: str) -> dict[str, Any]:

@@ -415,11 +415,9 @@ def measure_group(cfg: SweepConfig, clock, shape: Shape, m: int, paths: list[Gem
 
 
 def _profile_table(profile: GpuProfile) -> Any:
-    from dispatch.table import load_table
-    try:
-        return load_table(profile.name)
-    except HarnessError:
-        return None
+    """The profile's shipped table (None where it ships none; a damaged one is its error, never 'no table')."""
+    from dispatch.table import shipped_table
+    return shipped_table(profile.name)
 
 
 def _load_pinned_tactics(cfg: SweepConfig) -> dict[str, Any] | None:

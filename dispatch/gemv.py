@@ -242,7 +242,7 @@ def parse(data: Any, where: str) -> dict[tuple[int, int, int], GemvConfig]:
     fix = "delete it and tune afresh (bench run --tune)"
     if not isinstance(data, dict) or data.get("kind") != "gemv-configs":
         raise HarnessError(f"{where} is not a GEMV configuration file (kind gemv-configs); {fix}")
-    if data.get("format") != FILE_FORMAT:
+    if isinstance(data.get("format"), bool) or data.get("format") != FILE_FORMAT:
         raise HarnessError(f"{where}: GEMV configuration format {data.get('format')!r} is not {FILE_FORMAT}, the one "
                            f"this harness reads; {fix}")
     out = {}
@@ -256,6 +256,9 @@ def parse(data: Any, where: str) -> dict[tuple[int, int, int], GemvConfig]:
                 or not cfg.takes(e["m"]):
             raise HarnessError(f"{where}: configuration {i} ({cfg.key()} at M = {e['m']}) is not one the GEMV "
                                f"takes; {fix}")
+        if (e["n"], e["k"], e["m"]) in out:
+            raise HarnessError(f"{where}: configuration {i} is a second one for N = {e['n']}, K = {e['k']}, "
+                               f"M = {e['m']}; one configuration a cell; {fix}")
         out[(e["n"], e["k"], e["m"])] = cfg
     return out
 

@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from dispatch import capture
 from dispatch.backends import ATEN, BACKENDS, GEMV, Backend, backend_of, is_lean, rule_of
 from dispatch.eligible import accepts, accepts_weight
-from dispatch.profiles import detect_profile, this_gpu
-from dispatch.table import ThresholdTable, load_table
+from dispatch.profiles import detect_profile, this_gpu, variant_problem
+from dispatch.table import ThresholdTable, check_files, load_table, shipped_table
 
 Kernel = Callable[[Any, Any, Any], Any]  # (x2d, weight, bias) -> y2d, with .into(x2d, weight, out2d)
 Pick = tuple[Kernel | None, Backend | None]  # (kernel, its backend), or (None, None) for F.linear
@@ -112,6 +112,7 @@ def configure(table: ThresholdTable | str | Path | None) -> None:
     back to the table of each device's GPU profile)."""
     if table is not None and not isinstance(table, ThresholdTable):
         table = load_table(table)
+        check_files(table)
     _STATE.forced = table
     _STATE.devices.clear()
     _STATE.rules.clear()
@@ -162,15 +163,36 @@ def _device(index: int) -> tuple[ThresholdTable | None, int, bool]:
             name, sm = this_gpu(index)
             profile = detect_profile(name, sm)
             pdl = profile.pdl if profile is not None else sm >= 90
-            if table is None and profile is not None:
-                try:
-                    table = load_table(profile.name)
-                except Exception:
-                    table = None  # no table for this GPU yet: always F.linear
+            if table is None:
+                table = _shipped_table(index, name, sm, profile)
         state = _STATE.devices[index] = (table if index >= 0 else None, sm, pdl)
         if state[0] is not None:
             _load_tactics(state[0])
     return state
+
+
+def _shipped_table(index: int, name: str, sm: int, profile: Any) -> ThresholdTable | None:
+    """The shipped table of a device's GPU; None (F.linear on every linear, said once) where no profile describes the
+    GPU, its profile ships no table, or the GPU is another part than the table was fitted on. A shipped table that
+    is missing or does not load (or its tactics or GEMV files) raises its one line: never silently F.linear."""
+    from dispatch.lean import warn_once
+    fit = "fit one with make table GPU=<profile> on it (README, Where to add things), or pass one: dispatch.configure"
+    if profile is None:
+        warn_once(f"gpu:{name}", f"no GPU profile describes {name} (SM{sm}); every linear runs F.linear: add one in "
+                                 f"dispatch/profiles.py and {fit}")
+        return None
+    import torch
+    props = torch.cuda.get_device_properties(index)
+    other = variant_problem(profile, props.multi_processor_count, props.total_memory)
+    if other:
+        warn_once(f"variant:{name}:{other}", f"{name} has {other}: its split choices were not measured here, so "
+                                             f"every linear runs F.linear; {fit}")
+        return None
+    table = shipped_table(profile.name)
+    if table is None:
+        warn_once(f"table:{profile.name}", f"no table is shipped for the {profile.name} profile yet; every linear "
+                                           f"runs F.linear: {fit}")
+    return table
 
 
 def table_for(weight: Any) -> ThresholdTable | None:
@@ -219,12 +241,7 @@ def _load_gemv_configs(table: ThresholdTable) -> None:
     if not _first_load(path, GEMV in table.paths()):
         return
     from dispatch import gemv
-    from dispatch.lean import warn_once
-    try:
-        gemv.load(path)
-    except Exception as exc:
-        warn_once(f"gemv:{path}", f"the GEMV configurations {path} did not load ({exc}); the table's {GEMV} "
-                                  f"ranges run F.linear")
+    gemv.load(path)  # a file that does not load is its one line (HarnessError), never F.linear in the GEMV's ranges
 
 
 _ALWAYS_ATEN = ShapeRule(None, 0, 0, 0, False)

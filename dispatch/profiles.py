@@ -30,6 +30,10 @@ class GpuProfile:
     # The files the package ships for this GPU (harness.shipped.KINDS): a kind named here and missing from an
     # installation is an error where it is read, never a silently different verdict.
     ships: tuple[str, ...] = ()
+    # The part its table is fitted on: the SM count (the GEMV's K splits and every tile count depend on it) and the
+    # memory (memory_gb, within MEMORY_SLACK). A GPU of the same model name that differs (PCIe, NVL, a MIG slice) is
+    # served no table. None: the table does not depend on the part (a single threshold rule).
+    sm_count: int | None = None
 
     @property
     def server(self) -> vllm.ServerDefaults:
@@ -47,15 +51,30 @@ class GpuProfile:
 
 
 PROFILES: dict[str, GpuProfile] = {p.name: p for p in (
-    GpuProfile("h100", 90, "H100", ("tinygemm", "cublaslt", "cudnn"), "tinygemm", 80, hbm_peak_gbps=3350.0),
+    GpuProfile("h100", 90, "H100", ("tinygemm", "cublaslt", "cudnn"), "tinygemm", 80, hbm_peak_gbps=3350.0,
+               sm_count=132),  # the H100 SXM 80 GB (HBM3)
     GpuProfile("h200", 90, "H200", ("tinygemm", "cublaslt", "cudnn"), "tinygemm", 141, hbm_peak_gbps=4800.0,
-               ships=("table", "noise", "forward-noise", "baseline")),
+               ships=("table", "noise", "forward-noise", "baseline"), sm_count=132),  # the H200 SXM 141 GB
     # TinyGEMM's SM list includes 100: measured beside cute-dsl, the low-M backend vLLM runs there
     GpuProfile("b200", 100, "B200", ("cute-dsl", "tinygemm", "cublaslt", "cudnn"), "cute-dsl", 180, 1380.0, 6700.0,
                hbm_peak_gbps=8000.0, ships=("table",)),
     GpuProfile("gb200", 100, "GB200", ("cute-dsl", "tinygemm", "cublaslt", "cudnn"), "cute-dsl", 186, 1380.0, 6700.0,
                hbm_peak_gbps=8000.0, ships=("table",)),
 )}
+
+
+MEMORY_SLACK = 0.05  # a part's memory as torch reports it (GiB) within this share of its vendor figure
+
+
+def variant_problem(profile: GpuProfile, sm_count: int, memory_bytes: int) -> str:
+    """'' where a GPU of the profile's model is the part its table was fitted on; else what differs."""
+    if profile.sm_count is None:
+        return ""
+    gib = memory_bytes / 2 ** 30
+    if sm_count != profile.sm_count or abs(gib / profile.memory_gb - 1) > MEMORY_SLACK:
+        return (f"{sm_count} SMs and {gib:.0f} GiB, where the {profile.name} table was fitted on {profile.sm_count} "
+                f"SMs and {profile.memory_gb:g} GB")
+    return ""
 
 
 def get_profile(name: str) -> GpuProfile:

@@ -23,8 +23,8 @@ from typing import Any
 
 from dispatch.backends import ATEN, BACKENDS, GEMV, GEMV_MAX_M, LOW_M_BACKENDS, flashinfer_path, lean_path
 from harness.errors import HarnessError
-from harness.io import check_format, is_count, read_json
-from harness.shipped import shipped_file
+from harness.io import check_format, is_count, read_json, read_json_object, sha256
+from harness.shipped import missing_line, shipped_file
 from shapes.grid import M_MAX
 
 FORMATS = (1, 2)  # 1: a single threshold with per-shape overrides (no format key); 2: per-regime ranges
@@ -265,4 +265,43 @@ def load_table(profile: str | Path | None = None, path: str | Path | None = None
         spec = table.source.get(key)
         if isinstance(spec, dict) and spec.get("file"):
             table = replace(table, **{field_name: Path(path).parent / str(spec["file"])})
+    return table
+
+
+def check_files(table: ThresholdTable) -> None:
+    """The files a table names beside it (its FlashInfer tactics, the GEMV's configurations) are there, are the ones
+    it was fitted with (sha256) and read; a table that runs the GEMV names its configurations. One HarnessError
+    naming the file and the fix otherwise: a table never serves other choices than it was fitted with."""
+    fix = "restore the table's files together (reinstall the package, or git checkout its folder) or refit the table"
+    for key, path, what in (("tactics", table.tactics, "FlashInfer tactics"),
+                            ("gemv_configs", table.gemv_configs, "GEMV configurations")):
+        spec = table.source.get(key)
+        if path is None:
+            continue
+        if not path.is_file():
+            raise HarnessError(f"the {table.profile} table names its {what} {path}, which is missing; {fix}")
+        want = spec.get("sha256") if isinstance(spec, dict) else None
+        if want and sha256(path) != want:
+            raise HarnessError(f"{path} is not the {what} file the {table.profile} table was fitted with (sha256 "
+                               f"differs); {fix}")
+        data = read_json_object(path, what, fix)
+        if key == "gemv_configs":
+            from dispatch.gemv import parse
+            parse(data, str(path))
+    if GEMV in table.paths() and table.gemv_configs is None:
+        raise HarnessError(f"the {table.profile} table runs {GEMV} in some ranges but names no GEMV configurations "
+                           f"(source.gemv_configs); refit the table with the GEMV measured")
+
+
+def shipped_table(profile: str) -> ThresholdTable | None:
+    """The shipped table of a GPU profile with its files checked (check_files); None where the profile ships none.
+    A table the profile ships and this installation lacks, or one that does not load, is one HarnessError."""
+    from dispatch.profiles import get_profile
+    path = shipped_file("table", profile)
+    if not path.exists() and not path.is_symlink():
+        if "table" in get_profile(profile).ships:
+            raise HarnessError(missing_line("table", profile))
+        return None
+    table = load_table(profile)
+    check_files(table)
     return table

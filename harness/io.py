@@ -148,6 +148,11 @@ def read_json_object(path: str | Path, what: str, fix: str) -> dict[str, Any]:
     return data
 
 
+def sha256(path: str | Path) -> str:
+    import hashlib
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
 def is_count(value: Any, least: int | None = 1) -> bool:
     """A JSON integer >= least (None: any integer): never a float that looks whole (2560.0 or 2560.5), a bool or a
     numeric string."""

@@ -587,7 +587,64 @@ CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
      "format 99 is not one this harness reads"),
     ("e2e file empty", lambda t: ["calibrate", "e2e", _e2e_folder(t, b"")], "not a table bench e2e wrote"),
     ("e2e file binary", lambda t: ["calibrate", "e2e", _e2e_folder(t, bytes(range(256)) * 4)], "not UTF-8"),
+    # round four: GEMV files are read wherever they are named, dry runs included
+    ("dry run, --autotune-cache with a truncated GEMV file", lambda t: _tactics_with_gemv(t, lambda g: g[:200]),
+     "not valid JSON"),
+    ("dry run, --autotune-cache with a GEMV file at M = 17", lambda t: _tactics_with_gemv(
+        t, lambda g: g.replace('"m": 1,', '"m": 17,', 1)), "not one the GEMV takes"),
+    ("dry run, --autotune-cache with a GEMV format true", lambda t: _tactics_with_gemv(
+        t, lambda g: g.replace('"format": 1', '"format": true', 1)), "format True is not 1"),
+    ("dry run, --autotune-cache with a GEMV cell twice", lambda t: _tactics_with_gemv(
+        t, lambda g: g.replace('"configs": [', '"configs": [' + _first_gemv_entry() + ",", 1)), "a second one"),
+    ("dry run, --table whose GEMV file is truncated", lambda t: _table_with_gemv(t, lambda g: g[:200]),
+     "sha256 differs"),
+    ("dry run, --table whose GEMV file is gone", lambda t: _table_with_gemv(t, None), "which is missing"),
+    # round four: outputs never onto the project's own files
+    ("compare --out-file README.md", lambda t: ["calibrate", "compare", str(LEAN), str(LEAN), "--out-file",
+                                                str(ROOT / "README.md")], "a file of the project's own"),
+    ("validate --csv README.md", lambda t: ["calibrate", "validate", str(LEAN), "--table", str(LEAN_TABLE), "--csv",
+                                            str(ROOT / "README.md")], "a file of the project's own"),
+    ("report -o docs/cli.md", lambda t: ["reports", "build", str(LEAN), "-o", str(ROOT / "docs" / "cli.md")],
+     "a file of the project's own"),
+    ("report -o .git/HEAD", lambda t: ["reports", "build", str(LEAN), "-o", str(ROOT / ".git" / "HEAD")],
+     "a file of the project's own"),
+    ("fit --out-file .git/config", lambda t: ["calibrate", "fit", str(LEAN), "--gpu", "h200", "--out-file",
+                                              str(ROOT / ".git" / "config")], "a file of the project's own"),
+    ("bench run --out into a package", lambda t: ["bench", "run", "--gpu", "h200", "--out", str(ROOT / "dispatch"),
+                                                  "--dry-run"], "inside the project's own files"),
+    # round four: empty strings never mean the default
+    ("bench run --shapes empty", lambda t: ["bench", "run", "--gpu", "h200", "--shapes", "", "--dry-run"],
+     "--shapes is empty"),
+    ("bench run --table empty", lambda t: ["bench", "run", "--gpu", "h200", "--table", "", "--dry-run"],
+     "is empty"),
+    ("bench run --out empty", lambda t: ["bench", "run", "--gpu", "h200", "--out", "", "--dry-run"],
+     "--out is empty"),
 ]
+
+
+def _first_gemv_entry() -> str:
+    return json.dumps(json.loads((ROOT / "dispatch" / "thresholds" / "h200.autotune.gemv.json").read_text())[
+        "configs"][0])
+
+
+def _tactics_with_gemv(t: Path, edit) -> list[str]:
+    """A dry run serving a copy of the shipped tactics whose GEMV file beside it is edited."""
+    shipped = ROOT / "dispatch" / "thresholds"
+    shutil.copy(shipped / "h200.autotune.json", t / "c.json")
+    (t / "c.gemv.json").write_text(edit((shipped / "h200.autotune.gemv.json").read_text()))
+    return ["bench", "run", "--gpu", "h200", "--autotune-cache", str(t / "c.json"), "--dry-run"]
+
+
+def _table_with_gemv(t: Path, edit) -> list[str]:
+    """A dry run with --table: a copy of the shipped table and its files, the GEMV file edited (None: removed)."""
+    shipped = ROOT / "dispatch" / "thresholds"
+    for name in ("h200.json", "h200.autotune.json", "h200.autotune.gemv.json"):
+        shutil.copy(shipped / name, t / name)
+    if edit is None:
+        (t / "h200.autotune.gemv.json").unlink()
+    else:
+        (t / "h200.autotune.gemv.json").write_text(edit((t / "h200.autotune.gemv.json").read_text()))
+    return ["bench", "run", "--gpu", "h200", "--table", str(t / "h200.json"), "--dry-run"]
 
 
 def _with_parquet(t: Path, factor: float) -> str:

@@ -1,5 +1,6 @@
 """CPU tests of the bench logic with fake timers: attribution, kernel counts, sizing, statistics, results files."""
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -573,6 +574,7 @@ def test_a_run_serves_the_tactics_of_the_table_its_dispatcher_runs_unless_it_tun
     entries = json.loads(shipped.read_text())
     one = {k: v for k, v in entries.items() if k.startswith("_") or "((1, 2048), (2048, 1024)," in k}
     (tmp_path / "mine.autotune.json").write_text(json.dumps(one))
+    shutil.copy(shipped_dir("table") / "h200.autotune.gemv.json", tmp_path)  # the GEMV file the table names
     mine = ["--table", str(tmp_path / "mine.json"), "--shapes", "n1024_k2048"]
     assert f"tactics served from {tmp_path / 'mine.autotune.json'}" in _plan(capsys, *mine, "--m", "1")
     assert "tactics served" not in _plan(capsys, *mine, "--m", "1,2")  # M = 2 is a bucket the file lacks

@@ -1157,6 +1157,10 @@ def test_load_table_takes_a_profile_name_or_a_file_path(tmp_path, monkeypatch):
     (tmp_path / "h200").write_text("{}")
     with pytest.warns(UserWarning, match="took the h200 profile's shipped table"):
         assert load_table("h200").shapes == shipped.shapes
+    with pytest.raises(HarnessError, match="names its FlashInfer tactics .*which is missing"):
+        dispatch.configure(str(copy))  # a table without the files it names beside it is refused
+    for name in ("h200.autotune.json", "h200.autotune.gemv.json"):
+        shutil.copy(Path(dispatch.__file__).parent / "thresholds" / name, copy.parent / name)
     dispatch.configure(str(copy))  # configure takes a file as well
     dispatch.reset()
 
