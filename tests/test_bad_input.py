@@ -600,8 +600,8 @@ CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
      "sha256 differs"),
     ("dry run, --table whose GEMV file is gone", lambda t: _table_with_gemv(t, None), "which is missing"),
     # round four: outputs never onto the project's own files
-    ("compare --out-file README.md", lambda t: ["calibrate", "compare", str(LEAN), str(LEAN), "--out-file",
-                                                str(ROOT / "README.md")], "a file of the project's own"),
+    ("compare --out-file README.md", lambda t: ["calibrate", "compare", str(LEAN), run_folder(t, source=LEAN),
+                                                "--out-file", str(ROOT / "README.md")], "a file of the project's own"),
     ("validate --csv README.md", lambda t: ["calibrate", "validate", str(LEAN), "--table", str(LEAN_TABLE), "--csv",
                                             str(ROOT / "README.md")], "a file of the project's own"),
     ("report -o docs/cli.md", lambda t: ["reports", "build", str(LEAN), "-o", str(ROOT / "docs" / "cli.md")],
@@ -891,12 +891,13 @@ def test_sigterm_exits_143_without_a_traceback(tmp_path):
 
 
 def test_ctrl_c_while_the_modules_import_is_one_line():
-    """Ctrl-C lands while python -m calibrate imports pandas (the signal sent from inside that import, so it cannot
-    miss the imports: a plain timed signal lands after a fast --help's exit): one line, exit 130, no traceback."""
+    """Ctrl-C lands while python -m calibrate's command line imports pandas (the signal sent from inside that import,
+    so it cannot miss the imports: a plain timed signal lands after a fast --help's exit): one line, exit 130, no
+    traceback."""
     code = ("import builtins, os, runpy, signal, sys, time\n"
             "real = builtins.__import__\n"
             "def imp(name, globals=None, *a, **k):\n"
-            "    if name == 'pandas' and (globals or {}).get('__name__') == '__main__':\n"
+            "    if name == 'pandas' and (globals or {}).get('__name__') == 'calibrate.cli':\n"
             "        os.kill(os.getpid(), signal.SIGINT)\n"
             "        time.sleep(10)\n"
             "    return real(name, globals, *a, **k)\n"

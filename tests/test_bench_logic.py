@@ -583,7 +583,7 @@ def test_a_run_serves_the_tactics_of_the_table_its_dispatcher_runs_unless_it_tun
 def test_a_forward_serves_the_tables_tactics_where_they_hold_its_linears():
     from argparse import Namespace
 
-    from bench.__main__ import _served
+    from bench.commands.options import served as _served
     from bench.forward import FORWARD_MS
     from harness.shipped import shipped_dir
     from shapes.catalog import catalog
@@ -598,14 +598,15 @@ def test_a_forward_serves_the_tables_tactics_where_they_hold_its_linears():
 def test_replay_and_host_block_sizes_reach_the_sweep(monkeypatch, tmp_path, capsys):
     """--replay-us sets the GPU time a path's graph aims at (fewer calls per graph, where the rotated copies do not
     set them), --host-calls and --host-rounds the host blocks; the dry run says them."""
-    import bench.__main__ as cli
+    import bench.commands.run as cli
+    from bench.cli import main
     from bench.sweep import plan_group
     from shapes.catalog import catalog
     seen = {}
     monkeypatch.setattr(cli, "run_sweep", lambda cfg: seen.setdefault("cfg", cfg))
     args = ["run", "--gpu", "h200", "--replay-us", "125", "--host-calls", "4", "--host-rounds", "3",
             "--out", str(tmp_path / "out")]
-    assert cli.main(args) == 0
+    assert main(args) == 0
     cfg = seen["cfg"]
     assert (cfg.target_replay_us, cfg.host_calls, cfg.host_rounds) == (125.0, 4, 3)
     shape = next(s for s in catalog() if (s.n, s.k) == (12288, 2560))  # few rotations: the replay time sets calls
@@ -613,7 +614,7 @@ def test_replay_and_host_block_sizes_reach_the_sweep(monkeypatch, tmp_path, caps
     more = plan_group(cli.SweepConfig(profile=cfg.profile, shapes=cfg.shapes, ms=cfg.ms, paths=cfg.paths, out=cfg.out),
                       type("Clock", (), {"name": "cupti"})(), shape, 8, cfg.paths, 50 << 20, None).calls
     assert fewer < more
-    assert cli.main([*args, "--dry-run"]) == 0
+    assert main([*args, "--dry-run"]) == 0
     assert "graphs of ~125 µs; host blocks of 4 calls x 3 rounds" in capsys.readouterr().out
 
 

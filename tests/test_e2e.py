@@ -421,7 +421,8 @@ def test_calibrate_e2e_control_from_the_command_line(tmp_path, capsys):
 
 
 def test_bench_e2e_control_runs_a_table_of_no_ranges_and_excludes_table(tmp_path):
-    from bench.__main__ import main, no_ranges
+    from bench.cli import main
+    from bench.commands.options import no_ranges
     from harness.errors import HarnessError
     from dispatch.profiles import get_profile
     table = no_ranges(get_profile("h200"))
