@@ -53,10 +53,10 @@ baseline: gpu-env
 regress: gpu-env
 	$(PY) -m pytest -q -m gpu tests/test_gpu_regression.py
 
-# the table pipeline (calibrate/table_pipeline.py); RUN_ID=... with RESUME=1 continues a run (the other fitting
+# the table pipeline (tables/); RUN_ID=... with RESUME=1 continues a run (the other fitting
 # machines' sweeps and the check, each on another machine), SAME_MACHINE=1 runs them here, MACHINES=N fits on N
 table: gpu-env
-	$(PY) -m calibrate table --gpu "$$GPU" $${RUN_ID:+--run-id "$$RUN_ID"} $${RESUME:+--resume} $${REFIT:+--refit} $${SAME_MACHINE:+--same-machine} $${MACHINES:+--machines "$$MACHINES"}
+	$(PY) -m tables --gpu "$$GPU" $${RUN_ID:+--run-id "$$RUN_ID"} $${RESUME:+--resume} $${REFIT:+--refit} $${SAME_MACHINE:+--same-machine} $${MACHINES:+--machines "$$MACHINES"}
 
 forward: gpu-env
 	$(PY) -m bench forward --gpu "$$GPU" --skip-slower 3 --out "results/$$GPU-forward"

@@ -157,6 +157,13 @@ def _staged_sibling(table: Path, spec: object, what: str) -> Path | None:
     return sibling
 
 
+def gemv_check(path: Path) -> None:
+    """A staged GEMV configuration file reads as the GEMV's parser reads it."""
+    from dispatch.gemv import parse
+    from harness.io import read_json
+    parse(read_json(path, "GEMV configuration file", "tune it afresh"), path.name)
+
+
 def baseline_check(profile: str) -> Callable[[Path], None]:
     def check(path: Path) -> None:
         from calibrate.baseline import load_baseline

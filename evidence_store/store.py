@@ -24,7 +24,7 @@ EVIDENCE = ROOT / "evidence"
 MANIFEST = EVIDENCE / "manifest.json"
 RESULT_FILES = ("results.csv", "forward.csv", "host_cost.csv", "sustain.csv", "e2e.csv", "limit.csv")
 FIX = "pass a results folder the harness wrote"
-TABLE_MANIFEST = "manifest.json"  # calibrate.table_pipeline.MANIFEST
+TABLE_MANIFEST = "manifest.json"  # tables.manifest.MANIFEST
 MANIFEST_FORMAT = 1
 
 
@@ -97,16 +97,16 @@ def check_run(run: Path, partial: bool = False) -> dict:
 
 
 def _check_table_run(run: Path, partial: bool) -> dict:
-    """A make-table run (calibrate table): its manifest read as a resume reads it, complete with a verdict (PASS or
+    """A make-table run (python -m tables): its manifest read as a resume reads it, complete with a verdict (PASS or
     FAIL: a failed check is evidence too), each of its measured legs' results passing their reader. Returns what
     run_id and the manifest entry need, in run.json's terms."""
-    from calibrate.table_pipeline import read_manifest
+    from tables.manifest import read_manifest
     m = read_manifest(run / TABLE_MANIFEST)
     if m.get("profile") not in PROFILES:
         raise HarnessError(f"{run}/{TABLE_MANIFEST} names profile {m.get('profile')!r:.40}, not one of "
                            f"{', '.join(PROFILES)}; {FIX}")
     if m.get("status") != "complete" and not partial:
-        raise HarnessError(f"{run} is {m.get('status')!r}, not a complete table run; finish it (calibrate table "
+        raise HarnessError(f"{run} is {m.get('status')!r}, not a complete table run; finish it (python -m tables "
                            f"--resume) before it is filed, or file what it holds with --partial")
     for leg in m.get("legs", {}):
         if (run / leg / "run.json").is_file():
@@ -116,7 +116,7 @@ def _check_table_run(run: Path, partial: bool) -> dict:
     run_id(run, {"profile": m["profile"], "kind": "table", "started": m.get("started")})
     return {"profile": m["profile"], "kind": "table", "started": m.get("started"), "status": m.get("status"),
             "fingerprint": {**(first.get("fingerprint") or {}), "harness_sha": m.get("harness_sha")},
-            "command": f"python -m calibrate table --gpu {m['profile']} (verdict {verdict})"}
+            "command": f"python -m tables --gpu {m['profile']} (verdict {verdict})"}
 
 
 def _results_digests(run: Path) -> set[str]:
@@ -187,7 +187,7 @@ def current(profile: str, part: str = "run") -> Path:
     want = named.get("sha256") if isinstance(named, dict) else None
     if not want:
         raise HarnessError(f"the shipped {profile} table names no table run (source.manifest); it was not installed "
-                           f"by calibrate table --install")
+                           f"by python -m tables --install")
     for folder in sorted(EVIDENCE.iterdir()) if EVIDENCE.is_dir() else ():
         manifest = folder / "manifest.json"
         if manifest.is_file() and hashlib.sha256(manifest.read_bytes()).hexdigest() == want:

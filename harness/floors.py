@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-FLOORS = ("harness", "shapes", "dispatch", "bench", "calibrate", "reports", "evidence_store")  # lowest first
+FLOORS = ("harness", "shapes", "dispatch", "bench", "calibrate", "reports", "tables", "evidence_store")  # lowest first
 
 
 def imports() -> dict[tuple[str, str], list[str]]:

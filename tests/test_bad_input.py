@@ -37,7 +37,8 @@ def _mains() -> dict[str, Callable]:
     from calibrate.__main__ import main as calibrate
     from reports.__main__ import main as reports
     from shapes.__main__ import main as shapes
-    return {"bench": bench, "calibrate": calibrate, "reports": reports, "shapes": shapes}
+    from tables.cli import main as tables
+    return {"bench": bench, "calibrate": calibrate, "reports": reports, "shapes": shapes, "tables": tables}
 
 
 def table_for(t: Path, profile: str) -> str:
@@ -292,13 +293,13 @@ CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
     ("noise --out-file a shipped floor", lambda t: ["calibrate", "noise", str(SWEEP), str(LEAN), "--gpu", "h200", "--out-file",
                                                str(ROOT / "calibrate" / "noise" / "h200.json")], "--install"),
     ("fit --out-file empty", lambda t: ["calibrate", "fit", str(SWEEP), "--gpu", "h200", "--out-file", ""], "empty"),
-    ("table --stop-after no leg", lambda t: ["calibrate", "table", "--gpu", "h200", "--run-id", "x", "--stop-after",
+    ("table --stop-after no leg", lambda t: ["tables", "--gpu", "h200", "--run-id", "x", "--stop-after",
                                              "lunch"], "no leg"),
-    ("table --model empty", lambda t: ["calibrate", "table", "--gpu", "h200", "--model", "", "--dry-run"],
+    ("table --model empty", lambda t: ["tables", "--gpu", "h200", "--model", "", "--dry-run"],
      "--model is empty"),
-    ("table --model unknown", lambda t: ["calibrate", "table", "--gpu", "h200", "--model", "Qwen9", "--dry-run"],
+    ("table --model unknown", lambda t: ["tables", "--gpu", "h200", "--model", "Qwen9", "--dry-run"],
      "unknown model"),
-    ("table --install with --layout", lambda t: ["calibrate", "table", "--gpu", "h200", "--run-id", "x", "--install",
+    ("table --install with --layout", lambda t: ["tables", "--gpu", "h200", "--run-id", "x", "--install",
                                                  "--layout", "transformers"], "run's own scope"),
     ("bench run --table missing", lambda t: ["bench", "run", "--gpu", "h200", "--table", str(t / "none.json"),
                                              "--dry-run"], "not found"),
@@ -341,14 +342,14 @@ CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
     ("fit --machine without segments", lambda t: ["calibrate", "fit", str(LEAN), "--gpu", "h200", "--method", "rules",
                                                   "--machine", run_folder(t, source=LEAN), "--out-file", str(t / "t.json")],
      "needs --method segments"),
-    ("table --refit without --run-id", lambda t: ["calibrate", "table", "--gpu", "h200", "--refit"], "name a run"),
-    ("table --refit a run never run", lambda t: ["calibrate", "table", "--gpu", "h200", "--run-id", "no-such-run-7",
+    ("table --refit without --run-id", lambda t: ["tables", "--gpu", "h200", "--refit"], "name a run"),
+    ("table --refit a run never run", lambda t: ["tables", "--gpu", "h200", "--run-id", "no-such-run-7",
                                                  "--refit"], "run it first"),
-    ("table --refit with --install", lambda t: ["calibrate", "table", "--gpu", "h200", "--run-id", "x", "--refit",
+    ("table --refit with --install", lambda t: ["tables", "--gpu", "h200", "--run-id", "x", "--refit",
                                                 "--install"], "installs nothing"),
-    ("table --machines 0", lambda t: ["calibrate", "table", "--gpu", "h200", "--machines", "0", "--dry-run"],
+    ("table --machines 0", lambda t: ["tables", "--gpu", "h200", "--machines", "0", "--dry-run"],
      "--machines"),
-    ("table --machines 9", lambda t: ["calibrate", "table", "--gpu", "h200", "--machines", "9", "--dry-run"],
+    ("table --machines 9", lambda t: ["tables", "--gpu", "h200", "--machines", "9", "--dry-run"],
      "--machines"),
     ("fit --plan-refine a device", lambda t: ["calibrate", "fit", str(SWEEP), "--gpu", "h200", "--out-file",
                                               str(t / "t.json"), "--plan-refine", os.devnull], "not a regular file"),
@@ -761,7 +762,7 @@ def test_regress_on_a_users_sweep_lists_the_cells_it_skipped_and_fails_a_slow_on
 
 
 def test_a_table_runs_manifest_of_wrong_types_is_one_line(tmp_path):
-    from calibrate.table_pipeline import MANIFEST, recorded
+    from tables.manifest import MANIFEST, read_manifest
     from harness.errors import HarnessError
     base = json.loads((ROOT / "tests" / "data" / "h200-table-run-manifest" / MANIFEST).read_text())
     for edit, needle in (({"fit_machines": 10 ** 9}, "outside 1..8"), ({"refits": "none"}, "not a list of refits"),
@@ -769,10 +770,10 @@ def test_a_table_runs_manifest_of_wrong_types_is_one_line(tmp_path):
                          ({"fit_machines": True}, "not an integer")):
         (tmp_path / MANIFEST).write_text(json.dumps({**base, **edit}))
         with pytest.raises(HarnessError, match=needle):
-            recorded(tmp_path)
+            read_manifest(tmp_path / MANIFEST)
     (tmp_path / MANIFEST).write_text("[" * 100000)
     with pytest.raises(HarnessError, match="nests deeper"):
-        recorded(tmp_path)
+        read_manifest(tmp_path / MANIFEST)
 
 
 def test_a_forked_child_of_a_command_exits_quietly_on_a_signal():

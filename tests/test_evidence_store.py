@@ -145,7 +145,7 @@ def test_a_table_run_is_filed_by_its_manifest_and_an_unfinished_one_is_refused(t
     assert ev.main(["add", str(run), "--backs", "a table run"]) == 0
     rid = capsys.readouterr().out.strip()
     entry = json.loads(ev.MANIFEST.read_text())["runs"][rid]
-    assert rid.startswith("h200-table-") and "python -m calibrate table --gpu h200" in entry["command"]
+    assert rid.startswith("h200-table-") and "python -m tables --gpu h200" in entry["command"]
     assert (ev.EVIDENCE / rid / "sweep" / "results.csv").is_file()
 
 

@@ -21,7 +21,7 @@ def test_a_table_of_an_unknown_format_is_refused(tmp_path):
 
 
 def test_a_table_run_manifest_of_an_unknown_format_is_refused(tmp_path):
-    from calibrate.table_pipeline import MANIFEST, MANIFEST_FORMAT, read_manifest
+    from tables.manifest import MANIFEST, MANIFEST_FORMAT, read_manifest
     (tmp_path / MANIFEST).write_text(json.dumps({"format": 9, "legs": {}}))
     _refused(lambda: read_manifest(tmp_path / MANIFEST))
     (tmp_path / MANIFEST).write_text(json.dumps({"legs": {}}))  # written before the key: format 1

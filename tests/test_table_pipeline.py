@@ -1,10 +1,13 @@
-"""calibrate table: its legs, the manifest, resume, the verdict and --install (legs faked: no GPU here)."""
+"""python -m tables: its legs, the manifest, resume, the verdict and --install (legs faked: no GPU here)."""
 import json
 import shutil
 
 import pytest
 
-from calibrate.table_pipeline import MANIFEST, fewer_baseline_runs, install, legs, plan_text, run_pipeline
+from tables.install import fewer_baseline_runs, install as install_run
+from tables.legs import legs as legs_of
+from tables.manifest import MANIFEST, TableRun
+from tables.pipeline import plan_text as plan_of, run_pipeline as pipeline_of
 from dispatch.profiles import get_profile
 from harness.errors import HarnessError
 from harness.io import ROOT
@@ -12,6 +15,22 @@ from harness.io import ROOT
 H200 = get_profile("h200")
 LEGS = ["sweep", "forward", "first-fit", "refine", "machine-2", "machine-3", "fit", "check-sweep", "check-forward",
         "noise", "validate", "baseline", "report"]
+
+
+def legs(profile, folder, scope=None, machines=None):
+    return legs_of(TableRun(profile, folder), scope, machines)
+
+
+def run_pipeline(profile, folder, resume, **kw):
+    return pipeline_of(TableRun(profile, folder), resume, **kw)
+
+
+def install(profile, folder):
+    return install_run(TableRun(profile, folder))
+
+
+def plan_text(profile, folder):
+    return plan_of(TableRun(profile, folder))
 
 
 def machines(*uuids):
@@ -102,6 +121,8 @@ def test_a_failing_check_is_a_verdict_and_blocks_install(tmp_path):
 def _passing_run(tmp_path, monkeypatch):
     """A passing run whose table, baseline and tactics are the shipped ones, and the shipped folders in tmp_path."""
     import harness.shipped as shipped
+    from evidence_store.store import current
+    checks = {leg: current("h200", leg) for leg in ("check-sweep", "check-forward")}  # before the site moves
     monkeypatch.setattr(shipped, "PACKAGES", tmp_path / "site")
     for folder in shipped.shipped_dirs():
         folder.mkdir(parents=True)
@@ -111,13 +132,19 @@ def _passing_run(tmp_path, monkeypatch):
     shipped_table["source"]["tactics"]["file"] = "table.autotune.json"
     shipped_table["source"]["gemv_configs"]["file"] = "table.autotune.gemv.json"
     (run / "table.json").write_text(json.dumps(shipped_table))
-    for shipped, copy in (("dispatch/thresholds/h200.autotune.json", "table.autotune.json"),
+    for kept, copy in (("dispatch/thresholds/h200.autotune.json", "table.autotune.json"),
                           ("dispatch/thresholds/h200.autotune.gemv.json", "table.autotune.gemv.json"),
                           ("calibrate/baselines/h200.json", "baseline.json"),
                           ("calibrate/baselines/h200.autotune.json", "baseline.autotune.json"),
                           ("calibrate/baselines/h200.autotune.gemv.json", "baseline.autotune.gemv.json")):
-        shutil.copyfile(ROOT / shipped, run / copy)
-    old = {tmp_path / "site/dispatch/thresholds" / "h200.json": "old table", tmp_path / "site/calibrate/baselines" / "h200.json": "old baseline"}
+        shutil.copyfile(ROOT / kept, run / copy)
+    for leg, kept in checks.items():  # the shipped table's own check, which install judges again
+        shutil.rmtree(run / leg, ignore_errors=True)
+        shutil.copytree(kept, run / leg)
+    for floor in (ROOT / "calibrate" / "noise").glob("*.json"):  # the floors every verdict reads
+        shutil.copyfile(floor, shipped.shipped_dir("noise") / floor.name)
+    old = {tmp_path / "site/dispatch/thresholds/h200.json": "old table",
+           tmp_path / "site/calibrate/baselines/h200.json": "old baseline"}
     for path, text in old.items():
         path.write_text(text)
     return run, old
@@ -128,15 +155,15 @@ def test_install_writes_the_shipped_files_of_a_passing_run(tmp_path, monkeypatch
     (run / "noise.json").write_text("{}")
     written = install(H200, run)
     assert tmp_path / "site/dispatch/thresholds" / "h200.json" in written
-    assert tmp_path / "site/calibrate/noise" / "h200.json" not in written  # the floor every verdict reads: installed on its own
+    assert tmp_path / "site/calibrate/noise/h200.json" not in written  # the floor every verdict reads: on its own
     shipped = json.loads((tmp_path / "site/dispatch/thresholds" / "h200.json").read_text())
     assert shipped["source"]["tactics"]["file"] == "h200.autotune.json"  # beside it, under its shipped name
     assert shipped["source"]["manifest"]["file"].endswith(MANIFEST) and len(shipped["source"]["manifest"]["sha256"]) == 64
     # a baseline of fewer source runs than the shipped one gets a note that says how to widen it
-    assert fewer_baseline_runs(H200, run) is None
+    assert fewer_baseline_runs(TableRun(H200, run)) is None
     (tmp_path / "site/calibrate/baselines" / "h200.json").write_text(json.dumps({"sources": [{}] * 6}))
     (run / "baseline.json").write_text(json.dumps({"sources": [{}] * 2}))
-    note = fewer_baseline_runs(H200, run)
+    note = fewer_baseline_runs(TableRun(H200, run))
     assert note.startswith("the shipped baseline held 6 source runs, this run's holds 2")
     assert "BENCH_REGRESSION_WORK" in note
 
@@ -240,7 +267,7 @@ def test_a_run_for_transformers_layout_keeps_its_scope_in_every_gpu_leg_and_is_n
     """A table for one model in transformers' module layout: every GPU leg measures those shapes, a resume keeps the
     scope the manifest records (and refuses another), and --install refuses it: the shipped table covers every
     catalog model in both layouts."""
-    from calibrate.table_pipeline import Scope, parse_scope
+    from tables.manifest import Scope, parse_scope
     scope = parse_scope("transformers", "Qwen3.5-4B")
     assert scope == Scope("transformers", ("Qwen3.5-4B",)) and parse_scope(None, None) is None
     run, argv = tmp_path / "run", {}
@@ -270,7 +297,7 @@ def test_a_default_run_sweeps_both_layouts_and_runs_its_forwards_in_vllms(tmp_pa
     """The default table run covers the union of vLLM's layers and transformers' modules (one shipped table for
     both): its sweep legs take --layout union, its forward legs vLLM's layout (a forward runs one layout), and the
     manifest records the scope, so a resume keeps it; a run made before scopes were recorded stays vLLM's."""
-    from calibrate.table_pipeline import Scope, run_scope
+    from tables.manifest import Scope
     run, argv = tmp_path / "run", {}
 
     def execute(leg, log):
@@ -278,7 +305,7 @@ def test_a_default_run_sweeps_both_layouts_and_runs_its_forwards_in_vllms(tmp_pa
         return 0
     run_pipeline(H200, run, resume=False, execute=execute, stop_after="fit", same_machine=True)
     assert json.loads((run / MANIFEST).read_text())["scope"] == {"layout": "union", "models": None}
-    assert run_scope(run) == Scope() and Scope().layout == "union"
+    assert TableRun(H200, run).scope == Scope() and Scope().layout == "union"
     for name in ("sweep", "refine", "machine-2", "machine-3"):
         if name in argv:
             assert "--layout union" in argv[name], name
@@ -286,7 +313,7 @@ def test_a_default_run_sweeps_both_layouts_and_runs_its_forwards_in_vllms(tmp_pa
     old = json.loads((run / MANIFEST).read_text())
     del old["scope"]
     (run / MANIFEST).write_text(json.dumps(old))
-    assert run_scope(run) == Scope("vllm")
+    assert TableRun(H200, run).scope == Scope("vllm")
 
 
 def test_a_damaged_manifest_is_refused_by_resume_and_install_and_left_as_it_is(tmp_path):
@@ -297,16 +324,16 @@ def test_a_damaged_manifest_is_refused_by_resume_and_install_and_left_as_it_is(t
         run_pipeline(H200, run, resume=True, execute=lambda leg, log: 0, machine=machines("A"))
     with pytest.raises(HarnessError, match="table run manifest .* is not valid JSON"):
         install(H200, run)
-    from calibrate.table_pipeline import supersede_fit
+    from tables.pipeline import supersede_fit
     with pytest.raises(HarnessError, match="table run manifest .* is not valid JSON"):
-        supersede_fit(H200, run)
+        supersede_fit(TableRun(H200, run))
     assert (run / MANIFEST).read_text() == "{not json" and [p.name for p in run.iterdir()] == [MANIFEST]
 
 
 def test_refit_runs_the_fit_and_every_later_leg_again_and_keeps_the_earlier_ones(tmp_path):
     """A changed fit rule: --refit keeps what the fitted legs measured, moves the fit's and the check's entries and
     outputs to refit-1/, and a resume on a machine that fitted none runs the fit and everything after it again."""
-    from calibrate.table_pipeline import refit_legs, supersede_fit
+    from tables.pipeline import refit_legs, supersede_fit
     run, ran = tmp_path / "run", []
 
     def execute(leg, log):
@@ -320,8 +347,8 @@ def test_refit_runs_the_fit_and_every_later_leg_again_and_keeps_the_earlier_ones
     first = run_pipeline(H200, run, resume=False, execute=execute, machine=machines("A"), same_machine=True)
     assert first["verdict"] == "PASS"
     old_table = (run / "table.json").read_text()
-    assert refit_legs(H200, run) == LEGS[LEGS.index("fit"):]
-    kept = supersede_fit(H200, run)
+    assert refit_legs(TableRun(H200, run)) == LEGS[LEGS.index("fit"):]
+    kept = supersede_fit(TableRun(H200, run))
     assert kept == run / "refit-1" and (kept / "table.json").read_text() == old_table
     assert (kept / "check-sweep").is_dir() and (kept / "fit.log").is_file() and not (run / "table.json").exists()
     assert (run / "sweep.log").is_file()  # what the fitted legs measured stays where the fit reads it
@@ -333,18 +360,18 @@ def test_refit_runs_the_fit_and_every_later_leg_again_and_keeps_the_earlier_ones
     done = run_pipeline(H200, run, resume=True, execute=execute, machine=machines("D"))
     assert ran == LEGS[LEGS.index("fit"):] and done["verdict"] == "PASS" and done["out_of_machine"] is True
     assert done["refits"][0]["legs"]["check-sweep"]["machine"] == "A" and done["legs"]["check-sweep"]["machine"] == "D"
-    assert supersede_fit(H200, run) == run / "refit-2"
+    assert supersede_fit(TableRun(H200, run)) == run / "refit-2"
 
 
 def test_refit_of_a_run_that_has_not_fitted_is_refused_and_changes_nothing(tmp_path):
-    from calibrate.table_pipeline import supersede_fit
+    from tables.pipeline import supersede_fit
     run = tmp_path / "run"
     with pytest.raises(HarnessError, match="run it first"):
-        supersede_fit(H200, run)
+        supersede_fit(TableRun(H200, run))
     run_pipeline(H200, run, resume=False, execute=lambda leg, log: 0, stop_after="refine", machine=machines("A"))
     before = sorted(p.name for p in run.iterdir()), (run / MANIFEST).read_bytes()
     with pytest.raises(HarnessError, match="nothing to refit, its legs machine-2, machine-3 are not done"):
-        supersede_fit(H200, run)
+        supersede_fit(TableRun(H200, run))
     assert (sorted(p.name for p in run.iterdir()), (run / MANIFEST).read_bytes()) == before
 
 
@@ -361,7 +388,7 @@ def test_stop_after_a_leg_already_done_runs_nothing_after_it(tmp_path):
 def test_a_refit_can_add_fitting_machines_each_measured_on_a_machine_of_its_own(tmp_path):
     """--refit --machines N on a run fitted on fewer: the earlier fit and check are kept in refit-1/, the new
     machine-<i> legs run before the fit, and the check waits for a machine that ran none of the fitted legs."""
-    from calibrate.table_pipeline import supersede_fit
+    from tables.pipeline import supersede_fit
     run, ran = tmp_path / "run", []
 
     def execute(leg, log):
@@ -373,8 +400,8 @@ def test_a_refit_can_add_fitting_machines_each_measured_on_a_machine_of_its_own(
                          same_machine=True)
     assert first["verdict"] == "FAIL" and "machine-2" not in ran
     with pytest.raises(HarnessError, match="never drops"):
-        supersede_fit(H200, run, machines=0)
-    kept = supersede_fit(H200, run, machines=2)
+        supersede_fit(TableRun(H200, run), machines=0)
+    kept = supersede_fit(TableRun(H200, run), machines=2)
     manifest = json.loads((run / MANIFEST).read_text())
     assert manifest["fit_machines"] == 2 and manifest["refits"][0]["fit_machines"] == 1
     assert manifest["refits"][0]["verdict"] == "FAIL" and (kept / "table.json").is_file()
@@ -385,3 +412,59 @@ def test_a_refit_can_add_fitting_machines_each_measured_on_a_machine_of_its_own(
     done = run_pipeline(H200, run, resume=True, execute=execute, machine=machines("D"))
     assert ran[0] == "check-sweep" and done["legs"]["machine-2"]["machine"] == "C"
     assert done["out_of_machine"] is True and "--machine" in done["legs"]["fit"]["command"]
+
+
+@pytest.mark.parametrize("scope, machines", [(None, None), ("vllm", 1), ("transformers", 2)])
+def test_every_legs_arguments_parse_with_its_tools_own_parser(tmp_path, scope, machines):
+    """The legs name only options their tools declare (bench, calibrate and reports parse them, nothing runs)."""
+    from tables.manifest import Scope
+    for leg in legs(H200, tmp_path, Scope(scope) if scope else None, machines):
+        leg.check()
+    for leg in legs(get_profile("gb200"), tmp_path):
+        leg.check()
+
+
+def test_a_leg_its_tool_does_not_parse_stops_the_run_before_any_leg(tmp_path, monkeypatch):
+    import dataclasses
+
+    import tables.pipeline as pipeline
+    real = pipeline.legs
+
+    def renamed(run, *a, **k):
+        out = real(run, *a, **k)
+        return [dataclasses.replace(x, args=(*x.args, "--colour", "red")) if x.name == "noise" else x for x in out]
+    monkeypatch.setattr(pipeline, "legs", renamed)
+    ran = []
+    with pytest.raises(HarnessError, match="leg noise: python -m calibrate does not take its arguments"):
+        pipeline.run_pipeline(TableRun(H200, tmp_path / "run"), False, execute=lambda leg, log: ran.append(1) or 0)
+    assert ran == []
+
+
+def _manifest_edit(run, edit):
+    data = json.loads((run / MANIFEST).read_text())
+    edit(data)
+    (run / MANIFEST).write_text(json.dumps(data))
+
+
+@pytest.mark.parametrize("damage, needle", [
+    (lambda run: _manifest_edit(run, lambda m: m["legs"]["check-sweep"].update(status="failed (exit 1)")),
+     "legs check-sweep are not done"),
+    (lambda run: _manifest_edit(run, lambda m: m.update(legs={})), "are not done"),
+    (lambda run: _manifest_edit(run, lambda m: m["legs"]["validate"].update(verdict="FAIL")),
+     "its validate leg's verdict is 'FAIL'"),
+    (lambda run: (run / "check-sweep" / "run.json").unlink(), "its check judged again does not pass"),
+    (lambda run: (run / "baseline.autotune.gemv.json").write_text(
+        (run / "baseline.autotune.gemv.json").read_text()[:300]), "GEMV configurations .* does not pass its reader"),
+    (lambda run: (run / "table.autotune.gemv.json").write_text('{"format": true, "kind": "gemv-configs"}'),
+     "not the one it was fitted with"),
+], ids=["a check leg failed", "no legs", "validate said FAIL", "check run damaged", "truncated baseline GEMV",
+        "table GEMV format true"])
+def test_install_reads_the_legs_not_the_manifests_summary(damage, needle, tmp_path, monkeypatch):
+    """The manifest says complete and PASS at the top; install believes the legs: each done, the validate leg's
+    PASS, the check judged again, every file read back. Nothing is written otherwise."""
+    run, old = _passing_run(tmp_path, monkeypatch)
+    damage(run)
+    with pytest.raises(HarnessError, match=needle):
+        install(H200, run)
+    for path, text in old.items():
+        assert path.read_text() == text

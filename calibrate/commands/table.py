@@ -1,88 +1,17 @@
-"""python -m calibrate table: a table from one command, in legs that resume (calibrate/table_pipeline.py holds the
-legs, the manifest and the installer's part)."""
+"""python -m calibrate table: moved to python -m tables (the table pipeline sits on the top floor, above the report
+it builds); the old spelling says so in one line."""
 from __future__ import annotations
 
-import sys
-from datetime import datetime, timezone
+import argparse
 
-from bench.sweep import require_gpu
-from calibrate.runs import RESULTS
-from calibrate.table_pipeline import (FIT_MACHINES, MANIFEST, MAX_FIT_MACHINES, check_stop_after,
-                                      fewer_baseline_runs, install, legs, parse_scope, pending_legs, plan_text,
-                                      refit_legs, run_pipeline, supersede_fit)
-from dispatch.profiles import get_profile
-from harness.cli import int_in
-from shapes.derive import CATALOG_LAYOUTS
 from harness.errors import HarnessError
-from harness.options import add
 
 
 def add_parser(sub, parents: list) -> None:
-    p_table = sub.add_parser("table", parents=parents,
-                             help="(GPU) a table from one command: sweep, forward, fit, out-of-sample check, "
-                                  "baseline, report, in legs that resume")
-    p_table.add_argument("--run-id", help="the run's folder under results/<profile>/ (default: a new UTC time stamp)")
-    add(p_table, "resume", what=": the legs of --run-id that are not done")
-    p_table.add_argument("--refit", action="store_true",
-                         help="fit --run-id's measurements again (a changed fit rule) and run every leg after the fit "
-                              "again; the earlier entries and outputs move to refit-<n>/")
-    add(p_table, "dry-run", what="(its legs; any machine)")
-    p_table.add_argument("--stop-after", metavar="LEG",
-                         help="stop after this leg (e.g. fit: the check on another machine with --resume)")
-    p_table.add_argument("--same-machine", action="store_true",
-                         help="let the out-of-sample legs run on a machine that ran a fitted leg (one GPU machine "
-                              "only; the manifest then says the check was in-machine)")
-    add(p_table, "layout", choices=CATALOG_LAYOUTS, shown="union, as shipped",
-        what=" the table covers: union: vLLM's fused layers and the transformers modules they fuse, one table for vLLM "
-             "and dispatch.patch; vllm or transformers: one of them only")
-    add(p_table, "model", what="(comma list) the table covers", shown="every model")
-    p_table.add_argument("--machines", type=int_in(1, MAX_FIT_MACHINES),
-                         help="how many machines the fit measures on: the sweep's and a machine-<i> leg on each other "
-                              f"one (default {FIT_MACHINES}; a resume keeps the run's; with --refit, more than the "
-                              f"run's adds machine-<i> legs before the fit)")
-    add(p_table, "install", what=": the table, its tactics and the baseline of --run-id (a complete run whose "
-                             "check passed)")
+    p = sub.add_parser("table", help="moved: python -m tables (same options)")
+    p.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
 
 
 def run(args) -> int:
-    profile = get_profile(args.gpu)
-    scope = parse_scope(args.layout, args.model)
-    if scope is not None and args.install:
-        raise HarnessError("--install takes the run's own scope: drop --layout/--model")
-    if (args.resume or args.install or args.refit) and not args.run_id:
-        raise HarnessError("--resume, --refit and --install name a run: pass --run-id")
-    if args.refit and (args.install or scope is not None):
-        raise HarnessError("--refit keeps the run's scope and installs nothing: drop --install/--layout/--model")
-    run_id = args.run_id or datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
-    if not run_id.replace("-", "").replace("_", "").replace(".", "").isalnum():
-        raise HarnessError(f"--run-id {run_id!r}: letters, digits, '-', '_' and '.' only")
-    run = RESULTS / profile.name / run_id
-    check_stop_after(profile, run, args.stop_after, args.machines)  # before any GPU check
-    if args.dry_run:
-        print(plan_text(profile, run, scope, args.machines))
-        return 0
-    if args.install:
-        fewer = fewer_baseline_runs(profile, run)
-        for path in install(profile, run):
-            print(f"installed {path}")
-        if fewer:
-            print(f"table: note: {fewer}", file=sys.stderr)
-        return 0
-    if args.refit:
-        late = refit_legs(profile, run)
-        if args.stop_after is not None and args.stop_after not in late:
-            raise HarnessError(f"--stop-after {args.stop_after}: --refit runs {', '.join(late)}; stop after one of "
-                               f"them")
-        todo = late[:late.index(args.stop_after) + 1] if args.stop_after is not None else late
-        if any(leg.gpu for leg in legs(profile, run) if leg.name in todo):
-            require_gpu(profile)  # before any file system change
-        print(f"table: refit {run}: earlier fit and check kept in {supersede_fit(profile, run, args.machines)}")
-    elif any(leg.gpu for leg in pending_legs(profile, run, args.resume, args.stop_after, args.machines)):
-        require_gpu(profile)  # before any file system change
-    manifest = run_pipeline(profile, run, args.resume or args.refit, stop_after=args.stop_after,
-                            same_machine=args.same_machine, scope=scope, machines=args.machines)
-    if manifest.get("status") != "complete":
-        print(f"table: {manifest['status']}; continue with --run-id {run_id} --resume; legs in {run}/{MANIFEST}")
-        return 0
-    print(f"table: {run}/table.json, verdict {manifest.get('verdict')}; legs and times in {run}/{MANIFEST}")
-    return 0
+    raise HarnessError("calibrate table is now python -m tables, with the same options (make table runs it); "
+                       "nothing was run")
