@@ -235,13 +235,14 @@ def cell_from_json(data: Any) -> BaselineCell:
 def write_baseline(path: Path, text: str, tactics: Path | None = None, check=None) -> Path:
     """The baseline, and the tactics its runs served beside it (autotune_cache_path), both or neither (a shipped
     baseline through the installer, which reads it back with `check`)."""
-    from calibrate.install import Artifact, write_outputs
+    from bench.autotune_cache import read_entries
+    from calibrate.install import Artifact, gemv_check, write_outputs
     json.loads(text)  # never write a file that cannot be read back
     gemv = gemv_file(Path(tactics)) if tactics else None
-    write_outputs([*([Artifact(autotune_cache_path(path), Path(tactics).read_bytes(), "the baseline's tactics")]
-                     if tactics else []),
-                   *([Artifact(gemv_file(autotune_cache_path(path)), gemv.read_bytes(), "the baseline's GEMV "
-                                                                                         "configurations")]
+    write_outputs([*([Artifact(autotune_cache_path(path), Path(tactics).read_bytes(), "the baseline's tactics",
+                               read_entries)] if tactics else []),
+                   *([Artifact(gemv_file(autotune_cache_path(path)), gemv.read_bytes(),
+                               "the baseline's GEMV configurations", gemv_check)]
                      if gemv is not None and gemv.is_file() else []),
                    Artifact(path, text.encode(), "the baseline", check)])
     return path

@@ -53,6 +53,13 @@ def load_e2e(folder: str | Path, partial: bool = False) -> tuple[pd.DataFrame, d
     missing = [c for c in ("model", "step", "tokens", "variant", "status", "us") if c not in df.columns]
     if missing:
         raise HarnessError(f"{csv} lacks the column(s) {', '.join(missing)}; it is not a bench e2e file")
+    key = ["model", "step", "tokens", "variant"]
+    twice = df[df.duplicated(key, keep=False)]
+    if not twice.empty:
+        first = twice.iloc[0]
+        raise HarnessError(f"{csv}: {first['step']} at {first['tokens']} tokens, {first['variant']}, is listed more "
+                           f"than once; one row per step and variant: restore the file bench e2e wrote or run it "
+                           f"again")
     ok = df["status"] == "ok"
     us = pd.to_numeric(df.loc[ok, "us"], errors="coerce")
     tokens = pd.to_numeric(df["tokens"], errors="coerce")

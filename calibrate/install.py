@@ -95,10 +95,21 @@ def _commit(dests: list[Path], staged: list[Path], stages: dict[Path, Path]) -> 
 
 def write_outputs(artifacts: list[Artifact]) -> list[Path]:
     """An output that may be shipped: where any destination is a shipped file, all go through `install`; else each
-    is written atomically (a user's own --out), as any output."""
+    is read back by its check from a staged copy (siblings beside it, as install stages them), then written
+    atomically (a user's own --out), as any output."""
     from harness.io import atomic_write, is_shipped
     if any(is_shipped(a.dest) for a in artifacts):
         return install(artifacts)
+    with tempfile.TemporaryDirectory(prefix="bf16-linear-bench-check-") as stage:
+        for a in artifacts:
+            (Path(stage) / Path(a.dest).name).write_bytes(a.content)
+        for a in artifacts:
+            if a.check is not None:
+                try:
+                    a.check(Path(stage) / Path(a.dest).name)
+                except HarnessError as exc:
+                    raise HarnessError(f"{a.what} to write as {a.dest} does not pass its reader ({exc}); nothing was "
+                                       f"written") from None
     for a in artifacts:
         atomic_write(Path(a.dest), lambda tmp, data=a.content: tmp.write_bytes(data))
     return [Path(a.dest) for a in artifacts]

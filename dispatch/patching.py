@@ -67,12 +67,12 @@ class _Dispatched:
         raise NotImplementedError
 
     def forward(self, x: Any) -> Any:
-        weight = self.weight
+        weight, bias = self.weight, self.bias
         bound = self.__dict__.get(BOUND)
-        if bound is None or bound[0] is not weight or bound[1] != weight.data_ptr():
-            if self.bias is not None or not _servable(weight):
+        if bias is not None or bound is None or bound[0] is not weight or bound[1] != weight.data_ptr():
+            if bias is not None or not _servable(weight):  # a bias set at any time is followed: F.linear runs it
                 import torch.nn.functional as F
-                return F.linear(x, weight, self.bias)
+                return F.linear(x, weight, bias)
             bound = self.__dict__[BOUND] = (weight, weight.data_ptr(), self._bind(weight))
         return bound[2](x)
 
@@ -108,6 +108,9 @@ def patch(model: Any, lm_head: bool = False, compiled: bool = False) -> PatchHan
         raise TypeError(f"dispatch.patch needs a torch.nn.Module (e.g. a transformers model), got "
                         f"{type(model).__name__}")
     handle = PatchHandle()
+    if compiled:  # registered now: torch.compile may trace the model before any eager call
+        import dispatch
+        dispatch.op()
     for name, module in model.named_modules():
         if not eligible(module) or "forward" in module.__dict__ or (not lm_head and _is_lm_head(model, name, module)):
             continue
@@ -118,8 +121,8 @@ def patch(model: Any, lm_head: bool = False, compiled: bool = False) -> PatchHan
         shapes = sorted({shape for _, shape in handle.outside})
         warnings.warn(f"dispatch.patch: {len(handle.outside)} of {len(handle.patched)} linears ({len(shapes)} shapes: "
                       f"{', '.join(f'{n}x{k}' for n, k in shapes[:4])}{', ...' if len(shapes) > 4 else ''}) are not "
-                      f"in the table and run F.linear; a table of both layouts covers them (python -m calibrate "
-                      f"table, whose default is both)", stacklevel=3)
+                      f"in the table and run F.linear; a table of both layouts covers them (python -m tables, "
+                      f"whose default is both)", stacklevel=3)
     return handle
 
 

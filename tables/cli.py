@@ -15,7 +15,7 @@ from harness.options import add
 from shapes.derive import CATALOG_LAYOUTS
 from tables.install import fewer_baseline_runs, install
 from tables.legs import legs
-from tables.manifest import FIT_MACHINES, MAX_FIT_MACHINES, TableRun, parse_scope
+from tables.manifest import FIT_MACHINES, MANIFEST, MAX_FIT_MACHINES, TableRun, parse_scope
 from tables.pipeline import check_stop_after, pending_legs, plan_text, refit_legs, run_pipeline, supersede_fit
 
 
@@ -66,7 +66,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.refit and (args.install or scope is not None):
         raise HarnessError("--refit keeps the run's scope and installs nothing: drop --install/--layout/--model")
     run = _run_of(args)
-    check_stop_after(run, args.stop_after, args.machines)  # before any GPU check
+    if args.resume and run.manifest is None:  # before any GPU check: the run is what is missing
+        raise HarnessError(f"{run.folder} has no {MANIFEST}: no table run to resume there; start one without "
+                           f"--resume, or copy the run's folder here first")
+    check_stop_after(run, args.stop_after, args.machines)
     if args.dry_run:
         print(plan_text(run, scope, args.machines))
         return 0

@@ -588,6 +588,14 @@ CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
      "format 99 is not one this harness reads"),
     ("e2e file empty", lambda t: ["calibrate", "e2e", _e2e_folder(t, b"")], "not a table bench e2e wrote"),
     ("e2e file binary", lambda t: ["calibrate", "e2e", _e2e_folder(t, bytes(range(256)) * 4)], "not UTF-8"),
+    ("e2e rows twice", lambda t: ["calibrate", "e2e", _e2e_folder(t, _e2e_rows_twice())], "listed more than once"),
+    ("tables --resume of a run never started", lambda t: ["tables", "--gpu", "h200", "--run-id", "no-such-run-9",
+                                                          "--resume"], "no table run to resume there"),
+    ("fit of a run whose GEMV file is truncated", lambda t: ["calibrate", "fit", _run_with_gemv(t, lambda g: g[:100]),
+                                                             "--gpu", "h200", "--out-file", str(t / "table.json")],
+     "not valid JSON"),
+    ("calibrate table, moved", lambda t: ["calibrate", "table", "--gpu", "h200", "--dry-run"],
+     "is now python -m tables"),
     # round four: GEMV files are read wherever they are named, dry runs included
     ("dry run, --autotune-cache with a truncated GEMV file", lambda t: _tactics_with_gemv(t, lambda g: g[:200]),
      "not valid JSON"),
@@ -674,6 +682,20 @@ def _fifo(t: Path) -> Path:
 def _link(t: Path, target: Path) -> str:
     (t / "link.html").symlink_to(target)
     return str(t / "link.html")
+
+
+def _run_with_gemv(t: Path, edit) -> str:
+    """A copy of a committed sweep that kept GEMV configurations beside its tactics, those edited."""
+    d = Path(run_folder(t, source=LEAN))
+    shipped = ROOT / "dispatch" / "thresholds"
+    shutil.copy(shipped / "h200.autotune.json", d / "autotune-cache.json")
+    (d / "autotune-cache.gemv.json").write_text(edit((shipped / "h200.autotune.gemv.json").read_text()))
+    return str(d)
+
+
+def _e2e_rows_twice() -> bytes:
+    text = (ROOT / "evidence" / "h200-e2e-20261202T0449-6175bb" / "e2e.csv").read_bytes()
+    return text + b"".join(text.splitlines(keepends=True)[1:])
 
 
 def _e2e_folder(t: Path, csv: bytes) -> str:

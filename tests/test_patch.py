@@ -178,3 +178,49 @@ def test_a_shipped_table_holds_every_catalog_shape_of_its_layout(profile):
     if layout == "union":
         for single in ("vllm", "transformers"):
             assert {(s.n, s.k) for s in catalog(layout=single)} <= set(table.shapes)
+
+
+def test_a_patched_linear_follows_a_bias_set_after_its_first_call():
+    lin = torch.nn.Linear(64, 32, bias=False).bfloat16()
+    x = torch.randn(3, 64, dtype=torch.bfloat16)
+    handle = dispatch.patch(torch.nn.Sequential(lin))
+    lin(x)  # bound now
+    lin.bias = torch.nn.Parameter(torch.randn(32, dtype=torch.bfloat16))
+    assert torch.equal(lin(x), torch.nn.functional.linear(x, lin.weight, lin.bias))
+    lin.bias = None
+    assert torch.equal(lin(x), torch.nn.functional.linear(x, lin.weight))
+    handle.remove()
+
+
+def test_the_compiled_patch_traces_before_any_eager_call_in_a_fresh_process():
+    """torch.compile(fullgraph=True) of a model patched with compiled=True, first called compiled: the custom op is
+    registered at patch time, not inside the traced forward."""
+    import subprocess
+    import sys
+    code = ("import torch, dispatch\n"
+            "m = torch.nn.Sequential(torch.nn.Linear(64, 32, bias=False), torch.nn.Linear(32, 16, bias=False))\n"
+            "m = m.bfloat16()\n"
+            "x = torch.randn(3, 64, dtype=torch.bfloat16)\n"
+            "ref = m(x)\n"
+            "dispatch.patch(m, compiled=True)\n"
+            "out = torch.compile(m, fullgraph=True, backend='eager')(x)\n"
+            "assert torch.equal(out, ref), (out - ref).abs().max()\n"
+            "print('ok')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={**__import__("os").environ, "BLB_NATIVE_BUILD": "0", "CUDA_VISIBLE_DEVICES": ""})
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+
+
+def test_the_custom_op_has_the_gradients_of_f_linear():
+    op = dispatch.op()
+    for bias in (None, torch.randn(16, dtype=torch.float32)):
+        x = torch.randn(2, 3, 24, requires_grad=True)
+        w = torch.randn(16, 24, requires_grad=True)
+        b = bias.clone().requires_grad_(True) if bias is not None else None
+        op(x, w, b).square().sum().backward()
+        grads = [x.grad, w.grad, *([b.grad] if b is not None else [])]
+        x2, w2 = x.detach().clone().requires_grad_(True), w.detach().clone().requires_grad_(True)
+        b2 = b.detach().clone().requires_grad_(True) if b is not None else None
+        torch.nn.functional.linear(x2, w2, b2).square().sum().backward()
+        for got, want in zip(grads, [x2.grad, w2.grad, *([b2.grad] if b2 is not None else [])]):
+            torch.testing.assert_close(got, want)

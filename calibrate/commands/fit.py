@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pandas as pd
 
-from bench.autotune_cache import FILE_NAME, gemv_file, sha256
+from bench.autotune_cache import FILE_NAME, gemv_file, read_entries, read_gemv, sha256
 from bench.results import load_run_info
 from calibrate.analysis import FIT_MIN_GAIN, Cells, dispatch_candidates, fit, model_uses
 from calibrate.forward_model import (GPU_BOUND_MARGIN, gpu_bound_in_every_run, host_bound_in_every_run, kept_choices,
                                      overrides_over_the_table, picks_in_every_run)
 from calibrate.forward_noise import forward_noise_path, load_forward_floor
-from calibrate.install import Artifact, shipped_layout, table_check, write_outputs
+from calibrate.install import Artifact, gemv_check, shipped_layout, table_check, write_outputs
 from calibrate.noise import load_noise
 from calibrate.runs import RESULTS
 from calibrate.runs import load_forwards as _load_forwards
@@ -159,6 +159,9 @@ def _fit_cmd(args, argv, profile, df, info, cells) -> int:
     plan_file = output_file(args.plan_refine, "--plan-refine") if args.plan_refine else None
     _sibling_free(out.with_name(out.stem + ".autotune.json"), out, args.install)
     _sibling_free(gemv_file(out.with_name(out.stem + ".autotune.json")), out, args.install)
+    if _tactics_of(args.results).is_file():  # the files the table will name beside it: read before any fitting
+        read_entries(_tactics_of(args.results))
+        read_gemv(_tactics_of(args.results))
     hold_out = _grid_ms(args.hold_out)
     left = set(int(m) for m in df["m"]) - hold_out
     if hold_out and len(left) < 2:
@@ -331,11 +334,12 @@ def _write(args, profile, df, cells, out, plan_file, table, source, report, fitt
           + ")" + (" (incomplete data, --partial)" if df.attrs["incomplete"] else ""))
     print(report.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     if not args.dry_run:
-        write_outputs([*([Artifact(tactics_file, kept.read_bytes(), "the table's tactics")] if kept.is_file() else []),
-                       *([Artifact(gemv_target, kept_gemv.read_bytes(), "the table's GEMV configurations")]
+        write_outputs([*([Artifact(tactics_file, kept.read_bytes(), "the table's tactics", read_entries)]
+                         if kept.is_file() else []),
+                       *([Artifact(gemv_target, kept_gemv.read_bytes(), "the table's GEMV configurations", gemv_check)]
                          if "gemv_configs" in source else []),
                        Artifact(out, (json.dumps(table.to_json(), indent=2) + "\n").encode(), "the table",
-                                table_check(profile.name, shipped_layout(profile.name)))])
+                                table_check(profile.name, shipped_layout(profile.name) if is_shipped(out) else None))])
         if args.plan_refine:
             from calibrate.segments import cells_spec, refine_cells
             names = {(int(n), int(k)): str(name) for name, n, k in zip(df["shape"], df["n"], df["k"])}

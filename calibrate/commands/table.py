@@ -2,14 +2,11 @@
 it builds); the old spelling says so in one line."""
 from __future__ import annotations
 
-import argparse
-
 from harness.errors import HarnessError
 
 
 def add_parser(sub, parents: list) -> None:
-    p = sub.add_parser("table", help="moved: python -m tables (same options)")
-    p.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    sub.add_parser("table", help="moved: python -m tables (same options)")
 
 
 def run(args) -> int:
