@@ -56,6 +56,17 @@ def check_output(fn: Callable, x, w, ref: tuple[Any, Any] | None = None) -> floa
     return output_error(fn(x, w), x, w, ref)
 
 
+REPEATS = 5  # calls after the checked one whose outputs must equal it bitwise for a path to be repeatable
+
+
+def determinism(fn: Callable, x, w, first) -> tuple[bool, bool]:
+    """(repeatable: REPEATS more calls of fn on the same operands give bitwise the checked output `first`;
+    batch_invariant: the first row alone (M = 1) gives bitwise the first row of the M-row output)."""
+    import torch
+    repeatable = all(torch.equal(fn(x, w), first) for _ in range(REPEATS))
+    return repeatable, bool(torch.equal(fn(x[:1], w), first[:1]))
+
+
 def output_error(out, x, w, ref: tuple[Any, Any] | None = None) -> float:
     """Relative error of an output for (x, w) against the fp32 reference; a wrong shape raises."""
     rows, expected = ref if ref is not None else reference(x, w)

@@ -19,7 +19,7 @@ COLUMNS = (
     "m_is_bucket", "tune_s", "fi_runner", "fi_tactic",
     "models", "layers", "count", "in_cuda_graph", "tags",
     "gpu_samples_us", "pdl", "span_samples_us", "gpu_from", "stop",
-    "bytes", "gbps", "of_ceiling", "of_large_ceiling", "replay_pass",
+    "bytes", "gbps", "of_ceiling", "of_large_ceiling", "replay_pass", "repeatable", "batch_invariant",
 )
 REQUIRED = ("n", "k", "m", "path", "status", "gpu_us", "gpu_us_p20", "gpu_us_p80", "event_us", "host_us",
             "kernels", "kernels_per_call", "timer", "rel_err")

@@ -13,8 +13,8 @@ from bench.ceiling import annotate
 from bench.ceiling import measure as measure_ceilings
 from bench.clocks import make_clock
 from bench.envinfo import nvml_clocks, run_info
-from bench.gpu import (REL_ERR_BOUND, L2Flush, Stopping, capture, flashinfer_choices, make_operands, output_error,
-                       reference, replay_interleaved)
+from bench.gpu import (REL_ERR_BOUND, L2Flush, Stopping, capture, determinism, flashinfer_choices, make_operands,
+                       output_error, reference, replay_interleaved)
 from bench.hosttime import MIN_CALLS, host_times
 from bench.paths import ATEN, DISPATCH, PATHS, GemmPath, kernel_twins, unchoosable_reason
 from bench.results import done_keys, write_parquet, write_results, write_run_json
@@ -304,6 +304,12 @@ def check_paths(clock, group: Group, paths: list[GemmPath], fns: dict[str, Any],
             row["fi_runner"], row["fi_tactic"] = "triton", fns[p.name].choice_key(ops.ws[0], ops.xs[0])
         if not err <= REL_ERR_BOUND:
             group.fail(p.name, "failed", f"output differs from the fp32 reference: rel_err {err:.3g} > {REL_ERR_BOUND}")
+            continue
+        try:
+            with phase("check"), third_party_stdout():
+                row["repeatable"], row["batch_invariant"] = determinism(fns[p.name], ops.xs[0], ops.ws[0], out)
+        except Exception as exc:
+            group.error(p.name, exc)
             continue
         checked[p.name] = fns[p.name]
     return checked, windows

@@ -25,7 +25,7 @@ from typing import Any
 from dispatch.table import ThresholdTable, load_table
 
 __all__ = ["bind", "layer_kind", "linear", "op", "patch", "install", "ThresholdTable", "load_table", "configure",
-           "reset", "is_capturing", "capture_signal", "tactics_from_table"]
+           "reset", "is_capturing", "capture_signal", "tactics_from_table", "serve_streams", "deterministic"]
 
 
 def __getattr__(name: str) -> Any:

@@ -2,13 +2,20 @@
 
 At M <= 16 a linear is a streaming read of its weight. cuBLAS and TinyGEMM leave a small-N, large-K weight (o_proj,
 down_proj) well short of the memory ceiling, because N / tile gives too few CTAs to keep every SM's loads in flight.
-Splitting K gives each SM several independent slices. The partial sums are reduced inside the same kernel: each
-(N tile, K split) program adds its fp32 partial into a workspace with an atomic add, and the last program of an N
-tile (a per-tile arrival counter) reads the sum, writes the bf16 output and clears the workspace and counter for the
-next call. One launch, no memset, no second reduce kernel, so the cost of a call is one kernel's.
+Splitting K gives each SM several independent slices. A configuration's tile holds `tile_m` rows of x: one row (a
+broadcast product on the CUDA cores), 2, 4 or 8 rows (a loop over the rows on the CUDA cores: the weight tile is read
+once and used for each row) or 16 rows (one tensor-core tile, the rows past M masked).
 
-The workspace and counters are cleared by the call that used them, so calls on one stream can share them (one per N
-and configuration); two streams running at once must not.
+Deterministic: each (N tile, K split) program writes its fp32 partial into a slot of its own, and the last program of
+an N tile to arrive (a per-tile arrival counter) sums the slots in split order, 0 to SPLIT_K - 1, writes the bf16
+output and resets the counter. One launch, no memset, no second reduce kernel, and the output is bitwise the same for
+a given (N, K, M, configuration) whatever order the splits arrive in.
+
+Stream-safe: a split call's workspace (the slots and the counters) is never shared by calls that may run at once. Each
+(device, stream, N, configuration) has its own, made outside any CUDA graph capture: on a stream's first eager call,
+or ahead at bind time for the current stream, torch.cuda.graph's default capture stream and the streams named to
+dispatch.serve_streams. A capture on a stream without one runs F.linear there and says so once. Graphs captured on
+one stream share its workspaces: replay them one at a time, or capture each on a stream of its own.
 
 A configuration is chosen per (N, K, M) by timing a short list of candidates (`candidates`: a few tile shapes, each
 with the K split that gives two programs per SM, half that and twice that) in a CUDA graph over rotated operands,
@@ -23,15 +30,19 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any
 
-# every configuration the kernel is written for: (BLOCK_N, BLOCK_K, SPLIT_K, num_warps); more than one row of x takes
-# a tensor-core tile, which needs BLOCK_N >= 16 (takes(m)). tools/limit_probe.py tunes over all of them.
-CONFIGS = tuple((bn, bk, sk, nw) for bn in (8, 16, 32, 64) for bk in (128, 256, 512) for sk in (1, 2, 4, 8, 16)
-                for nw in (4, 8) if bn * bk <= 16384)
 MAX_M = 16
-# the tile shapes (BLOCK_N, BLOCK_K, num_warps) the tuner tries, for one row (CUDA cores) and for more (tensor cores)
+TILE_MS = (1, 2, 4, 8, 16)  # the rows a tile holds: 1, 2-8 on the CUDA cores, 16 a tensor-core tile
+# every configuration the kernel is written for: (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, tile_m); a 16-row tile is a
+# tensor-core tile, which needs BLOCK_N >= 16; a 2-8 row tile loops over its rows. tools/limit_probe.py tunes over all
+CONFIGS = tuple((bn, bk, sk, nw, tm) for tm in TILE_MS for bn in (8, 16, 32, 64) for bk in (128, 256, 512)
+                for sk in (1, 2, 4, 8, 16) for nw in (4, 8) if bn * bk <= 16384 and (tm != 16 or bn >= 16))
+# the tile shapes (BLOCK_N, BLOCK_K, num_warps) the tuner tries: for one row, for 2-8 rows on the CUDA cores, and for
+# a 16-row tensor-core tile (tried at every M above 1)
 TILES_ONE_ROW = ((8, 256, 4), (8, 512, 4), (16, 256, 4), (32, 128, 4), (64, 128, 4))
+TILES_FEW_ROWS = ((8, 256, 4), (16, 256, 4), (32, 128, 4), (16, 512, 8))
 TILES_ROWS = ((16, 256, 4), (32, 128, 4), (32, 256, 4), (32, 256, 8), (64, 128, 4))
-FILE_FORMAT = 1
+FILE_FORMAT = 2  # 2: each configuration names its tile_m; 1 (read as well): one row at M = 1, else a 16-row tile
+FORMATS = (1, 2)
 
 
 @dataclass(frozen=True)
@@ -40,12 +51,21 @@ class GemvConfig:
     block_k: int
     split_k: int
     num_warps: int
+    tile_m: int = 16  # rows a tile holds (TILE_MS)
 
     def takes(self, m: int) -> bool:
-        return m == 1 or self.block_n >= 16
+        return m == 1 if self.tile_m == 1 else m <= self.tile_m
 
     def key(self) -> str:
-        return f"bn{self.block_n}_bk{self.block_k}_sk{self.split_k}_w{self.num_warps}"
+        return f"bn{self.block_n}_bk{self.block_k}_sk{self.split_k}_w{self.num_warps}_r{self.tile_m}"
+
+    def astuple(self) -> tuple[int, int, int, int, int]:
+        return self.block_n, self.block_k, self.split_k, self.num_warps, self.tile_m
+
+
+def tile_rows(m: int) -> int:
+    """The fewest rows of TILE_MS that hold m rows: the tile a CUDA-core configuration for M = m runs."""
+    return next(t for t in TILE_MS if t >= m)
 
 
 @functools.cache
@@ -55,92 +75,109 @@ def kernel():
     import triton.language as tl
 
     @triton.jit
-    def gemv_splitk(x_ptr, w_ptr, y_ptr, acc_ptr, count_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
-                    M_PAD: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+    def gemv_splitk(x_ptr, w_ptr, y_ptr, part_ptr, count_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
+                    TILE_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        rm = tl.arange(0, M_PAD)
+        rm = tl.arange(0, TILE_M)
         k_per = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
         k_lo = pid_k * k_per
-        acc = tl.zeros((M_PAD, BLOCK_N), dtype=tl.float32)
+        acc = tl.zeros((TILE_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(0, k_per, BLOCK_K):
             rk = k_lo + k0 + tl.arange(0, BLOCK_K)
             w = tl.load(w_ptr + rn[:, None] * stride_wn + rk[None, :],
                         mask=(rn[:, None] < N) & (rk[None, :] < K), other=0.0, eviction_policy="evict_first")
-            if M_PAD == 1:  # one row: a broadcast product summed over K on the CUDA cores
-                xm = tl.load(x_ptr + rk, mask=rk < K, other=0.0).to(tl.float32)
-                acc += tl.sum(w.to(tl.float32) * xm[None, :], axis=1)[None, :]
-            else:  # up to 16 rows: one tensor-core tile, the rows past M masked to zero
+            if TILE_M == 16:  # a tensor-core tile, the rows past M masked to zero
                 x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :],
                             mask=(rm[:, None] < M) & (rk[None, :] < K), other=0.0)
                 acc += tl.dot(x, tl.trans(w))
+            else:  # CUDA cores: the weight tile converted once, a broadcast product summed over K for each row
+                wf = w.to(tl.float32)
+                for i in tl.static_range(TILE_M):
+                    xi = tl.load(x_ptr + i * stride_xm + rk, mask=(rk < K) & (i < M), other=0.0).to(tl.float32)
+                    row = tl.sum(wf * xi[None, :], axis=1)
+                    acc += tl.where(rm[:, None] == i, row[None, :], 0.0)
         out_mask = (rm[:, None] < M) & (rn[None, :] < N)
         if SPLIT_K == 1:
             tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(tl.bfloat16), mask=out_mask)
-        else:
-            part = acc_ptr + rm[:, None] * N + rn[None, :]
-            tl.atomic_add(part, acc, mask=out_mask, sem="relaxed")
-            tl.debug_barrier()  # every thread's partial is in before the tile's counter says so
+        else:  # each split its own slot; the tile's last split to arrive sums them in split order
+            slot = rm[:, None] * N + rn[None, :]
+            tl.store(part_ptr + pid_k * (TILE_M * N) + slot, acc, mask=out_mask)
+            tl.debug_barrier()  # every thread's partial is written before the tile's counter says so
             arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel")
-            if arrived == SPLIT_K - 1:  # the last split of this N tile: the sum is complete
-                total = tl.load(part, mask=out_mask, other=0.0, cache_modifier=".cg")
+            if arrived == SPLIT_K - 1:
+                total = tl.zeros((TILE_M, BLOCK_N), dtype=tl.float32)
+                for s in tl.static_range(SPLIT_K):
+                    total += tl.load(part_ptr + s * (TILE_M * N) + slot, mask=out_mask, other=0.0,
+                                     cache_modifier=".cg")
                 tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], total.to(tl.bfloat16), mask=out_mask)
-                tl.store(part, tl.zeros((M_PAD, BLOCK_N), dtype=tl.float32), mask=out_mask)
                 tl.store(count_ptr + pid_n, 0)
     return gemv_splitk
 
 
 def workspace_for(n: int, config: GemvConfig, device: Any) -> tuple[Any, Any]:
+    """(fp32 slots: one [tile_m, N] block per split, int32 arrival counters: one per N tile, zero); a call leaves
+    the counters at zero for the next. An unsplit configuration needs none (empty tensors)."""
     import torch
-    return (torch.zeros(MAX_M * n, device=device, dtype=torch.float32),
-            torch.zeros(-(-n // config.block_n), device=device, dtype=torch.int32))
+    slots = config.split_k * config.tile_m * n if config.split_k > 1 else 0
+    tiles = -(-n // config.block_n) if config.split_k > 1 else 0
+    return (torch.empty(slots, device=device, dtype=torch.float32),
+            torch.zeros(tiles, device=device, dtype=torch.int32))
+
+
+def launch(fn: Any, x: Any, w: Any, y: Any, space: tuple[Any, Any], c: GemvConfig) -> None:
+    """One GEMV launch of configuration c into y (x [M, K], w [N, K], y [M, N]; space from workspace_for)."""
+    m, k = x.shape
+    n = w.shape[0]
+    fn[(-(-n // c.block_n), c.split_k)](x, w, y, space[0], space[1], m, n, k, x.stride(0), w.stride(0), y.stride(0),
+                                         TILE_M=c.tile_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, SPLIT_K=c.split_k,
+                                         num_warps=c.num_warps)
 
 
 class Gemv:
-    """The split-K GEMV bound to one weight [N, K] (bf16, contiguous rows) and one configuration: call(x) -> y."""
+    """The split-K GEMV bound to one weight [N, K] (bf16, contiguous rows), one configuration and one workspace (its
+    calls run on one stream at a time): call(x) -> y."""
 
     def __init__(self, weight: Any, config: GemvConfig, workspace: tuple[Any, Any] | None = None):
-        """workspace: (fp32 partial sums, int32 tile counters) to share with other weights of the same N and
-        configuration on the same stream (each call leaves them cleared); None allocates them here."""
+        """workspace: (slots, counters) to share with other weights of the same N and configuration on the same
+        stream; None allocates them here."""
         import torch
         if weight.dim() != 2 or weight.dtype != torch.bfloat16 or weight.stride(1) != 1:
             raise ValueError("the GEMV takes a 2-D bf16 weight with contiguous rows")
+        if config.astuple() not in CONFIGS:
+            raise ValueError(f"{config.key()} is not a configuration the GEMV is written for")
         self.weight, self.config = weight, config
-        n = weight.shape[0]
-        self.tiles = -(-n // config.block_n)
-        self.acc, self.count = workspace if workspace is not None else workspace_for(n, config, weight.device)
+        self.space = workspace if workspace is not None else workspace_for(weight.shape[0], config, weight.device)
         self.fn = kernel()
 
     def __call__(self, x: Any, out: Any | None = None) -> Any:
         import torch
         m, k = x.shape
-        n = self.weight.shape[0]
         if m > MAX_M or k != self.weight.shape[1] or x.stride(1) != 1 or not self.config.takes(m):
-            raise ValueError(f"the GEMV takes M <= {MAX_M} rows of K = {self.weight.shape[1]} contiguous elements")
-        y = out if out is not None else torch.empty((m, n), device=x.device, dtype=torch.bfloat16)
-        c = self.config
-        self.fn[(self.tiles, c.split_k)](x, self.weight, y, self.acc, self.count, m, n, k, x.stride(0),
-                                        self.weight.stride(0), y.stride(0), M_PAD=1 if m == 1 else MAX_M,
-                                        BLOCK_N=c.block_n, BLOCK_K=c.block_k, SPLIT_K=c.split_k,
-                                        num_warps=c.num_warps)
+            raise ValueError(f"the GEMV ({self.config.key()}) takes M <= {self.config.tile_m} rows of K = "
+                             f"{self.weight.shape[1]} contiguous elements")
+        y = out if out is not None else torch.empty((m, self.weight.shape[0]), device=x.device, dtype=torch.bfloat16)
+        launch(self.fn, x, self.weight, y, self.space, self.config)
         return y
 
 
-
 def candidates(n: int, k: int, m: int, sms: int) -> list[GemvConfig]:
-    """The configurations the tuner times at (N, K, M): each tile shape with the smallest power-of-two K split that
-    gives at least two programs per SM, half that and twice that (a split's slice at least one BLOCK_K; 16 at
-    most)."""
+    """The configurations the tuner times at (N, K, M): each tile shape (one row at M = 1; at M = 2-8 the CUDA-core
+    tile of the fewest rows that holds M and the 16-row tensor-core tiles; above, the tensor-core tiles) with the
+    smallest power-of-two K split that gives at least two programs per SM, half that and twice that (a split's slice
+    at least one BLOCK_K; 16 at most)."""
+    tiles = ([(t, 1) for t in TILES_ONE_ROW] if m == 1 else
+             [(t, tile_rows(m)) for t in TILES_FEW_ROWS if m <= 8] + [(t, 16) for t in TILES_ROWS])
     out = []
-    for bn, bk, nw in (TILES_ONE_ROW if m == 1 else TILES_ROWS):
-        tiles, sk = -(-n // bn), 1
-        while sk < 16 and tiles * sk < 2 * sms and bk * sk * 2 <= k:
+    for (bn, bk, nw), rows in tiles:
+        count, sk = -(-n // bn), 1
+        while sk < 16 and count * sk < 2 * sms and bk * sk * 2 <= k:
             sk *= 2
         for split in dict.fromkeys((max(1, sk // 2), sk, sk * 2)):
             if split <= 16 and (split == 1 or bk * split <= k):
-                out.append(GemvConfig(bn, bk, split, nw))
-    return [c for c in out if c.takes(m)]
+                out.append(GemvConfig(bn, bk, split, nw, rows))
+    return [c for c in out if c.takes(m) and c.astuple() in CONFIGS]
 
 
 def time_config(config: GemvConfig, weights: list[Any], xs: list[Any], replays: int = 3) -> float:
@@ -232,28 +269,30 @@ def pinned(n: int, k: int, m: int) -> GemvConfig | None:
 def to_json() -> dict[str, Any]:
     return {"format": FILE_FORMAT, "kind": "gemv-configs",
             "configs": [{"n": n, "k": k, "m": m, "block_n": c.block_n, "block_k": c.block_k, "split_k": c.split_k,
-                         "num_warps": c.num_warps}
+                         "num_warps": c.num_warps, "tile_m": c.tile_m}
                         for (n, k, m), c in sorted(STORE.configs.items())]}
 
 
 def parse(data: Any, where: str) -> dict[tuple[int, int, int], GemvConfig]:
-    """A gemv-configs file's configurations; one clear error for anything else."""
+    """A gemv-configs file's configurations; one clear error for anything else. A format 1 file (no tile_m) ran one
+    row at M = 1 and a 16-row tile above."""
     from harness.errors import HarnessError
     fix = "delete it and tune afresh (bench run --tune)"
     if not isinstance(data, dict) or data.get("kind") != "gemv-configs":
         raise HarnessError(f"{where} is not a GEMV configuration file (kind gemv-configs); {fix}")
-    if isinstance(data.get("format"), bool) or data.get("format") != FILE_FORMAT:
-        raise HarnessError(f"{where}: GEMV configuration format {data.get('format')!r} is not {FILE_FORMAT}, the one "
-                           f"this harness reads; {fix}")
+    fmt = data.get("format")
+    if isinstance(fmt, bool) or fmt not in FORMATS:
+        raise HarnessError(f"{where}: GEMV configuration format {fmt!r} is not one this harness reads "
+                           f"({', '.join(map(str, FORMATS))}); {fix}")
     out = {}
-    keys = ("n", "k", "m", "block_n", "block_k", "split_k", "num_warps")
+    keys = ("n", "k", "m", "block_n", "block_k", "split_k", "num_warps", *(("tile_m",) if fmt == 2 else ()))
     for i, e in enumerate(data.get("configs") if isinstance(data.get("configs"), list) else [None]):
         if not isinstance(e, dict) or not all(isinstance(e.get(f), int) and not isinstance(e.get(f), bool)
                                               and e.get(f) > 0 for f in keys):
             raise HarnessError(f"{where}: configuration {i} needs positive integers {', '.join(keys)}; {fix}")
-        cfg = GemvConfig(e["block_n"], e["block_k"], e["split_k"], e["num_warps"])
-        if (cfg.block_n, cfg.block_k, cfg.split_k, cfg.num_warps) not in CONFIGS or e["m"] > MAX_M \
-                or not cfg.takes(e["m"]):
+        rows = e["tile_m"] if fmt == 2 else 1 if e["m"] == 1 else 16
+        cfg = GemvConfig(e["block_n"], e["block_k"], e["split_k"], e["num_warps"], rows)
+        if cfg.astuple() not in CONFIGS or e["m"] > MAX_M or not cfg.takes(e["m"]):
             raise HarnessError(f"{where}: configuration {i} ({cfg.key()} at M = {e['m']}) is not one the GEMV "
                                f"takes; {fix}")
         if (e["n"], e["k"], e["m"]) in out:
@@ -291,15 +330,15 @@ class GemvCall:
     """(x, w, bias=None) -> y and .into(x, w, out) for any weight: the dispatcher's and the benchmark's call.
     tune=True (the benchmark) tunes an (N, K, M) the store lacks on first use (tune_for does it with rotated copies);
     tune=False (the dispatcher) takes pinned() and runs F.linear where the shape has no configuration, an M above
-    MAX_M, or a bias. One workspace per (device, N, configuration), allocated outside any CUDA graph capture
-    (prepare, at bind time; a capture that would need a new one runs F.linear instead, since memory allocated while
-    capturing belongs to that graph). The Gemv of a call is made afresh (host work only): keeping one per weight
-    would keep every weight alive."""
+    MAX_M, or a bias. A split configuration's workspace is per (device, stream, N, configuration): made on the
+    stream's first eager call, or ahead by prepare (at bind time) for the streams a capture may use; a capture on a
+    stream without one runs F.linear there (memory allocated while capturing would belong to that graph) and says so
+    once. The Gemv of a call is made afresh (host work only): keeping one per weight would keep every weight alive."""
 
     def __init__(self, tune: bool = False):
         self.tune = tune
-        self.workspaces: dict[tuple[int, int, GemvConfig], tuple[Any, Any]] = {}
-        self.plans: dict[tuple[int, int, int, int], tuple] = {}  # (device, N, K, M) -> plan, at one STORE.version
+        self.workspaces: dict[tuple[int, int, int, GemvConfig], tuple[Any, Any]] = {}  # (device, stream, N, config)
+        self.plans: dict[tuple[int, int, int, int], GemvConfig] = {}  # (device, N, K, M), at one STORE.version
         self.version = STORE.version
         self.fn = None  # the Triton kernel, on the first launch
 
@@ -340,15 +379,28 @@ class GemvCall:
         return cfg.key() if cfg is not None else "F.linear"
 
     def prepare(self, n: int, k: int, device: Any) -> None:
-        """Plans every M of (N, K) on `device` ahead (at bind time), so that a first call inside a capture finds its
-        workspace; nothing while capturing."""
+        """Plans every M of (N, K) on `device` ahead (at bind time) and makes the split configurations' workspaces
+        for the streams a capture may use (capture_streams), so that a first call inside a capture finds them;
+        nothing while capturing."""
         import torch
-        if not torch.cuda.is_current_stream_capturing():
-            index = torch.device(device).index
-            for m in range(1, MAX_M + 1):
-                self._make_plan(index, n, k, m, device, None, None)
+        if torch.cuda.is_current_stream_capturing():
+            return
+        index = torch.device(device).index
+        index = torch.cuda.current_device() if index is None else index
+        for m in range(1, MAX_M + 1):
+            cfg = self._make_plan(index, n, k, m, None, None)
+            if cfg is not None and cfg.split_k > 1:
+                for stream in capture_streams(index):
+                    self._space(index, stream, n, cfg, device)
 
-    def _make_plan(self, index: int, n: int, k: int, m: int, device: Any, w: Any, x: Any) -> tuple | None:
+    def _space(self, index: int, stream: int, n: int, cfg: GemvConfig, device: Any) -> tuple[Any, Any]:
+        key = (index, stream, n, cfg)
+        space = self.workspaces.get(key)
+        if space is None:
+            space = self.workspaces[key] = workspace_for(n, cfg, device)
+        return space
+
+    def _make_plan(self, index: int, n: int, k: int, m: int, w: Any, x: Any) -> GemvConfig | None:
         if self.version != STORE.version:
             self.plans.clear()
             self.version = STORE.version
@@ -358,34 +410,41 @@ class GemvCall:
         cfg = self.config(n, k, m)
         if cfg is None and self.tune and w is not None:
             cfg = self.tune_for([w], [x])[0]
-        if cfg is None:
-            return None
-        space = self.workspaces.get((index, n, cfg))
-        if space is None:
-            space = self.workspaces[(index, n, cfg)] = workspace_for(n, cfg, device)
-        plan = self.plans[key] = (cfg, space, -(-n // cfg.block_n))
-        return plan
+        if cfg is not None:
+            self.plans[key] = cfg
+        return cfg
 
-    def _plan(self, x: Any, w: Any) -> tuple | None:
-        """(configuration, workspace, tiles) of a call, remembered per (device, N, K, M); None: F.linear."""
+    def _plan(self, x: Any, w: Any) -> tuple[GemvConfig, tuple[Any, Any]] | None:
+        """(configuration, workspace) of a call on the current stream; None: F.linear."""
         m = x.shape[0]
         n, k = w.shape
-        plan = self.plans.get((w.get_device(), n, k, m)) if self.version == STORE.version else None
-        if plan is not None:
-            return plan
+        index = w.get_device()
+        cfg = self.plans.get((index, n, k, m)) if self.version == STORE.version else None
         import torch
-        if m > MAX_M or w.dtype != torch.bfloat16 or w.stride(1) != 1 or torch.cuda.is_current_stream_capturing():
-            return None  # nothing is tuned or allocated while a graph is captured
-        return self._make_plan(w.get_device(), n, k, m, w.device, w, x)
+        if cfg is None:
+            if m > MAX_M or w.dtype != torch.bfloat16 or w.stride(1) != 1 or torch.cuda.is_current_stream_capturing():
+                return None  # nothing is tuned or allocated while a graph is captured
+            cfg = self._make_plan(index, n, k, m, w, x)
+            if cfg is None:
+                return None
+        if cfg.split_k == 1:
+            return cfg, _NO_SPACE
+        stream = current_stream(index)
+        space = self.workspaces.get((index, stream, n, cfg))
+        if space is None:
+            if torch.cuda.is_current_stream_capturing():
+                from dispatch.lean import warn_once
+                warn_once(f"gemv-stream:{index}:{stream}", f"the GEMV has no workspace for stream {stream:#x}, "
+                          f"captured before any eager call on it: those calls run F.linear in the graph. Name the "
+                          f"stream to dispatch.serve_streams before binding, or call the layers once on it first")
+                return None
+            space = self._space(index, stream, n, cfg, w.device)
+        return cfg, space
 
-    def _run(self, x: Any, w: Any, y: Any, plan: tuple) -> None:
-        c, (acc, count), tiles = plan
-        m, k = x.shape
+    def _run(self, x: Any, w: Any, y: Any, plan: tuple[GemvConfig, tuple[Any, Any]]) -> None:
         if self.fn is None:
             self.fn = kernel()
-        self.fn[(tiles, c.split_k)](x, w, y, acc, count, m, w.shape[0], k, x.stride(0), w.stride(0), y.stride(0),
-                                    M_PAD=1 if m == 1 else MAX_M, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
-                                    SPLIT_K=c.split_k, num_warps=c.num_warps)
+        launch(self.fn, x, w, y, plan[1], plan[0])
 
     def __call__(self, x: Any, w: Any, bias: Any = None) -> Any:
         plan = self._plan(x, w) if bias is None and x.stride(-1) == 1 else None
@@ -403,3 +462,31 @@ class GemvCall:
             torch.mm(x, w.t(), out=out)
         else:
             self._run(x, w, out, plan)
+
+
+_NO_SPACE = (None, None)  # an unsplit launch touches no workspace
+SERVED_STREAMS: list[Any] = []  # dispatch.serve_streams: streams whose workspaces prepare makes ahead
+
+
+def current_stream(index: int) -> int:
+    """The current CUDA stream of a device, as its raw handle (cheap: no Stream object)."""
+    import torch
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream
+
+
+def capture_streams(index: int) -> list[int]:
+    """The streams a capture of this device may run the GEMV on, as raw handles: the current one, torch.cuda.graph's
+    default capture stream (made here, as torch.cuda.graph would make it) and the streams named to serve_streams."""
+    import torch
+    if torch.cuda.graph.default_capture_stream is None:
+        torch.cuda.graph.default_capture_stream = torch.cuda.Stream()
+    streams = [torch.cuda.graph.default_capture_stream, *SERVED_STREAMS]
+    return list(dict.fromkeys([current_stream(index), *(s.cuda_stream for s in streams
+                                                        if s.device.index in (index, None))]))
+
+
+def serve_streams(*streams: Any) -> None:
+    """Streams besides the current one on which bound layers may be captured in a CUDA graph (a fork inside a
+    capture, a model on a stream of its own): bind makes the GEMV's workspaces for them ahead. Call before binding."""
+    SERVED_STREAMS.extend(s for s in streams if s not in SERVED_STREAMS)

@@ -4,8 +4,9 @@ regime): ShapeRule.choice.
 """
 from __future__ import annotations
 
-from pathlib import Path
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -72,6 +73,8 @@ class _Dispatcher:
     kernels: dict[tuple[str, bool], Kernel | None] = field(default_factory=dict)  # (path, pdl) -> kernel
     tactics_loaded: set[str] = field(default_factory=set)
     tactics_from_table: bool = True
+    # deterministic(): only the paths measured repeatable (BLB_DETERMINISTIC=1 sets it for a process)
+    deterministic: bool = os.environ.get("BLB_DETERMINISTIC", "0") not in ("", "0")
     signal: str | None = None  # the capture signal; None until install()
     capturing: Callable[[], Any] = capture.never
 
@@ -126,6 +129,15 @@ def reset() -> None:
     configure(None)
 
 
+def deterministic(enabled: bool = True) -> None:
+    """Choose only among the paths the table's own run measured repeatable (bitwise the same output on repeated
+    calls) in every cell, F.linear elsewhere, as vLLM's batch-invariant mode turns kernels off; BLB_DETERMINISTIC=1
+    sets it for a process. A table that records no such measurement is refused at the next bind. Takes effect for
+    layers bound after the call."""
+    _STATE.deterministic = enabled
+    configure(_STATE.forced)
+
+
 def tactics_from_table(enabled: bool) -> None:
     """Whether the dispatcher loads the FlashInfer tactics its table names (default: yes). The benchmark turns it off:
     it tunes or serves tactics itself, and every path of a run, the dispatcher included, runs those."""
@@ -165,6 +177,8 @@ def _device(index: int) -> tuple[ThresholdTable | None, int, bool]:
             pdl = profile.pdl if profile is not None else sm >= 90
             if table is None:
                 table = _shipped_table(index, name, sm, profile)
+        if table is not None and _STATE.deterministic:
+            table = table.deterministic()
         state = _STATE.devices[index] = (table if index >= 0 else None, sm, pdl)
         if state[0] is not None:
             _load_tactics(state[0])
@@ -435,6 +449,14 @@ def __getattr__(name: str) -> Any:
         fn = globals()["linear"] = _native_linear() or _linear_python
         return fn
     raise AttributeError(f"module 'dispatch.layers' has no attribute {name!r}")
+
+
+def serve_streams(*streams: Any) -> None:
+    """CUDA streams besides the current one on which bound layers may be captured in a graph (a fork inside a
+    capture, a model on a stream of its own): a bind after this makes the GEMV's workspaces for them ahead, so that
+    calls that run at once never share one (dispatch/gemv.py)."""
+    from dispatch.gemv import serve_streams as serve
+    serve(*streams)
 
 
 def op():

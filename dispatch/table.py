@@ -84,6 +84,32 @@ class ThresholdTable:
         every = [*self.default.values(), *(rs for own in self.shapes.values() for rs in own.values())]
         return {p for ranges in every for _, p in ranges}
 
+    def restricted_to(self, paths: set[str]) -> ThresholdTable:
+        """The table with every range of a path outside `paths` running F.linear (neighbouring F.linear ranges
+        merged)."""
+        def keep(ranges: Ranges) -> Ranges:
+            out: list[Range] = []
+            for up, path in ranges:
+                path = path if path in paths else ATEN
+                if out and out[-1][1] == path:
+                    out[-1] = (up, path)
+                else:
+                    out.append((up, path))
+            return tuple(out)
+        return replace(self, default={r: keep(v) for r, v in self.default.items()},
+                       shapes={s: {r: keep(v) for r, v in own.items()} for s, own in self.shapes.items()})
+
+    def deterministic(self) -> ThresholdTable:
+        """The table choosing only among the paths its fitted run measured repeatable in every cell (source
+        .determinism), F.linear elsewhere; one HarnessError where it records no such measurement."""
+        data = self.source.get("determinism")
+        if not isinstance(data, dict) or not data:
+            raise HarnessError(f"deterministic mode: the {self.profile} table records no determinism measurements "
+                               f"(it was fitted before bench run measured them); refit it (make table), or leave "
+                               f"deterministic mode off")
+        return self.restricted_to({p for p, d in data.items() if isinstance(d, dict) and d.get("repeatable") is True}
+                                  | {ATEN})
+
     def low_m_path(self) -> str:
         """The low-M backend's path as this table names it (lean unless the table names only the public call)."""
         public = flashinfer_path(self.low_m_backend)

@@ -7,6 +7,7 @@ from typing import Callable
 import pandas as pd
 
 from bench.forward_paths import DISPATCH_PYTHON, RULES, TABLE_DIRECT
+from calibrate.determinism import by_path
 from dispatch.backends import ATEN, is_flashinfer
 from dispatch.table import describe_ranges
 from dispatch.vllm import VLLM_VERSION, flag_supported
@@ -145,6 +146,20 @@ def cells_section(rows: pd.DataFrame) -> str:
                      f"{table(g, CELL_COLS, cls='cells', fmt=fmt, left=('path', 'status', 'verdict', 'reason', 'timer'))}"
                      "</details>")
     return "".join(parts)
+
+
+def determinism_section(run: Run) -> str:
+    """Per path: of its measured cells, how many were repeatable (bitwise the same output on repeated calls) and
+    batch-invariant (row 0 alone at M = 1 bitwise row 0 of the M rows): what a deterministic serving mode chooses
+    on (dispatch.deterministic)."""
+    per = by_path(run.df)
+    if per.empty:
+        return ("<p>Not measured by this run: bench run records each cell's repeatability and batch invariance "
+                "since its results carry those columns.</p>")
+    per["repeatable"] = [f"{r}/{c}" for r, c in zip(per["repeatable"], per["cells"])]
+    per["batch_invariant"] = [f"{b}/{c}" for b, c in zip(per["batch_invariant"], per["cells"])]
+    return table(per, [("path", "path"), ("cells", "cells measured"), ("repeatable", "repeatable"),
+                       ("batch_invariant", "batch-invariant")], left=("path",))
 
 
 def problems_section(rows: pd.DataFrame) -> str:
@@ -475,6 +490,7 @@ def build(results: list[str], out: Path, baseline: str | None = None, anatomy: s
             ("shapes", "Per shape", lambda: shapes_section(primary, rows, shape_imgs, crossovers)),
             ("totals", "Per-forward totals (cell-sum model)", lambda: totals_section(head)),
             ("cells", "Every cell", lambda: cells_section(rows)),
+            ("determinism", "Determinism per path", lambda: determinism_section(primary)),
             ("problems", "Failed and skipped cells", lambda: problems_section(rows))]
     if len(runs) > 1 or baseline:
         todo.append(("comparison", "Comparison", lambda: comparison_section(primary, rows, runs[1:], baseline)))

@@ -602,7 +602,7 @@ CASES: list[tuple[str, Callable[[Path], list[str]], str]] = [
     ("dry run, --autotune-cache with a GEMV file at M = 17", lambda t: _tactics_with_gemv(
         t, lambda g: g.replace('"m": 1,', '"m": 17,', 1)), "not one the GEMV takes"),
     ("dry run, --autotune-cache with a GEMV format true", lambda t: _tactics_with_gemv(
-        t, lambda g: g.replace('"format": 1', '"format": true', 1)), "format True is not 1"),
+        t, lambda g: g.replace('"format": 1', '"format": true', 1)), "format True is not one this harness reads"),
     ("dry run, --autotune-cache with a GEMV cell twice", lambda t: _tactics_with_gemv(
         t, lambda g: g.replace('"configs": [', '"configs": [' + _first_gemv_entry() + ",", 1)), "a second one"),
     ("dry run, --table whose GEMV file is truncated", lambda t: _table_with_gemv(t, lambda g: g[:200]),

@@ -140,8 +140,10 @@ def test_replay_pass_survives_the_table_and_an_older_run_gets_one_at_load(tmp_pa
     assert list(load_results(tmp_path)["replay_pass"]) == ["p1e5", "p000123"]
     old = tmp_path / "old"
     old.mkdir()
-    text = (tmp_path / "results.csv").read_text().splitlines()
-    (old / "results.csv").write_text("\n".join(line.rsplit(",", 1)[0] for line in text) + "\n")
+    import csv
+    rows_read = list(csv.reader((tmp_path / "results.csv").read_text().splitlines()))
+    drop = rows_read[0].index("replay_pass")  # a run recorded before the column
+    (old / "results.csv").write_text("\n".join(",".join(r[:drop] + r[drop + 1:]) for r in rows_read) + "\n")
     (old / "run.json").write_text((tmp_path / "run.json").read_text())
     assert list(load_results(old)["replay_pass"]) == [LEGACY_PASS, LEGACY_PASS]
 

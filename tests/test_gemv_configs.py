@@ -23,9 +23,12 @@ def test_the_candidates_are_configurations_the_kernel_takes_with_enough_programs
     for n, k in ((2560, 4096), (2048, 4096), (9216, 2048), (248320, 2560), (96, 64)):
         for m in (1, 2, 8, 16):
             cands = candidates(n, k, m, 132)
-            assert cands and all((c.block_n, c.block_k, c.split_k, c.num_warps) in CONFIGS for c in cands)
-            assert all(c.takes(m) for c in cands) and len(cands) <= 15
+            assert cands and all(c.astuple() in CONFIGS for c in cands)
+            assert all(c.takes(m) for c in cands) and len(cands) <= (27 if 1 < m <= 8 else 15)
             assert len(set(cands)) == len(cands)
+            # at M = 2-8 the tuner also tries a CUDA-core tile of the fewest rows that hold M, beside the 16-row tiles
+            assert {c.tile_m for c in cands} == ({1} if m == 1 else {m if m in (2, 4, 8) else 4, 16} if m <= 8
+                                                 else {16})
     # a small-N, large-K weight is split until the programs fill the SMs twice (each tile shape's largest split);
     # a tall one is also tried unsplit
     small = candidates(2048, 4096, 1, 132)
@@ -162,3 +165,24 @@ def test_the_dispatcher_loads_a_tables_gemv_file_once_and_only_where_it_serves_t
         assert len(loads) == 1  # a table that runs no GEMV loads no GEMV file
     finally:
         dispatch.tactics_from_table(True)
+
+
+def test_a_format_1_file_reads_as_the_tiles_it_ran_and_saves_as_format_2(store, tmp_path):
+    """Format 1 named no tile: it ran one row at M = 1 and a 16-row tensor-core tile above; format 2 names it."""
+    from dispatch import gemv
+    (tmp_path / "old.gemv.json").write_text(json.dumps({"format": 1, "kind": "gemv-configs", "configs": [
+        {"n": 2560, "k": 4096, "m": 1, "block_n": 64, "block_k": 128, "split_k": 16, "num_warps": 4},
+        {"n": 2560, "k": 4096, "m": 4, "block_n": 32, "block_k": 128, "split_k": 8, "num_warps": 4}]}))
+    assert gemv.load(tmp_path / "old.gemv.json") == 2
+    assert store.configs[(2560, 4096, 1)].tile_m == 1 and store.configs[(2560, 4096, 4)].tile_m == 16
+    store.configs[(2560, 4096, 2)] = gemv.GemvConfig(16, 256, 8, 4, 2)
+    gemv.save(tmp_path / "new.gemv.json")
+    saved = json.loads((tmp_path / "new.gemv.json").read_text())
+    assert saved["format"] == 2 and {c["m"]: c["tile_m"] for c in saved["configs"]} == {1: 1, 2: 2, 4: 16}
+    store.configs.clear()
+    gemv.load(tmp_path / "new.gemv.json")
+    assert store.configs[(2560, 4096, 2)] == gemv.GemvConfig(16, 256, 8, 4, 2)
+    bad = dict(saved, configs=[{**saved["configs"][2], "tile_m": 2}])  # a 2-row tile cannot hold M = 4
+    (tmp_path / "bad.gemv.json").write_text(json.dumps(bad))
+    with pytest.raises(HarnessError, match="not one the GEMV takes"):
+        gemv.load(tmp_path / "bad.gemv.json")

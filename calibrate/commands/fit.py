@@ -16,6 +16,7 @@ from calibrate.analysis import FIT_MIN_GAIN, Cells, dispatch_candidates, fit, mo
 from calibrate.forward_model import (GPU_BOUND_MARGIN, gpu_bound_in_every_run, host_bound_in_every_run, kept_choices,
                                      overrides_over_the_table, picks_in_every_run)
 from calibrate.forward_noise import forward_noise_path, load_forward_floor
+from calibrate.determinism import source_entry
 from calibrate.install import Artifact, gemv_check, shipped_layout, table_check, write_outputs
 from calibrate.noise import load_noise
 from calibrate.runs import RESULTS
@@ -311,6 +312,9 @@ def _source(args, argv, profile, info, df, cells, base, hold_out, noise, floor, 
                            "slower than F.linear on some machine")
     if df.attrs["incomplete"]:
         source["incomplete_data"] = "fitted with --partial from a run with missing cells or that did not finish"
+    determined = source_entry(df)
+    if determined is not None:  # what the dispatcher's deterministic mode chooses among
+        source["determinism"] = determined
     return source, fitted_ms
 
 

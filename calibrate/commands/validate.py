@@ -12,6 +12,7 @@ from calibrate.analysis import Cells, cell_verdicts, failures, forward_totals, m
 from calibrate.forward_model import (MODEL_MISS, forward_ratios, judged_forward, load_forward, model_vs_measured,
                                      null_pair_spread)
 from calibrate.forward_noise import forward_coverage, forward_noise_path, load_forward_floor
+from calibrate.determinism import lines as determinism_lines
 from calibrate.limit import lines as limit_lines
 from calibrate.noise import LEVEL, coverage, coverage_line, load_noise, noise_path
 from calibrate.runs import table_problem, verdict_word
@@ -103,6 +104,8 @@ def run(args) -> int:
         measured_over, measured = pd.concat([measured_over, fails]), measured | covered
     over = over[[(m, mm) not in measured for m, mm in zip(over["model"], over["m"])]]
     for line in limit_lines(df, forwards[0][1] if forwards else None):
+        print(line)
+    for line in determinism_lines(df):
         print(line)
     if not slower.empty:
         print(f"\nFAIL: the dispatcher is SLOWER than the best path beyond {args.margin:.0%} on {len(slower)} cell(s):")

@@ -1,0 +1,117 @@
+"""(GPU) The GEMV a server can trust: bitwise the same output on every call and replay, and correct when two calls of
+one N run at once on two streams, eagerly and inside one captured graph that forks and joins. Written against the
+call the dispatcher makes (GemvCall.into with a stored configuration), so that the same tests can be run against an
+earlier kernel to show what they catch."""
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+N, K = 2560, 4096  # the 4B's out_proj: a split configuration, many programs a call
+SPLIT = (32, 128, 16, 4)  # BLOCK_N, BLOCK_K, SPLIT_K, num_warps: 80 tiles x 16 splits a call
+ROUNDS, CALLS = 10, 40  # eager: rounds of CALLS calls queued on each stream before one synchronize
+
+
+@pytest.fixture
+def stored(request):
+    """The split configuration stored for (N, K) at every M the test runs, the store put back afterwards."""
+    from dispatch import gemv
+    saved = dict(gemv.STORE.configs)
+    for m in (1, 4, 8):
+        gemv.STORE.configs[(N, K, m)] = gemv.GemvConfig(*SPLIT)
+    gemv.STORE.version += 1
+    yield gemv
+    gemv.STORE.configs.clear()
+    gemv.STORE.configs.update(saved)
+    gemv.STORE.version += 1
+
+
+def _operands(m: int, seed: int):
+    import torch
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    w = torch.randn(N, K, device="cuda", dtype=torch.bfloat16, generator=g) * K ** -0.5
+    x = torch.randn(m, K, device="cuda", dtype=torch.bfloat16, generator=g)
+    return x, w
+
+
+def _wrong(outs, x, w) -> int:
+    from bench.gpu import REL_ERR_BOUND, output_error
+    return sum(output_error(o, x, w) >= REL_ERR_BOUND for o in outs)
+
+
+@pytest.mark.parametrize("m", [1, 8])
+def test_two_streams_at_once_eagerly(stored, m):
+    import torch
+    call = stored.GemvCall(tune=False)
+    (x1, w1), (x2, w2) = _operands(m, 1), _operands(m, 2)
+    call.prepare(N, K, w1.device)
+    s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+    wrong = 0
+    for _ in range(ROUNDS):
+        outs1 = [torch.empty(m, N, device="cuda", dtype=torch.bfloat16) for _ in range(CALLS)]
+        outs2 = [torch.empty(m, N, device="cuda", dtype=torch.bfloat16) for _ in range(CALLS)]
+        for o1, o2 in zip(outs1, outs2):
+            with torch.cuda.stream(s1):
+                call.into(x1, w1, o1)
+            with torch.cuda.stream(s2):
+                call.into(x2, w2, o2)
+        torch.cuda.synchronize()
+        wrong += _wrong(outs1, x1, w1) + _wrong(outs2, x2, w2)
+    assert wrong == 0, f"{wrong} of {2 * ROUNDS * CALLS} outputs wrong with two streams at once"
+
+
+@pytest.mark.parametrize("m", [1, 8])
+def test_two_streams_at_once_in_one_graph_that_forks_and_joins(stored, m):
+    import torch
+    call = stored.GemvCall(tune=False)
+    (x1, w1), (x2, w2) = _operands(m, 3), _operands(m, 4)
+    call.prepare(N, K, w1.device)
+    side = torch.cuda.Stream()
+    outs1 = [torch.empty(m, N, device="cuda", dtype=torch.bfloat16) for _ in range(CALLS)]
+    outs2 = [torch.empty(m, N, device="cuda", dtype=torch.bfloat16) for _ in range(CALLS)]
+    for s in (torch.cuda.current_stream(), side):  # a warm-up on each stream, as before any capture
+        with torch.cuda.stream(s):
+            call.into(x1, w1, outs1[0])
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        main = torch.cuda.current_stream()
+        side.wait_stream(main)  # fork
+        for o1, o2 in zip(outs1, outs2):
+            call.into(x1, w1, o1)
+            with torch.cuda.stream(side):
+                call.into(x2, w2, o2)
+        main.wait_stream(side)  # join
+    wrong = 0
+    for _ in range(ROUNDS):
+        for o in outs1 + outs2:
+            o.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        wrong += _wrong(outs1, x1, w1) + _wrong(outs2, x2, w2)
+    assert wrong == 0, f"{wrong} of {2 * ROUNDS * CALLS} outputs wrong in a graph whose two branches run at once"
+
+
+@pytest.mark.parametrize("m", [1, 8])
+def test_every_call_and_replay_is_bitwise_the_same(stored, m):
+    import torch
+    call = stored.GemvCall(tune=False)
+    x, w = _operands(m, 5)
+    call.prepare(N, K, w.device)
+    first = torch.empty(m, N, device="cuda", dtype=torch.bfloat16)
+    call.into(x, w, first)
+    outs = [torch.empty_like(first) for _ in range(200)]
+    for o in outs:
+        call.into(x, w, o)
+    torch.cuda.synchronize()
+    differ = sum(not torch.equal(o, first) for o in outs)
+    static = torch.empty_like(first)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call.into(x, w, static)
+    replays = []
+    for _ in range(200):
+        graph.replay()
+        replays.append(static.clone())
+    torch.cuda.synchronize()
+    differ += sum(not torch.equal(r, first) for r in replays)
+    assert differ == 0, f"{differ} of 400 calls and replays differ bitwise from the first call"

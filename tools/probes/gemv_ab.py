@@ -1,0 +1,100 @@
+"""(GPU) The GEMV of this checkout against an earlier one, cell by cell, beside each weight's size-matched read.
+
+    python -m tools.probes.gemv_ab --old OLD_GEMV_PY --out DIR [--configs FILE] [--samples 15]
+
+For every (N, K, M) of a GEMV configuration file (default: the shipped H200 table's): the earlier kernel (the module
+at OLD_GEMV_PY, e.g. `git show <sha>:dispatch/gemv.py`) and this one, each with the file's configuration, and at
+M = 2-8 this one tuned over its candidates (the CUDA-core tiles among them). Every kernel is checked against an fp32
+reference first. Timing as the sweep times cells: CUPTI kernel time of graphs of back-to-back calls over rotated
+copies (weights from HBM), replayed interleaved; the size-matched read ceiling of each weight measured alike.
+Writes DIR/gemv_ab.csv and DIR/run.json.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import statistics
+import sys
+from pathlib import Path
+
+
+def _old_module(path: str):
+    spec = importlib.util.spec_from_file_location("gemv_old", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _cell(clock, old, n: int, k: int, m: int, cfg: tuple, samples: int) -> list[dict]:
+    import torch
+
+    from bench.ceiling import copies_for
+    from bench.gpu import REL_ERR_BOUND, capture, make_operands, output_error, replay_interleaved
+    from dispatch import gemv
+    props = torch.cuda.get_device_properties(0)
+    ops = make_operands(m, n, k, copies_for(n * k * 2, props.L2_cache_size))
+    legacy = gemv.GemvConfig(*cfg, 1 if m == 1 else 16)
+    calls = {"old": old.Gemv(ops.ws[0], old.GemvConfig(*cfg)), "new": gemv.Gemv(ops.ws[0], legacy)}
+    configs = {"old": legacy, "new": legacy}
+    if 1 < m <= 8:
+        tuned, _ = gemv.tune(ops.ws, ops.xs)
+        calls["new-tuned"], configs["new-tuned"] = gemv.Gemv(ops.ws[0], tuned), tuned
+    fns = {}
+    for name, g in calls.items():
+        space = g.space if hasattr(g, "space") else (g.acc, g.count)
+        cls = type(g)
+
+        def fn(x, w, cls=cls, cfg=g.config, space=space):
+            return cls(w, cfg, space)(x)
+        assert output_error(fn(ops.xs[0], ops.ws[0]), ops.xs[0], ops.ws[0]) < REL_ERR_BOUND, (name, n, k, m)
+        fns[name] = fn
+    per = max(ops.rotations, 32)
+    graphs = {name: capture(fn, ops, per) for name, fn in fns.items()}
+    timing = replay_interleaved(clock, graphs, per, samples)
+    return [{"n": n, "k": k, "m": m, "kernel": name, "config": configs[name].key(),
+             "gpu_us": round(statistics.median(timing[name].gpu_us), 3)} for name in fns]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m tools.probes.gemv_ab")
+    p.add_argument("--old", required=True, help="an earlier dispatch/gemv.py")
+    p.add_argument("--out", required=True)
+    p.add_argument("--configs", default=str(Path(__file__).resolve().parents[2] / "dispatch" / "thresholds" /
+                                           "h200.autotune.gemv.json"))
+    p.add_argument("--samples", type=int, default=15)
+    args = p.parse_args(argv)
+    import torch
+
+    from bench.ceiling import measure
+    from bench.clocks import make_clock
+    from bench.envinfo import fingerprint
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    entries = json.loads(Path(args.configs).read_text())["configs"]
+    clock = make_clock("cupti")
+    old = _old_module(args.old)
+    rows = []
+    for e in entries:
+        cfg = (e["block_n"], e["block_k"], e["split_k"], e["num_warps"])
+        rows += _cell(clock, old, e["n"], e["k"], e["m"], cfg, args.samples)
+        print(rows[-1], flush=True)
+    ceilings = measure(clock, sorted({r["n"] * r["k"] * 2 for r in rows}))
+    for r in rows:
+        read = ceilings["size_matched"][str(r["n"] * r["k"] * 2)]
+        r["read_us"] = read.get("gpu_us")
+        r["of_read"] = round(read["gpu_us"] / r["gpu_us"], 3) if read.get("gpu_us") else None
+    import csv
+    with open(out / "gemv_ab.csv", "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    (out / "run.json").write_text(json.dumps({"command": ["python", "-m", "tools.probes.gemv_ab", *sys.argv[1:]],
+                                              "fingerprint": fingerprint(), "ceilings": ceilings,
+                                              "gpu": torch.cuda.get_device_name(0)}, indent=1, default=str))
+    clock.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
