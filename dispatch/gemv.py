@@ -75,14 +75,13 @@ def kernel():
     import triton.language as tl
 
     @triton.jit
-    def gemv_splitk(x_ptr, w_ptr, y_ptr, part_ptr, count_ptr, M, N, K, stride_xm, stride_wn, stride_ym,
+    def gemv_splitk(x_ptr, w_ptr, y_ptr, part_ptr, count_ptr, M, N, K, k_per, stride_xm, stride_wn, stride_ym,
                     TILE_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         rm = tl.arange(0, TILE_M)
-        k_per = tl.cdiv(tl.cdiv(K, SPLIT_K), BLOCK_K) * BLOCK_K
-        k_lo = pid_k * k_per
+        k_lo = pid_k * k_per  # each split's slice of K, whole BLOCK_Ks
         acc = tl.zeros((TILE_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(0, k_per, BLOCK_K):
             rk = k_lo + k0 + tl.arange(0, BLOCK_K)
@@ -130,7 +129,9 @@ def launch(fn: Any, x: Any, w: Any, y: Any, space: tuple[Any, Any], c: GemvConfi
     """One GEMV launch of configuration c into y (x [M, K], w [N, K], y [M, N]; space from workspace_for)."""
     m, k = x.shape
     n = w.shape[0]
-    fn[(-(-n // c.block_n), c.split_k)](x, w, y, space[0], space[1], m, n, k, x.stride(0), w.stride(0), y.stride(0),
+    k_per = -(-(-(-k // c.split_k)) // c.block_k) * c.block_k
+    fn[(-(-n // c.block_n), c.split_k)](x, w, y, space[0], space[1], m, n, k, k_per, x.stride(0), w.stride(0),
+                                         y.stride(0),
                                          TILE_M=c.tile_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, SPLIT_K=c.split_k,
                                          num_warps=c.num_warps)
 

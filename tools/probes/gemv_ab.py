@@ -1,11 +1,11 @@
 """(GPU) The GEMV of this checkout against an earlier one, cell by cell, beside each weight's size-matched read.
 
-    python -m tools.probes.gemv_ab --old OLD_GEMV_PY --out DIR [--configs FILE] [--samples 15]
+    python -m tools.probes.gemv_ab --old OLD_GEMV_PY --out DIR [--configs FILE] [--cells FILE] [--samples 15]
 
 For every (N, K, M) of a GEMV configuration file (default: the shipped H200 table's): the earlier kernel (the module
 at OLD_GEMV_PY, e.g. `git show <sha>:dispatch/gemv.py`) and this one, each with the file's configuration, and at
 M = 2-8 this one tuned over its candidates (the CUDA-core tiles among them). Every kernel is checked against an fp32
-reference first. Timing as the sweep times cells: CUPTI kernel time of graphs of back-to-back calls over rotated
+reference first. --cells (lines of "N K M") keeps those cells only. Timing as the sweep times cells: CUPTI kernel time of graphs of back-to-back calls over rotated
 copies (weights from HBM), replayed interleaved; the size-matched read ceiling of each weight measured alike.
 Writes DIR/gemv_ab.csv and DIR/run.json.
 """
@@ -62,6 +62,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True)
     p.add_argument("--configs", default=str(Path(__file__).resolve().parents[2] / "dispatch" / "thresholds" /
                                            "h200.autotune.gemv.json"))
+    p.add_argument("--cells", help="a file of lines 'N K M': only those cells")
     p.add_argument("--samples", type=int, default=15)
     args = p.parse_args(argv)
     import torch
@@ -72,6 +73,9 @@ def main(argv=None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     entries = json.loads(Path(args.configs).read_text())["configs"]
+    if args.cells:
+        keep = {tuple(map(int, line.split())) for line in Path(args.cells).read_text().splitlines() if line.strip()}
+        entries = [e for e in entries if (e["n"], e["k"], e["m"]) in keep]
     clock = make_clock("cupti")
     old = _old_module(args.old)
     rows = []
