@@ -201,8 +201,8 @@ def records_since_last_window(clock, windows: list[Window]) -> list:
     """CUPTI's records so far, keeping only those of the last timed window: called between a window and the next
     settle, so that the (many) records of settle runs are dropped without a flush between a settle and its window.
     Runs that flushed there measured graph replays below their sustained times although NVML read the capped clock
-    right after them, and timed eager forwards with several times the host submission time of earlier runs
-    (docs/history.md); their eager rows are void (load_forward). The likely mechanism: after a forced
+    right after them, and timed eager forwards with several times the host submission time of earlier runs; their
+    eager rows are void (load_forward). The likely mechanism: after a forced
     flush CUPTI asks for a fresh buffer at the next launch, which then was the guard sleep (the GPU idled meanwhile) or
     the timed forward's first call. Here that next launch is the settle's."""
     recs = clock.drain()

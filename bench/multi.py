@@ -6,7 +6,7 @@ queue, longest first. Each worker writes its own shard folder (<out>/shards/gpu<
 are merged into <out>/results.csv and run.json (bench.merge). Host timing is serialized across workers by one lock
 by default, so that no worker's host-time blocks run while another's do; `--host-timing concurrent` drops the lock.
 Unlocked workers' host times showed no shift beyond the run-to-run noise against one-GPU runs on two GPUs
-(`calibrate host-shift`; docs/history.md); more GPUs were not measured, so the lock stays the default.
+(`calibrate host-shift` compares such runs); more GPUs were not measured, so the lock stays the default.
 """
 from __future__ import annotations
 

@@ -111,7 +111,7 @@ def load_forward(path: str | Path, partial: bool = False) -> tuple[pd.DataFrame,
 
 
 # An older bench forward flushed CUPTI between each settle and its timed forward, which stretched the timed eager
-# forward's host submission several times over (docs/history.md). Its runs say settle_ms in run.json and not
+# forward's host submission several times over. Its runs say settle_ms in run.json and not
 # settle_drain, which later runs record.
 EAGER_VOID = "a CUPTI flush ran between each settle and its timed eager forward and stretched its host time"
 

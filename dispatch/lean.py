@@ -2,7 +2,7 @@
 
 Public `mm_bf16` pays on every call for backend_requirement checks, its decorators, a new runner object, the autotuner
 lookup and, for cuBLASLt on SM90, a per-call heuristic query: hundreds of µs of host time against a raw kernel launch
-of a few (`bench host-anatomy`; docs/history.md). A lean call resolves runner and tactic once per (N, K, M) from
+of a few (`bench host-anatomy` measures where it goes). A lean call resolves runner and tactic once per (N, K, M) from
 FlashInfer's autotuner cache (the pinned file, when one is loaded) and then calls the kernel: TinyGEMM's and
 cuBLASLt's TVM-FFI functions directly, CuTe DSL's cached runner. The caller allocates nothing: the output is allocated
 here, as mm_bf16 does. Each call also offers `into(x, w, out)`: the same kernel writing into an output the caller

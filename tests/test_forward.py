@@ -17,7 +17,7 @@ from shapes.derive import ForwardLinear, forward_sequence, load_config
 
 DATA = Path(__file__).parent / "data"
 ROOT = DATA.parent.parent
-EVIDENCE = ROOT / "evidence"  # the runs behind docs/results-h200.md and docs/history.md
+EVIDENCE = ROOT / "evidence"  # the runs behind docs/results-h200.md
 
 
 def _filed(name: str) -> Path:

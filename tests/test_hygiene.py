@@ -1,4 +1,4 @@
-"""Package prose says what and why; which run showed it lives in docs/ (docs/history.md, docs/results-h200.md)."""
+"""Package prose says what and why; which run showed it lives in docs/ (docs/results-h200.md) and the evidence store."""
 import re
 from pathlib import Path
 

@@ -5,12 +5,15 @@ interpreters' start-up take longer than the rest of the suite allows)."""
 from __future__ import annotations
 
 import os
+import shutil
 import site
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from harness.floors import FLOORS
 
 pytestmark = pytest.mark.installed
 
@@ -35,8 +38,14 @@ def installed(tmp_path_factory) -> Path:
     line per folder, the dependencies this interpreter already has (their .pth files, an editable install's
     finder among them, are not read from there)."""
     work = tmp_path_factory.mktemp("installed")
+    src = work / "src"  # a copy of what the wheel is built from: the build leaves nothing in the checkout
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    for package in FLOORS:
+        shutil.copytree(ROOT / package, src / package, ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
-                    str(work / "wheel"), str(ROOT)], check=True, cwd=work)
+                    str(work / "wheel"), str(src)], check=True, cwd=work)
     wheel = next((work / "wheel").glob("*.whl"))
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(work / "venv")], check=True)
     python = work / "venv" / "bin" / "python"

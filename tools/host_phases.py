@@ -5,7 +5,7 @@ CUPTI set up and paused as bench forward has it in its timed eager forwards.
 
     python -m tools.host_phases OUT [BLOCK_S] [BLOCKS]    -> OUT/host-phases.csv, OUT/host-phases.json
 
-A diagnostic script, not part of the measured grid: docs/history.md says where its H200 run is."""
+A diagnostic script, not part of the measured grid."""
 import csv
 import json
 import os
