@@ -15,12 +15,13 @@ import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pandas as pd
 
-from bench.autotune_cache import FILE_NAME, gemv_file, sha256
+from bench.autotune_cache import FILE_NAME, gemv_file, read_entries, sha256
 from calibrate.analysis import Cells
+from calibrate.install import Artifact, gemv_check, write_outputs
 from dispatch.backends import ATEN
 from harness.errors import HarnessError
 from harness.io import read_json_object
@@ -232,11 +233,19 @@ def cell_from_json(data: Any) -> BaselineCell:
     return BaselineCell(**cell)
 
 
+def baseline_check(profile: str) -> Callable[[Path], None]:
+    """The installer's check of a staged baseline: it loads, is this profile's, and its tactics are beside it."""
+    def check(path: Path) -> None:
+        base = load_baseline(path)
+        if base.profile != profile:
+            raise HarnessError(f"it is a baseline of the {base.profile!r} profile, not {profile!r}")
+        base.tactics_file()  # present beside it with the recorded hash
+    return check
+
+
 def write_baseline(path: Path, text: str, tactics: Path | None = None, check=None) -> Path:
     """The baseline, and the tactics its runs served beside it (autotune_cache_path), both or neither (a shipped
     baseline through the installer, which reads it back with `check`)."""
-    from bench.autotune_cache import read_entries
-    from calibrate.install import Artifact, gemv_check, write_outputs
     json.loads(text)  # never write a file that cannot be read back
     gemv = gemv_file(Path(tactics)) if tactics else None
     write_outputs([*([Artifact(autotune_cache_path(path), Path(tactics).read_bytes(), "the baseline's tactics",

@@ -16,6 +16,7 @@ import pandas as pd
 from bench.forward_paths import DISPATCHER_RULES, NOT_SINGLE_PATHS, TABLE_DIRECT, path_for
 from bench.results import load_run_info, numeric, samples_missing, samples_ok
 from calibrate.analysis import Cells, paired_ratio_ci, parse_samples
+from calibrate.pairing import paired, pooled, widened
 from dispatch.backends import ATEN, DISPATCH
 from dispatch.profiles import GpuProfile
 from dispatch.table import ThresholdTable
@@ -184,19 +185,19 @@ def forward_verdicts(forward: pd.DataFrame, capture_size: int, floor: "ForwardFl
         if DISPATCH not in g.index:
             continue
         best = g["us"].drop(list(NOT_SINGLE_PATHS), errors="ignore").idxmin()  # the dispatcher's twins are no single path
-        ratio, lo, hi = _paired(g, DISPATCH, best)
-        a_ratio, a_lo, a_hi = _paired(g, DISPATCH, ATEN) if ATEN in g.index else (math.nan,) * 3
+        ratio, lo, hi = paired(g, DISPATCH, best)
+        a_ratio, a_lo, a_hi = paired(g, DISPATCH, ATEN) if ATEN in g.index else (math.nan,) * 3
         same = regime == "graph" and _same_kernels(g, DISPATCH, TABLE_DIRECT)
         if same:
-            ratio, lo, hi = _pooled((ratio, lo, hi), _paired(g, TABLE_DIRECT, best))
+            ratio, lo, hi = pooled((ratio, lo, hi), paired(g, TABLE_DIRECT, best))
             if ATEN in g.index:
-                a_ratio, a_lo, a_hi = _pooled((a_ratio, a_lo, a_hi), _paired(g, TABLE_DIRECT, ATEN))
-        lo, hi = _widened(regime, ratio, lo, hi, floor)
-        a_lo, a_hi = _widened(regime, a_ratio, a_lo, a_hi, floor)
+                a_ratio, a_lo, a_hi = pooled((a_ratio, a_lo, a_hi), paired(g, TABLE_DIRECT, ATEN))
+        lo, hi = widened(regime, ratio, lo, hi, floor)
+        a_lo, a_hi = widened(regime, a_ratio, a_lo, a_hi, floor)
         fails = (lo if lo == lo else ratio) > 1 + FORWARD_MARGIN
         # with table-direct measured beside it: how much of the distance to the best path is the table's choices
         # (table-direct / best) and how much the dispatcher's own per-call work (dispatch / table-direct)
-        direct = (_paired(g, TABLE_DIRECT, best)[0], *_paired(g, DISPATCH, TABLE_DIRECT)) if TABLE_DIRECT in g.index \
+        direct = (paired(g, TABLE_DIRECT, best)[0], *paired(g, DISPATCH, TABLE_DIRECT)) if TABLE_DIRECT in g.index \
             else (math.nan,) * 4
         rows.append({"model": model, "m": int(m), "regime": regime,
                      "vllm_regime": (regime == "graph") == (m <= capture_size), "dispatch_us": g.at[DISPATCH, "us"],
@@ -206,17 +207,6 @@ def forward_verdicts(forward: pd.DataFrame, capture_size: int, floor: "ForwardFl
                      "binding_hi": direct[3], "same_kernels": same, "ok": not fails,
                      "verdict": "OVER" if fails else ("within noise" if ratio > 1 + FORWARD_MARGIN else "ok")})
     return pd.DataFrame(rows)
-
-
-def _pooled(a: tuple[float, float, float], b: tuple[float, float, float]) -> tuple[float, float, float]:
-    """Two measurements of one ratio: their geometric mean, and an interval spanning both intervals."""
-    return math.sqrt(a[0] * b[0]), float(np.fmin(a[1], b[1])), float(np.fmax(a[2], b[2]))
-
-
-def _widened(regime: str, ratio: float, lo: float, hi: float, floor: "ForwardFloor | None"
-             ) -> tuple[float, float]:
-    """[lo, hi] widened by the forward floor where one is given (every forward test reads its interval through this)."""
-    return floor.widen(regime, ratio, lo, hi) if floor is not None else (lo, hi)
 
 
 def _same_kernels(g: pd.DataFrame, a: str, b: str) -> bool:
@@ -233,17 +223,6 @@ def null_pair_spread(verdicts: pd.DataFrame) -> tuple[int, float, float]:
     same = verdicts[verdicts["same_kernels"].astype(bool)] if "same_kernels" in verdicts else verdicts.iloc[:0]
     dev = (same["binding_cost"] - 1).abs()
     return len(same), (float(dev.median()) if len(dev) else math.nan), (float(dev.max()) if len(dev) else math.nan)
-
-
-def _paired(g: pd.DataFrame, a: str, b: str) -> tuple[float, float, float]:
-    """us(a)/us(b) as the median of per-round ratios with its interval; the point ratio alone without samples."""
-    if a == b:
-        return 1.0, 1.0, 1.0
-    if "samples_us" in g.columns:
-        sa, sb = parse_samples(g.at[a, "samples_us"]), parse_samples(g.at[b, "samples_us"])
-        if len(sa) == len(sb) and len(sa):
-            return paired_ratio_ci(sa, sb)
-    return g.at[a, "us"] / g.at[b, "us"], math.nan, math.nan
 
 
 GPU_BOUND_MARGIN = 1.25  # GPU-bound: busy >= 1.25x the submission time (room for a path's extra host time)
@@ -330,8 +309,8 @@ def _beaten(forward: pd.DataFrame, candidates: list[str], min_gain: float, floor
         beaten = {}
         for path in candidates:
             if path != ATEN and path in g.index:
-                ratio, lo, hi = _paired(g, path, ATEN)
-                hi = _widened(str(regime), ratio, lo, hi, floor)[1]
+                ratio, lo, hi = paired(g, path, ATEN)
+                hi = widened(str(regime), ratio, lo, hi, floor)[1]
                 if hi == hi and hi < 1 - min_gain:
                     beaten[path] = (ratio, hi)
         out[(str(regime), str(model), int(m))] = beaten
@@ -451,8 +430,8 @@ def kept_choices(runs: list[tuple[pd.DataFrame, dict[str, Any]]], table: Thresho
     for key, groups in sorted(measured_groups(runs, table, profile, regime).items()):
         if not all(ATEN in g.index for g in groups):
             continue
-        paired = [_paired(g, DISPATCH if DISPATCH in g.index else TABLE_DIRECT, ATEN) for g in groups]
-        paired = [(r, *_widened(regime, r, lo, hi, floor)) for r, lo, hi in paired]
+        paired = [paired(g, DISPATCH if DISPATCH in g.index else TABLE_DIRECT, ATEN) for g in groups]
+        paired = [(r, *widened(regime, r, lo, hi, floor)) for r, lo, hi in paired]
         if all(hi < 1 for _, _, hi in paired):
             out[key] = {"ratio": max(r for r, _, _ in paired), "hi": max(hi for _, _, hi in paired),
                         "runs": len(groups)}
@@ -477,13 +456,13 @@ def overrides_over_the_table(runs: list[tuple[pd.DataFrame, dict[str, Any]]], ta
         for path in candidates:
             if not all(path in g.index for g in groups):
                 continue
-            points = [_paired(g, path, TABLE_DIRECT)[0] for g in groups]
+            points = [paired(g, path, TABLE_DIRECT)[0] for g in groups]
             sa = [parse_samples(g.at[path, "samples_us"]) for g in groups]
             sb = [parse_samples(g.at[TABLE_DIRECT, "samples_us"]) for g in groups]
             if any(len(a) != len(b) or not len(a) for a, b in zip(sa, sb)):
                 continue
             ratio, lo, hi = paired_ratio_ci(np.concatenate(sa), np.concatenate(sb))
-            lo, hi = _widened(regime, ratio, lo, hi, floor)
+            lo, hi = widened(regime, ratio, lo, hi, floor)
             if max(points) < 1 and hi < 1 and ratio <= 1 - min_gain and (best is None or ratio < best["ratio"]):
                 best = {"path": path, "ratio": ratio, "lo": lo, "hi": hi, "worst_run": max(points), "runs": len(groups)}
         if best is not None:

@@ -13,12 +13,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
 
-from calibrate.forward_model import _paired
+from calibrate.pairing import paired
 from calibrate.noise import LEVEL, _none_shipped, widen_log
 from dispatch.backends import ATEN
 from harness.errors import HarnessError
@@ -74,6 +74,11 @@ def load_forward_floor(profile: str, path: Path | None = None) -> ForwardFloor |
     return ForwardFloor(hws, level, data.get("source", {}))
 
 
+def forward_noise_check(profile: str) -> Callable[[Path], None]:
+    """The installer's check of a staged forward noise floor: it loads as every forward verdict loads it."""
+    return lambda path: load_forward_floor(profile, path)
+
+
 def replicate_forward_diffs(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
     """Per (model, M, regime, path) measured ok in both runs with the same choices (paths_used), beside all-aten:
     the path's ratio to all-aten in each run with run a's paired interval, and d = log(ratio_b / ratio_a)."""
@@ -90,8 +95,8 @@ def replicate_forward_diffs(a: pd.DataFrame, b: pd.DataFrame) -> pd.DataFrame:
                 continue
             if "paths_used" in ga.columns and str(ga.at[path, "paths_used"]) != str(gb.at[path, "paths_used"]):
                 continue  # another table's choices under the same rule name
-            ra, lo, hi = _paired(ga, path, ATEN)
-            rb = _paired(gb, path, ATEN)[0]
+            ra, lo, hi = paired(ga, path, ATEN)
+            rb = paired(gb, path, ATEN)[0]
             rows.append({"model": key[0], "m": int(key[1]), "regime": key[2], "path": path, "ratio_a": ra,
                          "lo": lo, "hi": hi, "ratio_b": rb, "d": math.log(rb / ra)})
     return pd.DataFrame(rows, columns=["model", "m", "regime", "path", "ratio_a", "lo", "hi", "ratio_b", "d"])

@@ -173,24 +173,3 @@ def gemv_check(path: Path) -> None:
     from dispatch.gemv import parse
     from harness.io import read_json
     parse(read_json(path, "GEMV configuration file", "tune it afresh"), path.name)
-
-
-def baseline_check(profile: str) -> Callable[[Path], None]:
-    def check(path: Path) -> None:
-        from calibrate.baseline import load_baseline
-        base = load_baseline(path)
-        if base.profile != profile:
-            raise HarnessError(f"it is a baseline of the {base.profile!r} profile, not {profile!r}")
-        base.tactics_file()  # present beside it with the recorded hash
-    return check
-
-
-def noise_check(profile: str, forward: bool = False) -> Callable[[Path], None]:
-    def check(path: Path) -> None:
-        if forward:
-            from calibrate.forward_noise import load_forward_floor
-            load_forward_floor(profile, path)
-        else:
-            from calibrate.noise import load_noise
-            load_noise(profile, path)
-    return check

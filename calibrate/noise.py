@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import pandas as pd
@@ -39,6 +39,11 @@ def _none_shipped(profile: str, kind: str) -> None:
     if known is not None and kind in known.ships:
         raise HarnessError(missing_line(kind, profile))
     return None
+
+
+def noise_check(profile: str) -> Callable[[Path], None]:
+    """The installer's check of a staged noise floor: it loads as every verdict loads it."""
+    return lambda path: load_noise(profile, path)
 
 
 def widen_log(ratio: float, lo: float, hi: float, floor: float) -> tuple[float, float]:

@@ -16,7 +16,7 @@ import pandas as pd
 
 from bench.forward_paths import SEED_PR, VLLM_DEFAULT, VLLM_FLAG, threshold_base
 from bench.paths import DISPATCH
-from calibrate.forward_model import _paired, _widened
+from calibrate.pairing import paired, widened
 from dispatch import vllm
 from dispatch.profiles import GpuProfile
 from harness.errors import HarnessError
@@ -63,8 +63,8 @@ def measured_as(g: pd.DataFrame, path: str) -> str:
 def _ratio(g: pd.DataFrame, path: str, regime: str, floor) -> tuple[float, float, float]:
     if measured_as(g, path) == measured_as(g, VLLM_DEFAULT):
         return 1.0, 1.0, 1.0  # one measurement under two names: the same forward, no noise between them
-    r, lo, hi = _paired(g, path, VLLM_DEFAULT)
-    lo, hi = _widened(regime, r, lo, hi, floor)
+    r, lo, hi = paired(g, path, VLLM_DEFAULT)
+    lo, hi = widened(regime, r, lo, hi, floor)
     return r, lo, hi
 
 
@@ -115,8 +115,8 @@ def vllm_terms(forward: pd.DataFrame, profile: GpuProfile, floor=None) -> VllmTe
         row["low_m"] = float(g.at[low, "us"] / g.at[VLLM_DEFAULT, "us"]) if low in g.index else math.inf
         # the table beside the best threshold: dispatch over the threshold rule's forward, paired
         t_path = low if m <= thresholds[regime] else VLLM_DEFAULT
-        r, lo, hi = _paired(g, DISPATCH, t_path)
-        row["table_over_threshold"], row["tot_lo"], row["tot_hi"] = (r, *_widened(regime, r, lo, hi, floor))
+        r, lo, hi = paired(g, DISPATCH, t_path)
+        row["table_over_threshold"], row["tot_lo"], row["tot_hi"] = (r, *widened(regime, r, lo, hi, floor))
         rows.append(row)
     return VllmTerms(pd.DataFrame(rows), thresholds, per_model, low, profile.name, profile.capture_size)
 

@@ -31,6 +31,11 @@ __all__ = ["bind", "layer_kind", "linear", "op", "patch", "install", "ThresholdT
 def __getattr__(name: str) -> Any:
     if name not in __all__:
         raise AttributeError(f"module 'dispatch' has no attribute {name!r}")
-    from dispatch import layers
-    value = globals()[name] = getattr(layers, name)  # kept here: the next lookup is a plain attribute
+    if name == "patch":
+        from dispatch import patching as owner
+    elif name == "op":
+        from dispatch import compiled as owner
+    else:
+        from dispatch import layers as owner
+    value = globals()[name] = getattr(owner, name)  # kept here: the next lookup is a plain attribute
     return value

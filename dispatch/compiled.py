@@ -5,7 +5,7 @@ from typing import Optional
 
 import torch
 
-import dispatch
+from dispatch import layers
 
 _OP = None
 
@@ -27,12 +27,14 @@ def _backward(ctx, grad):
     return gx, gw, gb
 
 
-def register():
+def op():
+    """torch.ops.bf16_linear_bench.linear(x, weight, bias): the dispatcher's `linear` as an opaque custom op with a fake
+    (meta) implementation and F.linear's gradients, registered on first use."""
     global _OP
     if _OP is None:
         @torch.library.custom_op("bf16_linear_bench::linear", mutates_args=())
         def _linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
-            return dispatch.linear(x, weight, bias)
+            return layers.linear(x, weight, bias)
 
         @_linear.register_fake
         def _(x, weight, bias=None):

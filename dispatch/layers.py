@@ -457,17 +457,3 @@ def serve_streams(*streams: Any) -> None:
     calls that run at once never share one (dispatch/gemv.py)."""
     from dispatch.gemv import serve_streams as serve
     serve(*streams)
-
-
-def op():
-    """torch.ops.bf16_linear_bench.linear(x, weight, bias): `linear` as an opaque custom op with a fake (meta)
-    implementation, for code under torch.compile (dispatch/compiled.py)."""
-    from dispatch.compiled import register
-    return register()
-
-
-def patch(model: Any, lm_head: bool = False, compiled: bool = False):
-    """Every eligible bias-free bf16 nn.Linear of a torch module served by the dispatcher (dispatch/patching.py);
-    returns a handle whose remove() restores the module."""
-    from dispatch.patching import patch as _patch
-    return _patch(model, lm_head, compiled)

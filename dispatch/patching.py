@@ -12,6 +12,9 @@ from typing import Any, Callable
 
 import torch
 
+from dispatch import layers
+from dispatch.compiled import op
+
 BOUND = "_dispatch_bound"  # where a patched linear keeps its binding: (weight, its data_ptr, the bound call)
 
 
@@ -87,16 +90,14 @@ class DispatchedLinear(_Dispatched, torch.nn.Linear):
     """An nn.Linear served by dispatch.bind (patch() swaps a module's class to it; remove() swaps it back)."""
 
     def _bind(self, weight: Any) -> Callable[[Any], Any]:
-        import dispatch
-        return dispatch.bind(weight)
+        return layers.bind(weight)
 
 
 class CompiledDispatchedLinear(_Dispatched, torch.nn.Linear):
     """An nn.Linear served through the custom op torch.ops.bf16_linear_bench.linear (patch(compiled=True))."""
 
     def forward(self, x: Any) -> Any:
-        import dispatch
-        return dispatch.op()(x, self.weight, self.bias)
+        return op()(x, self.weight, self.bias)
 
 
 def patch(model: Any, lm_head: bool = False, compiled: bool = False) -> PatchHandle:
@@ -109,8 +110,7 @@ def patch(model: Any, lm_head: bool = False, compiled: bool = False) -> PatchHan
                         f"{type(model).__name__}")
     handle = PatchHandle()
     if compiled:  # registered now: torch.compile may trace the model before any eager call
-        import dispatch
-        dispatch.op()
+        op()
     for name, module in model.named_modules():
         if not eligible(module) or "forward" in module.__dict__ or (not lm_head and _is_lm_head(model, name, module)):
             continue
@@ -130,10 +130,9 @@ def _outside_table(patched: list[tuple[str, Any]]) -> list[tuple[str, tuple[int,
     """The patched linears whose (N, K) the table of their weight's device does not hold and whose default rule
     runs F.linear at every M (none where no table is known yet: a weight on the meta device, or a device without
     one; none where the default runs another path somewhere, as a rule for every shape does)."""
-    from dispatch.layers import table_for
     out = []
     for name, module in patched:
-        table = table_for(module.weight)
+        table = layers.table_for(module.weight)
         shape = (int(module.weight.shape[0]), int(module.weight.shape[1]))
         # a shape the table does not hold takes its default ranges: outside only where they run F.linear throughout
         if table is not None and shape not in table.shapes and table.threshold(*shape) == 0:

@@ -9,8 +9,8 @@ import json
 from pathlib import Path
 
 from bench.autotune_cache import gemv_file
-from calibrate.baseline import autotune_cache_path, baseline_path
-from calibrate.install import Artifact, baseline_check, gemv_check, install as install_all, shipped_layout, table_check
+from calibrate.baseline import autotune_cache_path, baseline_check, baseline_path
+from calibrate.install import Artifact, gemv_check, install as install_all, shipped_layout, table_check
 from harness.errors import HarnessError
 from harness.io import ROOT, parse_json_text, read_input, read_input_text, sha256
 from harness.shipped import shipped_file

@@ -9,7 +9,7 @@ from bench.autotune_cache import sha256
 from bench.envinfo import fingerprint
 from bench.sweep import require_gpu
 from calibrate.baseline import fingerprint_mismatch, fingerprint_of
-from calibrate.install import baseline_check
+from calibrate.baseline import baseline_check
 from calibrate.regress import measure_runs, regress, regression_paths
 from calibrate.runs import RESULTS, verdict_word
 from calibrate.runs import load_run as _load

@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 import math
 
-from calibrate.forward_noise import fit_forward_floor, forward_coverage, forward_noise_path
-from calibrate.install import Artifact, noise_check, write_outputs
+from calibrate.forward_noise import fit_forward_floor, forward_coverage, forward_noise_check, forward_noise_path
+from calibrate.install import Artifact, write_outputs
 from calibrate.noise import coverage_line
 from calibrate.runs import RESULTS, replicate_profile
 from calibrate.runs import load_forwards as _load_forwards
@@ -49,6 +49,6 @@ def run(args) -> int:
                                 f"{regime}, {args.runs[i + 1]} in {args.runs[i]}"
                                 + (", floor from the other pairs" if others else ", in-sample")))
     write_outputs([Artifact(out, (json.dumps(floor.to_json(), indent=2) + "\n").encode(),
-                            "the forward noise floor", noise_check(profile.name, forward=True))])
+                            "the forward noise floor", forward_noise_check(profile.name))])
     print(f"wrote {out}")
     return 0

@@ -6,8 +6,8 @@ import json
 import math
 
 from calibrate.analysis import Cells
-from calibrate.install import Artifact, noise_check, write_outputs
-from calibrate.noise import coverage, coverage_line, fit_floor, noise_path
+from calibrate.install import Artifact, write_outputs
+from calibrate.noise import coverage, coverage_line, fit_floor, noise_check, noise_path
 from calibrate.runs import RESULTS, replicate_profile
 from calibrate.runs import load_run as _load
 from harness.io import shipped_or_results
