@@ -159,8 +159,8 @@ def fingerprint() -> dict[str, Any]:
 
 # run.json's format: 1 for the runs written before the key existed, 2 from the run that records its read ceilings.
 # Readers take every format in RUN_FORMATS and refuse a newer one (bench.results.load_run_info).
-RUN_FORMAT = 2
-RUN_FORMATS = (1, 2)
+RUN_FORMAT = 3  # 3: a sweep's settings as codes and numbers (host_blocks, stopping, gpu_twins, skip_*), not prose
+RUN_FORMATS = (1, 2, 3)
 
 
 def run_info(command: list[str] | None = None, **extra: Any) -> dict[str, Any]:

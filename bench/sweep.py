@@ -629,23 +629,18 @@ def _sweep_info(cfg: SweepConfig) -> dict[str, Any]:
     return run_info(cfg.command, profile=cfg.profile.name, timer=cfg.timer, l2=cfg.l2, warm_l2=cfg.l2 == "warm", **extra,
                     samples=cfg.samples, ms=cfg.ms, **({"cells": cfg.cells} if cfg.cells is not None else {}),
                     replay_us=cfg.target_replay_us,
-                    host_blocks=f"{cfg.host_calls} calls x {cfg.host_rounds} rounds (at most "
-                                f"{GPU_BOUND_HOST_BLOCKS[0]} x {GPU_BOUND_HOST_BLOCKS[1]} where a call is estimated at "
-                                f">= {cfg.gpu_bound_us:g} µs of GPU time)" + (
-                                    f"; a block holds the calls that last {cfg.host_block_us:g} µs by a warm-up "
-                                    f"estimate, at least {MIN_CALLS}" if cfg.host_block_us else ""),
-                    stopping=(cfg.stopping.describe() if cfg.stopping else f"fixed: {cfg.samples} replays"),
-                    gpu_twins=("timed in full (--time-twins)" if cfg.time_twins else
-                               "a public call is not captured where its checked call ran its lean twin's kernels, the "
-                               "dispatcher is replayed in its warm-ups only where they ran the path it chose; both take "
-                               "that path's GPU time, gpu_from names it; a mismatch is timed itself"),
+                    host_blocks={"calls": cfg.host_calls, "rounds": cfg.host_rounds,
+                                 "gpu_bound": {"calls": GPU_BOUND_HOST_BLOCKS[0], "rounds": GPU_BOUND_HOST_BLOCKS[1],
+                                               "from_gpu_us": cfg.gpu_bound_us},
+                                 "block_us": cfg.host_block_us or None, "min_calls": MIN_CALLS},
+                    stopping=(cfg.stopping.describe() if cfg.stopping else {"criterion": "fixed",
+                                                                            "samples": cfg.samples}),
+                    gpu_twins="full" if cfg.time_twins else "read-off-twin",
                     shapes=[s.name for s in cfg.shapes],
                     paths=[p.name for p in cfg.paths], pdl=cfg.profile.pdl, tuning=tuning_info(cfg.vllm_tune_tokens),
                     layout=cfg.layout, table_file=cfg.table_file,
-                    skip_unchoosable=("paths the dispatcher cannot choose are skipped" if cfg.skip_unchoosable
-                                      else "off"),
-                    skip_hopeless=(f"low-M paths above {cfg.hopeless_factor:g}x F.linear's cost at a smaller M of the "
-                                   f"shape are skipped" if cfg.hopeless_factor else "off (--all)"),
+                    skip_unchoosable=bool(cfg.skip_unchoosable),
+                    skip_hopeless=cfg.hopeless_factor or None,
                     clocks_start=nvml_clocks())
 
 

@@ -23,12 +23,44 @@ FINGERPRINT_KEYS = ("gpu_name", "sm", "sm_count", "l2_bytes", "driver", "cuda", 
                     "flashinfer", "cupti_python", "libcupti", "cutlass_dsl", "python", "harness_sha")
 
 
+def sweep_settings(info: dict) -> dict[str, str]:
+    """A sweep's settings in words, from run.json's codes (format 3) or the sentences older runs stored."""
+    out = {}
+    blocks = info.get("host_blocks")
+    if isinstance(blocks, dict):
+        bound = blocks.get("gpu_bound") or {}
+        out["host blocks"] = (f"{blocks.get('calls')} calls x {blocks.get('rounds')} rounds (at most "
+                              f"{bound.get('calls')} x {bound.get('rounds')} where a call is estimated at >= "
+                              f"{bound.get('from_gpu_us')} µs of GPU time)" +
+                              (f"; a block holds the calls that last {blocks['block_us']:g} µs by a warm-up estimate, "
+                               f"at least {blocks.get('min_calls')}" if blocks.get("block_us") else ""))
+    elif blocks:
+        out["host blocks"] = str(blocks)
+    stop = info.get("stopping")
+    if isinstance(stop, dict):
+        out["stopping"] = (f"fixed: {stop.get('samples')} replays" if stop.get("criterion") == "fixed" else
+                           f"{stop.get('criterion')}: at least {stop.get('min_samples')} replays, relative standard "
+                           f"deviation at most {stop.get('max_noise')}")
+    elif stop:
+        out["stopping"] = str(stop)
+    twins = info.get("gpu_twins")
+    out["GPU twins"] = {"full": "timed in full (--time-twins)",
+                        "read-off-twin": "a public call or the dispatcher that ran its twin's kernels takes that "
+                                         "path's GPU time (gpu_from names it); a mismatch is timed itself"
+                        }.get(twins, str(twins)) if twins else None
+    hopeless = info.get("skip_hopeless")
+    out["skips"] = ((f"low-M paths above {hopeless:g}x F.linear's cost at a smaller M of the shape" if
+                     isinstance(hopeless, (int, float)) and not isinstance(hopeless, bool) else str(hopeless or "none"))
+                    + ("; paths the dispatcher cannot choose" if info.get("skip_unchoosable") is True else ""))
+    return {k: v for k, v in out.items() if v}
+
+
 def environment(run: Run) -> str:
     fp = run.info.get("fingerprint") or {}
     items = {"results": run.path, "command": run.info.get("command"), "started": run.info.get("started"),
              "status": run.info.get("status"), "wall s": run.info.get("wall_s"), "profile": run.info.get("profile"),
              "timer": run.info.get("timer"), "replays per cell": run.info.get("samples"),
-             "warm L2": run.info.get("warm_l2")}
+             "warm L2": run.info.get("warm_l2"), **sweep_settings(run.info)}
     items.update({k: fp.get(k) for k in FINGERPRINT_KEYS})
     return kv_table({k: v for k, v in items.items() if v is not None})
 

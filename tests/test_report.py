@@ -208,3 +208,20 @@ def test_the_report_judges_only_with_a_table_of_the_runs_gpu(edit, table, needle
     assert reports_main(argv) == 0
     page = (tmp_path / "r.html").read_text()
     assert needle in page and "Yes, the dispatcher holds" not in page
+
+
+def test_a_sweeps_settings_read_in_words_from_codes_and_from_older_sentences():
+    from reports.build import sweep_settings
+    new = {"host_blocks": {"calls": 10, "rounds": 5, "gpu_bound": {"calls": 3, "rounds": 3, "from_gpu_us": 50.0},
+                           "block_us": 1000.0, "min_calls": 3},
+           "stopping": {"criterion": "stdrel", "min_samples": 5, "max_noise": 0.005}, "gpu_twins": "read-off-twin",
+           "skip_hopeless": 2.0, "skip_unchoosable": True}
+    words = sweep_settings(new)
+    assert words["host blocks"].startswith("10 calls x 5 rounds (at most 3 x 3")
+    assert "at least 5 replays" in words["stopping"] and "gpu_from" in words["GPU twins"]
+    assert words["skips"] == ("low-M paths above 2x F.linear's cost at a smaller M of the shape; paths the "
+                              "dispatcher cannot choose")
+    old = {"host_blocks": "10 calls x 5 rounds", "gpu_twins": "timed in full (--time-twins)",
+           "skip_hopeless": "off (--all)"}
+    assert sweep_settings(old) == {"host blocks": "10 calls x 5 rounds", "GPU twins": "timed in full (--time-twins)",
+                                   "skips": "off (--all)"}
