@@ -32,7 +32,7 @@ def cell_bytes(n: int, k: int, m: int) -> int:
 
 
 @functools.cache
-def _kernels():
+def read_kernels():
     """The read kernels, made once per process (each new triton.jit function would compile afresh)."""
     import triton
     import triton.language as tl
@@ -63,7 +63,7 @@ def read_name(read: tuple) -> str:
 
 def _read_fn(read: tuple, elements: int, sms: int, out) -> Any:
     kind, block, warps, per_sm = read
-    kernel = _kernels()[kind]
+    kernel = read_kernels()[kind]
     blocks = -(-elements // block)
     grid = (min(blocks, sms * per_sm) if per_sm else blocks,)
 

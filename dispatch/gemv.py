@@ -33,7 +33,7 @@ from typing import Any
 MAX_M = 16
 TILE_MS = (1, 2, 4, 8, 16)  # the rows a tile holds: 1, 2-8 on the CUDA cores, 16 a tensor-core tile
 # every configuration the kernel is written for: (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, tile_m); a 16-row tile is a
-# tensor-core tile, which needs BLOCK_N >= 16; a 2-8 row tile loops over its rows. tools/limit_probe.py tunes over all
+# tensor-core tile, which needs BLOCK_N >= 16; a 2-8 row tile loops over its rows. tools/probes/limit.py tunes over all
 CONFIGS = tuple((bn, bk, sk, nw, tm) for tm in TILE_MS for bn in (8, 16, 32, 64) for bk in (128, 256, 512)
                 for sk in (1, 2, 4, 8, 16) for nw in (4, 8) if bn * bk <= 16384 and (tm != 16 or bn >= 16))
 # the tile shapes (BLOCK_N, BLOCK_K, num_warps) the tuner tries: for one row, for 2-8 rows on the CUDA cores, and for

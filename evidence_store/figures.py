@@ -111,7 +111,7 @@ def e2e(run: Path, step: str, tokens: int, column: str | list[str], forward: str
 
 @reader("probe")
 def probe(run: Path, n: int, k: int, ms: list[int], path: str, column: str) -> list[float]:
-    """One column of tools/limit_probe's limit.csv for (N, K, path) at each of `ms`."""
+    """One column of tools/probes/limit.py's limit.csv for (N, K, path) at each of `ms`."""
     import pandas as pd
     df = pd.read_csv(run / "limit.csv")
     return [_number(_one(df, {"n": n, "k": k, "m": m, "path": path}, f"{run}/limit.csv")[column]) for m in ms]

@@ -1018,7 +1018,7 @@ def test_validate_checks_its_forward_file_before_printing_anything(tmp_path, cap
 def test_the_sweep_cost_probe_refuses_a_file_for_its_folder(tmp_path):
     target = tmp_path / "taken"
     target.write_text("mine\n")
-    proc = subprocess.run([sys.executable, "-m", "tools.sweep_costs", str(target)], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "tools.probes.sweep_costs", str(target)], capture_output=True, text=True,
                           cwd=Path(__file__).resolve().parents[1])
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "is not a folder" in proc.stderr
     assert target.read_text() == "mine\n"

@@ -25,3 +25,27 @@ def test_package_sources_cite_no_run_or_commit():
     found = [f"{p.relative_to(ROOT)}: {c}" for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*"))
              if p.suffix in (".py", ".cpp") for c in citations(p.read_text())]
     assert not found, "move the run or commit to docs/ and say what and why in the code: " + "; ".join(found)
+
+
+def test_the_probes_run_nothing_at_import_and_use_public_names_only():
+    """tools/probes/: each says in its first line what it is for, runs nothing when imported (only definitions and
+    imports at the top level, a __main__ guard) and imports no private name of the project."""
+    import ast
+    import importlib
+    from pathlib import Path
+
+    from harness.floors import FLOORS
+    folder = Path(__file__).resolve().parent.parent / "tools" / "probes"
+    probes = sorted(p for p in folder.glob("*.py") if p.name != "__init__.py")
+    assert probes
+    for path in probes:
+        tree = ast.parse(path.read_text())
+        assert ast.get_docstring(tree), path.name
+        for node in tree.body:
+            assert isinstance(node, (ast.Import, ast.ImportFrom, ast.FunctionDef, ast.ClassDef, ast.Assign,
+                                     ast.AnnAssign, ast.Expr)) or (
+                isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)), f"{path.name}: {ast.unparse(node)[:60]}"
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in FLOORS:
+                assert not any(a.name.startswith("_") for a in node.names), f"{path.name}: {ast.unparse(node)}"
+        importlib.import_module(f"tools.probes.{path.stem}")

@@ -2,33 +2,13 @@
 (warm-up, capture of the calls, instantiate) and of a replay (launch, wait, CUPTI drain), with CUPTI recording and
 paused, and the same graph captured with one call per copy or two calls in all.
 
-    python -m tools.sweep_costs OUT          -> OUT/sweep-costs.csv
+    python -m tools.probes.sweep_costs OUT          -> OUT/sweep-costs.csv
 
-A diagnostic script, not part of the measured grid: docs/results-h200.md says where its H200 run is."""
+A diagnostic, not part of the measured grid."""
 import csv
+import pathlib
 import sys
 import time
-
-if len(sys.argv) != 2:
-    print("python -m tools.sweep_costs: error: usage: python -m tools.sweep_costs OUT", file=sys.stderr)
-    sys.exit(2)
-import pathlib  # noqa: E402
-
-if pathlib.Path(sys.argv[1]).exists() and not pathlib.Path(sys.argv[1]).is_dir():
-    print(f"python -m tools.sweep_costs: error: {sys.argv[1]} is not a folder; name a folder for sweep-costs.csv",
-          file=sys.stderr)
-    sys.exit(2)
-import torch  # noqa: E402
-
-if not torch.cuda.is_available():
-    print("python -m tools.sweep_costs: error: needs a CUDA GPU", file=sys.stderr)
-    sys.exit(2)
-
-from bench.clocks import make_clock  # noqa: E402
-from bench.gpu import make_operands, sleep_cycles_per_us  # noqa: E402
-from bench.paths import PATHS  # noqa: E402
-from bench.stats import rotation_count  # noqa: E402
-from harness.io import atomic_write_text  # noqa: E402
 
 CELLS = [(256, 2048, 1), (12288, 2048, 1), (12288, 2048, 1024)]
 NAMES = ["aten", "flashinfer-lean:cublaslt", "flashinfer:cublaslt", "flashinfer:cudnn", "dispatch"]
@@ -39,6 +19,9 @@ def ms_since(t0: float) -> float:
 
 
 def one(clock, fn, ops, calls: int, paused: bool) -> dict:
+    import torch
+
+    from bench.gpu import sleep_cycles_per_us
     row: dict = {}
     t = time.perf_counter()
     fn(ops.xs[0], ops.ws[0])
@@ -80,7 +63,31 @@ def one(clock, fn, ops, calls: int, paused: bool) -> dict:
     return row
 
 
-def main(out: str) -> None:
+def main(argv: list[str]) -> int:
+    """The checks before any import of torch, then every cell; 2 and one line for bad input or no GPU."""
+    prog = "python -m tools.probes.sweep_costs"
+    if len(argv) != 1:
+        print(f"{prog}: error: usage: {prog} OUT", file=sys.stderr)
+        return 2
+    if pathlib.Path(argv[0]).exists() and not pathlib.Path(argv[0]).is_dir():
+        print(f"{prog}: error: {argv[0]} is not a folder; name a folder for sweep-costs.csv", file=sys.stderr)
+        return 2
+    import torch
+    if not torch.cuda.is_available():
+        print(f"{prog}: error: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    measure(argv[0])
+    return 0
+
+
+def measure(out: str) -> None:
+    import torch
+
+    from bench.clocks import make_clock
+    from bench.gpu import make_operands
+    from bench.paths import PATHS
+    from bench.stats import rotation_count
+    from harness.io import atomic_write_text
     clock = make_clock("cupti")
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
     rows = []
@@ -109,4 +116,6 @@ def main(out: str) -> None:
     clock.close()
 
 
-main(sys.argv[1])
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,6 +1,6 @@
 """(GPU) How far the small-M linears are from the memory ceiling, and which candidate kernels close the distance.
 
-    python -m tools.limit_probe --out DIR [--ms 1,2,4,8,16,32] [--min-mb 16]
+    python -m tools.probes.limit --out DIR [--ms 1,2,4,8,16,32] [--min-mb 16]
 
 For every catalog weight of at least --min-mb (vLLM's layout, TP 1) and the LM head: the size-matched read ceiling
 (the fastest of several streaming-read kernels over the same bytes), the large-buffer ceiling, and at each M the time
@@ -39,8 +39,8 @@ def timed(fn, args_list, calls: int, replays: int = 25) -> float:
 
 
 def read_kernels():
-    from bench.ceiling import _kernels
-    kernels = _kernels()
+    from bench.ceiling import read_kernels as kernels_of
+    kernels = kernels_of()
     return kernels["blocks"], kernels["persistent"]
 
 
@@ -123,7 +123,7 @@ def _parser():
     from harness.cli import Parser, float_in
     from harness.options import add
     from shapes.grid import parse_m
-    p = Parser(prog="tools.limit_probe")
+    p = Parser(prog="tools.probes.limit")
     add(p, "out", required=True)
     p.add_argument("--ms", default="1,2,4,8,16,32", type=parse_m)
     p.add_argument("--min-mb", type=float_in(0.0, 1e6), default=16.0)
@@ -229,7 +229,7 @@ def main(argv=None) -> int:
     ceilings: dict = {}
     t0 = time.perf_counter()
     profile = detect_profile(*this_gpu())
-    info = run_info(["python", "-m", "tools.limit_probe", *(argv if argv is not None else sys.argv[1:])],
+    info = run_info(["python", "-m", "tools.probes.limit", *(argv if argv is not None else sys.argv[1:])],
                     kind="limit", profile=profile.name if profile else None, status="running")
     with (out / "limit.csv").open("w", newline="") as sheet:
         writer = csv.DictWriter(sheet, fieldnames=FIELDS)
@@ -252,4 +252,4 @@ def main(argv=None) -> int:
 
 if __name__ == "__main__":
     from harness.errors import run_cli
-    sys.exit(run_cli(main, "tools.limit_probe"))
+    sys.exit(run_cli(main, "tools.probes.limit"))
