@@ -84,7 +84,7 @@ def measure(clock, weight_bytes: list[int], samples: int = 10, replay_us: float 
     copies do not fit in the free memory is recorded as skipped, with the reason, and its cells get no share."""
     import torch
 
-    from bench.gpu import Operands, capture, replay_interleaved
+    from bench.gpu import Operands, Replays, capture, replay_interleaved
     props = torch.cuda.get_device_properties(0)
     sms = props.multi_processor_count
 
@@ -101,7 +101,7 @@ def measure(clock, weight_bytes: list[int], samples: int = 10, replay_us: float 
         estimate_us = nbytes / 4e6  # at 4 TB/s: only to size the replay near replay_us
         calls = max(rotations, min(256, int(replay_us / estimate_us)))
         graphs = {read_name(r): capture(_read_fn(r, elements, sms, out), Operands(ws, ws), calls) for r in READS}
-        timing = replay_interleaved(clock, graphs, calls, samples)
+        timing = replay_interleaved(clock, graphs, Replays(calls, samples))
         times = {name: float(torch.tensor(t.gpu_us).median()) for name, t in timing.items() if t.gpu_us}
         del graphs, flat, ws, out
         torch.cuda.empty_cache()

@@ -19,7 +19,7 @@ from bench.clocks import make_clock
 from bench.envinfo import ClockReader, nvml_clocks, run_info
 from bench.forward_paths import (BOUND_LAYER_RULES, DISPATCH_PYTHON, DISPATCHER_RULES, LM_HEAD_RULE,
                                  RULES, TABLE_DIRECT, path_for)
-from bench.gpu import (REL_ERR_BOUND, capture_graph, check_output, records_since_last_window, replay_interleaved,
+from bench.gpu import (REL_ERR_BOUND, Replays, capture_graph, check_output, records_since_last_window, replay_interleaved,
                        replay_seconds)
 from bench.paths import ATEN, DISPATCH, PATHS
 from bench.results import finished_rows, rows_to_csv, write_run_json
@@ -379,9 +379,9 @@ def graph_m(cfg: ForwardConfig, clock, model: str, seq, weights, m: int, sm: int
         with phase("graph replay"):
             # shuffled like the eager rounds: in a fixed A B B A order the dispatcher always sat next to the same
             # forwards, which moved it against table-direct at the power cap (docs/design.md, The settle)
-            timings = replay_interleaved(clock, graphs, 1, cfg.samples, settle_s=cfg.settle_ms / 1e3 if capped else 0.0,
-                                         reader=reader, orders=round_orders(list(graphs), cfg.samples,
-                                                                            (cfg.order_seed or 0) + m))
+            timings = replay_interleaved(clock, graphs, Replays(
+                1, cfg.samples, settle_s=cfg.settle_ms / 1e3 if capped else 0.0, reader=reader,
+                orders=round_orders(list(graphs), cfg.samples, (cfg.order_seed or 0) + m)))
         for rule, t in timings.items():
             if t.error:
                 rows.append(_row(cfg, model, m, rule, "graph", len(seq), status="failed", reason=t.error))

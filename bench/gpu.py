@@ -236,12 +236,25 @@ def new_pass_id() -> str:
     return "p" + secrets.token_hex(6)
 
 
-def replay_interleaved(clock, graphs: dict[str, Any], calls: int, samples: int, warmup: int = 2,
-                       exclude: frozenset[str] = frozenset(), settle_s: float = 0.0, reader=None,
-                       orders: list[list[str]] | None = None, twins: dict[str, tuple[str, ...]] | None = None,
-                       stopping: Stopping | None = None, keep: list | None = None) -> dict[str, GraphTiming]:
-    """Replays every path's graph up to `samples` times in A B B A order (or in orders[s] for sample s); attributes
-    kernel records to each replay.
+@dataclass
+class Replays:
+    """How a set of captured graphs is replayed and timed (replay_interleaved): each graph holds `calls` calls and
+    is timed up to `samples` times after `warmup` untimed replays; the other fields as replay_interleaved says."""
+    calls: int
+    samples: int
+    warmup: int = 2
+    exclude: frozenset[str] = frozenset()
+    settle_s: float = 0.0
+    reader: Any = None
+    orders: list[list[str]] | None = None
+    twins: dict[str, tuple[str, ...]] | None = None
+    stopping: Stopping | None = None
+    keep: list | None = None
+
+
+def replay_interleaved(clock, graphs: dict[str, Any], plan: Replays) -> dict[str, GraphTiming]:
+    """Replays every path's graph up to `plan.samples` times in A B B A order (or in orders[s] for sample s);
+    attributes kernel records to each replay.
     Kernels named in `exclude` (an L2 flush captured between calls) are not counted, nor timed.
 
     twins: path -> the paths that may run the same kernels (the dispatcher and what it chose). A twin is replayed in
@@ -256,6 +269,8 @@ def replay_interleaved(clock, graphs: dict[str, Any], calls: int, samples: int, 
     reader: a ClockReader, read after every timed replay (GraphTiming.clocks).
     Without a settle, CUPTI is drained once, after the last replay (each drain costs milliseconds)."""
     import torch
+    calls, warmup, exclude, settle_s, keep, twins = (plan.calls, plan.warmup, plan.exclude, plan.settle_s, plan.keep,
+                                                     plan.twins)
     names = list(graphs)
     pass_id = new_pass_id()
     result = {p: GraphTiming(replay_pass=pass_id) for p in names}
@@ -279,8 +294,8 @@ def replay_interleaved(clock, graphs: dict[str, Any], calls: int, samples: int, 
     # the settle runs drain CUPTI before each window (records_since_last_window): the warm-ups' records go first
     records = _keep(keep, clock.drain()) if settle_s > 0 else []
     timed = [p for p in names if p not in deferred]
-    windows, events = _timed_replays(clock, graphs, timed, samples, launch_ns, settle, reader, orders, stopping,
-                                     result, records)
+    windows, events = _timed_replays(clock, {p: graphs[p] for p in timed}, plan, (launch_ns, settle), result,
+                                     records)
     records = sorted((r for r in records + _keep(keep, clock.drain()) if r.name not in exclude), key=lambda r: r.start)
     if use_records:
         _calibrate(records, warm, calls, result)
@@ -310,8 +325,8 @@ def replay_interleaved(clock, graphs: dict[str, Any], calls: int, samples: int, 
             continue
         result[p] = result[rep].read_off(rep, kernels=result[p].kernels, digest=result[p].digest)
     if unmatched:
-        result.update(replay_interleaved(clock, {p: graphs[p] for p in unmatched}, calls, samples, warmup, exclude,
-                                         settle_s, reader, None, None, stopping, keep))
+        result.update(replay_interleaved(clock, {p: graphs[p] for p in unmatched},
+                                         replace(plan, orders=None, twins=None)))
     return result
 
 
@@ -338,11 +353,13 @@ def _calibrate(records: list, warm: list[Window], calls: int, result: dict[str, 
         result[p].digest = kernel_digest(timing.names)
 
 
-def _timed_replays(clock, graphs: dict[str, Any], live: list[str], samples: int, launch_ns: dict[str, float],
-                   settle: dict[str, int], reader, orders, stopping: Stopping | None, result: dict[str, GraphTiming],
-                   records: list) -> tuple[list[Window], list[tuple[Any, Any]]]:
-    """The timed replays of `live`, interleaved; (windows, CUDA-event pairs). A settle drains CUPTI into `records`."""
+def _timed_replays(clock, graphs: dict[str, Any], plan: Replays, warmed: tuple[dict, dict],
+                   result: dict[str, GraphTiming], records: list) -> tuple[list[Window], list[tuple[Any, Any]]]:
+    """The timed replays of `graphs`, interleaved; (windows, CUDA-event pairs). `warmed`: each graph's launch time
+    (ns) and settle replays, from the warm-ups. A settle drains CUPTI into `records`."""
     import torch
+    live, samples, reader, orders, stopping = list(graphs), plan.samples, plan.reader, plan.orders, plan.stopping
+    launch_ns, settle = warmed
     windows, events = [], []
     event_times: dict[str, list[float]] = {p: [] for p in live}
     stopped: set[str] = set()

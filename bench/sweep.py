@@ -13,8 +13,8 @@ from bench.ceiling import annotate
 from bench.ceiling import measure as measure_ceilings
 from bench.clocks import make_clock
 from bench.envinfo import nvml_clocks, run_info
-from bench.gpu import (REL_ERR_BOUND, L2Flush, Stopping, capture, determinism, flashinfer_choices, make_operands,
-                       output_error, reference, replay_interleaved)
+from bench.gpu import (REL_ERR_BOUND, L2Flush, Replays, Stopping, capture, determinism, flashinfer_choices,
+                       make_operands, output_error, reference, replay_interleaved)
 from bench.hosttime import MIN_CALLS, host_times
 from bench.paths import ATEN, DISPATCH, PATHS, GemmPath, kernel_twins, unchoosable_reason
 from bench.results import done_keys, write_parquet, write_results, write_run_json
@@ -344,9 +344,9 @@ def time_gpu(cfg: SweepConfig, clock, group: Group, checked: dict[str, Any], ops
         return
     records: list = []
     with phase("replay"):
-        timings = replay_interleaved(clock, graphs, group.calls, cfg.samples, exclude=flush_names,
-                                     twins={p: c for p, c in (twins or {}).items() if p not in deferred},
-                                     stopping=cfg.stopping, keep=records)
+        timings = replay_interleaved(clock, graphs, Replays(
+            group.calls, cfg.samples, exclude=flush_names, stopping=cfg.stopping, keep=records,
+            twins={p: c for p, c in (twins or {}).items() if p not in deferred}))
     late = {}
     digests = eager_digests(records, check_windows) if deferred else {}
     for p, rep in deferred.items():
@@ -357,8 +357,8 @@ def time_gpu(cfg: SweepConfig, clock, group: Group, checked: dict[str, Any], ops
     if late:  # a public call whose kernels differ from its twin's: captured and timed itself
         graphs = _captured(group, late, ops, group.calls, flush, phase)
         with phase("replay"):
-            timings.update(replay_interleaved(clock, graphs, group.calls, cfg.samples, exclude=flush_names,
-                                              stopping=cfg.stopping))
+            timings.update(replay_interleaved(clock, graphs, Replays(group.calls, cfg.samples, exclude=flush_names,
+                                                                     stopping=cfg.stopping)))
     for name, t in timings.items():
         if t.error:
             print(f"bench: KERNEL COUNT CHECK FAILED for {group.shape.name} M={group.m}: {t.error}", file=terminal())

@@ -413,7 +413,7 @@ def test_twins_with_the_same_kernels_are_replayed_once_and_a_mismatch_is_timed_i
     """A public call whose warm-up kernels match its lean twin's is not replayed after the warm-up: its timing is the
     twin's, gpu_from says so; the dispatcher with other kernels than every candidate is timed itself, in a second
     pass (its warm-ups again, then its timed replays)."""
-    from bench.gpu import replay_interleaved
+    from bench.gpu import Replays, replay_interleaved
     from bench.paths import kernel_twins
     clock, log, ms = _FakeCupti(), [], {"now": 0.0}
     _fake_cuda(monkeypatch, ms)
@@ -424,7 +424,7 @@ def test_twins_with_the_same_kernels_are_replayed_once_and_a_mismatch_is_timed_i
     twins = kernel_twins(list(graphs))
     assert twins == {"flashinfer:cublaslt": ("flashinfer-lean:cublaslt",),
                      "dispatch": ("flashinfer-lean:cublaslt", "aten", "flashinfer:cublaslt")}
-    out = replay_interleaved(clock, graphs, 1, 4, twins=twins)
+    out = replay_interleaved(clock, graphs, Replays(1, 4, twins=twins))
     assert log.count("public") == 2 and log.count("lean") == 6 and log.count("dispatch") == 2 + 6
     assert out["flashinfer:cublaslt"].gpu_from == "flashinfer-lean:cublaslt" and out["dispatch"].gpu_from is None
     assert out["flashinfer:cublaslt"].gpu_us == out["flashinfer-lean:cublaslt"].gpu_us == [0.08] * 4
@@ -438,7 +438,7 @@ def test_twins_with_the_same_kernels_are_replayed_once_and_a_mismatch_is_timed_i
 def test_without_a_settle_cupti_is_drained_once_and_the_records_are_kept(monkeypatch):
     """One drain per call of replay_interleaved (each costs milliseconds); `keep` gets every record drained, so that
     windows from before the replays (a checked call's) can be read from the same drain."""
-    from bench.gpu import replay_interleaved
+    from bench.gpu import Replays, replay_interleaved
     clock, log, ms = _FakeCupti(), [], {"now": 0.0}
     _fake_cuda(monkeypatch, ms)
     drains = []
@@ -447,7 +447,7 @@ def test_without_a_settle_cupti_is_drained_once_and_the_records_are_kept(monkeyp
     from bench.stats import KernelRecord
     clock.records.append(KernelRecord(0, 1, "eager_gemm", graph_id=0))  # an eager call before the replays
     kept: list = []
-    out = replay_interleaved(clock, {"a": _FakeGraph(clock, ("k",), [50], log, "a")}, 1, 3, keep=kept)
+    out = replay_interleaved(clock, {"a": _FakeGraph(clock, ("k",), [50], log, "a")}, Replays(1, 3, keep=kept))
     assert len(drains) == 1 and out["a"].gpu_us == [0.05] * 3 and out["a"].kernels_per_call == 1
     assert kept[0].name == "eager_gemm" and len(kept) == 1 + 2 + 3
 
@@ -497,7 +497,7 @@ def test_a_public_call_running_its_lean_twins_kernels_is_not_captured(monkeypatc
 def test_replays_stop_once_the_stopping_criterion_is_met(monkeypatch):
     """stdrel: a path whose event times agree stops at min_samples; a noisy one runs to the sample count; each
     says why in `stop`."""
-    from bench.gpu import Stopping, replay_interleaved
+    from bench.gpu import Replays, Stopping, replay_interleaved
     clock, log, ms = _FakeCupti(), [], {"now": 0.0}
     _fake_cuda(monkeypatch, ms)
     steady = _FakeGraph(clock, ("k",), [100], log, "steady")
@@ -510,7 +510,7 @@ def test_replays_stop_once_the_stopping_criterion_is_met(monkeypatch):
             ms["now"] += next(times) if graph.name == "noisy" else 1.0
         return replay
     steady.replay, noisy.replay = tick(steady), tick(noisy)
-    out = replay_interleaved(clock, {"steady": steady, "noisy": noisy}, 1, 9, stopping=Stopping(3, 0.01))
+    out = replay_interleaved(clock, {"steady": steady, "noisy": noisy}, Replays(1, 9, stopping=Stopping(3, 0.01)))
     assert len(out["steady"].gpu_us) == 3 and out["steady"].stop == "stdrel <= 0.01 after 3"
     assert len(out["noisy"].gpu_us) == 9 and out["noisy"].stop == "max samples (9)"
 

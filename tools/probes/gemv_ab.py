@@ -30,7 +30,7 @@ def _cell(clock, old, n: int, k: int, m: int, cfg: tuple, samples: int) -> list[
     import torch
 
     from bench.ceiling import copies_for
-    from bench.gpu import REL_ERR_BOUND, capture, make_operands, output_error, replay_interleaved
+    from bench.gpu import REL_ERR_BOUND, Replays, capture, make_operands, output_error, replay_interleaved
     from dispatch import gemv
     props = torch.cuda.get_device_properties(0)
     ops = make_operands(m, n, k, copies_for(n * k * 2, props.L2_cache_size))
@@ -51,7 +51,7 @@ def _cell(clock, old, n: int, k: int, m: int, cfg: tuple, samples: int) -> list[
         fns[name] = fn
     per = max(ops.rotations, 32)
     graphs = {name: capture(fn, ops, per) for name, fn in fns.items()}
-    timing = replay_interleaved(clock, graphs, per, samples)
+    timing = replay_interleaved(clock, graphs, Replays(per, samples))
     return [{"n": n, "k": k, "m": m, "kernel": name, "config": configs[name].key(),
              "gpu_us": round(statistics.median(timing[name].gpu_us), 3)} for name in fns]
 
