@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
@@ -218,14 +218,37 @@ def tune_shape(path: GemmPath, shape: Shape, ms: list[int], pdl: bool, vllm_toke
 
 
 @dataclass
+class Sweeping:
+    """One sweep in progress, what every step of a cell reads: its settings, the timer and the phase clock, the
+    built path calls, the SM and L2 size, the L2 flush (--l2 flush), and the rows so far (with their keys, `done`)."""
+    cfg: SweepConfig
+    clock: Any
+    phase: "PhaseTimer"
+    fns: dict[str, Any]
+    sm: int
+    l2_bytes: int
+    flush: Any = None
+    flush_names: frozenset[str] = frozenset()
+    info: dict[str, Any] = field(default_factory=dict)
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    done: set[tuple] = field(default_factory=set)
+    bar: Any = None
+    last_write: float = 0.0
+
+
+@dataclass
 class Group:
-    """One (shape, M) group under measurement: a row per path, and how its graphs are sized."""
+    """One cell under measurement: a (shape, M) and the paths timed there, interleaved; a row per path, how its
+    graphs are sized, its operands (rotated copies) and what tuning its paths had."""
     shape: Shape
     m: int
     rows: dict[str, dict[str, Any]]
     rotations: int
     calls: int
     l2_multiple: float
+    paths: list[GemmPath] = field(default_factory=list)
+    ops: Any = None
+    tune_info: dict[str, tuple[float | None, str | None]] = field(default_factory=dict)
 
     def fail(self, name: str, status: str, reason: str) -> None:
         self.rows[name].update(status=status, reason=reason)
@@ -241,9 +264,10 @@ class Group:
         self.fail(name, "failed", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}")
 
 
-def plan_group(cfg: SweepConfig, clock, shape: Shape, m: int, paths: list[GemmPath], l2_bytes: int, flush) -> Group:
+def plan_group(run: Sweeping, shape: Shape, m: int, paths: list[GemmPath]) -> Group:
     """Rotated copies (cold L2 in --l2 rotate) and calls per graph, and the rows every path will fill."""
-    base = {**_shape_fields(shape), "m": m, "timer": clock.name, "m_is_bucket": m in set(hybrid_buckets())}
+    cfg, l2_bytes, flush = run.cfg, run.l2_bytes, run.flush
+    base = {**_shape_fields(shape), "m": m, "timer": run.clock.name, "m_is_bucket": m in set(hybrid_buckets())}
     bytes_per_copy = 2 * (m * shape.k + shape.n * shape.k)
     rotations = 1 if cfg.l2 != "rotate" else rotation_count(bytes_per_copy, l2_bytes, cap=cfg.max_rotations)
     rotations = max(1, min(rotations, MAX_ROTATION_BYTES // bytes_per_copy))
@@ -254,14 +278,15 @@ def plan_group(cfg: SweepConfig, clock, shape: Shape, m: int, paths: list[GemmPa
                      "m_is_bucket": p.backend.tuned_entry_reachable(m, buckets) if p.backend else m in buckets,
                      "pdl": p.backend.pdl(cfg.profile.pdl) if p.backend else None}
             for p in paths}
-    return Group(shape, m, rows, rotations, calls, l2_multiple)
+    return Group(shape, m, rows, rotations, calls, l2_multiple, paths)
 
 
-def check_paths(clock, group: Group, paths: list[GemmPath], fns: dict[str, Any], ops, tune_info, phase: PhaseTimer
-                ) -> tuple[dict[str, Any], dict[str, Window]]:
-    """Each path's output against the fp32 reference; the paths that pass, ready to time, and each checked call's
-    window (its eager kernels, read from CUPTI after the group's one drain)."""
+def check_paths(run: Sweeping, group: Group) -> tuple[dict[str, Any], dict[str, Window]]:
+    """Each path's output against the fp32 reference, and its repeatability and batch invariance; the paths that
+    pass, ready to time, and each checked call's window (its eager kernels, read from CUPTI after the group's one
+    drain)."""
     import torch
+    clock, phase, fns, ops, paths, tune_info = run.clock, run.phase, run.fns, group.ops, group.paths, group.tune_info
     checked: dict[str, Any] = {}
     windows: dict[str, Window] = {}
     try:
@@ -315,9 +340,10 @@ def check_paths(clock, group: Group, paths: list[GemmPath], fns: dict[str, Any],
     return checked, windows
 
 
-def time_host(cfg: SweepConfig, group: Group, checked: dict[str, Any], ops, phase: PhaseTimer) -> None:
+def time_host(run: Sweeping, group: Group, checked: dict[str, Any]) -> None:
     """Eager host time of every checked path, all of them interleaved so their ratio sees the same host conditions."""
-    x0, w0 = ops.xs[0], ops.ws[0]
+    cfg, phase = run.cfg, run.phase
+    x0, w0 = group.ops.xs[0], group.ops.ws[0]
     # Every host-timed call also runs on the GPU; where that GPU time dwarfs the host time (large M), fewer calls
     # keep the sweep short without changing what is measured.
     gpu_bound = estimate(cfg, group.shape, group.m) >= cfg.gpu_bound_us
@@ -330,16 +356,17 @@ def time_host(cfg: SweepConfig, group: Group, checked: dict[str, Any], ops, phas
         group.rows[name].update(host_us=med, host_us_p20=p20, host_us_p80=p80, host_gpu_busy=busy)
 
 
-def time_gpu(cfg: SweepConfig, clock, group: Group, checked: dict[str, Any], ops, phase: PhaseTimer, flush,
-             flush_names: frozenset[str], check_windows: dict[str, Window] | None = None) -> None:
+def time_gpu(run: Sweeping, group: Group, checked: dict[str, Any], check_windows: dict[str, Window] | None = None
+             ) -> None:
     """Each checked path's CUDA graph of `calls` calls, replayed interleaved; CUPTI kernel time into its row.
 
     A public FlashInfer call with a lean twin is not captured at first: where its checked call ran the very kernels
     of the lean twin's checked call, its GPU time is the twin's (gpu_from); otherwise it is captured and timed."""
+    cfg, clock, phase, flush_names = run.cfg, run.clock, run.phase, run.flush_names
     twins = None if cfg.time_twins else kernel_twins(list(checked))
     deferred = {p: c[0] for p, c in (twins or {}).items()
                 if p != DISPATCH and clock.name == "cupti" and check_windows and {p, c[0]} <= set(check_windows)}
-    graphs = _captured(group, {n: f for n, f in checked.items() if n not in deferred}, ops, group.calls, flush, phase)
+    graphs = _captured(run, group, {n: f for n, f in checked.items() if n not in deferred})
     if not graphs:
         return
     records: list = []
@@ -355,7 +382,7 @@ def time_gpu(cfg: SweepConfig, clock, group: Group, checked: dict[str, Any], ops
         else:
             late[p] = checked[p]
     if late:  # a public call whose kernels differ from its twin's: captured and timed itself
-        graphs = _captured(group, late, ops, group.calls, flush, phase)
+        graphs = _captured(run, group, late)
         with phase("replay"):
             timings.update(replay_interleaved(clock, graphs, Replays(group.calls, cfg.samples, exclude=flush_names,
                                                                      stopping=cfg.stopping)))
@@ -373,13 +400,13 @@ def time_gpu(cfg: SweepConfig, clock, group: Group, checked: dict[str, Any], ops
                                 stop=t.stop, replay_pass=t.replay_pass)
 
 
-def _captured(group: Group, fns: dict[str, Any], ops, calls: int, flush, phase: PhaseTimer) -> dict[str, Any]:
-    """Each path's graph of `calls` calls; a path that fails to capture gets its row's error."""
+def _captured(run: Sweeping, group: Group, fns: dict[str, Any]) -> dict[str, Any]:
+    """Each path's graph of the group's calls; a path that fails to capture gets its row's error."""
     graphs = {}
     for name, fn in fns.items():
         try:
-            with phase("capture"):
-                graphs[name] = capture(fn, ops, calls, before=flush)
+            with run.phase("capture"):
+                graphs[name] = capture(fn, group.ops, group.calls, before=run.flush)
         except Exception as exc:
             group.error(name, exc)
     return graphs
@@ -392,30 +419,29 @@ def eager_digests(records: list, windows: dict[str, Window]) -> dict[str, str]:
     return {w.path: kernel_digest(t.names) for w, t in zip(ordered, timings)}
 
 
-def measure_group(cfg: SweepConfig, clock, shape: Shape, m: int, paths: list[GemmPath], fns: dict[str, Any],
-                  l2_bytes: int, tune_info: dict[str, tuple[float | None, str | None]],
-                  phase: PhaseTimer | None = None, flush=None, flush_names: frozenset[str] = frozenset()
-                  ) -> list[dict[str, Any]]:
+def measure_group(run: Sweeping, shape: Shape, m: int, paths: list[GemmPath],
+                  tune_info: dict[str, tuple[float | None, str | None]]) -> list[dict[str, Any]]:
     """One (shape, M) group: operands, correctness, host time, capture and replay; a row per path."""
     import torch
 
-    phase = phase or PhaseTimer()
-    group = plan_group(cfg, clock, shape, m, paths, l2_bytes, flush)
+    phase = run.phase
+    group = plan_group(run, shape, m, paths)
+    group.tune_info = tune_info
     try:
         with phase("operands"):
-            ops = make_operands(m, shape.n, shape.k, group.rotations, seed=m * 7919 + shape.n)
+            group.ops = make_operands(m, shape.n, shape.k, group.rotations, seed=m * 7919 + shape.n)
     except torch.OutOfMemoryError as exc:
         torch.cuda.empty_cache()
         for p in paths:
             group.fail(p.name, "skipped", f"out of memory allocating {group.rotations} operand copies: "
                                           f"{str(exc).splitlines()[0]}")
         return list(group.rows.values())
-    checked, windows = check_paths(clock, group, paths, fns, ops, tune_info, phase)
+    checked, windows = check_paths(run, group)
     if checked:
-        time_host(cfg, group, checked, ops, phase)
-        time_gpu(cfg, clock, group, checked, ops, phase, flush, flush_names, windows)
+        time_host(run, group, checked)
+        time_gpu(run, group, checked, windows)
     with phase("free"):
-        del ops
+        group.ops = None
         torch.cuda.empty_cache()
     return list(group.rows.values())
 
@@ -489,9 +515,9 @@ def build_paths(paths: list[GemmPath], sm: int, pdl: bool) -> dict[str, Any]:
     return fns
 
 
-def tune_group_paths(cfg: SweepConfig, shape: Shape, todo: list[int], sm: int, fns: dict[str, Any], bar,
-                     phase: PhaseTimer) -> dict[str, tuple[float | None, str | None]]:
+def tune_group_paths(run: Sweeping, shape: Shape, todo: list[int]) -> dict[str, tuple[float | None, str | None]]:
     """FlashInfer's autotuner for each FlashInfer path of one shape, over the M values still to measure."""
+    cfg, sm, fns, bar, phase = run.cfg, run.sm, run.fns, run.bar, run.phase
     tune_info: dict[str, tuple[float | None, str | None]] = {}
     by_backend: dict[str, tuple[float | None, str | None]] = {}  # a backend's public and lean paths share its tuning
     for p in cfg.paths:
@@ -536,19 +562,28 @@ def skip_reason_at(p: GemmPath, shape: Shape, m: int, sm: int, skip_unchoosable:
             or (unchoosable_reason(p) if skip_unchoosable else None))
 
 
-def split_runnable(paths: list[GemmPath], shape: Shape, m: int, sm: int, done: set[tuple], timer: str,
-                   hopeless: dict[str, str] | None = None, skip_unchoosable: bool = False
-                   ) -> tuple[list[GemmPath], list[dict[str, Any]]]:
+@dataclass(frozen=True)
+class Skips:
+    """What decides which paths a cell times: this SM, the cells already done (a resume), the timer the skipped
+    rows name, and whether paths the dispatcher cannot choose are skipped."""
+    sm: int
+    timer: str
+    done: frozenset[tuple] | set[tuple] = frozenset()
+    skip_unchoosable: bool = False
+
+
+def split_runnable(paths: list[GemmPath], shape: Shape, m: int, skips: Skips,
+                   hopeless: dict[str, str] | None = None) -> tuple[list[GemmPath], list[dict[str, Any]]]:
     """The paths still to measure at (shape, M), and the rows of those that cannot run here or cannot matter, with
     the reason."""
     live, skipped = [], []
     for p in paths:
-        if (shape.n, shape.k, m, p.name) in done:
+        if (shape.n, shape.k, m, p.name) in skips.done:
             continue
-        reason = skip_reason_at(p, shape, m, sm, skip_unchoosable, (hopeless or {}).get(p.name))
+        reason = skip_reason_at(p, shape, m, skips.sm, skips.skip_unchoosable, (hopeless or {}).get(p.name))
         if reason:
             skipped.append({**_shape_fields(shape), "m": m, "path": p.name, "status": "skipped", "reason": reason,
-                            "timer": timer})
+                            "timer": skips.timer})
         else:
             live.append(p)
     return live, skipped
@@ -577,41 +612,36 @@ def run_sweep(cfg: SweepConfig) -> Path:
     if pinned:
         info["autotune_cache"] = pinned
     write_run_json(cfg.out, {**info, "status": "running"})
-    fns = build_paths(cfg.paths, sm, cfg.profile.pdl)
-    flush, flush_names = None, frozenset()
+    run = Sweeping(cfg, clock, PhaseTimer(), build_paths(cfg.paths, sm, cfg.profile.pdl), sm, props.L2_cache_size,
+                   info=info, rows=rows, done=done, bar=_progress(cfg.cell_count(), "bench") if cfg.progress else
+                   _Silent())
     if cfg.l2 == "flush":
-        flush = L2Flush(props.L2_cache_size)
-        flush_names = flush.kernel_names(clock)
-        info["l2_flush"] = {"bytes": flush.buf.numel() * 4, "kernels_excluded": sorted(flush_names),
+        run.flush = L2Flush(props.L2_cache_size)
+        run.flush_names = run.flush.kernel_names(clock)
+        info["l2_flush"] = {"bytes": run.flush.buf.numel() * 4, "kernels_excluded": sorted(run.flush_names),
                             "note": "span_us and event_us include the flush; gpu_us does not"}
-    total = cfg.cell_count()
-    bar = _progress(total, "bench") if cfg.progress else _Silent()
-    t_start = last_write = time.perf_counter()
-    phase = PhaseTimer()
+    t_start = run.last_write = time.perf_counter()
     interrupted: KeyboardInterrupt | None = None
     try:
         if cfg.ceilings and clock.name == "cupti" and "ceilings" not in info:
-            with phase("ceilings"):
+            with run.phase("ceilings"):
                 info["ceilings"] = {**measure_ceilings(clock, [s.n * s.k * 2 for s in cfg.shapes]),
                                     "nominal_gbps": cfg.profile.hbm_peak_gbps or None}
         for shape in shape_stream(cfg):
             t_shape = time.perf_counter()
             todo = [m for m in cfg.ms_of(shape) if any((shape.n, shape.k, m, p.name) not in done for p in cfg.paths)]
-            tune_info = tune_group_paths(cfg, shape, todo, sm, fns, bar, phase) if cfg.tune and not pinned else {}
-            served = (sm, fns, props.L2_cache_size, tune_info)
-            last_write = _sweep_shape(cfg, (clock, phase, bar), shape, todo, served, (flush, flush_names), info, rows,
-                                      done, last_write)
+            _sweep_shape(run, shape, todo, tune_group_paths(run, shape, todo) if cfg.tune and not pinned else {})
             if cfg.on_shape_done is not None:
-                with phase("write"):
+                with run.phase("write"):
                     write_results(cfg.out, rows)  # a finished shape is on disk before it is reported
                 cfg.on_shape_done(shape, time.perf_counter() - t_shape)
     except KeyboardInterrupt as exc:
         interrupted = exc
     finally:
-        bar.close()
+        run.bar.close()
         wall = time.perf_counter() - t_start
         with signals_deferred():
-            _finish(cfg, rows, info, phase, clock, fns, pinned, wall, interrupted)
+            _finish(run, pinned, wall, interrupted)
     if interrupted is not None:
         raise Interrupted(f"interrupted; {len(rows)} finished rows are in {cfg.out}/results.csv, continue with "
                           f"the same command and --resume", signal_of(interrupted))
@@ -644,37 +674,35 @@ def _sweep_info(cfg: SweepConfig) -> dict[str, Any]:
                     clocks_start=nvml_clocks())
 
 
-def _sweep_shape(cfg: SweepConfig, timing, shape, todo: list[int], paths, flush, info: dict, rows: list, done: set,
-                 last_write: float) -> float:
-    """Measure one shape at its M of `todo` (rows appended to `rows`, written at most every cfg.write_every_s).
-    `timing`: (clock, phase timer, progress bar); `paths`: (SM, built calls, L2 bytes, tuning info); `flush`: the L2
-    flush and its kernels' names. Returns the time of the last write."""
-    clock, phase, bar = timing
-    sm, fns, l2_bytes, tune_info = paths
+def _sweep_shape(run: Sweeping, shape, todo: list[int], tune_info: dict[str, tuple[float | None, str | None]]
+                 ) -> None:
+    """Measure one shape at its M of `todo` (rows appended to run.rows, written at most every cfg.write_every_s);
+    `tune_info`: the shape's FlashInfer tuning."""
+    cfg, bar = run.cfg, run.bar
+    skips = Skips(run.sm, run.clock.name, run.done, cfg.skip_unchoosable)
     hopeless: dict[str, str] = {}
     for m in cfg.ms_of(shape):
         bar.set_postfix_str(f"{shape.name} M={m}")
         if m not in todo:
             bar.update(1)
             continue
-        live, skipped = split_runnable(cfg.paths, shape, m, sm, done, clock.name, hopeless, cfg.skip_unchoosable)
-        rows.extend(skipped)
-        measured = measure_group(cfg, clock, shape, m, live, fns, l2_bytes, tune_info, phase, *flush)
-        annotate(measured, info.get("ceilings"))
-        rows.extend(measured)
+        live, skipped = split_runnable(cfg.paths, shape, m, skips, hopeless)
+        run.rows.extend(skipped)
+        measured = measure_group(run, shape, m, live, tune_info)
+        annotate(measured, run.info.get("ceilings"))
+        run.rows.extend(measured)
         for name, reason in hopeless_after(measured, m, cfg.hopeless_factor).items():
             hopeless.setdefault(name, reason)
-        if time.perf_counter() - last_write >= cfg.write_every_s:
-            with phase("write"):
-                write_results(cfg.out, rows)
-            last_write = time.perf_counter()
+        if time.perf_counter() - run.last_write >= cfg.write_every_s:
+            with run.phase("write"):
+                write_results(cfg.out, run.rows)
+            run.last_write = time.perf_counter()
         bar.update(1)
-    return last_write
 
 
-def _finish(cfg: SweepConfig, rows, info, phase: PhaseTimer, clock, fns, pinned, wall: float,
-            interrupted: BaseException | None) -> None:
+def _finish(run: Sweeping, pinned, wall: float, interrupted: BaseException | None) -> None:
     """The last writes of a sweep (results, parquet, tactics, run.json), also after an interrupt."""
+    cfg, rows, info, phase, clock, fns = run.cfg, run.rows, run.info, run.phase, run.clock, run.fns
     write_results(cfg.out, rows)
     phases = phase.rounded()
     phases["cupti_drain (inside replay)"] = round(clock.drain_s, 2)

@@ -328,7 +328,7 @@ def test_flashinfer_choices_records_the_runner_that_ran_not_the_autotuners_answe
 
 
 def test_a_low_m_path_far_behind_f_linear_is_skipped_above_that_m():
-    from bench.sweep import hopeless_after, split_runnable
+    from bench.sweep import Skips, hopeless_after, split_runnable
     from bench.paths import PATHS
     from shapes.catalog import catalog
     rows = [{"path": "aten", "status": "ok", "gpu_us": 10.0, "host_us": 15.0},
@@ -340,22 +340,22 @@ def test_a_low_m_path_far_behind_f_linear_is_skipped_above_that_m():
     assert hopeless_after(rows, 64, None) == {}
     shape = next(s for s in catalog() if s.n % 16 == 0)
     paths = [PATHS[p] for p in ("aten", "flashinfer-lean:tinygemm", "flashinfer:tinygemm")]
-    live, skipped = split_runnable(paths, shape, 128, 90, set(), "cupti", hopeless)
+    live, skipped = split_runnable(paths, shape, 128, Skips(90, "cupti"), hopeless)
     assert [p.name for p in live] == ["aten", "flashinfer:tinygemm"]
     assert skipped[0]["path"] == "flashinfer-lean:tinygemm" and "--all" in skipped[0]["reason"]
 
 
 def test_a_backend_the_dispatcher_cannot_choose_is_a_skipped_row_unless_asked_for():
     from bench.paths import unchoosable_reason
-    from bench.sweep import split_runnable
+    from bench.sweep import Skips, split_runnable
     from shapes.catalog import catalog
     assert unchoosable_reason(PATHS["flashinfer:cudnn"]) and not unchoosable_reason(PATHS["flashinfer:cublaslt"])
     assert not unchoosable_reason(PATHS["aten"]) and not unchoosable_reason(PATHS["flashinfer-lean:tinygemm"])
     paths = [PATHS[p] for p in ("aten", "flashinfer:cudnn")]
     shape = catalog()[0]
-    live, skipped = split_runnable(paths, shape, 8, 90, set(), "cupti", None, skip_unchoosable=True)
+    live, skipped = split_runnable(paths, shape, 8, Skips(90, "cupti", skip_unchoosable=True))
     assert [p.name for p in live] == ["aten"] and skipped[0]["status"] == "skipped" and "--all" in skipped[0]["reason"]
-    live, skipped = split_runnable(paths, shape, 8, 90, set(), "cupti", None)
+    live, skipped = split_runnable(paths, shape, 8, Skips(90, "cupti"))
     assert len(live) == 2 and not skipped
 
 
@@ -481,9 +481,10 @@ def test_a_public_call_running_its_lean_twins_kernels_is_not_captured(monkeypatc
     shape = catalog()[0]
     cfg = sweep.SweepConfig(profile=get_profile("h200"), shapes=[shape], ms=[8],
                             paths=[PATHS[n] for n in kernels], out=Path("unused"), samples=3)
-    group = sweep.plan_group(cfg, clock, shape, 8, cfg.paths, L2, None)
+    run = sweep.Sweeping(cfg, clock, sweep.PhaseTimer(), fns, 90, L2)
+    group = sweep.plan_group(run, shape, 8, cfg.paths)
     group.calls = 1  # a fake graph records one call's kernels per replay
-    sweep.time_gpu(cfg, clock, group, fns, None, sweep.PhaseTimer(), None, frozenset(), windows)
+    sweep.time_gpu(run, group, fns, windows)
     assert "flashinfer:cublaslt" not in captured and captured.count("flashinfer:tinygemm") == 1
     rows = group.rows
     assert rows["flashinfer:cublaslt"]["gpu_from"] == "flashinfer-lean:cublaslt"
@@ -612,9 +613,11 @@ def test_replay_and_host_block_sizes_reach_the_sweep(monkeypatch, tmp_path, caps
     cfg = seen["cfg"]
     assert (cfg.target_replay_us, cfg.host_calls, cfg.host_rounds) == (125.0, 4, 3)
     shape = next(s for s in catalog() if (s.n, s.k) == (12288, 2560))  # few rotations: the replay time sets calls
-    fewer = plan_group(cfg, type("Clock", (), {"name": "cupti"})(), shape, 8, cfg.paths, 50 << 20, None).calls
-    more = plan_group(cli.SweepConfig(profile=cfg.profile, shapes=cfg.shapes, ms=cfg.ms, paths=cfg.paths, out=cfg.out),
-                      type("Clock", (), {"name": "cupti"})(), shape, 8, cfg.paths, 50 << 20, None).calls
+    from bench.sweep import PhaseTimer, Sweeping
+    clock = type("Clock", (), {"name": "cupti"})()
+    fewer = plan_group(Sweeping(cfg, clock, PhaseTimer(), {}, 90, 50 << 20), shape, 8, cfg.paths).calls
+    plain = cli.SweepConfig(profile=cfg.profile, shapes=cfg.shapes, ms=cfg.ms, paths=cfg.paths, out=cfg.out)
+    more = plan_group(Sweeping(plain, clock, PhaseTimer(), {}, 90, 50 << 20), shape, 8, cfg.paths).calls
     assert fewer < more
     assert main([*args, "--dry-run"]) == 0
     assert "graphs of ~125 µs; host blocks of 4 calls x 3 rounds" in capsys.readouterr().out
