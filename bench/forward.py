@@ -18,7 +18,7 @@ from bench.ceiling import measure as measure_ceilings
 from bench.clocks import make_clock
 from bench.envinfo import ClockReader, nvml_clocks, run_info
 from bench.forward_paths import (BOUND_LAYER_RULES, DISPATCH_PYTHON, DISPATCHER_RULES, LM_HEAD_RULE,
-                                 RULES, TABLE_DIRECT, path_for)
+                                 RULES, TABLE_DIRECT, Target, path_for)
 from bench.gpu import (REL_ERR_BOUND, Replays, capture_graph, check_output, records_since_last_window, replay_interleaved,
                        replay_seconds)
 from bench.paths import ATEN, DISPATCH, PATHS
@@ -133,22 +133,57 @@ class Bound:
         return ";".join(f"{p}:{c}" for p, c in sorted(self.used.items()))
 
 
+@dataclass
+class Forwarding:
+    """One forward run in progress, what every step reads: its settings, the timer, the clock reader, the phase
+    clock, the progress bar, this GPU's SM, the built path calls, and run.json's record (its ceilings)."""
+    cfg: ForwardConfig
+    clock: Any
+    reader: ClockReader | None
+    phase: PhaseTimer
+    bar: Any
+    sm: int
+    fns: dict[str, Callable]
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ForwardAt:
+    """One model's forward at one M: its linears, their weights and the activations (one per K)."""
+    model: str
+    seq: list[ForwardLinear]
+    weights: list[Any]
+    m: int
+    xs: dict[int, Any]
+
+
+@dataclass(frozen=True)
+class EagerRounds:
+    """How eager forwards are timed (eager_forwards): `samples` rounds in a shuffled order seeded by `seed`, each
+    forward after `settle_s` of itself (in full only for `capped` where given), the clocks read by `reader`."""
+    samples: int
+    seed: int = 0
+    settle_s: float = 0.0
+    reader: ClockReader | None = None
+    capped: set | None = None
+
+
 def _weights(seq: list[ForwardLinear], seed: int):
     import torch
     gen = torch.Generator(device="cuda").manual_seed(seed)
     return [(torch.randn(lin.n, lin.k, device="cuda", generator=gen) * lin.k ** -0.5).to(torch.bfloat16) for lin in seq]
 
 
-def _bind(rule: str, seq, weights, xs, m, sm, cfg: ForwardConfig, fns: dict[str, Callable],
-          regime: str = "graph") -> Bound:
+def _bind(run: Forwarding, at: ForwardAt, rule: str, regime: str = "graph") -> Bound:
     bound = Bound()
-    for lin, w in zip(seq, weights):
-        path = path_for(rule, lin, m, sm, cfg.profile, cfg.table, regime)
-        fn, args = fns[path], (xs[lin.k], w)
+    target = Target(run.sm, run.cfg.profile, run.cfg.table)
+    for lin, w in zip(at.seq, at.weights):
+        path = path_for(rule, lin, at.m, target, regime)
+        fn, args = run.fns[path], (at.xs[lin.k], w)
         if rule in BOUND_LAYER_RULES and lin.layer != "lm_head":
             # the real dispatcher, bound per layer as a model does at load; `path` is its table's choice
-            fn, args = dispatch.bind(w, native=False if rule == DISPATCH_PYTHON else None), (xs[lin.k],)
-            eager = path_for(rule, lin, m, sm, cfg.profile, cfg.table, "eager")
+            fn, args = dispatch.bind(w, native=False if rule == DISPATCH_PYTHON else None), (at.xs[lin.k],)
+            eager = path_for(rule, lin, at.m, target, "eager")
             path = path if eager == path else f"graph {path} / eager {eager}"
         bound.calls.append((fn, args, w))
         bound.used[path] = bound.used.get(path, 0) + 1
@@ -195,9 +230,8 @@ def round_orders(keys: list[Any], rounds: int, seed: int = 0) -> list[list[Any]]
     return orders
 
 
-def eager_forwards(clock, forwards: dict[Any, Bound], samples: int, seed: int = 0, settle_s: float = 0.0,
-                   reader: ClockReader | None = None, capped: set | None = None) -> dict[Any, dict[str, list]]:
-    """`samples` eager forwards of each, in a shuffled order per round (round_orders), gc off, each from an idle GPU
+def eager_forwards(clock, forwards: dict[Any, Bound], plan: EagerRounds) -> dict[Any, dict[str, list]]:
+    """`plan.samples` eager forwards of each, in a shuffled order per round (round_orders), gc off, each from an idle GPU
     to one synchronize at its end: wall µs, host submission µs (until the last call returned) and the clocks read
     after it; then one more of each, profiled: CUPTI's busy µs and kernel count.
 
@@ -213,6 +247,7 @@ def eager_forwards(clock, forwards: dict[Any, Bound], samples: int, seed: int = 
     in each round; the first other forward after them settles in full too, so that it starts at the clock its own
     load holds; every other forward follows LIGHT_SETTLE_MS of itself."""
     import torch
+    samples, seed, settle_s, reader, capped = plan.samples, plan.seed, plan.settle_s, plan.reader, plan.capped
     names = list(forwards)
     out: dict[Any, dict[str, list]] = {p: {"wall": [], "submit": [], "busy": [], "kernels": [], "digest": [],
                                            "clocks": []} for p in names}
@@ -283,7 +318,9 @@ def clock_columns(clocks: list[tuple[int, float, int] | None]) -> dict[str, Any]
             "power_w_samples": [round(c[1]) for c in read], "clock_reasons_samples": [c[2] for c in read]}
 
 
-def _row(cfg: ForwardConfig, model: str, m: int, rule: str, regime: str, n_linears: int, **kw) -> dict[str, Any]:
+def _row(cfg: ForwardConfig, at: tuple[str, int, int], rule: str, regime: str, **kw) -> dict[str, Any]:
+    """A forward row at `at` = (model, M, its linears)."""
+    model, m, n_linears = at
     return {"model": model, "tp": cfg.tp, "m": m, "path": rule, "regime": regime, "linears": n_linears,
             "decoder_layers": cfg.decoder_layers if cfg.decoder_layers is not None else "all",
             "lm_head": cfg.lm_head, **kw}
@@ -316,24 +353,24 @@ def twin_rows(rows: list[dict[str, Any]], twins: dict[tuple[str, int, str], str]
     return out
 
 
-def graph_m(cfg: ForwardConfig, clock, model: str, seq, weights, m: int, sm: int, fns, phase: PhaseTimer,
-            reader: ClockReader | None = None) -> tuple[list[dict[str, Any]], dict[str, Bound], dict[str, str]]:
+def graph_m(run: Forwarding, at: ForwardAt) -> tuple[list[dict[str, Any]], dict[str, Bound], dict[str, str]]:
     """Binds, checks and warms every rule's forward at one M, and times it captured; returns the graph rows (and
     failures), the bound forwards for the eager phase and the rules measured as an earlier rule's twin."""
     import torch
+    cfg, clock, phase, reader, model, m = run.cfg, run.clock, run.phase, run.reader, at.model, at.m
+    where = (model, m, len(at.seq))
     rows: list[dict[str, Any]] = []
-    xs = {k: torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for k in sorted({lin.k for lin in seq})}
     bound: dict[str, Bound] = {}
     eager_bound: dict[str, Bound] = {}
     twins: dict[str, str] = {}
     for rule in cfg.rules:
-        b = _bind(rule, seq, weights, xs, m, sm, cfg, fns)
+        b = _bind(run, at, rule)
         first = twin_of(rule, b, bound)
         if first is not None:
             twins[rule] = first
             continue
         # a rule that picks per regime at bind time gets a second forward for the eager phase
-        e = _bind(rule, seq, weights, xs, m, sm, cfg, fns, "eager") if rule == TABLE_DIRECT else b
+        e = _bind(run, at, rule, "eager") if rule == TABLE_DIRECT else b
         try:
             with phase("check"):
                 for f in ((b,) if e is b else (b, e)):
@@ -344,7 +381,7 @@ def graph_m(cfg: ForwardConfig, clock, model: str, seq, weights, m: int, sm: int
             bound[rule], eager_bound[rule] = b, e
         except Exception as exc:  # a failing path is recorded, the others go on
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            rows += [_row(cfg, model, m, rule, r, len(seq), status="failed", reason=reason) for r in REGIMES]
+            rows += [_row(cfg, where, rule, r, status="failed", reason=reason) for r in REGIMES]
     graphs = {}
     for rule, b in bound.items():
         try:
@@ -352,14 +389,14 @@ def graph_m(cfg: ForwardConfig, clock, model: str, seq, weights, m: int, sm: int
                 graphs[rule] = capture_graph(b, b)
         except torch.OutOfMemoryError as exc:
             torch.cuda.empty_cache()
-            rows.append(_row(cfg, model, m, rule, "graph", len(seq), status="skipped",
+            rows.append(_row(cfg, where, rule, "graph", status="skipped",
                              reason=f"out of memory capturing the forward: {str(exc).splitlines()[0]}"))
     if cfg.skip_slower and ATEN in graphs:
         with phase("graph replay"):
             slow = too_slow({rule: replay_seconds(g) for rule, g in graphs.items()}, cfg.skip_slower)
         for rule, ratio in slow.items():
             del graphs[rule], eager_bound[rule]
-            rows += [_row(cfg, model, m, rule, r, len(seq), status="skipped",
+            rows += [_row(cfg, where, rule, r, status="skipped",
                           reason=f"{ratio:.1f}x aten's graph replay time (--skip-slower {cfg.skip_slower:g})")
                      for r in REGIMES]
     if graphs and cfg.sustain_ms:
@@ -384,10 +421,10 @@ def graph_m(cfg: ForwardConfig, clock, model: str, seq, weights, m: int, sm: int
                 orders=round_orders(list(graphs), cfg.samples, (cfg.order_seed or 0) + m)))
         for rule, t in timings.items():
             if t.error:
-                rows.append(_row(cfg, model, m, rule, "graph", len(seq), status="failed", reason=t.error))
+                rows.append(_row(cfg, where, rule, "graph", status="failed", reason=t.error))
                 continue
             us, p20, p80 = summary(t.span_us)
-            rows.append(_row(cfg, model, m, rule, "graph", len(seq), status="ok", reason="", us=us, us_p20=p20,
+            rows.append(_row(cfg, where, rule, "graph", status="ok", reason="", us=us, us_p20=p20,
                              us_p80=p80, gpu_busy_us=summary(t.gpu_us)[0], span_us=us,
                              event_us=summary(t.event_us)[0], kernels=t.kernels_per_call, kernel_digest=t.digest,
                              samples=len(t.span_us),
@@ -416,17 +453,19 @@ def power_capped(graphs: dict[str, Any], seconds: float, reader: ClockReader | N
                     "reasons": reasons}
 
 
-def eager_rows(cfg: ForwardConfig, clock, model: str, n_linears: int, bound: dict[tuple[int, str], Bound],
-               phase: PhaseTimer, reader: ClockReader | None = None, capped: set | None = None) -> list[dict[str, Any]]:
+def eager_rows(run: Forwarding, model: str, n_linears: int, bound: dict[tuple[int, str], Bound],
+               capped: set | None = None) -> list[dict[str, Any]]:
     """Every (M, rule) forward of a model timed eagerly, all of them interleaved round by round, so that the slow
     drift of host speed (on the H200 host whole minutes ran 1.3-1.7x slower) spreads over every M and path alike
     instead of landing on the M that happened to run then."""
-    with phase("eager"):
-        eager = eager_forwards(clock, bound, cfg.samples, cfg.order_seed or 0, cfg.settle_ms / 1e3, reader, capped)
+    cfg, clock = run.cfg, run.clock
+    with run.phase("eager"):
+        eager = eager_forwards(clock, bound, EagerRounds(cfg.samples, cfg.order_seed or 0, cfg.settle_ms / 1e3,
+                                                         run.reader, capped))
     rows = []
     for (m, rule), e in eager.items():
         us, p20, p80 = summary(e["wall"])
-        rows.append(_row(cfg, model, m, rule, "eager", n_linears, status="ok", reason="", us=us, us_p20=p20,
+        rows.append(_row(cfg, (model, m, n_linears), rule, "eager", status="ok", reason="", us=us, us_p20=p20,
                          us_p80=p80, submit_us=summary(e["submit"])[0],
                          gpu_busy_us=summary(e["busy"])[0] if e["busy"] else None,
                          kernels=int(summary(e["kernels"])[0]) if e["kernels"] else None,
@@ -446,7 +485,7 @@ def _tune(cfg: ForwardConfig, seqs, sm: int, fns, bar, phase: PhaseTimer) -> dic
             for m in cfg.ms:
                 for rule in cfg.rules:
                     for regime in REGIMES:
-                        backend = PATHS[path_for(rule, lin, m, sm, cfg.profile, cfg.table, regime)].backend
+                        backend = PATHS[path_for(rule, lin, m, Target(sm, cfg.profile, cfg.table), regime)].backend
                         if backend is not None and backend.tune_by_default:  # public and lean calls share it
                             wanted.setdefault((backend.path, lin.n, lin.k), set()).add(m)
     tuned = {}
@@ -508,7 +547,7 @@ def run_forward(cfg: ForwardConfig) -> Path:
             if not todo:
                 bar.update(len(cfg.ms))
                 continue
-            fresh = _measure_model(cfg, (clock, reader, phase, bar), model, seq, todo, sm, fns, info)
+            fresh = _measure_model(Forwarding(cfg, clock, reader, phase, bar, sm, fns, info), model, seq, todo)
             rows = [r for r in rows if not (r["model"] == model and int(r["m"]) in todo)] + fresh
             atomic_write_text(out_csv, rows_to_csv(rows, columns))
     except KeyboardInterrupt as exc:
@@ -556,7 +595,7 @@ def _run_info(cfg: ForwardConfig, seqs) -> dict[str, Any]:
 
 def _path_fns(cfg: ForwardConfig, seqs, sm: int) -> tuple[set[str], dict[str, Callable]]:
     """The registry paths the run's rules serve at some linear, M and regime, and each one's built call."""
-    used = {path_for(r, lin, m, sm, cfg.profile, cfg.table, regime) for r in cfg.rules for s in seqs.values()
+    used = {path_for(r, lin, m, Target(sm, cfg.profile, cfg.table), regime) for r in cfg.rules for s in seqs.values()
             for lin in s for m in cfg.ms for regime in REGIMES}
     fns: dict[str, Callable] = {}
     for name in used | {ATEN}:
@@ -567,11 +606,10 @@ def _path_fns(cfg: ForwardConfig, seqs, sm: int) -> tuple[set[str], dict[str, Ca
     return used, fns
 
 
-def _measure_model(cfg: ForwardConfig, timing, model: str, seq, todo: list[int], sm: int, fns, info) -> list[dict]:
-    """One model's rows at the M of `todo`: every M captured, then the eager rounds of all of them interleaved.
-    `timing`: the run's (clock, clock reader, phase timer, progress bar)."""
+def _measure_model(run: Forwarding, model: str, seq, todo: list[int]) -> list[dict]:
+    """One model's rows at the M of `todo`: every M captured, then the eager rounds of all of them interleaved."""
     import torch
-    clock, reader, phase, bar = timing
+    cfg, phase, bar = run.cfg, run.phase, run.bar
     bar.set_postfix_str(f"{model}: {len(seq)} weights")
     try:
         with phase("weights"):
@@ -583,7 +621,8 @@ def _measure_model(cfg: ForwardConfig, timing, model: str, seq, todo: list[int],
     fresh, bound, twins = [], {}, {}
     for m in todo:
         bar.set_postfix_str(f"{model} M={m} graph")
-        graph_rows, bound_m, twins_m = graph_m(cfg, clock, model, seq, weights, m, sm, fns, phase, reader)
+        xs = {k: torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for k in sorted({lin.k for lin in seq})}
+        graph_rows, bound_m, twins_m = graph_m(run, ForwardAt(model, seq, weights, m, xs))
         fresh += graph_rows
         bound.update({(m, rule): b for rule, b in bound_m.items()})
         twins.update({(model, m, rule): first for rule, first in twins_m.items()})
@@ -593,9 +632,9 @@ def _measure_model(cfg: ForwardConfig, timing, model: str, seq, todo: list[int],
         probes = cfg.probes.get(model, {})
         capped = None if cfg.settle_at == "every" else {
             key for key in bound if probes.get(str(key[0]), {}).get("capped", True)}
-        fresh += eager_rows(cfg, clock, model, len(seq), bound, phase, reader, capped)
+        fresh += eager_rows(run, model, len(seq), bound, capped)
         fresh += twin_rows(fresh, twins)
-    annotate_forward(fresh, [(lin.n, lin.k) for lin in seq], info.get("ceilings"))
+    annotate_forward(fresh, [(lin.n, lin.k) for lin in seq], run.info.get("ceilings"))
     del weights, bound
     torch.cuda.empty_cache()
     return fresh

@@ -2,6 +2,7 @@
 forward in bench/forward.py and the cell-sum model of it in calibrate/forward_model.py)."""
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Protocol
 
 from bench.paths import ATEN, DISPATCH, PATHS, TUNED_CUBLASLT, low_m_path, vllm_op_path
@@ -117,11 +118,21 @@ def vllm_choice(rule: str, m: int, sm: int, can_run: Callable[[str], bool]) -> s
     return ATEN
 
 
-def path_for(rule: str, linear: ForwardLinear, m: int, sm: int, profile: GpuProfile, table: Table | None,
-             regime: str = "graph", paths_run_lm_head: bool = False) -> str:
+@dataclass(frozen=True)
+class Target:
+    """Where a forward's rules choose: this GPU's SM and profile, the table the dispatcher rules run, and whether
+    registry paths run the LM head too (as forwards did before they ran them on it)."""
+    sm: int
+    profile: GpuProfile
+    table: Table | None
+    paths_run_lm_head: bool = False
+
+
+def path_for(rule: str, linear: ForwardLinear, m: int, target: Target, regime: str = "graph") -> str:
     """The registry path name one linear runs in a regime; 'aten' wherever the rule's kernel cannot take the linear,
-    and on the LM head (LM_HEAD_RULE; `paths_run_lm_head`: as forward runs before it ran registry paths). Only the
-    dispatcher's choice depends on the regime."""
+    and on the LM head (LM_HEAD_RULE, unless target.paths_run_lm_head). Only the dispatcher's choice depends on the
+    regime."""
+    sm, profile, table, paths_run_lm_head = target.sm, target.profile, target.table, target.paths_run_lm_head
     low = low_m_path(profile)
     if rule == "seed-fix":
         return low if linear.layer != "lm_head" and m <= vllm.SEED_PR_MAX_M and runnable(low, sm, linear, m) else ATEN

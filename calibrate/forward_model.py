@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 import pandas as pd
 
-from bench.forward_paths import DISPATCHER_RULES, NOT_SINGLE_PATHS, TABLE_DIRECT, path_for
+from bench.forward_paths import DISPATCHER_RULES, NOT_SINGLE_PATHS, TABLE_DIRECT, Target, path_for
 from bench.results import load_run_info, numeric, samples_missing, samples_ok
 from calibrate.analysis import Cells, paired_ratio_ci, parse_samples
 from calibrate.pairing import paired, pooled, widened
@@ -126,7 +126,7 @@ def modelled_us(cells: Cells, seq, rule: str, m: int, regime: str, sm: int, prof
     """The cell-sum model of one forward; NaN where a cell it needs was not measured."""
     total = 0.0
     for lin in seq:
-        path = path_for(rule, lin, m, sm, profile, table, regime, paths_run_lm_head)
+        path = path_for(rule, lin, m, Target(sm, profile, table, paths_run_lm_head), regime)
         if not cells.has(lin.n, lin.k, m, path):
             return math.nan
         total += cells.cost(lin.n, lin.k, m, path, regime)
@@ -381,7 +381,7 @@ def table_paths_used(seq, table: ThresholdTable, m: int, sm: int, profile: GpuPr
     from bench.forward import Bound  # the one place the paths_used format is written
     bound = Bound()
     for lin in seq:
-        p = path_for(TABLE_DIRECT, lin, m, sm, profile, table, regime)
+        p = path_for(TABLE_DIRECT, lin, m, Target(sm, profile, table), regime)
         bound.used[p] = bound.used.get(p, 0) + 1
     return bound.describe()
 

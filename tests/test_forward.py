@@ -6,7 +6,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from bench.forward_paths import check_rules, path_for
+from bench.forward_paths import Target, check_rules, path_for
 from calibrate.analysis import Cells
 from calibrate.forward_model import forward_verdicts, load_forward, model_vs_measured, modelled_us
 from dispatch.profiles import get_profile
@@ -70,34 +70,34 @@ def test_forward_rules_on_the_h200():
     table = load_table(path=DATA / "h200-table-format1.json")
     # vLLM 0.33 on SM90: the flag is unsupported, so the default, the flag and the seed PR all run F.linear
     for rule in ("vllm-default", "vllm-flag", "seed-pr"):
-        assert {path_for(rule, x, m, 90, H200, table) for x in (lin, gate, head) for m in (1, 8, 32, 64)} == {"aten"}
-    assert path_for("flashinfer-everywhere", lin, 8, 90, H200, table) == "flashinfer:tinygemm"  # the hypothetical
-    assert path_for("flashinfer-everywhere", gate, 8, 90, H200, table) == "flashinfer:cublaslt"  # N = 1: no TinyGEMM
-    assert path_for("flashinfer-everywhere", lin, 64, 90, H200, table) == "flashinfer:cublaslt"
-    assert path_for("flashinfer-everywhere", head, 8, 90, H200, table) == "aten"  # vLLM's LM head is F.linear
-    assert path_for("vllm-op:tinygemm", lin, 8, 90, H200, table) == "vllm-op:tinygemm"
+        assert {path_for(rule, x, m, Target(90, H200, table)) for x in (lin, gate, head) for m in (1, 8, 32, 64)} == {"aten"}
+    assert path_for("flashinfer-everywhere", lin, 8, Target(90, H200, table)) == "flashinfer:tinygemm"  # the hypothetical
+    assert path_for("flashinfer-everywhere", gate, 8, Target(90, H200, table)) == "flashinfer:cublaslt"  # N = 1: no TinyGEMM
+    assert path_for("flashinfer-everywhere", lin, 64, Target(90, H200, table)) == "flashinfer:cublaslt"
+    assert path_for("flashinfer-everywhere", head, 8, Target(90, H200, table)) == "aten"  # vLLM's LM head is F.linear
+    assert path_for("vllm-op:tinygemm", lin, 8, Target(90, H200, table)) == "vllm-op:tinygemm"
     t16 = ThresholdTable.from_thresholds("h200", "tinygemm", 16)
-    assert path_for("dispatch", lin, 8, 90, H200, t16) == "flashinfer-lean:tinygemm"
-    assert path_for("dispatch", gate, 8, 90, H200, t16) == "aten"
+    assert path_for("dispatch", lin, 8, Target(90, H200, t16)) == "flashinfer-lean:tinygemm"
+    assert path_for("dispatch", gate, 8, Target(90, H200, t16)) == "aten"
     both = ThresholdTable("h200", "tinygemm", {"graph": ((16, "flashinfer-lean:tinygemm"),), "eager": ()})
-    assert path_for("dispatch", lin, 8, 90, H200, both, "graph") == "flashinfer-lean:tinygemm"
-    assert path_for("dispatch", lin, 8, 90, H200, both, "eager") == "aten"
-    assert path_for("table-direct", lin, 8, 90, H200, both, "graph") == "flashinfer-lean:tinygemm"  # per regime
-    assert path_for("table-direct", lin, 8, 90, H200, both, "eager") == "aten"
-    assert path_for("table-direct", head, 8, 90, H200, both, "graph") == "aten"
-    assert path_for("flashinfer:tinygemm", lin, 8, 90, H200, table) == "flashinfer:tinygemm"  # a registry path...
-    assert path_for("flashinfer:tinygemm", head, 8, 90, H200, table) == "aten"  # ...but not on vLLM's LM head
-    assert path_for("flashinfer:tinygemm", head, 8, 90, H200, table, paths_run_lm_head=True) == "flashinfer:tinygemm"
+    assert path_for("dispatch", lin, 8, Target(90, H200, both), "graph") == "flashinfer-lean:tinygemm"
+    assert path_for("dispatch", lin, 8, Target(90, H200, both), "eager") == "aten"
+    assert path_for("table-direct", lin, 8, Target(90, H200, both), "graph") == "flashinfer-lean:tinygemm"  # per regime
+    assert path_for("table-direct", lin, 8, Target(90, H200, both), "eager") == "aten"
+    assert path_for("table-direct", head, 8, Target(90, H200, both), "graph") == "aten"
+    assert path_for("flashinfer:tinygemm", lin, 8, Target(90, H200, table)) == "flashinfer:tinygemm"  # a registry path...
+    assert path_for("flashinfer:tinygemm", head, 8, Target(90, H200, table)) == "aten"  # ...but not on vLLM's LM head
+    assert path_for("flashinfer:tinygemm", head, 8, Target(90, H200, table, paths_run_lm_head=True)) == "flashinfer:tinygemm"
     b200 = get_profile("b200")
-    assert path_for("flashinfer-everywhere", lin, 4096, 100, b200, None) == "flashinfer:cute-dsl"  # own fallback
+    assert path_for("flashinfer-everywhere", lin, 4096, Target(100, b200, None)) == "flashinfer:cute-dsl"  # own fallback
     # vLLM 0.33 on SM100: the flag runs its op with cute-dsl at every M; the seed PR only at M <= 32
-    assert path_for("vllm-flag", lin, 4096, 100, b200, None) == "vllm-op:cute-dsl"
-    assert path_for("vllm-flag", lin, 1, 100, b200, None) == "vllm-op:cute-dsl"
-    assert path_for("vllm-flag", head, 1, 100, b200, None) == "aten"
-    assert path_for("vllm-flag", ForwardLinear(0, "x", 2560, 4000), 1, 100, b200, None) == "aten"  # K % 128
-    assert path_for("seed-pr", lin, 32, 100, b200, None) == "vllm-op:cute-dsl"
-    assert path_for("seed-pr", lin, 33, 100, b200, None) == "aten"
-    assert path_for("vllm-default", lin, 8, 100, b200, None) == "aten"
+    assert path_for("vllm-flag", lin, 4096, Target(100, b200, None)) == "vllm-op:cute-dsl"
+    assert path_for("vllm-flag", lin, 1, Target(100, b200, None)) == "vllm-op:cute-dsl"
+    assert path_for("vllm-flag", head, 1, Target(100, b200, None)) == "aten"
+    assert path_for("vllm-flag", ForwardLinear(0, "x", 2560, 4000), 1, Target(100, b200, None)) == "aten"  # K % 128
+    assert path_for("seed-pr", lin, 32, Target(100, b200, None)) == "vllm-op:cute-dsl"
+    assert path_for("seed-pr", lin, 33, Target(100, b200, None)) == "aten"
+    assert path_for("vllm-default", lin, 8, Target(100, b200, None)) == "aten"
     with pytest.raises(HarnessError, match="unknown forward path"):
         check_rules(["aten", "fast"])
 
@@ -268,7 +268,7 @@ def test_a_bound_forward_calls_each_layer_as_a_model_would(tmp_path):
     import torch
 
     import dispatch
-    from bench.forward import ForwardConfig, _bind, _check
+    from bench.forward import ForwardAt, ForwardConfig, Forwarding, _bind, _check
     seq = [ForwardLinear(0, "mlp.down_proj", 64, 128), ForwardLinear(1, "mlp.down_proj", 64, 128),
            ForwardLinear(-1, "lm_head", 32, 128)]
     weights = [torch.randn(lin.n, lin.k, dtype=torch.bfloat16) / 8 for lin in seq]
@@ -277,13 +277,17 @@ def test_a_bound_forward_calls_each_layer_as_a_model_would(tmp_path):
     cfg = ForwardConfig(profile=H200, models={}, ms=[4], rules=["dispatch"], out=tmp_path, table=table)
     fns = {"aten": torch.nn.functional.linear}
     dispatch.reset()
-    b = _bind("dispatch", seq, weights, xs, 4, 90, cfg, fns)
+    at = ForwardAt("m", seq, weights, 4, xs)
+
+    def run(calls):
+        return Forwarding(cfg, None, None, None, None, 90, calls)
+    b = _bind(run(fns), at, "dispatch")
     assert [len(args) for _, args, _ in b.calls] == [1, 1, 2]
     _check(b, "dispatch")
     b()
-    direct = _bind("aten", seq, weights, xs, 4, 90, cfg, fns)
+    direct = _bind(run(fns), at, "aten")
     assert [len(args) for _, args, _ in direct.calls] == [2, 2, 2] and direct.used == {"aten": 3}
-    bad = _bind("aten", seq, weights, xs, 4, 90, cfg, {"aten": lambda x, w: torch.zeros(x.shape[0], w.shape[0])})
+    bad = _bind(run({"aten": lambda x, w: torch.zeros(x.shape[0], w.shape[0])}), at, "aten")
     with pytest.raises(HarnessError, match="differs from the fp32 reference"):
         _check(bad, "aten")
 
@@ -340,11 +344,11 @@ def test_timed_eager_forwards_run_unprofiled_and_one_profiled_forward_each_follo
     the window's host time 4-6x in h200-settled-forward-1)."""
     import torch
 
-    from bench.forward import eager_forwards
+    from bench.forward import EagerRounds, eager_forwards
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     log: list = []
     forwards = {(1, "aten"): lambda: log.append("f"), (1, "dispatch"): lambda: log.append("f")}
-    out = eager_forwards(_LoggingClock(log), forwards, samples=3, seed=1, settle_s=1e-9)
+    out = eager_forwards(_LoggingClock(log), forwards, EagerRounds(3, seed=1, settle_s=1e-9))
     assert all(len(v["wall"]) == len(v["submit"]) == 3 for v in out.values())
     start, stop = log.index("pause"), log.index("resume")
     assert log[:start] == ["f", "f", "drain"]  # the allocator's first forwards, drained
@@ -357,12 +361,12 @@ def test_only_capped_eager_forwards_settle_and_they_run_first_in_each_round(monk
     after them settles in full (its clock recovers from their load), the rest briefly (LIGHT_SETTLE_MS)."""
     import torch
 
-    from bench.forward import eager_forwards
+    from bench.forward import EagerRounds, eager_forwards
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
     log: list = []
     names = [(1, "aten"), (1, "dispatch"), (4096, "aten"), (4096, "dispatch")]
     forwards = {k: (lambda k=k: log.append(k)) for k in names}
-    eager_forwards(_LoggingClock(log), forwards, samples=2, seed=3, settle_s=1e-9, capped=set(names[2:]))
+    eager_forwards(_LoggingClock(log), forwards, EagerRounds(2, seed=3, settle_s=1e-9, capped=set(names[2:])))
     timed = log[log.index("pause") + 1:log.index("resume")]
     assert len(timed) == 2 * 8  # a settle is one untimed run just before the timed one (the settle is 1 ns)
     for r in (timed[:8], timed[8:]):
@@ -371,7 +375,7 @@ def test_only_capped_eager_forwards_settle_and_they_run_first_in_each_round(monk
     import bench.forward as fw
     monkeypatch.setattr(fw, "LIGHT_SETTLE_MS", 0.0)  # the brief settle alone goes: the last forward runs once
     log.clear()
-    eager_forwards(_LoggingClock(log), forwards, samples=1, seed=3, settle_s=1e-9, capped=set(names[2:]))
+    eager_forwards(_LoggingClock(log), forwards, EagerRounds(1, seed=3, settle_s=1e-9, capped=set(names[2:])))
     timed = log[log.index("pause") + 1:log.index("resume")]
     assert len(timed) == 7 and timed[4] == timed[5] and timed[6][0] == 1 and timed[6] != timed[5]
 

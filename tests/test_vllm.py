@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 
 from bench.forward import Bound, twin_of, twin_rows
-from bench.forward_paths import default_rules, path_for
+from bench.forward_paths import Target, default_rules, path_for
 from calibrate.vllm_terms import best_threshold, text, vllm_terms
 from dispatch import vllm
 from dispatch.profiles import get_profile
@@ -18,8 +18,8 @@ H200, B200, GB200 = get_profile("h200"), get_profile("b200"), get_profile("gb200
 def test_the_flag_runs_only_on_the_sm100_family():
     assert not vllm.flag_supported(90) and vllm.flag_supported(100) and vllm.flag_supported(103)
     lin = ForwardLinear(0, "linear_attn.out_proj", 2560, 4096)
-    assert path_for("vllm-flag", lin, 1, 90, H200, None) == "aten"
-    assert path_for("vllm-flag", lin, 32, 100, B200, None) == path_for("vllm-flag", lin, 33, 100, B200, None) \
+    assert path_for("vllm-flag", lin, 1, Target(90, H200, None)) == "aten"
+    assert path_for("vllm-flag", lin, 32, Target(100, B200, None)) == path_for("vllm-flag", lin, 33, Target(100, B200, None)) \
         == "vllm-op:cute-dsl"  # one backend at every M: FlashInfer splits at CUTE_DSL_MAX_M itself
     assert vllm.CUTE_DSL_MAX_M == 32
     assert not vllm.seed_pr_uses_flashinfer(90, 1)
@@ -45,7 +45,7 @@ def test_pdl_and_the_lm_head():
     assert all(p.pdl == vllm.pdl(p.sm) for p in PROFILES.values())  # every profile passes pdl as vLLM does
     head = ForwardLinear(-1, "lm_head", 248320, 2560)
     for rule in ("vllm-default", "vllm-flag", "seed-pr", "vllm-op:cute-dsl"):
-        assert path_for(rule, head, 1, 100, B200, None) == "aten"  # F.linear whatever the flag
+        assert path_for(rule, head, 1, Target(100, B200, None)) == "aten"  # F.linear whatever the flag
 
 
 def test_autotune_buckets_are_the_hybrid_buckets_up_to_the_token_budget():
@@ -163,7 +163,7 @@ def test_calibrate_vllm_prints_the_table(tmp_path, capsys):
 
 def test_path_for_on_a_linear_the_op_cannot_take():
     lin = ForwardLinear(0, "x", 2560, 4000)  # K % 128 != 0
-    assert path_for("vllm-op:cute-dsl", lin, 8, 100, B200, None) == "aten"
+    assert path_for("vllm-op:cute-dsl", lin, 8, Target(100, B200, None)) == "aten"
 
 
 def _forward_folder(path, df):
