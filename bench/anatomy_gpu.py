@@ -5,6 +5,7 @@ from __future__ import annotations
 import inspect
 import os
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -29,9 +30,11 @@ ANATOMY_COLUMNS = ("path", "kind", "layer", "n", "k", "m", "host_us", "host_us_p
                    "gpu_busy", "cache_state", "status", "reason")
 
 
-def _raw_kernel(backend: str, gb, a, b, out, ws, pdl: bool) -> Callable[[], Any] | None:
-    """The innermost call each runner makes, without the runner: the TVM-FFI function on the same tensors."""
+def _raw_kernel(backend: str, gb, tensors: tuple, pdl: bool) -> Callable[[], Any] | None:
+    """The innermost call each runner makes, without the runner: the TVM-FFI function on the same tensors
+    (a, b, out, workspace)."""
     import torch
+    a, b, out, ws = tensors
     if backend == "tinygemm":
         mod = gb.get_tinygemm2_module()
         weight = b.transpose(-2, -1)
@@ -110,7 +113,7 @@ def flashinfer_layers(backend: str, x, w, pdl: bool = False) -> tuple[dict[str, 
     lean = lean_call(backend, pdl)
     lean(x, w)  # resolves runner and tactic for this M before timing
     layers["lean_call"] = lambda: lean(x, w)
-    raw = _raw_kernel(backend, gb, x, wt, out, ws, pdl)
+    raw = _raw_kernel(backend, gb, (x, wt, out, ws), pdl)
     if raw is not None:
         layers["raw_kernel"] = raw
     return layers, "hit" if hit else "miss"
@@ -190,9 +193,25 @@ def module_load_costs(backends: list[str]) -> list[dict[str, Any]]:
     return rows
 
 
-def run_anatomy(profile: GpuProfile, shapes: list[Shape], ms: list[int], backends: list[str], out_dir: Path,
-                calls: int, rounds: int, allow_mismatch: bool, command: list[str]) -> Path:
-    sm = require_gpu(profile, allow_mismatch)
+@dataclass(frozen=True)
+class Anatomy:
+    """What bench host-anatomy measures: the shapes, M values and FlashInfer backends on this profile's GPU, the
+    calls per layer and rounds, and where the results go."""
+    profile: GpuProfile
+    shapes: list[Shape]
+    ms: list[int]
+    backends: list[str]
+    out_dir: Path
+    calls: int = 40
+    rounds: int = 9
+    allow_mismatch: bool = False
+    command: list[str] | None = None
+
+
+def run_anatomy(plan: Anatomy) -> Path:
+    profile, shapes, ms, backends, out_dir = plan.profile, plan.shapes, plan.ms, plan.backends, plan.out_dir
+    calls, rounds, command = plan.calls, plan.rounds, plan.command
+    sm = require_gpu(profile, plan.allow_mismatch)
     import torch
     from flashinfer.autotuner import AutoTuner  # noqa: F401  (a missing FlashInfer stops here, before any write)
 
@@ -223,8 +242,8 @@ def run_anatomy(profile: GpuProfile, shapes: list[Shape], ms: list[int], backend
                 w = torch.randn(shape.n, shape.k, device="cuda", dtype=torch.bfloat16)
                 layers, _ = flashinfer_layers(backend, x, w, BACKENDS[backend].pdl(profile.pdl))
                 per_round, prot = time_blocks({"choose_one": layers["choose_one"]}, calls, rounds, before, after)
-                rows.append(_row(base, path.name, m, "layer", "choose_one", per_round["choose_one"], calls, prot,
-                                 "untuned"))
+                rows.append(_row({**base, "path": path.name, "m": m, "calls": calls}, "choose_one",
+                                 per_round["choose_one"], prot, "untuned"))
             fn = path.build(profile.pdl)  # the sweep's own callable for this path: mm_bf16(x, w.t(), backend=...)
             _, err = tune_shape(path, shape, live, profile.pdl)
             if err:
@@ -241,8 +260,8 @@ def run_anatomy(profile: GpuProfile, shapes: list[Shape], ms: list[int], backend
                 layers.update(aten)
                 per_round, prot = time_blocks(layers, calls, rounds, before, after)
                 for name, vals in per_round.items():
-                    rows.append(_row(base, ATEN if name in aten else path.name, m, "layer", name, vals, calls, prot,
-                                     state if name == "choose_one" else ""))
+                    rows.append(_row({**base, "path": ATEN if name in aten else path.name, "m": m, "calls": calls},
+                                     name, vals, prot, state if name == "choose_one" else ""))
                 for seg, med, p20, p80 in segment_costs(per_round, (*FLASHINFER_SEGMENTS, NULL_OP_SEGMENT)):
                     is_null = seg is NULL_OP_SEGMENT
                     rows.append({**base, "path": ATEN if is_null else path.name, "m": m, "kind": "segment",
@@ -258,8 +277,8 @@ def run_anatomy(profile: GpuProfile, shapes: list[Shape], ms: list[int], backend
     return out_dir
 
 
-def _row(base, path, m, kind, layer, vals, calls, prot, state) -> dict[str, Any]:
+def _row(at: dict[str, Any], layer: str, vals: list[float], prot: dict[str, bool], state: str) -> dict[str, Any]:
+    """One layer's row at `at` (its shape, path, M and calls per block): the median and spread of its rounds."""
     med, p20, p80 = summary(vals)
-    return {**base, "path": path, "m": m, "kind": kind, "layer": layer, "host_us": med, "host_us_p20": p20,
-            "host_us_p80": p80, "calls": calls, "rounds": len(vals), "gpu_busy": prot[layer], "cache_state": state,
-            "status": "ok"}
+    return {**at, "kind": "layer", "layer": layer, "host_us": med, "host_us_p20": p20, "host_us_p80": p80,
+            "rounds": len(vals), "gpu_busy": prot[layer], "cache_state": state, "status": "ok"}

@@ -15,7 +15,7 @@ import queue as queue_mod
 import signal
 import sys
 import time
-from dataclasses import fields, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -123,9 +123,9 @@ def run_on_devices(cfg, spec: str, gpus: dict[int, tuple[str, int]] | None = Non
     payload = _payload(cfg, devices)
     grid = [s.name for s in cfg.shapes]
     procs = {d: ctx.Process(target=worker or _worker, name=f"bench-gpu{d}",
-                            args=(d, payload, grid, [s.name for s in pinned[d]], work, events,
-                                  lock if host_timing == "serialized" else None,
-                                  str(shard_dir(cfg.out, d)), devices))
+                            args=(d, WorkerJob(payload, grid, [s.name for s in pinned[d]], work, events,
+                                               lock if host_timing == "serialized" else None,
+                                               str(shard_dir(cfg.out, d)), devices)))
              for d in devices}
     total = len(todo) + sum(len(v) for v in pinned.values())
     from bench.sweep import _progress
@@ -229,9 +229,25 @@ def _follow(procs: dict, events, bar) -> tuple[list[str], bool]:
     return failures, interrupted
 
 
-def _worker(device: int, payload: dict[str, Any], grid: list[str], pinned: list[str], work, events, lock,
-            out: str, devices: list[int]) -> None:
+@dataclass
+class WorkerJob:
+    """What one GPU's worker process gets: the sweep's settings (`payload`), the grid's shapes, the shapes pinned to
+    it (a resume's), the shared queue of shapes, the event queue to the parent, the host-time lock (None:
+    concurrent), its shard folder and every device of the run."""
+    payload: dict[str, Any]
+    grid: list[str]
+    pinned: list[str]
+    work: Any
+    events: Any
+    lock: Any
+    out: str
+    devices: list[int]
+
+
+def _worker(device: int, job: WorkerJob) -> None:
     """One GPU's worker: its own process, CUDA context and CUPTI session; shapes from `pinned`, then the queue."""
+    payload, grid, pinned, work, events, lock, out, devices = (job.payload, job.grid, job.pinned, job.work,
+                                                                job.events, job.lock, job.out, job.devices)
     os.environ["CUDA_VISIBLE_DEVICES"] = payload["visible"][device]  # before torch is imported in this process
     cores = payload["cores"][device]
     if cores and hasattr(os, "sched_setaffinity"):

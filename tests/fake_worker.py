@@ -8,9 +8,11 @@ from pathlib import Path
 DATA = Path(__file__).parent / "data"
 
 
-def copy_rows_worker(device, payload, grid, pinned, work, events, lock, out, devices):
+def copy_rows_worker(device, job):
     import queue
 
+    payload, grid, pinned, work, events, lock, out, devices = (job.payload, job.grid, job.pinned, job.work,
+                                                                job.events, job.lock, job.out, job.devices)
     src = Path(payload["command"][-1])  # the test passes the source run as the command's last word
     lines = (src / "results.csv").read_text().splitlines(keepends=True)
     header, body = lines[0], lines[1:]

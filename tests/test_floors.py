@@ -48,3 +48,19 @@ def _path_literals() -> list[str]:
 
 def test_no_path_name_is_written_outside_the_registry():
     assert _path_literals() == []
+
+
+def test_no_function_of_bench_takes_more_than_six_parameters():
+    """A cell travels as one object (bench.sweep.Group, bench.forward.ForwardAt) with the run's state beside it
+    (Sweeping, Forwarding), not as loose values: no function of bench declares more than six parameters."""
+    import ast
+    wide = []
+    for path in sorted((ROOT / "bench").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                a = node.args
+                count = (len(a.posonlyargs) + len(a.args) + len(a.kwonlyargs) + bool(a.vararg) + bool(a.kwarg)
+                         - bool(a.args and a.args[0].arg in ("self", "cls")))
+                if count > 6:
+                    wide.append(f"{path.relative_to(ROOT)}:{node.name} ({count})")
+    assert wide == []

@@ -8,12 +8,12 @@ def test_host_anatomy_times_every_layer_and_the_segments_add_up(tmp_path, gpu_pr
     import pandas as pd
 
     from bench.anatomy import FLASHINFER_SEGMENTS, FLASHINFER_TOTAL
-    from bench.anatomy_gpu import run_anatomy
+    from bench.anatomy_gpu import Anatomy, run_anatomy
     from shapes.catalog import catalog, select
     profile = gpu_profile
     backends = ["cublaslt"] + ([profile.low_m_backend] if profile.low_m_backend != "cute-dsl" else [])
-    run_anatomy(profile, select(catalog(), "n2048_k4096"), [8, 48], backends, tmp_path, calls=10, rounds=3,
-                allow_mismatch=False, command=["pytest"])
+    run_anatomy(Anatomy(profile, select(catalog(), "n2048_k4096"), [8, 48], backends, tmp_path, calls=10, rounds=3,
+                        command=["pytest"]))
     df = pd.read_csv(tmp_path / "results.csv")
     assert (df["status"] == "ok").all()
     for b in backends:

@@ -1,7 +1,7 @@
 """python -m bench host-anatomy: where one FlashInfer call's host time goes, layer by layer (bench/anatomy_gpu.py)."""
 from __future__ import annotations
 
-from bench.anatomy_gpu import run_anatomy
+from bench.anatomy_gpu import Anatomy, run_anatomy
 from bench.paths import PATHS
 from bench.sweep import require_gpu
 from dispatch.backends import flashinfer_path
@@ -36,6 +36,7 @@ def run(args, profile, command: list[str]) -> int:
     shapes, ms, out_dir = select(catalog(), args.shapes), parse_m(args.m), output_dir(args.out, "--out")
     require_gpu(profile, args.allow_mismatch)
     divert_noise(out_dir / "log.txt")
-    out = run_anatomy(profile, shapes, ms, backends, out_dir, args.calls, args.rounds, args.allow_mismatch, command)
+    out = run_anatomy(Anatomy(profile, shapes, ms, backends, out_dir, args.calls, args.rounds, args.allow_mismatch,
+                              command))
     print(f"results: {out}/results.csv, {out}/run.json")
     return 0
