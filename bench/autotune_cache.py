@@ -16,6 +16,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from dispatch.gemv import beside, parse
 from harness.errors import HarnessError
 from harness.io import atomic_write, read_json, sha256
 
@@ -37,14 +38,12 @@ def read_entries(path: Path) -> dict[str, Any]:
 
 def gemv_file(tactics: Path) -> Path:
     """Where the GEMV configurations served with a tactics file live (dispatch.gemv.beside)."""
-    from dispatch.gemv import beside
     return beside(tactics)
 
 
 def read_gemv(path: Path) -> int:
     """The GEMV configurations beside a tactics file read and checked without serving them (a dry run refuses what
     the real run would); how many (0 where there is no such file)."""
-    from dispatch.gemv import parse
     target = gemv_file(path)
     if not target.is_file() and not target.is_symlink():
         return 0

@@ -6,8 +6,10 @@ import json
 from pathlib import Path
 from typing import Any, Iterable
 
+from bench.envinfo import RUN_FORMATS
+from bench.paths import kernel_twins
 from harness.errors import HarnessError
-from harness.io import atomic_write, atomic_write_text, read_json_object
+from harness.io import atomic_write, atomic_write_text, read_input, read_input_text, read_json_object
 from shapes.grid import M_MAX
 
 COLUMNS = (
@@ -126,7 +128,6 @@ def legacy_passes(df, resumed: bool) -> list[str]:
     (bench.gpu.replay_interleaved), except a twin that was not read off its twin (a public FlashInfer call beside its
     lean call, or the dispatcher, with gpu_from empty), which may have been timed in a second pass. Those rows, and
     every row of a resumed run (a cell's paths may come from different legs), get no pass: they never pair."""
-    from bench.paths import kernel_twins
     if resumed:
         return [""] * len(df)
     cell_paths: dict[tuple, list[str]] = {}
@@ -145,11 +146,9 @@ def _read_table(path: Path):
     import pandas as pd
     try:
         if path.suffix == ".parquet":
-            from harness.io import read_input
             return pd.read_parquet(io.BytesIO(read_input(path, "results file", "re-run or restore it")))
         if path.suffix == ".xz":
             return read_csv_table(path)
-        from harness.io import read_input_text
         text = read_input_text(path, "results file", "re-run or restore it")
         _whole_rows(text, path)
         return read_csv_table(io.StringIO(text))
@@ -366,7 +365,6 @@ def load_run_info(path: str | Path) -> dict[str, Any]:
 
 def check_format(info: dict[str, Any], where: Path) -> None:
     """A run.json of a format this harness reads (bench.envinfo.RUN_FORMATS; no key: format 1)."""
-    from bench.envinfo import RUN_FORMATS
     fmt = info.get("format", 1)
     if fmt not in RUN_FORMATS or isinstance(fmt, bool):
         known = ", ".join(map(str, RUN_FORMATS))

@@ -15,8 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from bench.autotune_cache import read_entries, sha256
+from dispatch.gemv import parse
+from dispatch.table import load_table
 from harness.errors import HarnessError, signals_deferred
-from harness.io import check_target, umask
+from harness.io import atomic_write, check_target, is_shipped, read_json, umask
 from harness.shipped import shipped_file
 from shapes.derive import layout_covers
 
@@ -97,7 +100,6 @@ def write_outputs(artifacts: list[Artifact]) -> list[Path]:
     """An output that may be shipped: where any destination is a shipped file, all go through `install`; else each
     is read back by its check from a staged copy (siblings beside it, as install stages them), then written
     atomically (a user's own --out), as any output."""
-    from harness.io import atomic_write, is_shipped
     if any(is_shipped(a.dest) for a in artifacts):
         return install(artifacts)
     with tempfile.TemporaryDirectory(prefix="bf16-linear-bench-check-") as stage:
@@ -117,7 +119,6 @@ def write_outputs(artifacts: list[Artifact]) -> list[Path]:
 
 def shipped_layout(profile: str) -> str:
     """The layout of the profile's shipped table (vLLM's where none is shipped or it names none)."""
-    from harness.io import read_json
     path = shipped_file("table", profile)
     if not path.is_file():
         return "vllm"
@@ -134,8 +135,6 @@ def table_check(profile: str, layout: str | None) -> Callable[[Path], None]:
     layouts (`layout` None: any), and its
     tactics file, where it names one, is staged beside it with the recorded hash and reads as a tactics file."""
     def check(path: Path) -> None:
-        from bench.autotune_cache import read_entries
-        from dispatch.table import load_table
         table = load_table(path=path)
         if table.profile != profile:
             raise HarnessError(f"it is a table of the {table.profile!r} profile, not {profile!r}")
@@ -148,8 +147,6 @@ def table_check(profile: str, layout: str | None) -> Callable[[Path], None]:
             read_entries(tactics)
         configs = _staged_sibling(path, table.source.get("gemv_configs"), "GEMV configuration file")
         if configs is not None:
-            from dispatch.gemv import parse
-            from harness.io import read_json
             parse(read_json(configs, "GEMV configuration file", "refit the table"), configs.name)
     return check
 
@@ -157,7 +154,6 @@ def table_check(profile: str, layout: str | None) -> Callable[[Path], None]:
 def _staged_sibling(table: Path, spec: object, what: str) -> Path | None:
     """A file a staged table names beside it ({file, sha256}): staged with it and the one it was fitted with; None
     where the table names none."""
-    from bench.autotune_cache import sha256
     if not isinstance(spec, dict) or not spec.get("file"):
         return None
     sibling = table.parent / str(spec["file"])
@@ -170,6 +166,4 @@ def _staged_sibling(table: Path, spec: object, what: str) -> Path | None:
 
 def gemv_check(path: Path) -> None:
     """A staged GEMV configuration file reads as the GEMV's parser reads it."""
-    from dispatch.gemv import parse
-    from harness.io import read_json
     parse(read_json(path, "GEMV configuration file", "tune it afresh"), path.name)

@@ -19,6 +19,7 @@ import pandas as pd
 
 from calibrate.analysis import Cells
 from dispatch.backends import ATEN, DISPATCH
+from dispatch.profiles import PROFILES
 from harness.errors import HarnessError
 from harness.io import check_format, read_json
 from harness.shipped import missing_line, shipped_file
@@ -34,7 +35,6 @@ def noise_path(profile: str) -> Path:
 
 def _none_shipped(profile: str, kind: str) -> None:
     """None where `profile` ships no file of `kind`; one line where it ships one and this installation lacks it."""
-    from dispatch.profiles import PROFILES
     known = PROFILES.get(profile)
     if known is not None and kind in known.ships:
         raise HarnessError(missing_line(kind, profile))

@@ -8,10 +8,11 @@ import pandas as pd
 
 from bench.results import load_results, load_run_info
 from calibrate.forward_model import load_forward
-from dispatch.profiles import get_profile, matches
+from dispatch.profiles import PROFILES, get_profile, matches
 from harness.console import terminal
 from harness.errors import HarnessError
 from harness.io import check_target, distinct
+from shapes.derive import layout_covers
 
 RESULTS = Path("results")  # where a command writes by default: never a shipped file
 
@@ -33,8 +34,6 @@ def table_problem(table, info: dict, measured_paths: set[str], results: str, all
     and the report. The table must be of the run's GPU (the identity rule on the run's fingerprint, unless
     allow_mismatch), of a layout that holds the run's, and choose only paths the run measured (else it would count
     F.linear where the table runs a kernel the run never timed)."""
-    from dispatch.profiles import PROFILES
-    from shapes.derive import layout_covers
     fp = info.get("fingerprint") or {}
     gpu, sm = str(fp.get("gpu_name", "")), fp.get("sm")
     profile = PROFILES.get(table.profile)

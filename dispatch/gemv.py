@@ -30,6 +30,9 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any
 
+from harness.errors import HarnessError
+from harness.io import atomic_write_text, read_json
+
 MAX_M = 16
 TILE_MS = (1, 2, 4, 8, 16)  # the rows a tile holds: 1, 2-8 on the CUDA cores, 16 a tensor-core tile
 # every configuration the kernel is written for: (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, tile_m); a 16-row tile is a
@@ -277,7 +280,6 @@ def to_json() -> dict[str, Any]:
 def parse(data: Any, where: str) -> dict[tuple[int, int, int], GemvConfig]:
     """A gemv-configs file's configurations; one clear error for anything else. A format 1 file (no tile_m) ran one
     row at M = 1 and a 16-row tile above."""
-    from harness.errors import HarnessError
     fix = "delete it and tune afresh (bench run --tune)"
     if not isinstance(data, dict) or data.get("kind") != "gemv-configs":
         raise HarnessError(f"{where} is not a GEMV configuration file (kind gemv-configs); {fix}")
@@ -305,7 +307,6 @@ def parse(data: Any, where: str) -> dict[tuple[int, int, int], GemvConfig]:
 
 def load(path: Any) -> int:
     """Serves the configurations of a gemv-configs file (they replace stored ones of the same cells); how many."""
-    from harness.io import read_json
     data = read_json(path, "GEMV configuration file", "delete it and tune afresh (bench run --tune)")
     configs = parse(data, str(path))
     STORE.configs.update(configs)
@@ -316,7 +317,6 @@ def load(path: Any) -> int:
 
 def save(path: Any) -> None:
     import json
-    from harness.io import atomic_write_text
     atomic_write_text(path, json.dumps(to_json(), indent=1) + "\n")
 
 

@@ -22,6 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from dispatch.backends import ATEN, BACKENDS, GEMV, GEMV_MAX_M, LOW_M_BACKENDS, flashinfer_path, lean_path
+from dispatch.gemv import parse
+from dispatch.profiles import PROFILES, get_profile
 from harness.errors import HarnessError
 from harness.io import check_format, is_count, read_json, read_json_object, sha256
 from harness.shipped import missing_line, shipped_file
@@ -241,7 +243,6 @@ def parse_table(data: Any, where: str) -> ThresholdTable:
             shapes[key] = _parse_regimes(own, f"{where} shape {key[0]}x{key[1]}")
     else:
         default, shapes = _parse_format1(data, where)
-    from dispatch.profiles import PROFILES
     expected = PROFILES[data["profile"]].low_m_backend if data["profile"] in PROFILES else None
     if expected is not None and backend != expected:
         raise HarnessError(f"{where}: low_m_backend {backend!r} is not the {data['profile']} profile's "
@@ -259,7 +260,6 @@ def known_low_m_backends() -> list[str]:
 def _names_a_file(value: Any) -> bool:
     """Whether load_table's first argument names a table file rather than a GPU profile: a Path, or text that is no
     profile's name and looks like a file (a folder in it, .json at its end, or an existing file)."""
-    from dispatch.profiles import PROFILES
     if isinstance(value, Path):
         return True
     text = str(value)
@@ -312,7 +312,6 @@ def check_files(table: ThresholdTable) -> None:
                                f"differs); {fix}")
         data = read_json_object(path, what, fix)
         if key == "gemv_configs":
-            from dispatch.gemv import parse
             parse(data, str(path))
     if GEMV in table.paths() and table.gemv_configs is None:
         raise HarnessError(f"the {table.profile} table runs {GEMV} in some ranges but names no GEMV configurations "
@@ -322,7 +321,6 @@ def check_files(table: ThresholdTable) -> None:
 def shipped_table(profile: str) -> ThresholdTable | None:
     """The shipped table of a GPU profile with its files checked (check_files); None where the profile ships none.
     A table the profile ships and this installation lacks, or one that does not load, is one HarnessError."""
-    from dispatch.profiles import get_profile
     path = shipped_file("table", profile)
     if not path.exists() and not path.is_symlink():
         if "table" in get_profile(profile).ships:

@@ -7,7 +7,16 @@ from typing import Callable
 import pandas as pd
 
 from bench.forward_paths import DISPATCH_PYTHON, RULES, TABLE_DIRECT
+from bench.results import load_run_info
+from calibrate.baseline import cells_from_results, load_baseline
+from calibrate.baseline import compare as compare_with_baseline
+from calibrate.compare import DEFAULT_MARGIN, VERDICTS, compare, counts_per_path, not_same, verdict_totals
 from calibrate.determinism import by_path
+from calibrate.forward_model import (EAGER_VOID, MODEL_MISS, eager_void, forward_ratios, forward_verdicts, load_forward,
+                                     model_vs_measured)
+from calibrate.forward_noise import load_forward_floor
+from calibrate.noise import load_noise
+from calibrate.vllm_terms import COMPARED, LABELS, geomean, required_paths, vllm_terms
 from dispatch.backends import ATEN, is_flashinfer
 from dispatch.table import describe_ranges
 from dispatch.vllm import VLLM_VERSION, flag_supported
@@ -208,8 +217,6 @@ def _run_against_run(primary: Run, other: Run, rows: pd.DataFrame) -> str:
     """Run B (other) against run A (primary) as `calibrate compare` judges it (calibrate/compare.py): per path the
     cells per verdict class, the cells not SAME, the environment's differences first; and the FlashInfer/aten
     ratio of both runs side by side (what a table's decision at a cell rests on)."""
-    from calibrate.compare import DEFAULT_MARGIN, VERDICTS, compare, counts_per_path, not_same, verdict_totals
-    from calibrate.noise import load_noise
     noise = load_noise(primary.profile.name) if primary.profile is not None else None
     c = compare(primary.df, other.df, primary.info, other.info, noise, DEFAULT_MARGIN)
     counts = counts_per_path(c.rows).reset_index()
@@ -242,10 +249,9 @@ def comparison_section(primary: Run, rows: pd.DataFrame, others: list[Run], base
     for other in others:
         parts.append(_run_against_run(primary, other, rows))
     if baseline:
-        from calibrate.baseline import cells_from_results, compare, load_baseline
         b = load_baseline(Path(baseline))
         fi = sorted({c.path for c in b.cells})
-        checks = compare(b, cells_from_results(primary.df, fi))
+        checks = compare_with_baseline(b, cells_from_results(primary.df, fi))
         rows = pd.DataFrame([{"shape": c.cell.shape, "m": c.cell.m, "path": c.cell.path,
                               "stored": c.cell.gpu_ratio, "stored_lo": c.cell.gpu_ratio_lo,
                               "stored_hi": c.cell.gpu_ratio_hi,
@@ -316,7 +322,6 @@ def anatomy_section(path: str) -> str:
 
 def forward_section(run: Run, path: str, loaded: tuple[pd.DataFrame, dict]) -> str:
     """One measured-forward folder's section; `loaded`: its (forward.csv, run.json) as load_forward read them."""
-    from calibrate.forward_model import forward_ratios
     fdf, info = loaded
     ratios = forward_ratios(fdf)
     measured = [c for c in ratios.columns if c not in ("model", "m", "regime", ATEN)]
@@ -333,7 +338,6 @@ def forward_section(run: Run, path: str, loaded: tuple[pd.DataFrame, dict]) -> s
 
 def _forward_intro(fdf: pd.DataFrame, info: dict, ratios: pd.DataFrame) -> list[str]:
     """The run's provenance line, what the regimes and rule names mean, and the figure."""
-    from calibrate.forward_model import EAGER_VOID, eager_void
     return [f"<p class='muted'>{esc(info.get('command', ''))} · {esc(info.get('started', ''))} · "
             f"{esc((info.get('fingerprint') or {}).get('gpu_name', ''))} · decoder layers: "
             f"{esc(info.get('decoder_layers') or 'all')} · lm_head: {esc(info.get('lm_head'))}"
@@ -368,8 +372,6 @@ def _forward_intro(fdf: pd.DataFrame, info: dict, ratios: pd.DataFrame) -> list[
 
 def _forward_verdicts_part(run: Run, fdf: pd.DataFrame) -> list[str]:
     """The measured verdict of the dispatcher's forward against the best path, both regimes."""
-    from calibrate.forward_noise import load_forward_floor
-    from calibrate.forward_model import forward_verdicts
     parts: list[str] = []
     floor = load_forward_floor(run.profile.name)
     fv = forward_verdicts(fdf, run.profile.capture_size, floor)
@@ -403,7 +405,6 @@ def _forward_verdicts_part(run: Run, fdf: pd.DataFrame) -> list[str]:
 
 def _model_vs_measured_part(run: Run, fdf: pd.DataFrame, info: dict) -> list[str]:
     """How far the cell-sum model misses the measured forwards."""
-    from calibrate.forward_model import MODEL_MISS, model_vs_measured
     parts: list[str] = []
     mv = model_vs_measured(run.cells, fdf, info, run.profile, run.table)
     if not mv.empty:
@@ -426,8 +427,6 @@ def _model_vs_measured_part(run: Run, fdf: pd.DataFrame, info: dict) -> list[str
 def vllm_section(run: Run, frames: list[pd.DataFrame]) -> str | None:
     """The answer in vLLM's terms (calibrate/vllm_terms.py) from the forwards (their forward.csv tables) that
     measured vLLM's rules; None when none did (older runs)."""
-    from calibrate.forward_noise import load_forward_floor
-    from calibrate.vllm_terms import COMPARED, LABELS, geomean, required_paths, vllm_terms
     fdf = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     if run.profile is None or fdf.empty or not set(required_paths(run.profile)) <= set(fdf[fdf["status"] == "ok"]["path"]):
         return None
@@ -468,7 +467,6 @@ def check_inputs(results: list[str], forward: list[str], anatomy: str | None, ba
                  allow_mismatch: bool) -> None:
     """What validate refuses, the report refuses too: a folder given twice, and data of another GPU than the first
     run's (unless allow_mismatch)."""
-    from bench.results import load_run_info
     from harness.io import distinct, same_gpu
     distinct(list(results), "reports build")
     distinct(list(forward), "reports build --forward")
@@ -481,7 +479,6 @@ def check_inputs(results: list[str], forward: list[str], anatomy: str | None, ba
     others = [o for o in [*results[1:], *forward, *([anatomy] if anatomy else [])] if has_info(o)]
     same_gpu([(results[0], primary), *((o, load_run_info(o)) for o in others)], allow_mismatch)
     if baseline:
-        from calibrate.baseline import load_baseline
         b = load_baseline(Path(baseline))
         if b.profile != primary.get("profile") and not allow_mismatch:
             raise HarnessError(f"--baseline {baseline} is the {b.profile} baseline, {results[0]} a "
@@ -496,7 +493,6 @@ def build(results: list[str], out: Path, baseline: str | None = None, anatomy: s
     check_inputs(results, [forward] if isinstance(forward, str) else list(forward or []), anatomy, baseline,
                  allow_mismatch)
     folders = [forward] if isinstance(forward, str) else list(forward or [])
-    from calibrate.forward_model import load_forward
     with progress(len(results) + 1, "report: loading") as bar:
         runs = []
         for r in results:

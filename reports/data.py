@@ -8,16 +8,18 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from dispatch.vllm import SEED_PR_MAX_M
 from bench.paths import TUNED_CUBLASLT
 from bench.results import load_results, load_run_info
 from calibrate.analysis import (Cells, cell_verdicts, crossover, failures, forward_totals, low_m_measured, model_uses,
                                 provenance, verdict)
+from calibrate.forward_model import judged_forward
+from calibrate.forward_noise import load_forward_floor
 from calibrate.noise import load_noise
+from calibrate.runs import table_problem
 from dispatch.backends import ATEN, DISPATCH, is_flashinfer
 from dispatch.profiles import PROFILES, GpuProfile
 from dispatch.table import REGIMES, ThresholdTable, load_table
-from calibrate.runs import table_problem
+from dispatch.vllm import SEED_PR_MAX_M
 from harness.errors import HarnessError
 from harness.shipped import shipped_file
 
@@ -135,12 +137,10 @@ def headline(run: Run, forwards: list[tuple[pd.DataFrame, dict]] | None = None) 
         return Headline(None, s, pd.DataFrame(), pd.DataFrame())
     verdicts = cell_verdicts(c, run.table, MARGIN, noise=load_noise(run.profile.name))
     totals = forward_totals(c, run.table, model_uses(df), run.profile.capture_size)
-    from calibrate.forward_noise import load_forward_floor
     floor = load_forward_floor(run.profile.name)
     slower, over = failures(verdicts, totals, floor)
     measured_over, covered = 0, set()
     if forwards:
-        from calibrate.forward_model import judged_forward
         for fdf, finfo in forwards:
             fv, _, _, both = judged_forward(fdf, finfo, run.table, run.profile, floor)
             covered |= both

@@ -21,8 +21,11 @@ from pathlib import Path
 from typing import Callable
 
 from bench.autotune_cache import FILE_NAME
+from bench.paths import paths_for, unchoosable_reason
+from calibrate.vllm_terms import required_paths
 from dispatch.backends import ATEN, DISPATCH, is_choosable, lean_path
 from harness.errors import HarnessError
+from shapes.grid import default_grid
 from tables.manifest import TableRun, machine_legs
 
 # M values the out-of-sample sweep adds to the default grid: none of them is a grid value, nor the midpoint of two
@@ -103,9 +106,6 @@ def execute(leg: Leg, log: Path) -> int:
 
 def legs(run: TableRun, scope=None, machines: int | None = None) -> list[Leg]:
     """The run's legs; `scope` and `machines` (fitting machines) None: what its manifest records."""
-    from bench.paths import paths_for, unchoosable_reason
-    from calibrate.vllm_terms import required_paths
-    from shapes.grid import default_grid
     profile, folder = run.profile, run.folder
     p, low = profile.name, profile.low_m_backend
     scope = scope if scope is not None else run.scope

@@ -8,8 +8,10 @@ from pathlib import Path
 from bench.autotune_cache import sha256
 from bench.envinfo import fingerprint
 from bench.sweep import require_gpu
-from calibrate.baseline import fingerprint_mismatch, fingerprint_of
-from calibrate.baseline import baseline_check
+from calibrate.baseline import (REGRESSION_MS, autotune_cache_path, baseline_check, baseline_path, baseline_text,
+                                cells_from_results, compare, describe, fingerprint_mismatch, fingerprint_of,
+                                kernel_change, left_out, load_baseline, merge_runs, shared_tactics, write_baseline)
+from calibrate.compare import verdict_totals
 from calibrate.regress import measure_runs, regress, regression_paths
 from calibrate.runs import RESULTS, verdict_word
 from calibrate.runs import load_run as _load
@@ -51,8 +53,6 @@ def run(args) -> int:
 
 def _baseline(args, profile) -> int:
     """A baseline from fresh runs of the regression grid (each in a new process) or from given runs."""
-    from calibrate.baseline import (REGRESSION_MS, autotune_cache_path, baseline_path, baseline_text,
-                                    cells_from_results, merge_runs, shared_tactics, write_baseline)
     fi_paths = regression_paths(profile)[1:]
     out = shipped_or_results(args.out, baseline_path(profile.name), RESULTS / profile.name / "baseline.json",
                              args.install)
@@ -86,8 +86,6 @@ def _baseline(args, profile) -> int:
 
 def _regress(args, profile) -> int:
     """Fresh (or given) measurements of the regression grid judged against the stored baseline."""
-    from calibrate.baseline import (baseline_path, cells_from_results, compare, describe, kernel_change, left_out,
-                                    load_baseline)
     fi_paths = regression_paths(profile)[1:]
     fresh = not args.source
     baseline = load_baseline(Path(args.baseline) if args.baseline else baseline_path(profile.name))
@@ -143,7 +141,6 @@ def _regress(args, profile) -> int:
 def verdict_counts(checks) -> str:
     """The judged cells per verdict class of calibrate compare (docs/compare.md): the fresh GPU ratio against the
     stored band. SLOWER and FASTER fail the check (as does a host ratio outside its band); AMBIGUOUS passes."""
-    from calibrate.compare import verdict_totals
     return "GPU ratio against the stored band: " + verdict_totals(c.verdict for c in checks if c.fresh is not None)
 
 

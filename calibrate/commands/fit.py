@@ -11,12 +11,13 @@ from pathlib import Path
 import pandas as pd
 
 from bench.autotune_cache import FILE_NAME, gemv_file, read_entries, read_gemv, sha256
+from bench.merge import fingerprint_difference
 from bench.results import load_run_info
 from calibrate.analysis import FIT_MIN_GAIN, Cells, dispatch_candidates, fit, model_uses
+from calibrate.determinism import source_entry
 from calibrate.forward_model import (GPU_BOUND_MARGIN, gpu_bound_in_every_run, host_bound_in_every_run, kept_choices,
                                      overrides_over_the_table, picks_in_every_run)
 from calibrate.forward_noise import forward_noise_path, load_forward_floor
-from calibrate.determinism import source_entry
 from calibrate.install import Artifact, gemv_check, shipped_layout, table_check, write_outputs
 from calibrate.noise import load_noise
 from calibrate.runs import RESULTS
@@ -24,6 +25,7 @@ from calibrate.runs import load_forwards as _load_forwards
 from calibrate.runs import load_run as _load
 from calibrate.runs import profile_of as _profile_of
 from calibrate.runs import sibling_free as _sibling_free
+from calibrate.segments import RULE, cells_spec, fit_segments, forward_picks, range_counts, refine_cells
 from dispatch.backends import GEMV
 from dispatch.profiles import get_profile
 from dispatch.table import REGIMES, ThresholdTable, load_table
@@ -112,7 +114,6 @@ def _same_setup_runs(results: str, info: dict, runs: list[str], partial: bool, p
                      ) -> list[pd.DataFrame]:
     """Each run's rows, where it was measured as RESULTS was: the same GPU and software, pdl and L2 mode, and
     RESULTS' own tactics served."""
-    from bench.merge import fingerprint_difference
     distinct([results, *runs], f"fit {option}")
     tactics = _tactics_of(results)
     want = sha256(tactics) if tactics.is_file() else None
@@ -183,14 +184,12 @@ def _fit_cmd(args, argv, profile, df, info, cells) -> int:
     if args.machine and args.method != "segments":
         raise HarnessError("--machine needs --method segments")
     if args.method == "segments":
-        from calibrate.segments import fit_segments, range_counts
         if args.table_forward:
             raise HarnessError("--method segments takes from measured forwards (--forward) only where eager forwards "
                                "are host- or GPU-bound; check the table with calibrate validate --forward instead "
                                "of --table-forward")
         seg_picks = {}
         if args.forward:
-            from calibrate.segments import forward_picks
             measured = {(str(r), str(mo)): sorted(set(int(v) for v in g["m"]))
                         for fdf in runs for (r, mo), g in fdf.groupby(["regime", "model"])}
             seg_picks = forward_picks(picks, model_uses(df), cells, hold_out, measured)
@@ -281,7 +280,6 @@ def _source(args, argv, profile, info, df, cells, base, hold_out, noise, floor, 
               if noise else None,
               "measured_forwards": forward_note}
     if args.method == "segments":
-        from calibrate.segments import RULE
         source["rule"] = f"{RULE}; tolerance {args.tolerance:g}, min_gain {args.min_gain:g}"
         source["method"] = "segments"
     if floor is not None:
@@ -345,7 +343,6 @@ def _write(args, profile, df, cells, out, plan_file, table, source, report, fitt
                        Artifact(out, (json.dumps(table.to_json(), indent=2) + "\n").encode(), "the table",
                                 table_check(profile.name, shipped_layout(profile.name) if is_shipped(out) else None))])
         if args.plan_refine:
-            from calibrate.segments import cells_spec, refine_cells
             names = {(int(n), int(k)): str(name) for name, n, k in zip(df["shape"], df["n"], df["k"])}
             plan = refine_cells(table, cells, names)
             atomic_write_text(plan_file, cells_spec(plan) + "\n")
