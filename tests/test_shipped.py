@@ -97,3 +97,13 @@ def test_an_output_folder_inside_a_package_or_git_is_refused(tmp_path):
     with pytest.raises(HarnessError, match="--out is empty"):
         output_dir("", "--out")
     assert output_dir(tmp_path / "new", "--out") == tmp_path / "new"
+
+
+@pytest.mark.parametrize("profile", sorted(p for p in PROFILES if PROFILES[p].sm_count is not None
+                                           and "table" in PROFILES[p].ships))
+def test_a_shipped_table_was_fitted_on_the_part_its_profile_names(profile):
+    """The SM count and memory a profile names are those of the GPU its shipped table was fitted on."""
+    from dispatch.profiles import variant_problem
+    from dispatch.table import load_table
+    fp = load_table(profile).source["fingerprint"]
+    assert variant_problem(PROFILES[profile], fp["sm_count"], fp["memory_bytes"]) == ""
