@@ -6,6 +6,7 @@ from typing import Sequence
 from harness.cli import Parser
 from harness.io import output_file
 from harness.options import add
+from reports.build import build  # imported with the command (python -m reports guards its imports against signals)
 
 
 def parser() -> Parser:
@@ -27,7 +28,6 @@ def parser() -> Parser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    from reports.build import build  # matplotlib and the analysis: only once the arguments parse
     out = build(args.results, output_file(args.out, "--out-file"), args.baseline, args.anatomy, args.table, args.partial,
                 args.forward, args.allow_mismatch, draw_figures=args.figures == "all")
     print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB)")

@@ -22,6 +22,7 @@ from pathlib import Path
 def _old_module(path: str):
     spec = importlib.util.spec_from_file_location("gemv_old", path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up while they are made
     spec.loader.exec_module(module)
     return module
 
