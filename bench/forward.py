@@ -28,7 +28,7 @@ from bench.sustain import SUSTAIN_COLUMNS, SUSTAIN_FILE, summary_line, sustained
 from bench.sweep import (_keep_gemv, _keep_tactics, _load_pinned_tactics, _progress, require_gpu, serve_gemv,
                          tune_shape, tuning_info)
 from dispatch.profiles import GpuProfile
-from dispatch.table import load_table
+from dispatch.table import shipped_table
 from harness.console import divert_noise, terminal
 from harness.errors import HarnessError, Interrupted, signal_of, signals_deferred
 from harness.io import atomic_write_text
@@ -508,7 +508,10 @@ def run_forward(cfg: ForwardConfig) -> Path:
         raise HarnessError(f"{out_csv} exists; pass --resume to continue it or choose another --out")
     dispatches = any(r in cfg.rules for r in BOUND_LAYER_RULES)
     if cfg.table is None and (dispatches or TABLE_DIRECT in cfg.rules):
-        cfg.table = load_table(cfg.profile.name)
+        cfg.table = shipped_table(cfg.profile.name)
+        if cfg.table is None:
+            raise HarnessError(f"the dispatch and table-direct rules run a table, and the {cfg.profile.name} profile "
+                               f"ships none yet: pass one with --table FILE, or leave those rules out (--paths)")
     seqs = sequences(cfg)
     if cfg.quiet:
         divert_noise(cfg.out / "log.txt")

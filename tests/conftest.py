@@ -41,6 +41,16 @@ def gpu_profile():
 
 
 @pytest.fixture(scope="session")
+def gpu_table(gpu_profile):
+    """The shipped table of this GPU's profile, or the test skips: a test of the dispatcher's rows needs one."""
+    from dispatch.table import shipped_table
+    table = shipped_table(gpu_profile.name)
+    if table is None:
+        pytest.skip(f"no table is shipped for the {gpu_profile.name} profile yet (make table GPU={gpu_profile.name})")
+    return table
+
+
+@pytest.fixture(scope="session")
 def native_module(tmp_path_factory):
     """The C++ bound layer (dispatch/bound_linear.cpp), built for this torch into a session folder shared by the
     xdist workers (or into $BLB_NATIVE_DIR where that is set, reusing its build): the same build `python -m dispatch

@@ -77,13 +77,12 @@ def test_cupti_and_events_agree_for_longer_calls(small_sweep):
     assert (ok["event_us"] / ok["span_us"] - 1).median() < 0.05
 
 
-def test_the_dispatch_row_runs_the_kernels_of_the_tables_choice(small_sweep, gpu_profile):
+def test_the_dispatch_row_runs_the_kernels_of_the_tables_choice(small_sweep, gpu_profile, gpu_table):
     """Each dispatch cell ran exactly the kernels of the path its table chooses there (F.linear where the low-M
     kernel cannot take the shape), not merely those of some known path."""
     from bench.paths import PATHS
     from dispatch.backends import ATEN, DISPATCH
-    from dispatch.table import load_table
-    table = load_table(gpu_profile.name)
+    table = gpu_table
     df = small_sweep[small_sweep["status"] == "ok"].set_index(["n", "k", "m", "path"])
     rows = [(key, row) for key, row in df.iterrows() if key[3] == DISPATCH]
     assert rows

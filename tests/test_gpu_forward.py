@@ -6,7 +6,7 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module")
-def short_forward(tmp_path_factory, gpu_profile):
+def short_forward(tmp_path_factory, gpu_profile, gpu_table):
     from bench.forward import ForwardConfig, models_for, run_forward
     from bench.forward_paths import default_rules
     profile = gpu_profile
@@ -110,7 +110,7 @@ def test_sustained_replays_are_timed_one_by_one(tmp_path, gpu_profile):
     assert not (tmp_path / "forward.csv").exists()
 
 
-def test_skip_slower_leaves_out_a_path_far_slower_than_aten(tmp_path, gpu_profile):
+def test_skip_slower_leaves_out_a_path_far_slower_than_aten(tmp_path, gpu_profile, gpu_table):
     """TinyGEMM everywhere at M = 1031 ran the forward about 20x all-aten on the H200: with --skip-slower 3 its rows
     say so in both regimes and the other paths are timed as usual."""
     import pandas as pd

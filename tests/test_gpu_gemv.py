@@ -6,6 +6,24 @@ import pytest
 pytestmark = pytest.mark.gpu
 
 
+@pytest.fixture(autouse=True)
+def clean_store():
+    """Each test starts from an empty GEMV store that tunes, and a dispatcher that loads its table's files, as a fresh
+    process does (a sweep earlier in the session serves its own configurations and turns the table's files off)."""
+    import dispatch
+    from dispatch import gemv
+    saved = (dict(gemv.STORE.configs), dict(gemv.STORE.local), set(gemv.STORE.files), gemv.STORE.tuning)
+    gemv.STORE.configs.clear(), gemv.STORE.local.clear(), gemv.STORE.files.clear()
+    gemv.STORE.tuning = True
+    gemv.STORE.version += 1
+    dispatch.tactics_from_table(True)
+    yield
+    gemv.STORE.configs.clear(), gemv.STORE.local.clear(), gemv.STORE.files.clear()
+    gemv.STORE.configs.update(saved[0]), gemv.STORE.local.update(saved[1]), gemv.STORE.files.update(saved[2])
+    gemv.STORE.tuning = saved[3]
+    gemv.STORE.version += 1
+
+
 @pytest.mark.parametrize("n, k", [(2560, 4096), (1000, 3000), (96, 64)])
 @pytest.mark.parametrize("config", [(16, 128, 1, 4, 16), (32, 256, 4, 4, 16), (8, 128, 16, 4, 1), (64, 256, 8, 8, 16),
                                     (16, 256, 8, 4, 2), (32, 128, 4, 4, 4), (8, 256, 16, 4, 8), (16, 512, 1, 8, 8)])
