@@ -22,7 +22,7 @@ from harness.shipped import PACKAGES as ROOT, shipped_file
 
 EVIDENCE = ROOT / "evidence"
 MANIFEST = EVIDENCE / "manifest.json"
-RESULT_FILES = ("results.csv", "forward.csv", "host_cost.csv", "sustain.csv", "e2e.csv", "limit.csv")
+RESULT_FILES = ("results.csv", "forward.csv", "host_cost.csv", "sustain.csv", "e2e.csv", "limit.csv", "gemv_ab.csv")
 FIX = "pass a results folder the harness wrote"
 TABLE_MANIFEST = "manifest.json"  # tables.manifest.MANIFEST
 MANIFEST_FORMAT = 1

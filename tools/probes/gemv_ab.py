@@ -71,6 +71,8 @@ def main(argv=None) -> int:
     from bench.ceiling import measure
     from bench.clocks import make_clock
     from bench.envinfo import fingerprint
+    from datetime import datetime, timezone
+    started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     entries = json.loads(Path(args.configs).read_text())["configs"]
@@ -94,7 +96,11 @@ def main(argv=None) -> int:
         writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    (out / "run.json").write_text(json.dumps({"command": ["python", "-m", "tools.probes.gemv_ab", *sys.argv[1:]],
+    from dispatch.profiles import detect_profile, this_gpu
+    profile = detect_profile(*this_gpu(0))
+    (out / "run.json").write_text(json.dumps({"command": " ".join(["python -m tools.probes.gemv_ab", *sys.argv[1:]]),
+                                              "profile": profile.name if profile else None, "kind": "gemv-ab",
+                                              "started": started, "status": "complete",
                                               "fingerprint": fingerprint(), "ceilings": ceilings,
                                               "gpu": torch.cuda.get_device_name(0)}, indent=1, default=str))
     clock.close()
