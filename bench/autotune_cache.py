@@ -16,6 +16,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from dispatch import gemv
 from dispatch.gemv import beside, parse
 from harness.errors import HarnessError
 from harness.io import atomic_write, read_json, sha256
@@ -61,13 +62,11 @@ def describe(path: Path, mode: str) -> dict[str, Any]:
 
 def load_gemv(path: Path) -> int:
     """Serves the GEMV configurations kept beside a tactics file (0 where there is no such file)."""
-    from dispatch import gemv
     return gemv.load(gemv_file(path)) if gemv_file(path).is_file() else 0
 
 
 def keep_gemv(out: Path) -> dict[str, Any]:
     """The GEMV configurations this process ran (served and tuned), written beside <out>/autotune-cache.json."""
-    from dispatch import gemv
     target = gemv_file(Path(out) / FILE_NAME)
     gemv.save(target)
     tuned = gemv.STORE.tune_s

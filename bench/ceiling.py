@@ -18,6 +18,8 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+from bench.gpu import Operands, Replays, capture, replay_interleaved
+
 LARGE_BUFFER_BYTES = 2 << 30  # 2 GiB: 30x an H200's L2, 16x a B200's
 ROTATIONS = 8
 # (kind, BLOCK, num_warps, CTAs per SM for a persistent read): the reads tried at every size
@@ -84,7 +86,6 @@ def measure(clock, weight_bytes: list[int], samples: int = 10, replay_us: float 
     copies do not fit in the free memory is recorded as skipped, with the reason, and its cells get no share."""
     import torch
 
-    from bench.gpu import Operands, Replays, capture, replay_interleaved
     props = torch.cuda.get_device_properties(0)
     sms = props.multi_processor_count
 

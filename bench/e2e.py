@@ -21,10 +21,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from bench.e2e_kernels import op_kernels
+from bench.e2e_kernels import decode_split, make_clock, op_kernels, split_line
 from bench.gpu import REL_ERR_BOUND
+from bench.results import rows_to_csv, write_run_json
 from bench.stats import rel_err, summary
+from bench.sweep import _progress
 from harness.errors import HarnessError, signal_of
+from harness.io import atomic_write_text
+from shapes.derive import text_config
 
 E2E_FILE = "e2e.csv"
 COLUMNS = ("model", "step", "tokens", "variant", "status", "reason", "us", "us_p20", "us_p80", "samples",
@@ -61,7 +65,6 @@ def build_model(hf_config: dict[str, Any], layers: int | None, device: str):
         import transformers
     except ImportError as exc:
         raise HarnessError(f"bench e2e needs transformers ({exc}); pip install -e '.[e2e]'") from None
-    from shapes.derive import text_config
     fields = {k: v for k, v in text_config(hf_config).items() if not k.startswith("_")}
     model_type = fields.pop("model_type", None)
     try:
@@ -141,8 +144,6 @@ def run_e2e(cfg: E2EConfig) -> list[dict[str, Any]]:
     import torch
 
     import dispatch
-    from bench.e2e_kernels import decode_split, make_clock
-    from bench.sweep import _progress
     bar = _progress(cfg.rounds + 1, "e2e")
     bar.set_postfix_str(f"{cfg.model}: building, fp32 reference, kernel split")
     clock, split_why = make_clock(cfg.device)  # before any capture or JIT load
@@ -196,7 +197,7 @@ def _as_variant(model, variant: str, got: _Measured):
     remove() drops each linear's binding, so the bindings an earlier patched call made are put back: a timed call
     must not pay for binding every linear again (a user patches once). A binding whose weight changed is made anew."""
     import dispatch
-    from dispatch.patching import BOUND
+    from dispatch.patching import BOUND  # torch's nn: only where a model is patched
     handle = dispatch.patch(model) if variant == "patched" else None
     if handle is not None:
         got.patched_count = len(handle)
@@ -403,7 +404,6 @@ def ratio_lines(rows: list[dict[str, Any]]) -> list[str]:
         else:
             out.append(f"  {step:13s} {n:6d} tokens: {r.get('status')}: {r.get('reason')}")
         if step == "decode-graph" and stock is not None:
-            from bench.e2e_kernels import split_line
             line = split_line(stock, r)
             out += [line] if line else []
     return out
@@ -438,8 +438,6 @@ def decode_kernels(rows: list[dict[str, Any]]) -> dict[str, list[str]] | None:
 
 
 def write_e2e(out: Path, rows: list[dict[str, Any]], info: dict[str, Any]) -> None:
-    from bench.results import rows_to_csv, write_run_json
-    from harness.io import atomic_write_text
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / E2E_FILE, rows_to_csv(rows, COLUMNS))
     write_run_json(out, {**info, "model_kernels": info.get("model_kernels") or model_kernels(),

@@ -13,7 +13,9 @@ import statistics
 from collections import defaultdict
 from typing import Any, Callable, Iterable, Sequence
 
+from bench.clocks import make_clock as clock_of
 from bench.stats import Window, in_window
+from harness.errors import HarnessError
 
 VARIANTS = ("stock", "patched")
 REPLAYS = 5
@@ -51,8 +53,6 @@ def make_clock(device: str) -> tuple[Any, str]:
     """A CUPTI clock for the step's kernels, created before any capture or JIT load; (None, why) where there is none."""
     if device != "cuda":
         return None, "a kernel split needs CUDA"
-    from bench.clocks import make_clock as clock_of
-    from harness.errors import HarnessError
     try:
         return clock_of("cupti"), ""
     except HarnessError as exc:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from dispatch.profiles import sm_of
+from harness.floors import FLOORS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -42,7 +43,6 @@ def source_digest(root: Path | None = None) -> str:
     ran, also where the copy's git state is stale or absent (a GPU host's copy of a working tree)."""
     import hashlib
 
-    from harness.floors import FLOORS
     root = root or ROOT
     h = hashlib.sha256()
     for pkg in FLOORS:

@@ -17,10 +17,10 @@ from bench.ceiling import annotate_forward
 from bench.ceiling import measure as measure_ceilings
 from bench.clocks import make_clock
 from bench.envinfo import ClockReader, nvml_clocks, run_info
-from bench.forward_paths import (BOUND_LAYER_RULES, DISPATCH_PYTHON, DISPATCHER_RULES, LM_HEAD_RULE,
-                                 RULES, TABLE_DIRECT, Target, path_for)
-from bench.gpu import (REL_ERR_BOUND, Replays, capture_graph, check_output, records_since_last_window, replay_interleaved,
-                       replay_seconds)
+from bench.forward_paths import (BOUND_LAYER_RULES, DISPATCH_PYTHON, DISPATCHER_RULES, LM_HEAD_RULE, RULES,
+                                 TABLE_DIRECT, Target, path_for)
+from bench.gpu import (REL_ERR_BOUND, Replays, capture_graph, check_output, records_since_last_window,
+                       replay_interleaved, replay_seconds)
 from bench.paths import ATEN, DISPATCH, PATHS
 from bench.results import finished_rows, rows_to_csv, write_run_json
 from bench.stats import PhaseTimer, Window, attribute, kernel_digest, summary
@@ -193,7 +193,7 @@ def _bind(run: Forwarding, at: ForwardAt, rule: str, regime: str = "graph") -> B
 
 def _layer_of_dispatch() -> str:
     """Which bound layer the `dispatch` rule runs here: 'C++ (<library>)' or 'Python' (dispatch/native.py)."""
-    from dispatch import native
+    from dispatch import native  # torch: the analyses that read forwards import this module without it
     return f"C++ ({native.library()})" if native.module(build_if_missing=True) is not None else "Python"
 
 

@@ -19,9 +19,13 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from bench.envinfo import nvml_index
 from bench.merge import MERGED, merge_shards
+from bench.paths import PATHS
 from bench.results import done_keys, load_run_info
 from bench.shard import longest_first
+from bench.sweep import SweepConfig, _progress, require_cuda, run_sweep
+from dispatch.profiles import check_device, this_gpu
 from harness.errors import HarnessError, Interrupted
 
 SHARD_DIR = "shards"
@@ -94,11 +98,9 @@ def visible_entry(device: int, visible: str | None) -> str:
 
 def local_gpus() -> dict[int, tuple[str, int]]:
     """index -> (name, SM) of every CUDA device this process sees."""
-    from bench.sweep import require_cuda
     require_cuda()
     import torch
 
-    from dispatch.profiles import this_gpu
     return {d: this_gpu(d) for d in range(torch.cuda.device_count())}
 
 
@@ -128,7 +130,6 @@ def run_on_devices(cfg, spec: str, gpus: dict[int, tuple[str, int]] | None = Non
                                                str(shard_dir(cfg.out, d)), devices)))
              for d in devices}
     total = len(todo) + sum(len(v) for v in pinned.values())
-    from bench.sweep import _progress
     bar = _progress(total, f"bench x{len(devices)} GPUs")
     t0 = time.perf_counter()
     for p in procs.values():
@@ -155,7 +156,6 @@ def run_on_devices(cfg, spec: str, gpus: dict[int, tuple[str, int]] | None = Non
 def _checked_devices(cfg, spec: str, gpus: dict[int, tuple[str, int]]) -> list[int]:
     """The GPUs of `spec`, each the profile's and all alike, and the run's options and --out fit for them: checked
     before anything is written."""
-    from dispatch.profiles import check_device
     devices = parse_devices(spec, len(gpus))
     names = {}
     for d in devices:
@@ -184,7 +184,6 @@ def _payload(cfg, devices: list[int]) -> dict[str, Any]:
     payload["path_names"] = [p.name for p in cfg.paths]
     # per GPU, found here where torch maps CUDA indices to NVML's (they differ under CUDA_VISIBLE_DEVICES or another
     # device order): what the worker makes visible, and the CPU cores local to that GPU
-    from bench.envinfo import nvml_index
     payload["visible"] = {d: visible_entry(d, os.environ.get("CUDA_VISIBLE_DEVICES")) for d in devices}
     payload["cores"] = {d: cpu_affinity(nvml_index(d)) for d in devices}
     return payload
@@ -252,9 +251,6 @@ def _worker(device: int, job: WorkerJob) -> None:
     cores = payload["cores"][device]
     if cores and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, cores)
-    from bench.paths import PATHS
-    from bench.sweep import SweepConfig, run_sweep
-    from harness.errors import HarnessError as Error
     by_name = {s.name: s for s in payload["shapes"]}
     own = list(pinned)
 
@@ -283,7 +279,7 @@ def _worker(device: int, job: WorkerJob) -> None:
     except KeyboardInterrupt:
         events.put(("interrupted", device))
         sys.exit(130)
-    except Error as exc:
+    except HarnessError as exc:
         events.put(("error", device, str(exc)))
         sys.exit(2)
     except Exception as exc:  # a worker's crash is reported by the parent, with the shapes it finished kept

@@ -20,9 +20,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import dispatch
+from bench.vllm_op import op_call
 from dispatch.backends import (ATEN, BACKENDS, DISPATCH, GEMV, LOW_M_BACKENDS, Backend, backend_of, flashinfer_path,
                                is_lean, lean_path)
-from dispatch.lean import LEAN_BACKENDS
+from dispatch.gemv import GemvCall
+from dispatch.lean import LEAN_BACKENDS, lean_call, public_call
 from harness.errors import HarnessError
 
 LinearFn = Callable[[Any, Any], Any]
@@ -81,27 +83,23 @@ def _two_arg(fn) -> LinearFn:
 
 def _public(backend: str) -> Callable[[bool], LinearFn]:
     def build(pdl: bool) -> LinearFn:
-        from dispatch.lean import public_call
         return _two_arg(public_call(backend, BACKENDS[backend].pdl(pdl)))
     return build
 
 
 def _lean(backend: str) -> Callable[[bool], LinearFn]:
     def build(pdl: bool) -> LinearFn:
-        from dispatch.lean import lean_call
         return _two_arg(lean_call(backend, BACKENDS[backend].pdl(pdl)))
     return build
 
 
 def _vllm_op(backend: str) -> Callable[[bool], LinearFn]:
     def build(pdl: bool) -> LinearFn:
-        from bench.vllm_op import op_call
         return op_call(backend, BACKENDS[backend].pdl(pdl))
     return build
 
 
 def _gemv(pdl: bool) -> LinearFn:
-    from dispatch.gemv import GemvCall
     return GemvCall(tune=True)  # no pdl: a plain Triton launch
 
 

@@ -99,11 +99,11 @@ def load_results(path: str | Path, partial: bool = False):
         path = next((p for p in (path / "results.csv", path / "results.csv.xz") if p.is_file()), path / "results.csv")
     if not path.is_file():
         raise HarnessError(f"results file {path} not found; run `python -m bench run` first or pass its folder")
-    df = _read_table(path)
+    df = read_table(path)
     validate_results(df, path)
     twin = path.with_name("results.parquet" if path.name == "results.csv" else "results.csv")
     if path.name in ("results.csv", "results.parquet") and twin.is_file():
-        other = _read_table(twin)
+        other = read_table(twin)
         validate_results(other, twin)
         _same_rows(df, other, path, twin)
     info = load_run_info(path)
@@ -139,7 +139,7 @@ def legacy_passes(df, resumed: bool) -> list[str]:
             for n, k, m, p, src in zip(df["n"], df["k"], df["m"], df["path"], gpu_from)]
 
 
-def _read_table(path: Path):
+def read_table(path: Path):
     """A results table as read, before validation: csv (whole lines only) or parquet."""
     import io
 

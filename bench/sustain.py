@@ -11,6 +11,7 @@ from typing import Any
 
 from bench.envinfo import ClockReader
 from bench.gpu import replay_seconds
+from bench.stats import summary
 
 SUSTAIN_FILE = "sustain.csv"
 SUSTAIN_COLUMNS = ("model", "m", "path", "status", "reason", "replay", "t_ms", "us", "sm_mhz", "power_w", "clock_reasons")
@@ -60,7 +61,6 @@ def sustained(graphs: dict[str, Any], idle_s: float, run_s: float, reader: Clock
 
 def summary_line(path: str, records: list[dict]) -> str:
     """First replays against the last third: the settled time, and how long the path took to reach it."""
-    from bench.stats import summary
     us = [r["us"] for r in records]
     tail = us[-max(1, len(us) // 3):]
     settled = summary(tail)[0]

@@ -28,6 +28,8 @@ from harness.console import divert_noise, log_path, terminal, third_party_stdout
 from harness.errors import HarnessError, Interrupted, signal_of, signals_deferred
 from shapes.catalog import Shape
 from shapes.grid import hybrid_buckets
+from dispatch import gemv
+from dispatch.table import shipped_table
 
 MAX_ROTATION_BYTES = 8 << 30
 # (calls, rounds) at most, of the host timing of a GPU-bound call: its host time cannot decide its eager cost there
@@ -448,7 +450,6 @@ def measure_group(run: Sweeping, shape: Shape, m: int, paths: list[GemmPath],
 
 def _profile_table(profile: GpuProfile) -> Any:
     """The profile's shipped table (None where it ships none; a damaged one is its error, never 'no table')."""
-    from dispatch.table import shipped_table
     return shipped_table(profile.name)
 
 
@@ -491,10 +492,6 @@ def serve_gemv(tuning: bool, table: Any) -> None:
     """How this run's GEMV calls get their configurations: a run that tunes tunes them (the dispatch path runs them,
     as it runs this run's FlashInfer tactics); one that serves a tactics file serves the GEMV file beside it, else
     those of the table its dispatch path runs. Called after the tactics are loaded."""
-    try:
-        from dispatch import gemv
-    except ImportError:
-        return
     gemv.STORE.tuning = tuning
     path = getattr(table, "gemv_configs", None)
     if not tuning and not gemv.STORE.files and path is not None and Path(path).is_file():

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 from dispatch.backends import BACKENDS
+from dispatch.profiles import sm_of
 from dispatch.vllm import FLAG_BACKEND, can_use_cutedsl
 
 
@@ -23,7 +24,7 @@ def vllm_check(backend: str, sm: int) -> Callable[[Any, Any, Any], bool]:
     """The per-call check the op runs for a backend on an SM (F.linear where it fails)."""
     if backend == FLAG_BACKEND:
         return lambda x, weight, bias: can_use_cutedsl(sm, x, weight, bias)
-    from dispatch.eligible import accepts
+    from dispatch.eligible import accepts  # torch: only when vLLM's op is called
     rule = BACKENDS[backend]
     return lambda x, weight, bias: (x.ndim >= 1 and x.shape[-1] == weight.shape[-1]
                                     and accepts(rule, x, weight, bias, sm))
@@ -42,8 +43,7 @@ def op_call(backend: str, pdl: bool) -> Callable[[Any, Any], Any]:
     """(x, w) -> y through the registered op, as vLLM's cuda_flashinfer_bf16_gemm calls it."""
     from flashinfer import mm_bf16
 
-    from bench.anatomy_ops import register_gemm_op
-    from dispatch.profiles import sm_of
+    from bench.anatomy_ops import register_gemm_op  # torch's custom-op machinery: only when the op is built
     op = register_gemm_op(flashinfer_bf16_mm(mm_bf16), name=f"vllm_bf16_gemm_{backend.replace('-', '_')}",
                           eligible=vllm_check(backend, sm_of()))
 

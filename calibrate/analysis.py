@@ -14,6 +14,7 @@ from dispatch.backends import ATEN, BACKENDS, DISPATCH, GEMV, backend_of, is_ker
 from dispatch.backends import flashinfer_path as public_path
 from dispatch.table import REGIMES, ThresholdTable, compress, describe_ranges
 from harness.errors import HarnessError
+from shapes.catalog import model_layers
 
 VERDICTS = ("FASTER", "SAME", "SLOWER", "AMBIGUOUS")
 
@@ -328,7 +329,6 @@ def failures(verdicts: pd.DataFrame, totals: pd.DataFrame, floor: Any = None) ->
 def model_uses(df: pd.DataFrame) -> dict[str, list[tuple[int, int, int]]]:
     """model -> [(n, k, count per forward)] of its in-graph layers whose shapes the results cover (from the catalog).
     lm_head is left out: its M is the sampled rows, not the step's tokens."""
-    from shapes.catalog import model_layers
     present = {(int(n), int(k)) for n, k in zip(df["n"], df["k"])}
     tps = sorted({int(t) for t in df["tp"]}) if "tp" in df.columns else [1]
     uses: dict[str, dict[tuple[int, int], int]] = {}

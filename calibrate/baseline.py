@@ -20,6 +20,7 @@ from typing import Any, Callable
 import pandas as pd
 
 from bench.autotune_cache import FILE_NAME, gemv_file, read_entries, sha256
+from bench.results import expected_cells
 from calibrate.analysis import Cells
 from calibrate.install import Artifact, gemv_check, write_outputs
 from dispatch.backends import ATEN
@@ -353,7 +354,6 @@ def compare(baseline: Baseline, fresh: list[BaselineCell], tolerance: float | No
 def left_out(baseline: Baseline, df: pd.DataFrame, info: dict[str, Any]) -> dict[tuple, str]:
     """The baseline cells a measured run did not judge on purpose: skipped with a recorded reason (the path's or
     F.linear's row), or outside the run's grid. A cell of the grid with no row is not here: that is missing data."""
-    from bench.results import expected_cells
     rows = {(int(n), int(k), int(m), str(p)): (str(st), str(r))
             for n, k, m, p, st, r in zip(df["n"], df["k"], df["m"], df["path"], df["status"],
                                          df["reason"] if "reason" in df.columns else [""] * len(df))}

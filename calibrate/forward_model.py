@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 import pandas as pd
 
+from bench.forward import Bound
 from bench.forward_paths import DISPATCHER_RULES, NOT_SINGLE_PATHS, TABLE_DIRECT, Target, path_for
 from bench.results import load_run_info, numeric, samples_missing, samples_ok
 from calibrate.analysis import Cells, paired_ratio_ci, parse_samples
@@ -378,7 +379,6 @@ def _sequences(info: dict[str, Any], models: set[str]) -> dict[str, list]:
 
 def table_paths_used(seq, table: ThresholdTable, m: int, sm: int, profile: GpuProfile, regime: str) -> str:
     """What a forward's paths_used column says the table-direct rule ran: 'path:count;...' (bench.forward.Bound)."""
-    from bench.forward import Bound  # the one place the paths_used format is written
     bound = Bound()
     for lin in seq:
         p = path_for(TABLE_DIRECT, lin, m, Target(sm, profile, table), regime)

@@ -21,9 +21,11 @@ import dispatch.layers as dispatch_layers
 from bench.hosttime import host_times
 from bench.stats import estimate_call_us
 from bench.sweep import SweepConfig, require_cuda
-from dispatch import capture
+from dispatch import capture, native
 from dispatch.backends import ATEN, BACKENDS, GEMV, GEMV_RULE, flashinfer_path, lean_path
 from dispatch.eligible import accepts, input_ok
+from dispatch.gemv import GemvCall
+from dispatch.lean import lean_call, public_call
 from dispatch.profiles import get_profile
 from dispatch.table import load_table
 from harness.errors import HarnessError
@@ -41,7 +43,6 @@ def _gemv_call(sm: int):
     if sm not in (GEMV_RULE.sms or ()):
         return None
     try:
-        from dispatch.gemv import GemvCall
         return GemvCall(tune=True)
     except ImportError:
         return None
@@ -52,7 +53,6 @@ def bound_layers(w) -> dict[str, object]:
     'dispatch.bind [C++]' and 'dispatch.bind [C++, GIL held]' (the same layer not releasing the GIL for the launch,
     which F.linear releases: what that costs on this host)."""
     layers = {"dispatch.bind [Python]": dispatch.bind(w, native=False)}
-    from dispatch import native
     mod = native.module(build_if_missing=True)
     if mod is not None:
         layers["dispatch.bind [C++]"] = layer = dispatch.bind(w, native=True)
@@ -169,7 +169,6 @@ def _lean_fns(profile, x, w, gemv) -> dict:
     """At LEAN_M: F.linear, the bound layers, their per-call pieces, and each backend's lean and public call."""
     import torch.nn.functional as F
 
-    from dispatch.lean import lean_call, public_call
     layers = bound_layers(w)
     device, align = w.get_device(), BACKENDS[profile.low_m_backend].align_bytes
     # the bound layer's own per-call pieces, to set against its excess over the lean call it runs: the capture

@@ -31,6 +31,7 @@ __all__ = ["bind", "layer_kind", "linear", "op", "patch", "install", "ThresholdT
 def __getattr__(name: str) -> Any:
     if name not in __all__:
         raise AttributeError(f"module 'dispatch' has no attribute {name!r}")
+    # imported on first use of a name: importing the package loads no torch (the analyses read tables without it)
     if name == "patch":
         from dispatch import patching as owner
     elif name == "op":

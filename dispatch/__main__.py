@@ -37,7 +37,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     b.add_argument("--verbose", action="store_true", help="show the compiler's output")
     sub.add_parser("native-status", help="where the C++ bound layer is looked for, and whether it loads")
     args = parser.parse_args(argv)
-    from dispatch import native
+    from dispatch import native  # torch: only for the subcommands that build or ask the C++ layer
     if args.command == "native-status":
         mod = native.module()
         build = "python -m dispatch build-native"

@@ -30,6 +30,7 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any
 
+from dispatch.lean import warn_once
 from harness.errors import HarnessError
 from harness.io import atomic_write_text, read_json
 
@@ -434,7 +435,6 @@ class GemvCall:
         space = self.workspaces.get((index, stream, n, cfg))
         if space is None:
             if torch.cuda.is_current_stream_capturing():
-                from dispatch.lean import warn_once
                 warn_once(f"gemv-stream:{index}:{stream}", f"the GEMV has no workspace for stream {stream:#x}, "
                           f"captured before any eager call on it: those calls run F.linear in the graph. Name the "
                           f"stream to dispatch.serve_streams before binding, or call the layers once on it first")

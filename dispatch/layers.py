@@ -12,9 +12,13 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from dispatch import capture
+from dispatch import capture, gemv, native
+from dispatch import native as native_build
 from dispatch.backends import ATEN, BACKENDS, GEMV, Backend, backend_of, is_lean, rule_of
 from dispatch.eligible import accepts, accepts_weight
+from dispatch.gemv import GemvCall
+from dispatch.gemv import serve_streams as serve
+from dispatch.lean import lean_call, public_call, warn_once
 from dispatch.profiles import detect_profile, this_gpu, variant_problem
 from dispatch.table import ThresholdTable, check_files, load_table, shipped_table
 
@@ -152,13 +156,11 @@ def _kernel(path: str, pdl: bool) -> Kernel | None:
     if key not in _STATE.kernels and path == GEMV:
         try:
             import triton  # noqa: F401
-            from dispatch.gemv import GemvCall
             _STATE.kernels[key] = GemvCall(tune=False)
         except ImportError:
             _STATE.kernels[key] = None
     if key not in _STATE.kernels:
         try:
-            from dispatch.lean import lean_call, public_call
             backend = backend_of(path)
             flag = BACKENDS[backend].pdl(pdl)
             _STATE.kernels[key] = lean_call(backend, flag) if is_lean(path) else public_call(backend, flag)
@@ -189,7 +191,6 @@ def _shipped_table(index: int, name: str, sm: int, profile: Any) -> ThresholdTab
     """The shipped table of a device's GPU; None (F.linear on every linear, said once) where no profile describes the
     GPU, its profile ships no table, or the GPU is another part than the table was fitted on. A shipped table that
     is missing or does not load (or its tactics or GEMV files) raises its one line: never silently F.linear."""
-    from dispatch.lean import warn_once
     fit = "fit one with make table GPU=<profile> on it (README, Where to add things), or pass one: dispatch.configure"
     if profile is None:
         warn_once(f"gpu:{name}", f"no GPU profile describes {name} (SM{sm}); every linear runs F.linear: add one in "
@@ -236,7 +237,6 @@ def _load_tactics(table: ThresholdTable) -> None:
     else:
         why = "written in another environment (FlashInfer, CUDA, cuBLAS, cuDNN or GPU differ)"
     if not loaded:
-        from dispatch.lean import warn_once
         warn_once(f"tactics:{path}", f"FlashInfer did not load {path} ({why}); the dispatcher's FlashInfer calls run "
                                       f"FlashInfer's fallback tactics, not those its table was fitted with")
 
@@ -254,7 +254,6 @@ def _load_gemv_configs(table: ThresholdTable) -> None:
     path = table.gemv_configs
     if not _first_load(path, GEMV in table.paths()):
         return
-    from dispatch import gemv
     gemv.load(path)  # a file that does not load is its one line (HarnessError), never F.linear in the GEMV's ranges
 
 
@@ -377,7 +376,6 @@ def bind(weight: Any, bias: Any = None, native: bool | None = None) -> Callable[
     python_layer, entries = _python_layer(weight, bias)
     if native is False:
         return python_layer
-    from dispatch import native as native_build
     mod = native_build.module(build_if_missing=True)
     why = ("it is not built (python -m dispatch build-native; no C++ compiler or ninja, or BLB_NATIVE_BUILD=0) or "
            "BLB_NATIVE=0" if mod is None
@@ -437,7 +435,6 @@ def _linear_rule_of(device: int, weight: Any) -> tuple[int, Callable[[int], bool
 def _native_linear() -> Callable[..., Any] | None:
     """dispatch.linear in C++ (dispatch/bound_linear.cpp's Linear) where the C++ layer is built, else None. Where
     both regimes run F.linear it calls at::linear itself; every other call goes to the Python dispatch.linear."""
-    from dispatch import native
     mod = native.module(build_if_missing=True)
     return None if mod is None else mod.Linear(_linear_rule_of, _linear_python, torch.nn.Parameter)
 
@@ -455,5 +452,4 @@ def serve_streams(*streams: Any) -> None:
     """CUDA streams besides the current one on which bound layers may be captured in a graph (a fork inside a
     capture, a model on a stream of its own): a bind after this makes the GEMV's workspaces for them ahead, so that
     calls that run at once never share one (dispatch/gemv.py)."""
-    from dispatch.gemv import serve_streams as serve
     serve(*streams)

@@ -23,6 +23,9 @@ from types import ModuleType
 
 import torch
 
+from dispatch import capture
+from dispatch.lean import warn_once
+
 NAME = "blb_bound_linear"
 SOURCE = Path(__file__).with_name("bound_linear.cpp")
 _LOADED: list[ModuleType | None] = []  # [module or None] once looked up
@@ -69,7 +72,6 @@ def auto_build_enabled() -> bool:
 def _build_once() -> None:
     """The first bind's build where none exists and the tools are there; a failure is said once, and the Python
     layer serves."""
-    from dispatch.lean import warn_once
     _TRIED.append(True)
     warn_once("native-build", f"building the C++ bound layer once for this torch and Python into {build_dir()} "
                               f"(a half minute; BLB_NATIVE_BUILD=0 skips it, python -m dispatch build-native does it "
@@ -101,12 +103,10 @@ def module(build_if_missing: bool = False) -> ModuleType | None:
             mod = importlib.util.module_from_spec(spec)
             spec.loader.exec_module(mod)
         except (ImportError, OSError) as exc:
-            from dispatch.lean import warn_once
             warn_once("native", f"the C++ bound layer at {path} does not load ({exc}); dispatch.bind runs the Python "
                                 f"layer (rebuild: python -m dispatch build-native)")
             mod = None
         if mod is not None:
-            from dispatch import capture
             capture.add_listener(mod.capture_enter, mod.capture_exit)
     _LOADED.append(mod)
     return mod

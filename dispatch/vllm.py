@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from shapes.grid import hybrid_buckets
+
 VLLM_VERSION = "0.33.0"
 FLASHINFER_VERSION = "0.7.2.post1"  # the flashinfer-python vLLM 0.33.0 pins
 
@@ -97,6 +99,5 @@ def autotune_buckets(max_num_batched_tokens: int) -> list[int]:
     """vllm/model_executor/warmup/kernel_warmup.py _run_flashinfer_autotune_dummy_runs: one dummy forward at
     max_num_batched_tokens inside autotune(tuning_buckets=flashinfer_get_hybrid_num_tokens_buckets(that max),
     round_up=True); FlashInfer's get_hybrid_num_tokens_buckets (flashinfer/fused_moe/utils.py)."""
-    from shapes.grid import hybrid_buckets
     return hybrid_buckets(max_num_batched_tokens)
 

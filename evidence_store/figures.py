@@ -8,6 +8,9 @@ today's code, such as `validate`, compares exactly or within its recorded tolera
 """
 from __future__ import annotations
 
+# The readers of the runs (pandas) are imported where a command reads one: `current`, what the Makefile asks with
+# the system python, needs none of them.
+
 import contextlib
 import io
 import json

@@ -7,6 +7,9 @@ what it backs.
 """
 from __future__ import annotations
 
+# The readers of the runs (pandas) are imported where a command reads one: `current`, what the Makefile asks with
+# the system python, needs none of them.
+
 import hashlib
 import json
 import lzma
@@ -91,8 +94,8 @@ def check_run(run: Path, partial: bool = False) -> dict:
         from calibrate.hostcost import load_host_cost
         load_host_cost(run)
     else:
-        from bench.results import _read_table
-        _read_table(data)
+        from bench.results import read_table
+        read_table(data)
     return info
 
 

@@ -22,7 +22,7 @@ from dispatch.table import describe_ranges
 from dispatch.vllm import VLLM_VERSION, flag_supported
 from harness.console import terminal
 from harness.errors import HarnessError, signals_deferred
-from harness.io import atomic_write_text
+from harness.io import atomic_write_text, distinct, same_gpu
 from reports import figures
 from reports.data import (Run, compare_runs, headline, load_anatomy, load_run, ratio_rows, shape_crossovers,
                           with_dispatch_verdicts)
@@ -467,7 +467,6 @@ def check_inputs(results: list[str], forward: list[str], anatomy: str | None, ba
                  allow_mismatch: bool) -> None:
     """What validate refuses, the report refuses too: a folder given twice, and data of another GPU than the first
     run's (unless allow_mismatch)."""
-    from harness.io import distinct, same_gpu
     distinct(list(results), "reports build")
     distinct(list(forward), "reports build --forward")
 

@@ -15,11 +15,11 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, NullLocator  # noqa: E402
 
-from bench.forward_paths import (FLASHINFER_EVERYWHERE, SEED_PR, TABLE_DIRECT, VLLM_DEFAULT,  # noqa: E402
-                                 VLLM_FLAG)
+from bench.forward_paths import FLASHINFER_EVERYWHERE, SEED_PR, TABLE_DIRECT, VLLM_DEFAULT, VLLM_FLAG  # noqa: E402
 from bench.paths import TUNED_CUBLASLT  # noqa: E402
 from dispatch.backends import ATEN, DISPATCH, flashinfer_path, is_kernel_path, lean_path  # noqa: E402
 from harness.errors import signals_deferred, worker_signals  # noqa: E402
+from shapes.grid import M_MAX
 
 PLAIN = FuncFormatter(lambda v, _: f"{v:g}")  # 0.6, 2, 300 instead of 6x10^-1 on log axes
 
@@ -108,7 +108,6 @@ class Drawing:
 def ranges_figure(strips: list[tuple[str, tuple]]) -> str:
     """The table as strips: one row per (shape, regime), each range a coloured span over M (log), F.linear above the
     last one."""
-    from shapes.grid import M_MAX
     fig, ax = plt.subplots(figsize=(15, 0.5 + 0.22 * len(strips)))
     seen: dict[str, object] = {}
     for row, (_, ranges) in enumerate(strips):

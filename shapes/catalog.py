@@ -5,7 +5,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from harness.errors import HarnessError
+from harness.io import read_input_text
 from shapes.derive import LinearLayer, derive_layers, load_config
+from shapes.grid import parse_m
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 
@@ -103,10 +105,8 @@ def select(shapes: list[Shape], spec: str | None) -> list[Shape]:
 def select_cells(shapes: list[Shape], spec: str) -> tuple[list[Shape], dict[str, list[int]]]:
     """'n256_k2048:80,96;n1024_k2048:20': per shape (a name or NxK), its own M values (as --m takes them); '@FILE':
     the same read from FILE."""
-    from shapes.grid import parse_m
     hint = "give e.g. n256_k2048:80,96;n1024_k2048:20 or @FILE"
     if spec.startswith("@"):
-        from harness.io import read_input_text
         spec = read_input_text(spec[1:], "--cells file", hint, limit=1 << 20)
     parts = [p.strip() for p in spec.split(";") if p.strip()]
     if not parts:

@@ -10,7 +10,9 @@ from pathlib import Path
 
 from bench.autotune_cache import gemv_file
 from calibrate.baseline import autotune_cache_path, baseline_check, baseline_path
-from calibrate.install import Artifact, gemv_check, install as install_all, shipped_layout, table_check
+from calibrate.cli import main
+from calibrate.install import Artifact, gemv_check, shipped_layout, table_check
+from calibrate.install import install as install_all
 from harness.errors import HarnessError
 from harness.io import ROOT, parse_json_text, read_input, read_input_text, sha256
 from harness.shipped import shipped_file
@@ -64,7 +66,6 @@ def judged_from_the_legs(run: TableRun) -> None:
 def judged_again(run: TableRun, table: Path) -> None:
     """The run's check (its validate leg: check-sweep and check-forward) judged again now with `table` (the staged
     table, as it would be installed): anything but PASS refuses the install."""
-    from calibrate.cli import main
     validate = next(leg for leg in legs(run) if leg.name == "validate")
     args = list(validate.args)
     args[args.index("--table") + 1] = str(table)

@@ -42,6 +42,7 @@ TOOLS = ("bench", "calibrate", "reports")
 
 def _entry(tool: str) -> tuple[Callable, Callable]:
     """(parser(), main(argv)) of a tool's command line."""
+    # each tool's command line on first use: bench's imports torch, reports' matplotlib
     if tool == "bench":
         from bench.cli import main, parser
     elif tool == "calibrate":

@@ -9,6 +9,7 @@ from pathlib import Path
 from dispatch.profiles import GpuProfile
 from harness.errors import HarnessError
 from harness.io import atomic_write_text, check_format, read_json_object
+from shapes.catalog import model_layers
 from shapes.derive import UNION
 
 MANIFEST = "manifest.json"
@@ -91,7 +92,6 @@ def parse_scope(layout: str | None, models: str | None) -> Scope | None:
     """The scope the options name (None where they name none), each model checked against the catalog."""
     if layout is None and models is None:
         return None
-    from shapes.catalog import model_layers
     names = tuple(m.strip() for m in models.split(",")) if models is not None else None
     if names is not None and (not all(names) or len(set(names)) != len(names)):
         raise HarnessError(f"--model {models!r}: a comma list of distinct catalog models")

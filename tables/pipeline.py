@@ -11,9 +11,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from bench.envinfo import git_sha
+from bench.envinfo import fingerprint, git_sha
 from harness.errors import HarnessError
-from tables.legs import Leg, execute as run_leg, legs
+from tables.legs import Leg, legs
+from tables.legs import execute as run_leg
 from tables.manifest import (CHECK_LEGS, FIT_MACHINES, MANIFEST, MANIFEST_FORMAT, MAX_FIT_MACHINES, Scope, TableRun,
                              fitted_legs, other_machine_legs)
 
@@ -27,7 +28,6 @@ def _now() -> str:
 def _fingerprint() -> dict:
     """This machine's environment fingerprint, for the manifest (each resumed part of a run adds its machine's)."""
     try:
-        from bench.envinfo import fingerprint
         return fingerprint()
     except Exception as exc:  # no GPU (tests), or NVML missing: the legs' own run.json files still have theirs
         return {"error": f"{type(exc).__name__}: {exc}"}

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 from bench.commands.options import no_ranges, table_of
+from bench.e2e import E2E_FILE, E2EConfig, RoundsInterrupted, ratio_lines, run_e2e, write_e2e
+from bench.envinfo import run_info
 from bench.forward import models_for
 from bench.sweep import require_gpu
 from harness.cli import int_in
@@ -36,8 +38,6 @@ def add_parser(sub, parents: list) -> None:
 def run(args, profile, command: list[str]) -> int:
     from datetime import datetime, timezone
 
-    from bench.e2e import E2E_FILE, E2EConfig, RoundsInterrupted, ratio_lines, run_e2e, write_e2e
-    from bench.envinfo import run_info
     if args.model and args.config:
         raise HarnessError("--model and --config exclude each other; pass one")
     if args.model and "," in args.model:

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from bench import autotune_cache
+from bench.multi import parse_devices
+from bench.results import done_keys
 from bench.sweep import SweepConfig
 from dispatch.backends import ATEN
-from dispatch.table import check_files, load_table, shipped_table
+from dispatch.table import ThresholdTable, check_files, load_table, shipped_table
 from harness.cli import int_in
 from harness.errors import HarnessError
 from harness.io import output_file
@@ -37,7 +40,6 @@ def vllm_tokens(args, profile) -> int | None:
 
 def no_ranges(profile):
     """The A/A control's table: no range in either regime, so every bound layer runs F.linear."""
-    from dispatch.table import ThresholdTable
     return ThresholdTable.from_thresholds(profile.name, profile.low_m_backend, 0,
                                           source={"note": "no ranges: an A/A control (bench e2e --control)"})
 
@@ -72,7 +74,6 @@ def served(args, profile, table, cells: list[tuple[int, int, int]], paths: list[
 def table_tactics(args, profile, table, cells: list[tuple[int, int, int]], paths: list[str]) -> Path | None:
     """The default of _served: the tactics file of `table` (the run's --table; None: the profile's table), or None
     (tune) where the run tunes by its options, runs no FlashInfer path, or the file lacks a cell the run would tune."""
-    from bench import autotune_cache
     if (args.tune or args.no_tune or args.save_autotune_cache or getattr(args, "tuning", "grid") == "vllm"
             or all(name == ATEN for name in paths)):
         return None
@@ -101,9 +102,6 @@ def saved(args) -> Path | None:
 
 def check_before_gpu(cfg: SweepConfig, args) -> None:
     """What a real run would refuse, checked before any GPU is touched, so that --dry-run fails the same way."""
-    from bench import autotune_cache
-    from bench.multi import parse_devices
-    from bench.results import done_keys
     if args.devices and args.devices.strip() != "all":
         parse_devices(args.devices, 1 << 16)  # the syntax; the real run checks the indices against its GPUs
     if cfg.autotune_cache is not None:

@@ -2,6 +2,8 @@
 forward prediction (calibrate/e2e_terms.py)."""
 from __future__ import annotations
 
+from bench.e2e import MODEL_KERNEL_PACKAGES, REFERENCE
+from calibrate.e2e_terms import E2E_MARGIN, check_same_layers, control_margins, load_e2e, predictions, rounds_note
 from calibrate.forward_model import load_forward
 from calibrate.runs import check_gpu as _check_gpu
 from calibrate.runs import profile_of as _profile_of
@@ -27,13 +29,11 @@ def add_parser(sub) -> None:
 def kernels_note(info: dict, results: str) -> str:
     """Which kernels the model's linear-attention layers ran, said first where it was the PyTorch reference (a run
     no transformers user with the kernels installed would see)."""
-    from bench.e2e import REFERENCE
     kernels = info.get("model_kernels")
     if not isinstance(kernels, dict):
         return f"note: {results} does not record which kernels its model ran (a run before model_kernels)"
     text = ", ".join(f"{op}: {k}" for op, k in sorted(kernels.items()))
     if REFERENCE in kernels.values():
-        from bench.e2e import MODEL_KERNEL_PACKAGES
         missing = [MODEL_KERNEL_PACKAGES[op][1] for op, k in sorted(kernels.items())
                    if k == REFERENCE and op in MODEL_KERNEL_PACKAGES]
         return (f"note: {results} ran {REFERENCE} kernels for {len(missing)} of its {len(kernels)} ops ({text}); "
@@ -49,7 +49,6 @@ def kernels_note(info: dict, results: str) -> str:
 
 
 def run(args) -> int:
-    from calibrate.e2e_terms import E2E_MARGIN, check_same_layers, control_margins, load_e2e, predictions, rounds_note
     df, info = load_e2e(args.results, args.partial)
     profile = _profile_of(info, None)
     margins = None

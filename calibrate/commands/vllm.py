@@ -5,9 +5,10 @@ import pandas as pd
 
 from calibrate.forward_model import load_forward
 from calibrate.forward_noise import load_forward_floor
-from calibrate.runs import profile_of as _profile_of
 from calibrate.runs import load_forwards as _load_forwards
+from calibrate.runs import profile_of as _profile_of
 from calibrate.runs import refuse_overlap as _refuse_overlap
+from calibrate.vllm_terms import markdown, text, vllm_terms
 from dispatch.profiles import get_profile
 from harness.options import add
 
@@ -23,7 +24,6 @@ def add_parser(sub, parents: list) -> None:
 
 
 def run(args) -> int:
-    from calibrate.vllm_terms import markdown, text, vllm_terms
     first = load_forward(args.forward[0], args.partial)[1]
     profile = get_profile(_profile_of(first, args.gpu))
     runs = _load_forwards(args.forward, profile.name, args.partial)
