@@ -25,7 +25,7 @@ from calibrate.analysis import Cells
 from calibrate.install import Artifact, gemv_check, write_outputs
 from dispatch.backends import ATEN
 from harness.errors import HarnessError
-from harness.io import read_json_object
+from harness.io import is_count, read_json_object
 from harness.shipped import shipped_file
 
 REGRESSION_MS = (1, 8, 32, 64, 256, 1031, 4096, 16384)
@@ -207,7 +207,7 @@ def cell_from_json(data: Any) -> BaselineCell:
     cell = dict(data)
     for key in _COUNTS:
         v = cell.get(key, 1 if key == "runs" else None)
-        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        if not is_count(v):
             raise ValueError(f"cell {cell.get('shape')} M={cell.get('m')}: {key} = {v!r} is not a positive integer")
     for key in _GPU_RATIOS + _HOST_RATIOS:
         v = cell.get(key)

@@ -15,11 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from bench.autotune_cache import read_entries, sha256
+from bench.autotune_cache import read_entries
 from dispatch.gemv import parse
 from dispatch.table import load_table
 from harness.errors import HarnessError, signals_deferred
-from harness.io import atomic_write, check_target, is_shipped, read_json, umask
+from harness.io import atomic_write, check_target, is_shipped, read_json, sha256, umask
 from harness.shipped import shipped_file
 from shapes.derive import layout_covers
 
@@ -53,20 +53,25 @@ def install(artifacts: list[Artifact]) -> list[Path]:
             path.write_bytes(a.content)
             os.chmod(path, 0o666 & ~umask())
             staged.append(path)
-        for a, path in zip(artifacts, staged):
-            if a.check is not None:
-                try:
-                    a.check(path)
-                except HarnessError as exc:
-                    why = str(exc).replace(f"{path}: ", "").replace(str(path), "it")
-                    raise HarnessError(f"{a.what} to install as {a.dest} does not pass its reader ({why}); nothing "
-                                       f"was installed") from None
+        read_back(artifacts, staged, "install", "installed")
         with signals_deferred():
             _commit(dests, staged, stages)
     finally:
         for folder in stages.values():
             shutil.rmtree(folder, ignore_errors=True)
     return dests
+
+
+def read_back(artifacts: list[Artifact], staged: list[Path], verb: str, done: str) -> None:
+    """Each artifact's check on its staged copy; the first that fails is one line, nothing written."""
+    for a, path in zip(artifacts, staged):
+        if a.check is not None:
+            try:
+                a.check(path)
+            except HarnessError as exc:
+                why = str(exc).replace(f"{path}: ", "").replace(str(path), "it")
+                raise HarnessError(f"{a.what} to {verb} as {a.dest} does not pass its reader ({why}); nothing was "
+                                   f"{done}") from None
 
 
 def _commit(dests: list[Path], staged: list[Path], stages: dict[Path, Path]) -> None:
@@ -103,15 +108,10 @@ def write_outputs(artifacts: list[Artifact]) -> list[Path]:
     if any(is_shipped(a.dest) for a in artifacts):
         return install(artifacts)
     with tempfile.TemporaryDirectory(prefix="bf16-linear-bench-check-") as stage:
-        for a in artifacts:
-            (Path(stage) / Path(a.dest).name).write_bytes(a.content)
-        for a in artifacts:
-            if a.check is not None:
-                try:
-                    a.check(Path(stage) / Path(a.dest).name)
-                except HarnessError as exc:
-                    raise HarnessError(f"{a.what} to write as {a.dest} does not pass its reader ({exc}); nothing was "
-                                       f"written") from None
+        staged = [Path(stage) / Path(a.dest).name for a in artifacts]
+        for a, path in zip(artifacts, staged):
+            path.write_bytes(a.content)
+        read_back(artifacts, staged, "write", "written")
     for a in artifacts:
         atomic_write(Path(a.dest), lambda tmp, data=a.content: tmp.write_bytes(data))
     return [Path(a.dest) for a in artifacts]

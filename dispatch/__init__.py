@@ -36,6 +36,8 @@ def __getattr__(name: str) -> Any:
         from dispatch import patching as owner
     elif name == "op":
         from dispatch import compiled as owner
+    elif name == "serve_streams":
+        from dispatch import gemv as owner
     else:
         from dispatch import layers as owner
     value = globals()[name] = getattr(owner, name)  # kept here: the next lookup is a plain attribute

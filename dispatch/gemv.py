@@ -32,7 +32,7 @@ from typing import Any
 
 from dispatch.lean import warn_once
 from harness.errors import HarnessError
-from harness.io import atomic_write_text, read_json
+from harness.io import atomic_write_text, is_count, read_json
 
 MAX_M = 16
 TILE_MS = (1, 2, 4, 8, 16)  # the rows a tile holds: 1, 2-8 on the CUDA cores, 16 a tensor-core tile
@@ -291,8 +291,7 @@ def parse(data: Any, where: str) -> dict[tuple[int, int, int], GemvConfig]:
     out = {}
     keys = ("n", "k", "m", "block_n", "block_k", "split_k", "num_warps", *(("tile_m",) if fmt == 2 else ()))
     for i, e in enumerate(data.get("configs") if isinstance(data.get("configs"), list) else [None]):
-        if not isinstance(e, dict) or not all(isinstance(e.get(f), int) and not isinstance(e.get(f), bool)
-                                              and e.get(f) > 0 for f in keys):
+        if not isinstance(e, dict) or not all(is_count(e.get(f)) for f in keys):
             raise HarnessError(f"{where}: configuration {i} needs positive integers {', '.join(keys)}; {fix}")
         rows = e["tile_m"] if fmt == 2 else 1 if e["m"] == 1 else 16
         cfg = GemvConfig(e["block_n"], e["block_k"], e["split_k"], e["num_warps"], rows)
@@ -422,8 +421,8 @@ class GemvCall:
         n, k = w.shape
         index = w.get_device()
         cfg = self.plans.get((index, n, k, m)) if self.version == STORE.version else None
-        import torch
         if cfg is None:
+            import torch
             if m > MAX_M or w.dtype != torch.bfloat16 or w.stride(1) != 1 or torch.cuda.is_current_stream_capturing():
                 return None  # nothing is tuned or allocated while a graph is captured
             cfg = self._make_plan(index, n, k, m, w, x)
@@ -434,6 +433,7 @@ class GemvCall:
         stream = current_stream(index)
         space = self.workspaces.get((index, stream, n, cfg))
         if space is None:
+            import torch
             if torch.cuda.is_current_stream_capturing():
                 warn_once(f"gemv-stream:{index}:{stream}", f"the GEMV has no workspace for stream {stream:#x}, "
                           f"captured before any eager call on it: those calls run F.linear in the graph. Name the "
@@ -471,9 +471,15 @@ SERVED_STREAMS: list[Any] = []  # dispatch.serve_streams: streams whose workspac
 
 def current_stream(index: int) -> int:
     """The current CUDA stream of a device, as its raw handle (cheap: no Stream object)."""
+    return _raw_stream()(index)
+
+
+@functools.cache
+def _raw_stream():
+    """torch's raw current-stream query where this build has it, else the same through a Stream object."""
     import torch
     raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    return raw(index) if raw is not None else torch.cuda.current_stream(index).cuda_stream
+    return raw if raw is not None else (lambda index: torch.cuda.current_stream(index).cuda_stream)
 
 
 def capture_streams(index: int) -> list[int]:

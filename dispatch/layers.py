@@ -12,12 +12,10 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from dispatch import capture, gemv, native
-from dispatch import native as native_build
+from dispatch import capture, gemv
+from dispatch import native as native_build  # bind's `native` argument would shadow the module's own name
 from dispatch.backends import ATEN, BACKENDS, GEMV, Backend, backend_of, is_lean, rule_of
 from dispatch.eligible import accepts, accepts_weight
-from dispatch.gemv import GemvCall
-from dispatch.gemv import serve_streams as serve
 from dispatch.lean import lean_call, public_call, warn_once
 from dispatch.profiles import detect_profile, this_gpu, variant_problem
 from dispatch.table import ThresholdTable, check_files, load_table, shipped_table
@@ -156,7 +154,7 @@ def _kernel(path: str, pdl: bool) -> Kernel | None:
     if key not in _STATE.kernels and path == GEMV:
         try:
             import triton  # noqa: F401
-            _STATE.kernels[key] = GemvCall(tune=False)
+            _STATE.kernels[key] = gemv.GemvCall(tune=False)
         except ImportError:
             _STATE.kernels[key] = None
     if key not in _STATE.kernels:
@@ -435,7 +433,7 @@ def _linear_rule_of(device: int, weight: Any) -> tuple[int, Callable[[int], bool
 def _native_linear() -> Callable[..., Any] | None:
     """dispatch.linear in C++ (dispatch/bound_linear.cpp's Linear) where the C++ layer is built, else None. Where
     both regimes run F.linear it calls at::linear itself; every other call goes to the Python dispatch.linear."""
-    mod = native.module(build_if_missing=True)
+    mod = native_build.module(build_if_missing=True)
     return None if mod is None else mod.Linear(_linear_rule_of, _linear_python, torch.nn.Parameter)
 
 
@@ -446,10 +444,3 @@ def __getattr__(name: str) -> Any:
         fn = globals()["linear"] = _native_linear() or _linear_python
         return fn
     raise AttributeError(f"module 'dispatch.layers' has no attribute {name!r}")
-
-
-def serve_streams(*streams: Any) -> None:
-    """CUDA streams besides the current one on which bound layers may be captured in a graph (a fork inside a
-    capture, a model on a stream of its own): a bind after this makes the GEMV's workspaces for them ahead, so that
-    calls that run at once never share one (dispatch/gemv.py)."""
-    serve(*streams)

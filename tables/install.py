@@ -3,20 +3,18 @@ the shipped files, all or none (calibrate.install). Judged from the legs themsel
 summary alone: every leg done, the validate leg's PASS, and the check run judged again here."""
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 from pathlib import Path
 
 from bench.autotune_cache import gemv_file
 from calibrate.baseline import autotune_cache_path, baseline_check, baseline_path
-from calibrate.cli import main
 from calibrate.install import Artifact, gemv_check, shipped_layout, table_check
 from calibrate.install import install as install_all
 from harness.errors import HarnessError
 from harness.io import ROOT, parse_json_text, read_input, read_input_text, sha256
 from harness.shipped import shipped_file
-from tables.legs import legs
+from tables.legs import in_process, legs
 from tables.manifest import MANIFEST, TableRun
 
 
@@ -70,13 +68,7 @@ def judged_again(run: TableRun, table: Path) -> None:
     args = list(validate.args)
     args[args.index("--table") + 1] = str(table)
     said = io.StringIO()
-    with contextlib.redirect_stdout(said), contextlib.redirect_stderr(said):
-        try:
-            code = main(args)
-        except HarnessError as exc:
-            print(exc, file=said)
-            code = exc.exit_code
-    if code != 0:
+    if in_process(validate.tool, args, said) != 0:
         last = (said.getvalue().strip().splitlines() or ["no output"])[-1]
         raise HarnessError(f"its check judged again does not pass ({last[:200]})")
 

@@ -90,19 +90,24 @@ class Leg:
                             else [])]
 
 
+def in_process(tool: str, args: list[str], out) -> int:
+    """A tool's command line called in this process, its output into the text stream `out`: the exit code as the
+    command line would give it (2 for bad input, 1 for a FAIL verdict)."""
+    _, main = _entry(tool)
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        try:
+            return int(main(args) or 0)
+        except HarnessError as exc:
+            print(f"{tool}: error: {exc}", file=out)
+            return exc.exit_code
+
+
 def execute(leg: Leg, log: Path) -> int:
-    """Runs one leg, its output into `log`: its own process where it needs the GPU, else its tool's main here. The
-    exit code as the tool's command line would give it (2 for bad input, 1 for a FAIL verdict)."""
+    """Runs one leg, its output into `log`: its own process where it needs the GPU, else its tool's main here."""
     with log.open("w") as fh:
         if leg.gpu:
             return subprocess.run(leg.argv, stdout=fh, stderr=subprocess.STDOUT).returncode
-        _, main = _entry(leg.tool)
-        with contextlib.redirect_stdout(fh), contextlib.redirect_stderr(fh):
-            try:
-                return int(main(list(leg.args)) or 0)
-            except HarnessError as exc:
-                print(f"{leg.tool}: error: {exc}", file=fh)
-                return exc.exit_code
+        return in_process(leg.tool, list(leg.args), fh)
 
 
 def legs(run: TableRun, scope=None, machines: int | None = None) -> list[Leg]:
