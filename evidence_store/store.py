@@ -20,14 +20,14 @@ from pathlib import Path
 
 from dispatch.profiles import PROFILES
 from harness.errors import HarnessError
-from harness.io import atomic_write_text, check_format, read_json_object
+from harness.io import atomic_write_text, check_format, read_json_object, sha256
 from harness.shipped import PACKAGES as ROOT, shipped_file
+from tables.manifest import MANIFEST as TABLE_MANIFEST, read_manifest
 
 EVIDENCE = ROOT / "evidence"
 MANIFEST = EVIDENCE / "manifest.json"
 RESULT_FILES = ("results.csv", "forward.csv", "host_cost.csv", "sustain.csv", "e2e.csv", "limit.csv", "gemv_ab.csv")
 FIX = "pass a results folder the harness wrote"
-TABLE_MANIFEST = "manifest.json"  # tables.manifest.MANIFEST
 MANIFEST_FORMAT = 1
 
 
@@ -53,7 +53,7 @@ def run_id(run: Path, info: dict) -> str:
         raise HarnessError(f"{run}: kind {kind!r:.40} is not a short lower-case word; {FIX}")
     if started is not None and not (isinstance(started, str) and STARTED.fullmatch(started)):
         raise HarnessError(f"{run}: started {started!r:.40} is not a time (YYYY-MM-DDTHH:MM:SS+00:00); {FIX}")
-    digest = hashlib.sha256(_result_file(run).read_bytes()).hexdigest()[:6]
+    digest = sha256(_result_file(run))[:6]
     stamp = started.replace("-", "").replace(":", "")[:13] if started else "undated"
     return f"{profile}-{kind}-{stamp}-{digest}"
 
@@ -103,7 +103,6 @@ def _check_table_run(run: Path, partial: bool) -> dict:
     """A make-table run (python -m tables): its manifest read as a resume reads it, complete with a verdict (PASS or
     FAIL: a failed check is evidence too), each of its measured legs' results passing their reader. Returns what
     run_id and the manifest entry need, in run.json's terms."""
-    from tables.manifest import read_manifest
     m = read_manifest(run / TABLE_MANIFEST)
     if m.get("profile") not in PROFILES:
         raise HarnessError(f"{run}/{TABLE_MANIFEST} names profile {m.get('profile')!r:.40}, not one of "
@@ -193,7 +192,7 @@ def current(profile: str, part: str = "run") -> Path:
                            f"by python -m tables --install")
     for folder in sorted(EVIDENCE.iterdir()) if EVIDENCE.is_dir() else ():
         manifest = folder / "manifest.json"
-        if manifest.is_file() and hashlib.sha256(manifest.read_bytes()).hexdigest() == want:
+        if manifest.is_file() and sha256(manifest) == want:
             out = folder if part == "run" else folder / part
             if not out.is_dir():
                 raise HarnessError(f"{folder.relative_to(ROOT)} holds no {part}/; file the run's {part} with it")
@@ -227,8 +226,6 @@ def entry(rid: str) -> tuple[dict, dict]:
     if rid not in manifest["runs"] or not (EVIDENCE / rid).is_dir():
         raise HarnessError(f"evidence/{rid} is not a filed run; `python -m evidence_store list` names them")
     return manifest, manifest["runs"][rid]
-
-
 
 
 def save(manifest: dict) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from harness.errors import HarnessError
-from harness.shipped import PACKAGES as ROOT, is_own, shipped_dirs
+from harness.shipped import PACKAGES as ROOT, in_shipped_dir, is_own
 
 WORK_MARKER = ".bf16-linear-bench-work"  # a folder holding this file was created by the harness and may be cleared
 
@@ -31,8 +31,7 @@ def is_tracked(path: Path) -> bool:
 
 
 def is_shipped(path: Path) -> bool:
-    real = resolved(path)
-    return any(real == d or d in real.parents for d in shipped_dirs())
+    return in_shipped_dir(resolved(path))
 
 
 def check_target(path: Path, option: str, install: bool = False) -> Path:

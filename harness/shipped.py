@@ -135,6 +135,11 @@ def _inside(path: Path, folder: Path) -> bool:
     return path == folder or folder in path.parents
 
 
+def in_shipped_dir(real: Path) -> bool:
+    """Whether a resolved path lies in a folder of shipped files (written only through the installer)."""
+    return any(_inside(real, folder) for folder in shipped_dirs())
+
+
 def is_own(real: Path) -> bool:
     """Whether a resolved path is one of the project's own files: inside a package's folder (and so every file a
     package ships), under `.git/`, or a tracked file of the checkout (without an index: anything in the checkout
