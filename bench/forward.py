@@ -18,7 +18,7 @@ from bench.ceiling import measure as measure_ceilings
 from bench.clocks import make_clock
 from bench.envinfo import ClockReader, nvml_clocks, run_info
 from bench.forward_paths import (BOUND_LAYER_RULES, DISPATCH_PYTHON, DISPATCHER_RULES, LM_HEAD_RULE, RULES,
-                                 TABLE_DIRECT, Target, path_for)
+                                 TABLE_DIRECT_RULES, Target, path_for)
 from bench.gpu import (REL_ERR_BOUND, Replays, capture_graph, check_output, records_since_last_window,
                        replay_interleaved, replay_seconds)
 from bench.paths import ATEN, DISPATCH, PATHS
@@ -370,7 +370,7 @@ def graph_m(run: Forwarding, at: ForwardAt) -> tuple[list[dict[str, Any]], dict[
             twins[rule] = first
             continue
         # a rule that picks per regime at bind time gets a second forward for the eager phase
-        e = _bind(run, at, rule, "eager") if rule == TABLE_DIRECT else b
+        e = _bind(run, at, rule, "eager") if rule in TABLE_DIRECT_RULES else b
         try:
             with phase("check"):
                 for f in ((b,) if e is b else (b, e)):
@@ -507,7 +507,7 @@ def run_forward(cfg: ForwardConfig) -> Path:
     if out_csv.exists() and not cfg.resume:
         raise HarnessError(f"{out_csv} exists; pass --resume to continue it or choose another --out")
     dispatches = any(r in cfg.rules for r in BOUND_LAYER_RULES)
-    if cfg.table is None and (dispatches or TABLE_DIRECT in cfg.rules):
+    if cfg.table is None and (dispatches or any(r in cfg.rules for r in TABLE_DIRECT_RULES)):
         cfg.table = shipped_table(cfg.profile.name)
         if cfg.table is None:
             raise HarnessError(f"the dispatch and table-direct rules run a table, and the {cfg.profile.name} profile "

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
-from bench.paths import ATEN, DISPATCH, PATHS, TUNED_CUBLASLT, low_m_path, vllm_op_path
+from bench.paths import ATEN, DISPATCH, GEMV, GEMV_PDL, PATHS, TUNED_CUBLASLT, low_m_path, vllm_op_path
 from dispatch import vllm
 from dispatch.profiles import GpuProfile
 from harness.errors import HarnessError
@@ -24,7 +24,11 @@ TABLE_DIRECT = "table-direct"
 # The dispatcher with its Python bound layer, where `dispatch` runs the C++ one (dispatch/native.py): the two side
 # by side in one run
 DISPATCH_PYTHON = "dispatch-python"
-NOT_SINGLE_PATHS = (TABLE_DIRECT, DISPATCH_PYTHON)  # the dispatcher's twins: never the best single path
+# table-direct with every GEMV call a programmatic dependent launch (dispatch/gemv.py): what PDL gives the GEMV in a
+# forward, where consecutive linears may overlap
+TABLE_PDL = "table-pdl"
+TABLE_DIRECT_RULES = (TABLE_DIRECT, TABLE_PDL)  # the table's choices called directly, bound per regime
+NOT_SINGLE_PATHS = (TABLE_DIRECT, TABLE_PDL, DISPATCH_PYTHON)  # the dispatcher's twins: never the best single path
 BOUND_LAYER_RULES = (DISPATCH, DISPATCH_PYTHON)  # the dispatcher bound per layer (dispatch.bind)
 DISPATCHER_RULES = (DISPATCH, *NOT_SINGLE_PATHS)  # every rule that runs the table's choices
 RULES = {
@@ -43,6 +47,8 @@ RULES = {
               "capturing, eager ranges otherwise; lm_head F.linear",
     TABLE_DIRECT: "the committed table's graph and eager choices called directly, without the bound layer: the "
                   "dispatcher's choices at no per-call cost (dispatch over it is the bound layer's own cost)",
+    TABLE_PDL: "table-direct with the GEMV's calls launched as programmatic dependent launches, each one's first "
+               "weight loads overlapping the kernel before it (a measurement: the dispatcher launches the GEMV plainly)",
     DISPATCH_PYTHON: "the dispatcher bound per layer with its Python bound layer (dispatch.bind(w, native=False)); "
                      "`dispatch` runs the C++ layer where it is built (run.json: dispatch_layer)",
 }
@@ -153,5 +159,6 @@ def path_for(rule: str, linear: ForwardLinear, m: int, target: Target, regime: s
         if table is None:
             raise HarnessError(f"the {rule} path needs a threshold table for this GPU; fit one with python -m calibrate fit")
         chosen = table.choose(linear.n, linear.k, m, regime)
+        chosen = GEMV_PDL if rule == TABLE_PDL and chosen == GEMV else chosen
         return chosen if chosen == ATEN or runnable(chosen, sm, linear, m) else ATEN
     raise AssertionError(rule)

@@ -28,6 +28,7 @@ from dispatch.lean import LEAN_BACKENDS, lean_call, public_call
 from harness.errors import HarnessError
 
 LinearFn = Callable[[Any, Any], Any]
+GEMV_PDL = "triton:gemv-pdl"  # the GEMV launched with PDL: a forward measurement (table-pdl), not a table's choice
 
 
 ROLES = ("baseline", "low-m", "candidate", "dispatcher")
@@ -103,6 +104,10 @@ def _gemv(pdl: bool) -> LinearFn:
     return GemvCall(tune=True)  # no pdl: a plain Triton launch
 
 
+def _gemv_pdl(pdl: bool) -> LinearFn:
+    return GemvCall(tune=True, pdl=True)
+
+
 def _dispatch(pdl: bool) -> LinearFn:
     return dispatch.linear  # the dispatcher reads pdl from the GPU's profile itself
 
@@ -144,6 +149,9 @@ PATHS: dict[str, GemmPath] = {p.name: p for p in (
     GemmPath(GEMV, _gemv, "candidate", max_m=16,
              note="dispatch/gemv.py: the project's split-K GEMV (Triton, one kernel), its configuration tuned per "
                   "(N, K, M) over rotated operands by CUDA-graph timing, served like FlashInfer's tactics"),
+    GemmPath(GEMV_PDL, _gemv_pdl, "candidate", max_m=16,
+             note="the GEMV with each call a programmatic dependent launch: its first weight loads overlap the kernel "
+                  "before it (SM90 and newer); measured in forwards (table-pdl), never chosen by a table"),
     GemmPath(DISPATCH, _dispatch, "dispatcher", note="dispatch.linear: its table's path for the shape, M and regime "
                                                      "(graph while capturing, eager otherwise)"),
 )}

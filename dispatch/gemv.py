@@ -79,28 +79,48 @@ def kernel():
     import triton.language as tl
 
     @triton.jit
+    def tile_product(acc, w, x_ptr, rk, rm, M, K, stride_xm, TILE_M: tl.constexpr):
+        """acc + the tile's rows of x times one weight tile w [BLOCK_N, BLOCK_K] (K offsets rk)."""
+        if TILE_M == 16:  # a tensor-core tile, the rows past M masked to zero
+            x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :],
+                        mask=(rm[:, None] < M) & (rk[None, :] < K), other=0.0)
+            acc += tl.dot(x, tl.trans(w))
+        else:  # CUDA cores: the weight tile converted once, a broadcast product summed over K for each row
+            wf = w.to(tl.float32)
+            for i in tl.static_range(TILE_M):
+                xi = tl.load(x_ptr + i * stride_xm + rk, mask=(rk < K) & (i < M), other=0.0).to(tl.float32)
+                row = tl.sum(wf * xi[None, :], axis=1)
+                acc += tl.where(rm[:, None] == i, row[None, :], 0.0)
+        return acc
+
+    @triton.jit
     def gemv_splitk(x_ptr, w_ptr, y_ptr, part_ptr, count_ptr, M, N, K, k_per, stride_xm, stride_wn, stride_ym,
-                    TILE_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+                    TILE_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+                    USE_PDL: tl.constexpr):
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         rm = tl.arange(0, TILE_M)
         k_lo = pid_k * k_per  # each split's slice of K, whole BLOCK_Ks
         acc = tl.zeros((TILE_M, BLOCK_N), dtype=tl.float32)
-        for k0 in range(0, k_per, BLOCK_K):
+        if USE_PDL:
+            # launched early beside the kernel before it (programmatic dependent launch): the first weight tile is
+            # loaded (no kernel writes weights) before waiting for that kernel's writes; x, y and the workspace are
+            # touched only after the wait. Then the next kernel may launch and load its own weights.
+            rk = k_lo + tl.arange(0, BLOCK_K)
+            w = tl.load(w_ptr + rn[:, None] * stride_wn + rk[None, :],
+                        mask=(rn[:, None] < N) & (rk[None, :] < K), other=0.0, eviction_policy="evict_first")
+            tl.extra.cuda.gdc_wait()
+            tl.extra.cuda.gdc_launch_dependents()
+            acc = tile_product(acc, w, x_ptr, rk, rm, M, K, stride_xm, TILE_M)
+            first = BLOCK_K
+        else:
+            first = 0
+        for k0 in range(first, k_per, BLOCK_K):
             rk = k_lo + k0 + tl.arange(0, BLOCK_K)
             w = tl.load(w_ptr + rn[:, None] * stride_wn + rk[None, :],
                         mask=(rn[:, None] < N) & (rk[None, :] < K), other=0.0, eviction_policy="evict_first")
-            if TILE_M == 16:  # a tensor-core tile, the rows past M masked to zero
-                x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :],
-                            mask=(rm[:, None] < M) & (rk[None, :] < K), other=0.0)
-                acc += tl.dot(x, tl.trans(w))
-            else:  # CUDA cores: the weight tile converted once, a broadcast product summed over K for each row
-                wf = w.to(tl.float32)
-                for i in tl.static_range(TILE_M):
-                    xi = tl.load(x_ptr + i * stride_xm + rk, mask=(rk < K) & (i < M), other=0.0).to(tl.float32)
-                    row = tl.sum(wf * xi[None, :], axis=1)
-                    acc += tl.where(rm[:, None] == i, row[None, :], 0.0)
+            acc = tile_product(acc, w, x_ptr, rk, rm, M, K, stride_xm, TILE_M)
         out_mask = (rm[:, None] < M) & (rn[None, :] < N)
         if SPLIT_K == 1:
             tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(tl.bfloat16), mask=out_mask)
@@ -129,15 +149,16 @@ def workspace_for(n: int, config: GemvConfig, device: Any) -> tuple[Any, Any]:
             torch.zeros(tiles, device=device, dtype=torch.int32))
 
 
-def launch(fn: Any, x: Any, w: Any, y: Any, space: tuple[Any, Any], c: GemvConfig) -> None:
-    """One GEMV launch of configuration c into y (x [M, K], w [N, K], y [M, N]; space from workspace_for)."""
+def launch(fn: Any, x: Any, w: Any, y: Any, space: tuple[Any, Any], c: GemvConfig, pdl: bool = False) -> None:
+    """One GEMV launch of configuration c into y (x [M, K], w [N, K], y [M, N]; space from workspace_for); pdl: as a
+    programmatic dependent launch (SM90 and newer), its weight loads overlapping the kernel before it."""
     m, k = x.shape
     n = w.shape[0]
     k_per = -(-(-(-k // c.split_k)) // c.block_k) * c.block_k
     fn[(-(-n // c.block_n), c.split_k)](x, w, y, space[0], space[1], m, n, k, k_per, x.stride(0), w.stride(0),
                                          y.stride(0),
                                          TILE_M=c.tile_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, SPLIT_K=c.split_k,
-                                         num_warps=c.num_warps)
+                                         USE_PDL=pdl, num_warps=c.num_warps, **({"launch_pdl": True} if pdl else {}))
 
 
 class Gemv:
@@ -331,13 +352,14 @@ class GemvCall:
     """(x, w, bias=None) -> y and .into(x, w, out) for any weight: the dispatcher's and the benchmark's call.
     tune=True (the benchmark) tunes an (N, K, M) the store lacks on first use (tune_for does it with rotated copies);
     tune=False (the dispatcher) takes pinned() and runs F.linear where the shape has no configuration, an M above
-    MAX_M, or a bias. A split configuration's workspace is per (device, stream, N, configuration): made on the
+    MAX_M, or a bias; pdl=True launches each call as a programmatic dependent launch. A split configuration's workspace is per (device, stream, N, configuration): made on the
     stream's first eager call, or ahead by prepare (at bind time) for the streams a capture may use; a capture on a
     stream without one runs F.linear there (memory allocated while capturing would belong to that graph) and says so
     once. The Gemv of a call is made afresh (host work only): keeping one per weight would keep every weight alive."""
 
-    def __init__(self, tune: bool = False):
+    def __init__(self, tune: bool = False, pdl: bool = False):
         self.tune = tune
+        self.pdl = pdl  # each launch a programmatic dependent launch (launch())
         self.workspaces: dict[tuple[int, int, int, GemvConfig], tuple[Any, Any]] = {}  # (device, stream, N, config)
         self.plans: dict[tuple[int, int, int, int], GemvConfig] = {}  # (device, N, K, M), at one STORE.version
         self.version = STORE.version
@@ -445,7 +467,7 @@ class GemvCall:
     def _run(self, x: Any, w: Any, y: Any, plan: tuple[GemvConfig, tuple[Any, Any]]) -> None:
         if self.fn is None:
             self.fn = kernel()
-        launch(self.fn, x, w, y, plan[1], plan[0])
+        launch(self.fn, x, w, y, plan[1], plan[0], self.pdl)
 
     def __call__(self, x: Any, w: Any, bias: Any = None) -> Any:
         plan = self._plan(x, w) if bias is None and x.stride(-1) == 1 else None
