@@ -18,7 +18,7 @@ from bench.ceiling import measure as measure_ceilings
 from bench.clocks import make_clock
 from bench.envinfo import ClockReader, nvml_clocks, run_info
 from bench.forward_paths import (BOUND_LAYER_RULES, DISPATCH_PYTHON, DISPATCHER_RULES, LM_HEAD_RULE, RULES,
-                                 TABLE_DIRECT_RULES, Target, path_for)
+                                 FUSED_SIBLINGS, TABLE_DIRECT_RULES, Target, path_for)
 from bench.gpu import (REL_ERR_BOUND, Replays, capture_graph, check_output, records_since_last_window,
                        replay_interleaved, replay_seconds)
 from bench.paths import ATEN, DISPATCH, PATHS
@@ -34,6 +34,7 @@ from harness.errors import HarnessError, Interrupted, signal_of, signals_deferre
 from harness.io import atomic_write_text
 from shapes.catalog import model_configs
 from shapes.derive import ForwardLinear, forward_sequence, load_config
+from shapes.siblings import FusedLinear, fuse_siblings
 
 FORWARD_MS = (1, 8, 32, 128, 512, 1031, 4096, 16384)
 FORWARD_FILE = "forward.csv"
@@ -155,6 +156,17 @@ class ForwardAt:
     weights: list[Any]
     m: int
     xs: dict[int, Any]
+    fused: tuple[list[ForwardLinear], list[Any]] | None = None  # the fused-siblings forward and its weights
+
+
+def fused_forward(seq: list[ForwardLinear], weights: list[Any]) -> tuple[list[ForwardLinear], list[Any]]:
+    """The forward with its sibling linears fused (shapes/siblings.py) and their weights concatenated (new memory:
+    one copy of every fused group's weights)."""
+    import torch
+    fused = fuse_siblings(seq)
+    index = {id(lin): i for i, lin in enumerate(seq)}
+    return fused, [torch.cat([weights[j] for j in lin.members]) if isinstance(lin, FusedLinear)
+                   else weights[index[id(lin)]] for lin in fused]
 
 
 @dataclass(frozen=True)
@@ -177,7 +189,8 @@ def _weights(seq: list[ForwardLinear], seed: int):
 def _bind(run: Forwarding, at: ForwardAt, rule: str, regime: str = "graph") -> Bound:
     bound = Bound()
     target = Target(run.sm, run.cfg.profile, run.cfg.table)
-    for lin, w in zip(at.seq, at.weights):
+    seq, weights = at.fused if rule == FUSED_SIBLINGS and at.fused is not None else (at.seq, at.weights)
+    for lin, w in zip(seq, weights):
         path = path_for(rule, lin, at.m, target, regime)
         fn, args = run.fns[path], (at.xs[lin.k], w)
         if rule in BOUND_LAYER_RULES and lin.layer != "lm_head":
@@ -507,6 +520,9 @@ def run_forward(cfg: ForwardConfig) -> Path:
     if out_csv.exists() and not cfg.resume:
         raise HarnessError(f"{out_csv} exists; pass --resume to continue it or choose another --out")
     dispatches = any(r in cfg.rules for r in BOUND_LAYER_RULES)
+    if FUSED_SIBLINGS in cfg.rules and cfg.layout != "vllm":
+        raise HarnessError(f"the {FUSED_SIBLINGS} rule fuses vLLM's layers (shapes/siblings.py); run it with "
+                           f"--layout vllm, or leave it out of --paths")
     if cfg.table is None and (dispatches or any(r in cfg.rules for r in TABLE_DIRECT_RULES)):
         cfg.table = shipped_table(cfg.profile.name)
         if cfg.table is None:
@@ -617,6 +633,7 @@ def _measure_model(run: Forwarding, model: str, seq, todo: list[int]) -> list[di
     try:
         with phase("weights"):
             weights = _weights(seq, seed=len(seq))
+            fused = fused_forward(seq, weights) if FUSED_SIBLINGS in cfg.rules else None
     except torch.OutOfMemoryError:
         raise HarnessError(f"{model}: its {len(seq)} distinct weights do not fit in GPU memory; measure the "
                            f"first N decoder layers with --layers N") from None
@@ -625,7 +642,7 @@ def _measure_model(run: Forwarding, model: str, seq, todo: list[int]) -> list[di
     for m in todo:
         bar.set_postfix_str(f"{model} M={m} graph")
         xs = {k: torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for k in sorted({lin.k for lin in seq})}
-        graph_rows, bound_m, twins_m = graph_m(run, ForwardAt(model, seq, weights, m, xs))
+        graph_rows, bound_m, twins_m = graph_m(run, ForwardAt(model, seq, weights, m, xs, fused))
         fresh += graph_rows
         bound.update({(m, rule): b for rule, b in bound_m.items()})
         twins.update({(model, m, rule): first for rule, first in twins_m.items()})
@@ -638,7 +655,7 @@ def _measure_model(run: Forwarding, model: str, seq, todo: list[int]) -> list[di
         fresh += eager_rows(run, model, len(seq), bound, capped)
         fresh += twin_rows(fresh, twins)
     annotate_forward(fresh, [(lin.n, lin.k) for lin in seq], run.info.get("ceilings"))
-    del weights, bound
+    del weights, bound, fused
     torch.cuda.empty_cache()
     return fresh
 

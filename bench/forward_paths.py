@@ -10,6 +10,7 @@ from dispatch import vllm
 from dispatch.profiles import GpuProfile
 from harness.errors import HarnessError
 from shapes.derive import ForwardLinear
+from shapes.siblings import FusedLinear
 
 # What vLLM 0.33.0 runs (dispatch/vllm.py models it, docs/vllm.md cites each rule's source)
 VLLM_DEFAULT = "vllm-default"
@@ -27,8 +28,11 @@ DISPATCH_PYTHON = "dispatch-python"
 # table-direct with every GEMV call a programmatic dependent launch (dispatch/gemv.py): what PDL gives the GEMV in a
 # forward, where consecutive linears may overlap
 TABLE_PDL = "table-pdl"
-TABLE_DIRECT_RULES = (TABLE_DIRECT, TABLE_PDL)  # the table's choices called directly, bound per regime
-NOT_SINGLE_PATHS = (TABLE_DIRECT, TABLE_PDL, DISPATCH_PYTHON)  # the dispatcher's twins: never the best single path
+# table-direct over the forward with each group of sibling linears as one GEMM (shapes/siblings.py): what fusing
+# them would give; a measurement, not something the dispatcher does
+FUSED_SIBLINGS = "fused-siblings"
+TABLE_DIRECT_RULES = (TABLE_DIRECT, TABLE_PDL, FUSED_SIBLINGS)  # the table's choices called directly, per regime
+NOT_SINGLE_PATHS = (*TABLE_DIRECT_RULES, DISPATCH_PYTHON)  # the dispatcher's twins: never the best single path
 BOUND_LAYER_RULES = (DISPATCH, DISPATCH_PYTHON)  # the dispatcher bound per layer (dispatch.bind)
 DISPATCHER_RULES = (DISPATCH, *NOT_SINGLE_PATHS)  # every rule that runs the table's choices
 RULES = {
@@ -49,6 +53,10 @@ RULES = {
                   "dispatcher's choices at no per-call cost (dispatch over it is the bound layer's own cost)",
     TABLE_PDL: "table-direct with the GEMV's calls launched as programmatic dependent launches, each one's first "
                "weight loads overlapping the kernel before it (a measurement: the dispatcher launches the GEMV plainly)",
+    FUSED_SIBLINGS: "table-direct with the linears of a block that read one input as one GEMM over their "
+                    "concatenated weights (in_proj_qkvz + in_proj_ba; shared-expert gate_up + router gate + "
+                    "shared-expert gate), each running the table's choice for its largest member (a measurement: vLLM "
+                    "0.33.0 and the dispatcher run them apart)",
     DISPATCH_PYTHON: "the dispatcher bound per layer with its Python bound layer (dispatch.bind(w, native=False)); "
                      "`dispatch` runs the C++ layer where it is built (run.json: dispatch_layer)",
 }
@@ -158,7 +166,8 @@ def path_for(rule: str, linear: ForwardLinear, m: int, target: Target, regime: s
     if rule in DISPATCHER_RULES:
         if table is None:
             raise HarnessError(f"the {rule} path needs a threshold table for this GPU; fit one with python -m calibrate fit")
-        chosen = table.choose(linear.n, linear.k, m, regime)
+        n, k = linear.lead if isinstance(linear, FusedLinear) else (linear.n, linear.k)
+        chosen = table.choose(n, k, m, regime)
         chosen = GEMV_PDL if rule == TABLE_PDL and chosen == GEMV else chosen
         return chosen if chosen == ATEN or runnable(chosen, sm, linear, m) else ATEN
     raise AssertionError(rule)

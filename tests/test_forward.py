@@ -542,3 +542,27 @@ def test_fit_forward_tests_widened_by_the_forward_floor_drop_gains_inside_the_no
     picked = picks_in_every_run([large], cands, 0.01, floor)
     assert len(picked) == 24 and all(p == "flashinfer-lean:cublaslt" and hi < 0.99 for p, _, hi in picked.values())
 
+
+
+def test_fused_siblings_join_the_linears_that_read_one_input_and_run_the_largest_ones_choice():
+    from shapes.siblings import FusedLinear, fuse_siblings
+    seq = [ForwardLinear(0, "linear_attn.in_proj_qkvz", 12288, 2048), ForwardLinear(0, "linear_attn.in_proj_ba", 64, 2048),
+           ForwardLinear(0, "linear_attn.out_proj", 2048, 4096),
+           ForwardLinear(0, "mlp.shared_expert.gate_up_proj", 1024, 2048),
+           ForwardLinear(0, "mlp.shared_expert.down_proj", 2048, 512), ForwardLinear(0, "mlp.gate", 256, 2048),
+           ForwardLinear(0, "mlp.shared_expert_gate", 1, 2048),
+           ForwardLinear(1, "linear_attn.in_proj_ba", 64, 2048),  # alone in its layer: stays as it is
+           ForwardLinear(-1, "lm_head", 248320, 2048)]
+    fused = fuse_siblings(seq)
+    assert [(f.layer, f.n) for f in fused] == [
+        ("linear_attn.in_proj_qkvz+linear_attn.in_proj_ba", 12352), ("linear_attn.out_proj", 2048),
+        ("mlp.shared_expert.gate_up_proj+mlp.gate+mlp.shared_expert_gate", 1281),
+        ("mlp.shared_expert.down_proj", 2048), ("linear_attn.in_proj_ba", 64), ("lm_head", 248320)]
+    assert fused[2].members == (3, 5, 6) and fused[2].lead == (1024, 2048) and isinstance(fused[0], FusedLinear)
+    assert sum(f.n * f.k for f in fused) == sum(s.n * s.k for s in seq)  # the same bytes, fewer kernels
+    table = ThresholdTable("h200", "tinygemm", {"graph": (), "eager": ()},
+                           shapes={(12288, 2048): {"graph": ((8, "flashinfer-lean:tinygemm"),), "eager": ()},
+                                   (1024, 2048): {"graph": ((8, "triton:gemv"),), "eager": ()}})
+    assert path_for("fused-siblings", fused[0], 4, Target(90, H200, table)) == "flashinfer-lean:tinygemm"  # N % 16
+    assert path_for("fused-siblings", fused[2], 4, Target(90, H200, table)) == "triton:gemv"
+    assert path_for("fused-siblings", fused[2], 4, Target(90, H200, table), "eager") == "aten"
