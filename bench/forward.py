@@ -18,7 +18,7 @@ from bench.ceiling import measure as measure_ceilings
 from bench.clocks import make_clock
 from bench.envinfo import ClockReader, nvml_clocks, run_info
 from bench.forward_paths import (BOUND_LAYER_RULES, DISPATCH_PYTHON, DISPATCHER_RULES, LM_HEAD_RULE, RULES,
-                                 FUSED_SIBLINGS, TABLE_DIRECT_RULES, Target, path_for)
+                                 FUSED_RULES, TABLE_DIRECT_RULES, Target, path_for)
 from bench.gpu import (REL_ERR_BOUND, Replays, capture_graph, check_output, records_since_last_window,
                        replay_interleaved, replay_seconds)
 from bench.paths import ATEN, DISPATCH, PATHS
@@ -189,7 +189,7 @@ def _weights(seq: list[ForwardLinear], seed: int):
 def _bind(run: Forwarding, at: ForwardAt, rule: str, regime: str = "graph") -> Bound:
     bound = Bound()
     target = Target(run.sm, run.cfg.profile, run.cfg.table)
-    seq, weights = at.fused if rule == FUSED_SIBLINGS and at.fused is not None else (at.seq, at.weights)
+    seq, weights = at.fused if rule in FUSED_RULES and at.fused is not None else (at.seq, at.weights)
     for lin, w in zip(seq, weights):
         path = path_for(rule, lin, at.m, target, regime)
         fn, args = run.fns[path], (at.xs[lin.k], w)
@@ -520,9 +520,9 @@ def run_forward(cfg: ForwardConfig) -> Path:
     if out_csv.exists() and not cfg.resume:
         raise HarnessError(f"{out_csv} exists; pass --resume to continue it or choose another --out")
     dispatches = any(r in cfg.rules for r in BOUND_LAYER_RULES)
-    if FUSED_SIBLINGS in cfg.rules and cfg.layout != "vllm":
-        raise HarnessError(f"the {FUSED_SIBLINGS} rule fuses vLLM's layers (shapes/siblings.py); run it with "
-                           f"--layout vllm, or leave it out of --paths")
+    if set(FUSED_RULES) & set(cfg.rules) and cfg.layout != "vllm":
+        raise HarnessError(f"the {' and '.join(FUSED_RULES)} rules fuse vLLM's layers (shapes/siblings.py); run them "
+                           f"with --layout vllm, or leave them out of --paths")
     if cfg.table is None and (dispatches or any(r in cfg.rules for r in TABLE_DIRECT_RULES)):
         cfg.table = shipped_table(cfg.profile.name)
         if cfg.table is None:
@@ -633,7 +633,7 @@ def _measure_model(run: Forwarding, model: str, seq, todo: list[int]) -> list[di
     try:
         with phase("weights"):
             weights = _weights(seq, seed=len(seq))
-            fused = fused_forward(seq, weights) if FUSED_SIBLINGS in cfg.rules else None
+            fused = fused_forward(seq, weights) if set(FUSED_RULES) & set(cfg.rules) else None
     except torch.OutOfMemoryError:
         raise HarnessError(f"{model}: its {len(seq)} distinct weights do not fit in GPU memory; measure the "
                            f"first N decoder layers with --layers N") from None

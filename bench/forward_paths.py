@@ -31,6 +31,8 @@ TABLE_PDL = "table-pdl"
 # table-direct over the forward with each group of sibling linears as one GEMM (shapes/siblings.py): what fusing
 # them would give; a measurement, not something the dispatcher does
 FUSED_SIBLINGS = "fused-siblings"
+VLLM_FUSED = "vllm-fused"  # vLLM default's F.linear over the fused forward: what fusing the siblings gives vLLM
+FUSED_RULES = (FUSED_SIBLINGS, VLLM_FUSED)  # the rules that run the forward with its siblings fused
 TABLE_DIRECT_RULES = (TABLE_DIRECT, TABLE_PDL, FUSED_SIBLINGS)  # the table's choices called directly, per regime
 NOT_SINGLE_PATHS = (*TABLE_DIRECT_RULES, DISPATCH_PYTHON)  # the dispatcher's twins: never the best single path
 BOUND_LAYER_RULES = (DISPATCH, DISPATCH_PYTHON)  # the dispatcher bound per layer (dispatch.bind)
@@ -57,6 +59,8 @@ RULES = {
                     "concatenated weights (in_proj_qkvz + in_proj_ba; shared-expert gate_up + router gate + "
                     "shared-expert gate), each running the table's choice for its largest member (a measurement: vLLM "
                     "0.33.0 and the dispatcher run them apart)",
+    VLLM_FUSED: f"vLLM {vllm.VLLM_VERSION} default's F.linear on every linear of the forward with the same sibling "
+                "linears fused as in fused-siblings: what fusing them would give vLLM (a measurement)",
     DISPATCH_PYTHON: "the dispatcher bound per layer with its Python bound layer (dispatch.bind(w, native=False)); "
                      "`dispatch` runs the C++ layer where it is built (run.json: dispatch_layer)",
 }
@@ -157,7 +161,7 @@ def path_for(rule: str, linear: ForwardLinear, m: int, target: Target, regime: s
         return ATEN  # vLLM's LM head always dispatches F.linear (LM_HEAD_RULE)
     if rule not in RULES:
         return rule if runnable(rule, sm, linear, m) else ATEN  # a registry path everywhere else it can run
-    if rule == ATEN:
+    if rule in (ATEN, VLLM_FUSED):
         return ATEN
     if rule in (VLLM_DEFAULT, VLLM_FLAG, SEED_PR):
         return vllm_choice(rule, m, sm, lambda p: runnable(p, sm, linear, m))

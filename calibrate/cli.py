@@ -13,6 +13,7 @@ from calibrate.commands import compare as compare_command
 from calibrate.commands import e2e as e2e_command
 from calibrate.commands import fit as fit_command
 from calibrate.commands import forward_noise as forward_noise_command
+from calibrate.commands import forward_ratio as forward_ratio_command
 from calibrate.commands import host_cost as host_cost_command
 from calibrate.commands import l2 as l2_command
 from calibrate.commands import noise as noise_command
@@ -36,6 +37,7 @@ def parser() -> Parser:
     agree_command.add_parser(sub)  # agree and host-shift
     noise_command.add_parser(sub, [gpu])
     forward_noise_command.add_parser(sub, [gpu])
+    forward_ratio_command.add_parser(sub, [gpu_of_runs])
     l2_command.add_parser(sub)
     host_cost_command.add_parser(sub, [gpu])
     baseline_command.add_parser(sub, [gpu])  # baseline and regress
@@ -53,7 +55,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     run = {"validate": lambda: validate_command.run(args), "fit": lambda: fit_command.run(args, argv),
            "compare": lambda: compare_command.run(args), "agree": lambda: agree_command.run_agree(args),
            "host-shift": lambda: agree_command.run_host_shift(args), "noise": lambda: noise_command.run(args),
-           "forward-noise": lambda: forward_noise_command.run(args), "l2": lambda: l2_command.run(args),
+           "forward-noise": lambda: forward_noise_command.run(args),
+           "forward-ratio": lambda: forward_ratio_command.run(args), "l2": lambda: l2_command.run(args),
            "host-cost": lambda: host_cost_command.run(args), "baseline": lambda: baseline_command.run(args),
            "regress": lambda: baseline_command.run(args), "e2e": lambda: e2e_command.run(args),
            "vllm": lambda: vllm_command.run(args), "table": lambda: table_command.run(args)}

@@ -566,3 +566,19 @@ def test_fused_siblings_join_the_linears_that_read_one_input_and_run_the_largest
     assert path_for("fused-siblings", fused[0], 4, Target(90, H200, table)) == "flashinfer-lean:tinygemm"  # N % 16
     assert path_for("fused-siblings", fused[2], 4, Target(90, H200, table)) == "triton:gemv"
     assert path_for("fused-siblings", fused[2], 4, Target(90, H200, table), "eager") == "aten"
+    assert path_for("vllm-fused", fused[0], 4, Target(90, H200, table)) == "aten"  # vLLM default, fused
+
+
+def test_forward_ratio_pairs_two_rules_and_refuses_a_bad_pair(capsys):
+    from calibrate.cli import main
+    from calibrate.forward_ratio import parse_pairs
+    assert parse_pairs("table-pdl/table-direct, a/b") == [("table-pdl", "table-direct"), ("a", "b")]
+    for bad in ("table-pdl", "a/", "/b", "a/b/c"):
+        with pytest.raises(HarnessError, match="RULE/REFERENCE"):
+            parse_pairs(bad)
+    run = str(DATA / "h200-settled-forward-8")
+    assert main(["forward-ratio", "--forward", run, "--pairs", "dispatch/table-direct", "--no-floor"]) == 0
+    out = capsys.readouterr().out
+    assert "dispatch/table-direct  Qwen3.5-4B, graph:" in out and "geometric mean over M" in out
+    with pytest.raises(HarnessError, match="measured both rules"):
+        main(["forward-ratio", "--forward", run, "--pairs", "table-pdl/table-direct"])
