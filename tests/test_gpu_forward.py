@@ -139,3 +139,23 @@ def test_the_dispatcher_and_table_direct_run_the_same_kernels(short_forward):
             assert d[(m, regime, "dispatch")] == d[(m, regime, "table-direct")], (m, regime)
     # no check that a lean cuBLASLt layer runs other kernels than F.linear: with the pinned tactics it may run
     # F.linear's own (35B-A3B M = 1031 on the H200: same digest, h200-settled-forward-8)
+
+
+def test_fused_siblings_run_fewer_kernels_and_pdl_the_same_ones(tmp_path, gpu_profile, gpu_table):
+    """The fused rules run one GEMM per group of siblings (2 decoder layers of the 35B-A3B: 3 linears fewer in each);
+    table-pdl runs table-direct's kernels, launched with PDL; every rule's output matched fp32 before timing."""
+    import pandas as pd
+
+    from bench.forward import ForwardConfig, models_for, run_forward
+    cfg = ForwardConfig(profile=gpu_profile, models=models_for(["Qwen3.5-35B-A3B"], None), ms=[1, 8],
+                        rules=["aten", "vllm-fused", "table-direct", "table-pdl", "fused-siblings"], out=tmp_path,
+                        samples=3, decoder_layers=2)
+    run_forward(cfg)
+    df = pd.read_csv(tmp_path / "forward.csv", dtype={"kernel_digest": str})
+    assert set(df["status"]) == {"ok"}, df[df["status"] != "ok"][["m", "path", "regime", "reason"]]
+    k = df[df["regime"] == "graph"].set_index(["m", "path"])["kernels"]
+    for m in (1, 8):
+        assert k[(m, "vllm-fused")] == k[(m, "aten")] - 2 * 3
+        assert k[(m, "table-pdl")] == k[(m, "table-direct")]
+    used = df[(df["path"] == "table-pdl") & (df["m"] == 1) & (df["regime"] == "graph")]["paths_used"].iloc[0]
+    assert "triton:gemv-pdl" in used or "triton:gemv" not in used
