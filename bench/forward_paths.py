@@ -37,6 +37,7 @@ TABLE_DIRECT_RULES = (TABLE_DIRECT, TABLE_PDL, FUSED_SIBLINGS)  # the table's ch
 NOT_SINGLE_PATHS = (*TABLE_DIRECT_RULES, DISPATCH_PYTHON)  # the dispatcher's twins: never the best single path
 BOUND_LAYER_RULES = (DISPATCH, DISPATCH_PYTHON)  # the dispatcher bound per layer (dispatch.bind)
 DISPATCHER_RULES = (DISPATCH, *NOT_SINGLE_PATHS)  # every rule that runs the table's choices
+NEVER_BEST = (*NOT_SINGLE_PATHS, VLLM_FUSED)  # never the best single path: twins, and forwards of another structure
 RULES = {
     ATEN: "F.linear for every linear",
     VLLM_DEFAULT: f"what vLLM {vllm.VLLM_VERSION} runs by default: F.linear for every linear",
@@ -57,8 +58,9 @@ RULES = {
                "weight loads overlapping the kernel before it (a measurement: the dispatcher launches the GEMV plainly)",
     FUSED_SIBLINGS: "table-direct with the linears of a block that read one input as one GEMM over their "
                     "concatenated weights (in_proj_qkvz + in_proj_ba; shared-expert gate_up + router gate + "
-                    "shared-expert gate), each running the table's choice for its largest member (a measurement: vLLM "
-                    "0.33.0 and the dispatcher run them apart)",
+                    "shared-expert gate), each running the table's choice for its largest member where that kernel takes "
+                    "the fused shape, else the GEMV at M <= 16, else F.linear (a measurement: vLLM 0.33.0 and the "
+                    "dispatcher run them apart)",
     VLLM_FUSED: f"vLLM {vllm.VLLM_VERSION} default's F.linear on every linear of the forward with the same sibling "
                 "linears fused as in fused-siblings: what fusing them would give vLLM (a measurement)",
     DISPATCH_PYTHON: "the dispatcher bound per layer with its Python bound layer (dispatch.bind(w, native=False)); "
@@ -173,5 +175,8 @@ def path_for(rule: str, linear: ForwardLinear, m: int, target: Target, regime: s
         n, k = linear.lead if isinstance(linear, FusedLinear) else (linear.n, linear.k)
         chosen = table.choose(n, k, m, regime)
         chosen = GEMV_PDL if rule == TABLE_PDL and chosen == GEMV else chosen
+        if isinstance(linear, FusedLinear) and chosen != ATEN and not runnable(chosen, sm, linear, m):
+            # the largest member's kernel cannot take the fused shape (TinyGEMM's N % 16): the GEMV where it can
+            chosen = GEMV
         return chosen if chosen == ATEN or runnable(chosen, sm, linear, m) else ATEN
     raise AssertionError(rule)

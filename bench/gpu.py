@@ -134,10 +134,18 @@ class L2Flush:
         return frozenset(r.name for r in clock.drain() if r.graph_id == 0)
 
 
+@functools.cache
+def _side_stream(device: int):
+    """One warm-up stream per device for every capture: a kernel that keeps state per stream (the GEMV's workspaces)
+    keeps one set for all of a run's warm-ups, not one per capture."""
+    import torch
+    return torch.cuda.Stream(device)
+
+
 def capture_graph(warmup: Callable[[], None], body: Callable[[], None]):
     """`warmup()` on a side stream (lazy initialisation must not happen during capture), then `body()` captured."""
     import torch
-    stream = torch.cuda.Stream()
+    stream = _side_stream(torch.cuda.current_device())
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):
         warmup()

@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from bench.forward import Bound
-from bench.forward_paths import DISPATCHER_RULES, NOT_SINGLE_PATHS, TABLE_DIRECT, Target, path_for
+from bench.forward_paths import DISPATCHER_RULES, FUSED_RULES, NEVER_BEST, TABLE_DIRECT, Target, path_for
 from bench.results import load_run_info, numeric, samples_missing, samples_ok
 from calibrate.analysis import Cells, paired_ratio_ci, parse_samples
 from calibrate.pairing import paired, pooled, widened
@@ -142,7 +142,7 @@ def model_vs_measured(cells: Cells, forward: pd.DataFrame, info: dict[str, Any],
     seqs = _sequences(info, set(forward["model"]))
     rows = []
     for r in forward[forward["status"] == "ok"].itertuples(index=False):
-        if r.model not in seqs or (table is None and r.path in DISPATCHER_RULES):
+        if r.model not in seqs or r.path in FUSED_RULES or (table is None and r.path in DISPATCHER_RULES):
             continue  # no table: the dispatcher's choices cannot be modelled
         model = modelled_us(cells, seqs[r.model], r.path, int(r.m), r.regime, sm, profile, table,
                             paths_run_lm_head="lm_head_rule" not in info)
@@ -185,7 +185,7 @@ def forward_verdicts(forward: pd.DataFrame, capture_size: int, floor: "ForwardFl
         g = g.set_index("path")
         if DISPATCH not in g.index:
             continue
-        best = g["us"].drop(list(NOT_SINGLE_PATHS), errors="ignore").idxmin()  # the dispatcher's twins are no single path
+        best = g["us"].drop(list(NEVER_BEST), errors="ignore").idxmin()  # twins and fused forwards: no single path
         ratio, lo, hi = paired(g, DISPATCH, best)
         a_ratio, a_lo, a_hi = paired(g, DISPATCH, ATEN) if ATEN in g.index else (math.nan,) * 3
         same = regime == "graph" and _same_kernels(g, DISPATCH, TABLE_DIRECT)

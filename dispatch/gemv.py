@@ -461,7 +461,12 @@ class GemvCall:
                           f"captured before any eager call on it: those calls run F.linear in the graph. Name the "
                           f"stream to dispatch.serve_streams before binding, or call the layers once on it first")
                 return None
-            space = self._space(index, stream, n, cfg, w.device)
+            # this stream's, and those of the streams a capture may use next (torch.cuda.graph's default capture
+            # stream among them): a call made eagerly and then captured, as a benchmark or a warm-up does, finds its
+            # workspace there
+            for s in (stream, *capture_streams(index)):
+                self._space(index, s, n, cfg, w.device)
+            space = self.workspaces[(index, stream, n, cfg)]
         return cfg, space
 
     def _run(self, x: Any, w: Any, y: Any, plan: tuple[GemvConfig, tuple[Any, Any]]) -> None:

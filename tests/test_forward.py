@@ -567,6 +567,11 @@ def test_fused_siblings_join_the_linears_that_read_one_input_and_run_the_largest
     assert path_for("fused-siblings", fused[2], 4, Target(90, H200, table)) == "triton:gemv"
     assert path_for("fused-siblings", fused[2], 4, Target(90, H200, table), "eager") == "aten"
     assert path_for("vllm-fused", fused[0], 4, Target(90, H200, table)) == "aten"  # vLLM default, fused
+    tiny = ThresholdTable("h200", "tinygemm", {"graph": (), "eager": ()},
+                          shapes={(1024, 2048): {"graph": ((64, "flashinfer-lean:tinygemm"),), "eager": ()}})
+    # TinyGEMM cannot take N = 1281 (N % 16): the GEMV where it can (M <= 16), else F.linear
+    assert path_for("fused-siblings", fused[2], 4, Target(90, H200, tiny)) == "triton:gemv"
+    assert path_for("fused-siblings", fused[2], 32, Target(90, H200, tiny)) == "aten"
 
 
 def test_forward_ratio_pairs_two_rules_and_refuses_a_bad_pair(capsys):

@@ -162,3 +162,30 @@ def test_a_chain_of_dependent_pdl_calls_reads_each_output_after_it_is_written(m,
         gemv.STORE.configs.clear()
         gemv.STORE.configs.update(saved)
         gemv.STORE.version += 1
+
+
+@pytest.mark.parametrize("tune", [False, True])
+def test_a_call_warmed_up_on_a_side_stream_is_the_gemv_in_a_graph_captured_after(stored, monkeypatch, tune):
+    """The benchmark's order (bench/gpu.py capture_graph): eager calls on a side stream, then torch.cuda.graph on its
+    default capture stream. The first eager call makes that stream's workspace too, so the graph holds the GEMV, not
+    F.linear (which it runs, saying so, only on a stream no eager call or bind prepared)."""
+    import torch
+    launches = []
+    real = stored.launch
+    monkeypatch.setattr(stored, "launch", lambda *a, **k: (launches.append(1), real(*a, **k)))
+    call = stored.GemvCall(tune=tune)
+    x, w = _operands(4, 6)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        want = call(x, w)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    launches.clear()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = call(x, w)
+    assert launches == [1], "the captured call ran F.linear"
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, want)
