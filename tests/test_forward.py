@@ -587,3 +587,13 @@ def test_forward_ratio_pairs_two_rules_and_refuses_a_bad_pair(capsys):
     assert "dispatch/table-direct  Qwen3.5-4B, graph:" in out and "geometric mean over M" in out
     with pytest.raises(HarnessError, match="measured both rules"):
         main(["forward-ratio", "--forward", run, "--pairs", "table-pdl/table-direct"])
+
+
+def test_a_fused_forward_is_never_the_best_single_path_the_dispatcher_is_judged_by():
+    import pandas as pd
+
+    from calibrate.forward_model import forward_verdicts
+    rows = [{"model": "m", "m": 1, "regime": "graph", "path": p, "status": "ok", "us": us, "reason": None}
+            for p, us in (("aten", 100.0), ("dispatch", 90.0), ("vllm-fused", 60.0), ("fused-siblings", 50.0))]
+    v = forward_verdicts(pd.DataFrame(rows), capture_size=512)
+    assert v.iloc[0]["best"] == "dispatch" and v.iloc[0]["ok"]
