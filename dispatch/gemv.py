@@ -352,10 +352,10 @@ class GemvCall:
     """(x, w, bias=None) -> y and .into(x, w, out) for any weight: the dispatcher's and the benchmark's call.
     tune=True (the benchmark) tunes an (N, K, M) the store lacks on first use (tune_for does it with rotated copies);
     tune=False (the dispatcher) takes pinned() and runs F.linear where the shape has no configuration, an M above
-    MAX_M, or a bias; pdl=True launches each call as a programmatic dependent launch. A split configuration's workspace is per (device, stream, N, configuration): made on the
-    stream's first eager call, or ahead by prepare (at bind time) for the streams a capture may use; a capture on a
-    stream without one runs F.linear there (memory allocated while capturing would belong to that graph) and says so
-    once. The Gemv of a call is made afresh (host work only): keeping one per weight would keep every weight alive."""
+    MAX_M, or a bias; pdl=True launches each call as a programmatic dependent launch. A split configuration's
+    workspace is per (device, stream, N, configuration): made ahead by prepare (at bind time), or at the first eager
+    call on any stream, for that stream and the streams a capture may use (capture_streams); a capture on a stream
+    without one runs F.linear there (memory allocated while capturing would belong to that graph) and says so once. The Gemv of a call is made afresh (host work only): keeping one per weight would keep every weight alive."""
 
     def __init__(self, tune: bool = False, pdl: bool = False):
         self.tune = tune
