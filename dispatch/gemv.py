@@ -355,7 +355,8 @@ class GemvCall:
     MAX_M, or a bias; pdl=True launches each call as a programmatic dependent launch. A split configuration's
     workspace is per (device, stream, N, configuration): made ahead by prepare (at bind time), or at the first eager
     call on any stream, for that stream and the streams a capture may use (capture_streams); a capture on a stream
-    without one runs F.linear there (memory allocated while capturing would belong to that graph) and says so once. The Gemv of a call is made afresh (host work only): keeping one per weight would keep every weight alive."""
+    without one runs F.linear there (memory allocated while capturing would belong to that graph) and says so once.
+    The Gemv of a call is made afresh (host work only): keeping one per weight would keep every weight alive."""
 
     def __init__(self, tune: bool = False, pdl: bool = False):
         self.tune = tune
