@@ -23,6 +23,7 @@ import dispatch
 from bench.vllm_op import op_call
 from dispatch.backends import (ATEN, BACKENDS, DISPATCH, GEMV, LOW_M_BACKENDS, Backend, backend_of, flashinfer_path,
                                is_lean, lean_path)
+from dispatch.gemv import KERNEL_NAME as GEMV_KERNEL
 from dispatch.gemv import GemvCall
 from dispatch.lean import LEAN_BACKENDS, lean_call, public_call
 from harness.errors import HarnessError
@@ -42,6 +43,15 @@ class GemmPath:
     backend: Backend | None = None  # a FlashInfer path: the backend, whose rule says which cells it can run
     note: str = field(default="")
     max_m: int | None = None  # a kernel of the project's own that takes M up to this only
+    kernel: str | None = None  # the one kernel a captured call must run (a project kernel), else no check
+
+    def foreign_kernels(self, kernels) -> str | None:
+        """Why a captured graph of this path's calls is not a measurement of it (it ran other kernels than its
+        own: a fallback taken while capturing), or None."""
+        if self.kernel is None or set(kernels) == {self.kernel}:
+            return None
+        return (f"its captured calls ran {', '.join(sorted(set(kernels))) or 'no kernel'}, not {self.kernel}: the "
+                f"call fell back while captured, so the row would time another path")
 
     @property
     def flashinfer_backend(self) -> str | None:
@@ -146,10 +156,10 @@ def vllm_op_path(backend: str) -> str:
 PATHS: dict[str, GemmPath] = {p.name: p for p in (
     GemmPath(ATEN, _aten, "baseline", note="torch.nn.functional.linear(x, w)"),
     *(p for b in BACKENDS.values() for p in _flashinfer_paths(b)),
-    GemmPath(GEMV, _gemv, "candidate", max_m=16,
+    GemmPath(GEMV, _gemv, "candidate", max_m=16, kernel=GEMV_KERNEL,
              note="dispatch/gemv.py: the project's split-K GEMV (Triton, one kernel), its configuration tuned per "
                   "(N, K, M) over rotated operands by CUDA-graph timing, served like FlashInfer's tactics"),
-    GemmPath(GEMV_PDL, _gemv_pdl, "candidate", max_m=16,
+    GemmPath(GEMV_PDL, _gemv_pdl, "candidate", max_m=16, kernel=GEMV_KERNEL,
              note="the GEMV with each call a programmatic dependent launch: its first weight loads overlap the kernel "
                   "before it (SM90 and newer); measured in forwards (table-pdl), never chosen by a table"),
     GemmPath(DISPATCH, _dispatch, "dispatcher", note="dispatch.linear: its table's path for the shape, M and regime "

@@ -389,9 +389,11 @@ def time_gpu(run: Sweeping, group: Group, checked: dict[str, Any], check_windows
             timings.update(replay_interleaved(clock, graphs, Replays(group.calls, cfg.samples, exclude=flush_names,
                                                                      stopping=cfg.stopping)))
     for name, t in timings.items():
-        if t.error:
-            print(f"bench: KERNEL COUNT CHECK FAILED for {group.shape.name} M={group.m}: {t.error}", file=terminal())
-            group.fail(name, "failed", t.error)
+        foreign = PATHS[name].foreign_kernels(t.kernels) if name in PATHS and not t.error else None
+        if t.error or foreign:
+            print(f"bench: KERNEL CHECK FAILED for {group.shape.name} M={group.m} {name}: {t.error or foreign}",
+                  file=terminal())
+            group.fail(name, "failed", t.error or foreign)
             continue
         gpu, g20, g80 = summary(t.gpu_us)
         group.rows[name].update(status="ok", reason="", gpu_us=gpu, gpu_us_p20=g20, gpu_us_p80=g80,

@@ -45,6 +45,7 @@ CONFIGS = tuple((bn, bk, sk, nw, tm) for tm in TILE_MS for bn in (8, 16, 32, 64)
 TILES_ONE_ROW = ((8, 256, 4), (8, 512, 4), (16, 256, 4), (32, 128, 4), (64, 128, 4))
 TILES_FEW_ROWS = ((8, 256, 4), (16, 256, 4), (32, 128, 4), (16, 512, 8))
 TILES_ROWS = ((16, 256, 4), (32, 128, 4), (32, 256, 4), (32, 256, 8), (64, 128, 4))
+KERNEL_NAME = "gemv_splitk"  # the kernel's name in a profiler's records: a captured GEMV call runs this and nothing else
 FILE_FORMAT = 2  # 2: each configuration names its tile_m; 1 (read as well): one row at M = 1, else a 16-row tile
 FORMATS = (1, 2)
 

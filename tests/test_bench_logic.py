@@ -634,3 +634,13 @@ def test_the_source_digest_names_the_code_that_ran(tmp_path):
     assert source_digest(tmp_path) == first
     (tmp_path / "bench" / "a.py").write_text("x = 2\n")
     assert source_digest(tmp_path) != first and len(first) == 12
+
+
+def test_a_project_kernel_path_whose_graph_ran_other_kernels_is_no_measurement_of_it():
+    from bench.paths import PATHS
+    gemv = PATHS["triton:gemv"]
+    assert gemv.foreign_kernels(("gemv_splitk",)) is None
+    why = gemv.foreign_kernels(("nvjet_sm90_tst_64x8_64x16_4x1_v_bz_splitK_TNT", "splitKreduce_kernel"))
+    assert "fell back while captured" in why and "nvjet" in why
+    assert PATHS["triton:gemv-pdl"].foreign_kernels(()) is not None
+    assert PATHS["aten"].foreign_kernels(("anything",)) is None  # library paths choose their own kernels
