@@ -415,15 +415,14 @@ class GemvCall:
         for m in range(1, MAX_M + 1):
             cfg = self._make_plan(index, n, k, m, None, None)
             if cfg is not None and cfg.split_k > 1:
-                for stream in capture_streams(index):
-                    self._space(index, stream, n, cfg, device)
+                self._make_spaces(index, n, cfg, device)
 
-    def _space(self, index: int, stream: int, n: int, cfg: GemvConfig, device: Any) -> tuple[Any, Any]:
-        key = (index, stream, n, cfg)
-        space = self.workspaces.get(key)
-        if space is None:
-            space = self.workspaces[key] = workspace_for(n, cfg, device)
-        return space
+    def _make_spaces(self, index: int, n: int, cfg: GemvConfig, device: Any) -> None:
+        """The workspaces of (N, configuration) for every stream a call or capture may use next (capture_streams:
+        the current stream, torch.cuda.graph's default capture stream, the served ones); never while capturing."""
+        for stream in capture_streams(index):
+            if (index, stream, n, cfg) not in self.workspaces:
+                self.workspaces[(index, stream, n, cfg)] = workspace_for(n, cfg, device)
 
     def _make_plan(self, index: int, n: int, k: int, m: int, w: Any, x: Any) -> GemvConfig | None:
         if self.version != STORE.version:
@@ -463,11 +462,9 @@ class GemvCall:
                           f"captured before any eager call on it: those calls run F.linear in the graph. Name the "
                           f"stream to dispatch.serve_streams before binding, or call the layers once on it first")
                 return None
-            # this stream's, and those of the streams a capture may use next (torch.cuda.graph's default capture
-            # stream among them): a call made eagerly and then captured, as a benchmark or a warm-up does, finds its
-            # workspace there
-            for s in (stream, *capture_streams(index)):
-                self._space(index, s, n, cfg, w.device)
+            # this stream's and the capture streams': a call made eagerly and then captured, as a benchmark or a
+            # warm-up does, finds its workspace there
+            self._make_spaces(index, n, cfg, w.device)
             space = self.workspaces[(index, stream, n, cfg)]
         return cfg, space
 
