@@ -8,6 +8,7 @@ import math
 
 import pandas as pd
 
+from calibrate.analysis import verdict
 from calibrate.pairing import paired, widened
 from calibrate.vllm_terms import geomean, measured_as
 from harness.errors import HarnessError
@@ -22,12 +23,6 @@ def parse_pairs(spec: str) -> list[tuple[str, str]]:
             raise HarnessError(f"--pairs entry {token!r} is not RULE/REFERENCE; give e.g. table-pdl/table-direct")
         pairs.append((a.strip(), b.strip()))
     return pairs
-
-
-def verdict(lo: float, hi: float) -> str:
-    if lo != lo:
-        return "n/a"
-    return "FASTER" if hi < 1 else "SLOWER" if lo > 1 else "SAME"
 
 
 def ratios(forward: pd.DataFrame, pairs: list[tuple[str, str]], floor=None) -> pd.DataFrame:
@@ -45,7 +40,7 @@ def ratios(forward: pd.DataFrame, pairs: list[tuple[str, str]], floor=None) -> p
                 r, lo, hi = paired(g, a, b)
                 lo, hi = widened(str(regime), r, lo, hi, floor)
             rows.append({"pair": f"{a}/{b}", "model": model, "regime": regime, "m": int(m), "ratio": r, "lo": lo,
-                         "hi": hi, "verdict": verdict(lo, hi), "a_us": float(g.at[a, "us"]),
+                         "hi": hi, "verdict": verdict(lo, hi, 0.0) if lo == lo else "n/a", "a_us": float(g.at[a, "us"]),
                          "b_us": float(g.at[b, "us"])})
     if not rows:
         raise HarnessError("no (model, regime, M) of the forward runs measured both rules of any pair; measure them "

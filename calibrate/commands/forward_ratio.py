@@ -34,5 +34,5 @@ def run(args) -> int:
     floor = None if args.no_floor else load_forward_floor(profile.name)
     print(text(ratios(pd.concat([df for df, _ in runs], ignore_index=True), pairs, floor)))
     where = f"paired rounds widened by the forward floor ({floor.describe()})" if floor else "paired rounds alone"
-    print(f"\nintervals: {where}; FASTER / SLOWER: the whole interval below / above 1")
+    print(f"\nintervals: {where}; FASTER / SLOWER: the whole interval below / above 1, AMBIGUOUS: across it")
     return 0
