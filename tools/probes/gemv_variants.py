@@ -1,0 +1,192 @@
+"""(GPU) Kernel structures for the GEMV at M = 1-8, against each weight's size-matched read: which one to build.
+
+    python -m tools.probes.gemv_variants --out DIR [--cells 2560x4096,4096x2048] [--ms 1,2,4,8] [--budget-s 300]
+
+Per (weight, M), every variant over a grid of its tile shapes and K splits, each checked against an fp32 reference
+first, then timed as the GEMV's tuner times a configuration (a captured graph of back-to-back calls over rotated
+copies, weights from HBM, CUDA events, the median replay):
+- `tc16-sS`: dispatch/gemv.py's 16-row tensor-core tile, Triton software pipelining of S stages;
+- `rows`: dispatch/gemv.py's CUDA-core tile of 1-8 rows (each K step reduced across the tile's lanes);
+- `defer`: a CUDA-core tile whose accumulator keeps the K lanes ([rows, BLOCK_N, BLOCK_K] fp32 partial products),
+  reduced across K once at the end: no cross-lane reduction per K step. Its split-K epilogue is dispatch/gemv.py's
+  (a slot per split, the last to arrive sums them in split order).
+Writes DIR/variants.csv (every configuration) and DIR/run.json (command, environment, the reads). A diagnostic: what
+it finds decides what dispatch/gemv.py runs; the harness's own numbers come from bench run.
+"""
+from __future__ import annotations
+
+import csv
+import functools
+import json
+import sys
+import time
+from pathlib import Path
+
+REG_BUDGET = 64  # fp32 accumulator registers per thread a `defer` tile may hold
+
+
+@functools.cache
+def defer_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def gemv_defer(x_ptr, w_ptr, y_ptr, part_ptr, count_ptr, M, N, K, k_per, stride_xm, stride_wn, stride_ym,
+                   TILE_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+        pid_n = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        rm = tl.arange(0, TILE_M)
+        k_lo = pid_k * k_per
+        acc = tl.zeros((TILE_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
+        for k0 in range(0, k_per, BLOCK_K):
+            rk = k_lo + k0 + tl.arange(0, BLOCK_K)
+            w = tl.load(w_ptr + rn[:, None] * stride_wn + rk[None, :],
+                        mask=(rn[:, None] < N) & (rk[None, :] < K), other=0.0, eviction_policy="evict_first")
+            x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=(rm[:, None] < M) & (rk[None, :] < K),
+                        other=0.0)
+            acc += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
+        out = tl.sum(acc, axis=2)
+        out_mask = (rm[:, None] < M) & (rn[None, :] < N)
+        if SPLIT_K == 1:
+            tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], out.to(tl.bfloat16), mask=out_mask)
+        else:
+            slot = rm[:, None] * N + rn[None, :]
+            tl.store(part_ptr + pid_k * (TILE_M * N) + slot, out, mask=out_mask)
+            tl.debug_barrier()
+            arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel")
+            if arrived == SPLIT_K - 1:
+                total = tl.zeros((TILE_M, BLOCK_N), dtype=tl.float32)
+                for s in tl.static_range(SPLIT_K):
+                    total += tl.load(part_ptr + s * (TILE_M * N) + slot, mask=out_mask, other=0.0,
+                                     cache_modifier=".cg")
+                tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], total.to(tl.bfloat16), mask=out_mask)
+                tl.store(count_ptr + pid_n, 0)
+    return gemv_defer
+
+
+def splits(n: int, k: int, bn: int, bk: int, sms: int) -> list[int]:
+    """The K splits tried for a tile: the smallest power of two giving two programs per SM, half and twice that."""
+    sk = 1
+    while sk < 16 and -(-n // bn) * sk < 2 * sms and bk * sk * 2 <= k:
+        sk *= 2
+    return [s for s in dict.fromkeys((max(1, sk // 2), sk, sk * 2)) if s <= 16 and (s == 1 or bk * s <= k)]
+
+
+def variants(n: int, k: int, m: int, sms: int) -> list[tuple[str, int, int, int, int, int, int]]:
+    """(family, tile_m, block_n, block_k, split_k, num_warps, num_stages) for every configuration tried."""
+    from dispatch.gemv import TILES_FEW_ROWS, TILES_ONE_ROW, TILES_ROWS, tile_rows
+    rows = tile_rows(m)
+    out = []
+    for bn in (8, 16, 32, 64):
+        for bk in (64, 128, 256, 512):
+            for nw in (4, 8):
+                regs = rows * bn * bk / (32 * nw)
+                if 16 <= regs <= REG_BUDGET:
+                    out += [("defer", rows, bn, bk, sk, nw, 3) for sk in splits(n, k, bn, bk, sms)]
+    out += [("rows", rows, bn, bk, sk, nw, 3) for bn, bk, nw in (TILES_ONE_ROW if m == 1 else TILES_FEW_ROWS)
+            for sk in splits(n, k, bn, bk, sms)]
+    if m > 1:
+        for stages in (3, 2, 4):
+            out += [(f"tc16-s{stages}", 16, bn, bk, sk, nw, stages) for bn, bk, nw in TILES_ROWS
+                    for sk in splits(n, k, bn, bk, sms)]
+    return out
+
+
+def runner(family: str, tile_m: int, bn: int, bk: int, sk: int, nw: int, stages: int, n: int, device):
+    """(x, w) -> y for one configuration, its workspace made here (one stream)."""
+    import torch
+
+    from dispatch.gemv import GemvConfig, kernel, workspace_for
+    space = workspace_for(n, GemvConfig(bn, bk, sk, nw, tile_m), device)
+    fn = defer_kernel() if family == "defer" else kernel()
+    extra = {} if family == "defer" else {"USE_PDL": False}
+
+    def call(x, w):
+        m, k = x.shape
+        y = torch.empty((m, n), device=x.device, dtype=torch.bfloat16)
+        k_per = -(-(-(-k // sk)) // bk) * bk
+        fn[(-(-n // bn), sk)](x, w, y, space[0], space[1], m, n, k, k_per, x.stride(0), w.stride(0), y.stride(0),
+                              TILE_M=tile_m, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=sk, num_warps=nw, num_stages=stages,
+                              **extra)
+        return y
+    return call
+
+
+def probe_cell(n: int, k: int, m: int, sms: int, read_us: float, deadline: float, writer) -> None:
+    import torch
+
+    from bench.gpu import output_error, reference
+    from tools.probes.limit import ROTATIONS, timed
+    gen = torch.Generator(device="cuda").manual_seed(n + k + m)
+    ws = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16, generator=gen) * k ** -0.5 for _ in range(ROTATIONS)]
+    xs = [torch.randn(m, k, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(ROTATIONS)]
+    ref = reference(xs[0], ws[0])
+    best: dict[str, tuple[float, str]] = {}
+    for v in variants(n, k, m, sms):
+        if time.monotonic() > deadline:
+            print("  deadline: the rest of the grid is not timed", flush=True)
+            break
+        family, tile_m, bn, bk, sk, nw, stages = v
+        key = f"r{tile_m}_bn{bn}_bk{bk}_sk{sk}_w{nw}_s{stages}"
+        try:
+            fn = runner(*v, n, ws[0].device)
+            err = output_error(fn(xs[0], ws[0]), xs[0], ws[0], ref)
+            if not err < 2e-2:
+                raise ValueError(f"relative error {err:.3g} against fp32")
+            us = timed(fn, list(zip(xs, ws)), 2 * ROTATIONS, replays=9)
+        except Exception as exc:  # a configuration Triton cannot build here, or a wrong one: its row says so
+            writer.writerow({"n": n, "k": k, "m": m, "family": family, "config": key,
+                             "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"})
+            continue
+        writer.writerow({"n": n, "k": k, "m": m, "family": family, "config": key, "us": round(us, 3),
+                         "of_read": round(read_us / us, 3), "rel_err": f"{err:.3g}", "error": ""})
+        if us < best.get(family, (float("inf"), ""))[0]:
+            best[family] = (us, key)
+    for family, (us, key) in sorted(best.items(), key=lambda e: e[1][0]):
+        print(f"  {n} x {k} M={m} {family:8s} {us:7.2f} µs  {read_us / us:.3f} of read  {key}", flush=True)
+
+
+def main(argv=None) -> int:
+    from harness.cli import Parser
+    from shapes.grid import parse_m
+    p = Parser(prog="python -m tools.probes.gemv_variants")
+    p.add_argument("--out", required=True)
+    p.add_argument("--cells", default="2560x4096,4096x2048,2560x9216",
+                   help="weights as NxK, comma-separated")
+    p.add_argument("--ms", default="1,2,4,8", type=parse_m)
+    p.add_argument("--budget-s", type=float, default=300.0, help="the whole grid's time, shared equally by its cells")
+    args = p.parse_args(argv)
+    import torch
+
+    from bench.envinfo import fingerprint
+    from tools.probes.limit import read_ceiling
+    started = time.monotonic()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    weights = [tuple(int(v) for v in c.lower().split("x")) for c in args.cells.split(",")]
+    reads = {}
+    with open(out / "variants.csv", "w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=["n", "k", "m", "family", "config", "us", "of_read", "rel_err",
+                                                "error"])
+        writer.writeheader()
+        for n, k in weights:
+            read_us, read_name, _ = read_ceiling(n * k, sms)
+            reads[(n, k)] = {"us": read_us, "best": read_name, "gbps": n * k * 2 / read_us / 1e3}
+            print(f"{n} x {k}: size-matched read {read_us:.2f} µs ({n * k * 2 / read_us / 1e3:.0f} GB/s)", flush=True)
+        for m in args.ms:  # a configuration compiles once per M (Triton specialises M = 1), then serves every weight
+            for n, k in weights:
+                cell_s = args.budget_s / (len(weights) * len(args.ms))
+                probe_cell(n, k, m, sms, reads[(n, k)]["us"], time.monotonic() + cell_s, writer)
+                fh.flush()
+    (out / "run.json").write_text(json.dumps({
+        "kind": "gemv-variants", "command": " ".join(["python -m tools.probes.gemv_variants", *sys.argv[1:]]),
+        "gpu": torch.cuda.get_device_name(0), "fingerprint": fingerprint(),
+        "reads": {f"{n}x{k}": r for (n, k), r in reads.items()},
+        "wall_s": round(time.monotonic() - started, 1)}, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
