@@ -26,20 +26,35 @@ class Operands:
         return len(self.xs)
 
 
-def make_operands(m: int, n: int, k: int, rotations: int, seed: int = 0) -> Operands:
+def make_operands(m: int, n: int, k: int, rotations: int, seed: int = 0, weights: list[Any] | None = None
+                  ) -> Operands:
     """Random bf16 inputs and weights (never zeros: they run faster), one independent copy per rotation. Each side is
     one allocation filled by one randn call, every copy a view starting on a 256-byte boundary: a few launches per
-    cell, not several per copy."""
+    cell, not several per copy. weights: copies of the [n, k] weight made earlier (make_weights) to serve again,
+    at least `rotations` of them (the first are taken); made here when None."""
     import torch
     gen = torch.Generator(device="cuda").manual_seed(seed)
+    if weights is None:
+        weights = random_copies(n, k, rotations, k ** -0.5, gen)
+    elif len(weights) < rotations or tuple(weights[0].shape) != (n, k):
+        raise ValueError(f"{len(weights)} weight copies cannot serve {rotations} rotations of {n} x {k}")
+    return Operands(random_copies(m, k, rotations, 1.0, gen), weights[:rotations])
 
-    def copies(rows: int, scale: float) -> list[Any]:
-        stride = -(-rows * k // ALIGN_ELEMENTS) * ALIGN_ELEMENTS
-        flat = torch.randn(rotations * stride, device="cuda", dtype=torch.bfloat16, generator=gen)
-        if scale != 1.0:
-            flat.mul_(scale)
-        return [flat[i * stride:i * stride + rows * k].view(rows, k) for i in range(rotations)]
-    return Operands(copies(m, 1.0), copies(n, k ** -0.5))
+
+def make_weights(n: int, k: int, rotations: int, seed: int = 0) -> list[Any]:
+    """`rotations` independent random copies of an [n, k] bf16 weight (make_operands' weights)."""
+    import torch
+    return random_copies(n, k, rotations, k ** -0.5, torch.Generator(device="cuda").manual_seed(seed))
+
+
+def random_copies(rows: int, k: int, rotations: int, scale: float, gen: Any) -> list[Any]:
+    """`rotations` [rows, k] bf16 views of one randn allocation (times scale), each on a 256-byte boundary."""
+    import torch
+    stride = -(-rows * k // ALIGN_ELEMENTS) * ALIGN_ELEMENTS
+    flat = torch.randn(rotations * stride, device="cuda", dtype=torch.bfloat16, generator=gen)
+    if scale != 1.0:
+        flat.mul_(scale)
+    return [flat[i * stride:i * stride + rows * k].view(rows, k) for i in range(rotations)]
 
 
 def reference(x, w, max_rows: int = 256) -> tuple[Any, Any]:

@@ -14,7 +14,7 @@ from bench.ceiling import measure as measure_ceilings
 from bench.clocks import make_clock
 from bench.envinfo import nvml_clocks, run_info
 from bench.gpu import (REL_ERR_BOUND, L2Flush, Replays, Stopping, capture, determinism, flashinfer_choices,
-                       make_operands, output_error, reference, replay_interleaved)
+                       make_operands, make_weights, output_error, reference, replay_interleaved)
 from bench.hosttime import MIN_CALLS, host_times
 from bench.paths import ATEN, DISPATCH, PATHS, GemmPath, kernel_twins, unchoosable_reason
 from bench.results import done_keys, write_parquet, write_results, write_run_json
@@ -236,6 +236,29 @@ class Sweeping:
     done: set[tuple] = field(default_factory=set)
     bar: Any = None
     last_write: float = 0.0
+    weights: "WeightPool" = field(default_factory=lambda: WeightPool())
+
+
+@dataclass
+class WeightPool:
+    """The current shape's weight copies: made at its first M, which needs the most of them (the fewest bytes per
+    copy), and served again at its later M, since a weight does not depend on M; dropped when the shape changes."""
+    shape: tuple[int, int] | None = None
+    ws: list[Any] = field(default_factory=list)
+
+    def take(self, n: int, k: int, rotations: int) -> list[Any] | None:
+        """The first `rotations` copies of the [n, k] weight, or None where the pool holds too few or another shape's
+        (then it is emptied, so that its memory is free before new copies are made)."""
+        if self.shape == (n, k) and len(self.ws) >= rotations:
+            return self.ws[:rotations]
+        self.clear()
+        return None
+
+    def clear(self) -> None:
+        self.shape, self.ws = None, []
+
+    def keep(self, n: int, k: int, ws: list[Any]) -> None:
+        self.shape, self.ws = (n, k), list(ws)
 
 
 @dataclass
@@ -433,8 +456,9 @@ def measure_group(run: Sweeping, shape: Shape, m: int, paths: list[GemmPath],
     group.tune_info = tune_info
     try:
         with phase("operands"):
-            group.ops = make_operands(m, shape.n, shape.k, group.rotations, seed=m * 7919 + shape.n)
+            group.ops = operands(run, shape, m, group.rotations)
     except torch.OutOfMemoryError as exc:
+        run.weights.clear()
         torch.cuda.empty_cache()
         for p in paths:
             group.fail(p.name, "skipped", f"out of memory allocating {group.rotations} operand copies: "
@@ -448,6 +472,18 @@ def measure_group(run: Sweeping, shape: Shape, m: int, paths: list[GemmPath],
         group.ops = None
         torch.cuda.empty_cache()
     return list(group.rows.values())
+
+
+def operands(run: Sweeping, shape: Shape, m: int, rotations: int) -> Any:
+    """The cell's rotated operand copies: inputs made for this M, the weight copies of the shape's pool where it holds
+    enough (made here and pooled otherwise)."""
+    import torch
+    ws = run.weights.take(shape.n, shape.k, rotations)
+    if ws is None:
+        torch.cuda.empty_cache()  # the previous shape's copies, just released
+        ws = make_weights(shape.n, shape.k, rotations, seed=shape.n * 31 + shape.k)
+        run.weights.keep(shape.n, shape.k, ws)
+    return make_operands(m, shape.n, shape.k, rotations, seed=m * 7919 + shape.n, weights=ws)
 
 
 def _profile_table(profile: GpuProfile) -> Any:

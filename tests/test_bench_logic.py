@@ -644,3 +644,16 @@ def test_a_project_kernel_path_whose_graph_ran_other_kernels_is_no_measurement_o
     assert "fell back while captured" in why and "nvjet" in why
     assert PATHS["triton:gemv-pdl"].foreign_kernels(()) is not None
     assert PATHS["aten"].foreign_kernels(("anything",)) is None  # library paths choose their own kernels
+
+
+def test_weight_pool_serves_a_shape_s_copies_again_and_drops_another_s():
+    from bench.sweep import WeightPool
+    pool = WeightPool()
+    assert pool.take(64, 128, 4) is None  # empty
+    copies = ["w0", "w1", "w2", "w3"]
+    pool.keep(64, 128, copies)
+    assert pool.take(64, 128, 2) == ["w0", "w1"]  # a later M needs fewer copies: the first ones
+    assert pool.take(64, 128, 4) == copies
+    assert pool.take(64, 128, 5) is None and pool.ws == []  # too few: emptied, to be made afresh
+    pool.keep(64, 128, copies)
+    assert pool.take(32, 128, 1) is None and pool.shape is None  # another shape: emptied first
