@@ -5,11 +5,13 @@
 Per (weight, M), every variant over a grid of its tile shapes and K splits, each checked against an fp32 reference
 first, then timed as the GEMV's tuner times a configuration (a captured graph of back-to-back calls over rotated
 copies, weights from HBM, CUDA events, the median replay):
-- `tc16-sS`: dispatch/gemv.py's 16-row tensor-core tile, Triton software pipelining of S stages;
+- `tc16-sS`: dispatch/gemv.py's 16-row tensor-core tile, Triton software pipelining of S stages (3: today's);
 - `rows`: dispatch/gemv.py's CUDA-core tile of 1-8 rows (each K step reduced across the tile's lanes);
 - `defer`: a CUDA-core tile whose accumulator keeps the K lanes ([rows, BLOCK_N, BLOCK_K] fp32 partial products),
-  reduced across K once at the end: no cross-lane reduction per K step. Its split-K epilogue is dispatch/gemv.py's
-  (a slot per split, the last to arrive sums them in split order).
+  reduced across K once at the end: no cross-lane reduction per K step;
+- `tma`, `tma16`: `defer`'s and the 16-row tensor-core product with the weight tiles loaded by the Hopper tensor
+  memory accelerator (a host-made tensor descriptor), S stages deep.
+Every variant ends in dispatch/gemv.py's split-K epilogue (a slot per split, the last to arrive sums them in order).
 Writes DIR/variants.csv (every configuration) and DIR/run.json (command, environment, the reads). A diagnostic: what
 it finds decides what dispatch/gemv.py runs; the harness's own numbers come from bench run.
 """
@@ -21,14 +23,36 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 REG_BUDGET = 64  # fp32 accumulator registers per thread a `defer` tile may hold
 
 
 @functools.cache
-def defer_kernel():
+def kernels() -> dict[str, Any]:
+    """The probe's own kernels: `defer` (pointer loads), `tma` (the same product, weight tiles by TMA) and `tma16`
+    (dispatch/gemv.py's 16-row tensor-core product, weight tiles by TMA); one split-K epilogue for all."""
     import triton
     import triton.language as tl
+
+    @triton.jit
+    def finish(acc, y_ptr, part_ptr, count_ptr, pid_n, pid_k, rm, rn, M, N, stride_ym,
+               TILE_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr):
+        out_mask = (rm[:, None] < M) & (rn[None, :] < N)
+        if SPLIT_K == 1:
+            tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(tl.bfloat16), mask=out_mask)
+        else:  # dispatch/gemv.py's deterministic reduction: a slot per split, summed in split order by the last
+            slot = rm[:, None] * N + rn[None, :]
+            tl.store(part_ptr + pid_k * (TILE_M * N) + slot, acc, mask=out_mask)
+            tl.debug_barrier()
+            arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel")
+            if arrived == SPLIT_K - 1:
+                total = tl.zeros((TILE_M, BLOCK_N), dtype=tl.float32)
+                for s in tl.static_range(SPLIT_K):
+                    total += tl.load(part_ptr + s * (TILE_M * N) + slot, mask=out_mask, other=0.0,
+                                     cache_modifier=".cg")
+                tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], total.to(tl.bfloat16), mask=out_mask)
+                tl.store(count_ptr + pid_n, 0)
 
     @triton.jit
     def gemv_defer(x_ptr, w_ptr, y_ptr, part_ptr, count_ptr, M, N, K, k_per, stride_xm, stride_wn, stride_ym,
@@ -46,23 +70,45 @@ def defer_kernel():
             x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=(rm[:, None] < M) & (rk[None, :] < K),
                         other=0.0)
             acc += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
-        out = tl.sum(acc, axis=2)
-        out_mask = (rm[:, None] < M) & (rn[None, :] < N)
-        if SPLIT_K == 1:
-            tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], out.to(tl.bfloat16), mask=out_mask)
-        else:
-            slot = rm[:, None] * N + rn[None, :]
-            tl.store(part_ptr + pid_k * (TILE_M * N) + slot, out, mask=out_mask)
-            tl.debug_barrier()
-            arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel")
-            if arrived == SPLIT_K - 1:
-                total = tl.zeros((TILE_M, BLOCK_N), dtype=tl.float32)
-                for s in tl.static_range(SPLIT_K):
-                    total += tl.load(part_ptr + s * (TILE_M * N) + slot, mask=out_mask, other=0.0,
-                                     cache_modifier=".cg")
-                tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], total.to(tl.bfloat16), mask=out_mask)
-                tl.store(count_ptr + pid_n, 0)
-    return gemv_defer
+        finish(tl.sum(acc, axis=2), y_ptr, part_ptr, count_ptr, pid_n, pid_k, rm, rn, M, N, stride_ym,
+               TILE_M, BLOCK_N, SPLIT_K)
+
+    @triton.jit
+    def gemv_tma(x_ptr, w_desc, y_ptr, part_ptr, count_ptr, M, N, K, k_per, stride_xm, stride_ym,
+                 TILE_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+        pid_n = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        rm = tl.arange(0, TILE_M)
+        k_lo = pid_k * k_per
+        acc = tl.zeros((TILE_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
+        for k0 in range(0, k_per, BLOCK_K):
+            rk = k_lo + k0 + tl.arange(0, BLOCK_K)
+            w = w_desc.load([pid_n * BLOCK_N, k_lo + k0])  # rows past N and columns past K read as zero
+            x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=(rm[:, None] < M) & (rk[None, :] < K),
+                        other=0.0)
+            acc += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
+        finish(tl.sum(acc, axis=2), y_ptr, part_ptr, count_ptr, pid_n, pid_k, rm, rn, M, N, stride_ym,
+               TILE_M, BLOCK_N, SPLIT_K)
+
+    @triton.jit
+    def gemv_tma16(x_ptr, w_desc, y_ptr, part_ptr, count_ptr, M, N, K, k_per, stride_xm, stride_ym,
+                   TILE_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+        pid_n = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        rm = tl.arange(0, TILE_M)
+        k_lo = pid_k * k_per
+        acc = tl.zeros((TILE_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, k_per, BLOCK_K):
+            rk = k_lo + k0 + tl.arange(0, BLOCK_K)
+            w = w_desc.load([pid_n * BLOCK_N, k_lo + k0])
+            x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=(rm[:, None] < M) & (rk[None, :] < K),
+                        other=0.0)
+            acc += tl.dot(x, tl.trans(w))
+        finish(acc, y_ptr, part_ptr, count_ptr, pid_n, pid_k, rm, rn, M, N, stride_ym, TILE_M, BLOCK_N, SPLIT_K)
+
+    return {"defer": gemv_defer, "tma": gemv_tma, "tma16": gemv_tma16}
 
 
 def splits(n: int, k: int, bn: int, bk: int, sms: int) -> list[int]:
@@ -77,19 +123,22 @@ def variants(n: int, k: int, m: int, sms: int) -> list[tuple[str, int, int, int,
     """(family, tile_m, block_n, block_k, split_k, num_warps, num_stages) for every configuration tried."""
     from dispatch.gemv import TILES_FEW_ROWS, TILES_ONE_ROW, TILES_ROWS, tile_rows
     rows = tile_rows(m)
-    out = []
+    # today's kernel first (its tuner's list: the baseline), then the new structures, then deeper pipelines
+    out = [("rows", rows, bn, bk, sk, nw, 3) for bn, bk, nw in (TILES_ONE_ROW if m == 1 else TILES_FEW_ROWS)
+           for sk in splits(n, k, bn, bk, sms)]
+    if m > 1:
+        out += [("tc16-s3", 16, bn, bk, sk, nw, 3) for bn, bk, nw in TILES_ROWS for sk in splits(n, k, bn, bk, sms)]
     for bn in (8, 16, 32, 64):
         for bk in (64, 128, 256, 512):
-            for nw in (4, 8):
-                regs = rows * bn * bk / (32 * nw)
-                if 16 <= regs <= REG_BUDGET:
-                    out += [("defer", rows, bn, bk, sk, nw, 3) for sk in splits(n, k, bn, bk, sms)]
-    out += [("rows", rows, bn, bk, sk, nw, 3) for bn, bk, nw in (TILES_ONE_ROW if m == 1 else TILES_FEW_ROWS)
-            for sk in splits(n, k, bn, bk, sms)]
+            if rows * bn * bk / 128 in (32, 64):  # fp32 accumulator registers per thread at four warps
+                out += [("defer", rows, bn, bk, sk, 4, 3) for sk in splits(n, k, bn, bk, sms)]
+    for bn, bk in ((8, 256), (16, 128), (16, 256), (32, 128), (32, 256), (64, 128)):
+        if rows * bn * bk / 128 <= REG_BUDGET:
+            out += [("tma", rows, bn, bk, sk, 4, 4) for sk in splits(n, k, bn, bk, sms)]
+        if m > 1 and bn >= 16:
+            out += [("tma16", 16, bn, bk, sk, 4, 4) for sk in splits(n, k, bn, bk, sms)]
     if m > 1:
-        for stages in (3, 2, 4):
-            out += [(f"tc16-s{stages}", 16, bn, bk, sk, nw, stages) for bn, bk, nw in TILES_ROWS
-                    for sk in splits(n, k, bn, bk, sms)]
+        out += [("tc16-s4", 16, bn, bk, sk, nw, 4) for bn, bk, nw in TILES_ROWS for sk in splits(n, k, bn, bk, sms)]
     return out
 
 
@@ -99,16 +148,21 @@ def runner(family: str, tile_m: int, bn: int, bk: int, sk: int, nw: int, stages:
 
     from dispatch.gemv import GemvConfig, kernel, workspace_for
     space = workspace_for(n, GemvConfig(bn, bk, sk, nw, tile_m), device)
-    fn = defer_kernel() if family == "defer" else kernel()
-    extra = {} if family == "defer" else {"USE_PDL": False}
+    fn = kernels()[family] if family in ("defer", "tma", "tma16") else kernel()
+    extra = {"USE_PDL": False} if fn is kernel() else {}
 
     def call(x, w):
         m, k = x.shape
         y = torch.empty((m, n), device=x.device, dtype=torch.bfloat16)
         k_per = -(-(-(-k // sk)) // bk) * bk
-        fn[(-(-n // bn), sk)](x, w, y, space[0], space[1], m, n, k, k_per, x.stride(0), w.stride(0), y.stride(0),
-                              TILE_M=tile_m, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=sk, num_warps=nw, num_stages=stages,
-                              **extra)
+        if family.startswith("tma"):
+            from triton.tools.tensor_descriptor import TensorDescriptor
+            head = (x, TensorDescriptor.from_tensor(w, [bn, bk]), y, space[0], space[1], m, n, k, k_per,
+                    x.stride(0), y.stride(0))
+        else:
+            head = (x, w, y, space[0], space[1], m, n, k, k_per, x.stride(0), w.stride(0), y.stride(0))
+        fn[(-(-n // bn), sk)](*head, TILE_M=tile_m, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=sk, num_warps=nw,
+                              num_stages=stages, **extra)
         return y
     return call
 
@@ -152,10 +206,10 @@ def main(argv=None) -> int:
     from shapes.grid import parse_m
     p = Parser(prog="python -m tools.probes.gemv_variants")
     p.add_argument("--out", required=True)
-    p.add_argument("--cells", default="2560x4096,4096x2048,2560x9216",
+    p.add_argument("--cells", default="2560x4096,4096x2048",
                    help="weights as NxK, comma-separated")
     p.add_argument("--ms", default="1,2,4,8", type=parse_m)
-    p.add_argument("--budget-s", type=float, default=300.0, help="the whole grid's time, shared equally by its cells")
+    p.add_argument("--budget-s", type=float, default=300.0, help="no configuration is timed after this long (the cells go M by M)")
     args = p.parse_args(argv)
     import torch
 
@@ -177,8 +231,7 @@ def main(argv=None) -> int:
             print(f"{n} x {k}: size-matched read {read_us:.2f} µs ({n * k * 2 / read_us / 1e3:.0f} GB/s)", flush=True)
         for m in args.ms:  # a configuration compiles once per M (Triton specialises M = 1), then serves every weight
             for n, k in weights:
-                cell_s = args.budget_s / (len(weights) * len(args.ms))
-                probe_cell(n, k, m, sms, reads[(n, k)]["us"], time.monotonic() + cell_s, writer)
+                probe_cell(n, k, m, sms, reads[(n, k)]["us"], started + args.budget_s, writer)
                 fh.flush()
     (out / "run.json").write_text(json.dumps({
         "kind": "gemv-variants", "command": " ".join(["python -m tools.probes.gemv_variants", *sys.argv[1:]]),
