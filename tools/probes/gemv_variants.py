@@ -209,7 +209,8 @@ def main(argv=None) -> int:
     p.add_argument("--cells", default="2560x4096,4096x2048",
                    help="weights as NxK, comma-separated")
     p.add_argument("--ms", default="1,2,4,8", type=parse_m)
-    p.add_argument("--budget-s", type=float, default=300.0, help="no configuration is timed after this long (the cells go M by M)")
+    p.add_argument("--budget-s", type=float, default=300.0,
+                   help="no configuration is timed after this long (the cells go M by M)")
     args = p.parse_args(argv)
     import torch
 
