@@ -96,6 +96,11 @@ class ForwardConfig:
     table_file: str | None = None  # --table; None: the profile's committed table
     probes: dict[str, dict[str, Any]] = field(default_factory=dict)  # --settle-at capped: per model and M, the probe
 
+    @property
+    def fuses(self) -> bool:
+        """Whether a rule of this run fuses sibling linears (FUSED_RULES)."""
+        return bool(set(FUSED_RULES) & set(self.rules))
+
 
 def models_for(names: list[str] | None, config_path: str | None) -> dict[str, dict[str, Any]]:
     if config_path:
@@ -520,7 +525,7 @@ def run_forward(cfg: ForwardConfig) -> Path:
     if out_csv.exists() and not cfg.resume:
         raise HarnessError(f"{out_csv} exists; pass --resume to continue it or choose another --out")
     dispatches = any(r in cfg.rules for r in BOUND_LAYER_RULES)
-    if set(FUSED_RULES) & set(cfg.rules) and cfg.layout != "vllm":
+    if cfg.fuses and cfg.layout != "vllm":
         raise HarnessError(f"the {' and '.join(FUSED_RULES)} rules fuse vLLM's layers (shapes/siblings.py); run them "
                            f"with --layout vllm, or leave them out of --paths")
     if cfg.table is None and (dispatches or any(r in cfg.rules for r in TABLE_DIRECT_RULES)):
@@ -633,7 +638,7 @@ def _measure_model(run: Forwarding, model: str, seq, todo: list[int]) -> list[di
     try:
         with phase("weights"):
             weights = _weights(seq, seed=len(seq))
-            fused = fused_forward(seq, weights) if set(FUSED_RULES) & set(cfg.rules) else None
+            fused = fused_forward(seq, weights) if cfg.fuses else None
     except torch.OutOfMemoryError:
         raise HarnessError(f"{model}: its {len(seq)} distinct weights do not fit in GPU memory; measure the "
                            f"first N decoder layers with --layers N") from None

@@ -38,6 +38,24 @@ def _wrong(outs, x, w) -> int:
     return sum(output_error(o, x, w) >= REL_ERR_BOUND for o in outs)
 
 
+def _outputs(m: int) -> tuple[list, list]:
+    """CALLS output buffers for each of the two streams."""
+    import torch
+    return tuple([torch.empty(m, N, device="cuda", dtype=torch.bfloat16) for _ in range(CALLS)] for _ in range(2))
+
+
+def _queue_pairs(call, first, second, outs1, outs2, stream1, stream2) -> None:
+    """CALLS pairs of calls, each pair's first (x, w) on stream1 (None: the current one) and second on stream2."""
+    import contextlib
+
+    import torch
+    for o1, o2 in zip(outs1, outs2):
+        with torch.cuda.stream(stream1) if stream1 is not None else contextlib.nullcontext():
+            call.into(*first, o1)
+        with torch.cuda.stream(stream2):
+            call.into(*second, o2)
+
+
 @pytest.mark.parametrize("m", [1, 8])
 def test_two_streams_at_once_eagerly(stored, m):
     import torch
@@ -47,13 +65,8 @@ def test_two_streams_at_once_eagerly(stored, m):
     s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
     wrong = 0
     for _ in range(ROUNDS):
-        outs1 = [torch.empty(m, N, device="cuda", dtype=torch.bfloat16) for _ in range(CALLS)]
-        outs2 = [torch.empty(m, N, device="cuda", dtype=torch.bfloat16) for _ in range(CALLS)]
-        for o1, o2 in zip(outs1, outs2):
-            with torch.cuda.stream(s1):
-                call.into(x1, w1, o1)
-            with torch.cuda.stream(s2):
-                call.into(x2, w2, o2)
+        outs1, outs2 = _outputs(m)
+        _queue_pairs(call, (x1, w1), (x2, w2), outs1, outs2, s1, s2)
         torch.cuda.synchronize()
         wrong += _wrong(outs1, x1, w1) + _wrong(outs2, x2, w2)
     assert wrong == 0, f"{wrong} of {2 * ROUNDS * CALLS} outputs wrong with two streams at once"
@@ -66,8 +79,7 @@ def test_two_streams_at_once_in_one_graph_that_forks_and_joins(stored, m):
     (x1, w1), (x2, w2) = _operands(m, 3), _operands(m, 4)
     call.prepare(N, K, w1.device)
     side = torch.cuda.Stream()
-    outs1 = [torch.empty(m, N, device="cuda", dtype=torch.bfloat16) for _ in range(CALLS)]
-    outs2 = [torch.empty(m, N, device="cuda", dtype=torch.bfloat16) for _ in range(CALLS)]
+    outs1, outs2 = _outputs(m)
     for s in (torch.cuda.current_stream(), side):  # a warm-up on each stream, as before any capture
         with torch.cuda.stream(s):
             call.into(x1, w1, outs1[0])
@@ -76,10 +88,7 @@ def test_two_streams_at_once_in_one_graph_that_forks_and_joins(stored, m):
     with torch.cuda.graph(graph):
         main = torch.cuda.current_stream()
         side.wait_stream(main)  # fork
-        for o1, o2 in zip(outs1, outs2):
-            call.into(x1, w1, o1)
-            with torch.cuda.stream(side):
-                call.into(x2, w2, o2)
+        _queue_pairs(call, (x1, w1), (x2, w2), outs1, outs2, None, side)
         main.wait_stream(side)  # join
     wrong = 0
     for _ in range(ROUNDS):
