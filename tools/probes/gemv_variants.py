@@ -9,6 +9,8 @@ copies, weights from HBM, CUDA events, the median replay):
 - `rows`: dispatch/gemv.py's CUDA-core tile of 1-8 rows (each K step reduced across the tile's lanes);
 - `defer`: a CUDA-core tile whose accumulator keeps the K lanes ([rows, BLOCK_N, BLOCK_K] fp32 partial products),
   reduced across K once at the end: no cross-lane reduction per K step;
+- `wide`, `wide16`: today's CUDA-core and tensor-core tiles split 16-64 ways along K: many small programs, as the
+  streaming read that sets the ceiling runs;
 - `tma`, `tma16`: `defer`'s and the 16-row tensor-core product with the weight tiles loaded by the Hopper tensor
   memory accelerator (a host-made tensor descriptor), S stages deep.
 Every variant ends in dispatch/gemv.py's split-K epilogue (a slot per split, the last to arrive sums them in order).
@@ -137,6 +139,13 @@ def variants(n: int, k: int, m: int, sms: int) -> list[tuple[str, int, int, int,
             out += [("tma", rows, bn, bk, sk, 4, 4) for sk in splits(n, k, bn, bk, sms)]
         if m > 1 and bn >= 16:
             out += [("tma16", 16, bn, bk, sk, 4, 4) for sk in splits(n, k, bn, bk, sms)]
+    # many small programs, as the streaming read that sets the ceiling runs (a program per 2 KB block): deep K splits
+    for bn, bk in ((8, 256), (8, 512), (16, 128), (16, 256), (32, 128)):
+        for sk in (16, 32, 64):
+            if bk * sk <= k:
+                out += [("wide", rows, bn, bk, sk, 4, 3)]
+                if m > 1 and bn >= 16:
+                    out += [("wide16", 16, bn, bk, sk, 4, 3)]
     if m > 1:
         out += [("tc16-s4", 16, bn, bk, sk, nw, 4) for bn, bk, nw in TILES_ROWS for sk in splits(n, k, bn, bk, sms)]
     return out
