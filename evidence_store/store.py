@@ -26,7 +26,8 @@ from tables.manifest import MANIFEST as TABLE_MANIFEST, read_manifest
 
 EVIDENCE = ROOT / "evidence"
 MANIFEST = EVIDENCE / "manifest.json"
-RESULT_FILES = ("results.csv", "forward.csv", "host_cost.csv", "sustain.csv", "e2e.csv", "limit.csv", "gemv_ab.csv")
+RESULT_FILES = ("results.csv", "forward.csv", "host_cost.csv", "sustain.csv", "e2e.csv", "limit.csv", "gemv_ab.csv",
+                "variants.csv")
 FIX = "pass a results folder the harness wrote"
 MANIFEST_FORMAT = 1
 

@@ -223,9 +223,13 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     import torch
 
+    from datetime import datetime, timezone
+
     from bench.envinfo import fingerprint
+    from dispatch.profiles import detect_profile, this_gpu
     from tools.probes.limit import read_ceiling
     started = time.monotonic()
+    started_utc = datetime.now(timezone.utc).isoformat(timespec="seconds")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -244,7 +248,9 @@ def main(argv=None) -> int:
                 probe_cell(n, k, m, sms, reads[(n, k)]["us"], started + args.budget_s, writer)
                 fh.flush()
     (out / "run.json").write_text(json.dumps({
-        "kind": "gemv-variants", "command": " ".join(["python -m tools.probes.gemv_variants", *sys.argv[1:]]),
+        "kind": "gemv-variants", "started": started_utc,
+        "profile": getattr(detect_profile(*this_gpu(0)), "name", None),
+        "command": " ".join(["python -m tools.probes.gemv_variants", *sys.argv[1:]]),
         "gpu": torch.cuda.get_device_name(0), "fingerprint": fingerprint(),
         "reads": {f"{n}x{k}": r for (n, k), r in reads.items()},
         "wall_s": round(time.monotonic() - started, 1)}, indent=1, default=str))
