@@ -11,6 +11,8 @@ copies, weights from HBM, CUDA events, the median replay):
   reduced across K once at the end: no cross-lane reduction per K step;
 - `wide`, `wide16`: today's CUDA-core and tensor-core tiles split 16-64 ways along K: many small programs, as the
   streaming read that sets the ceiling runs;
+- `packed`, `packed16`: today's one-row and 16-row products over the weight stored in tile order (packed once, each
+  weight tile one contiguous block);
 - `tma`, `tma16`: `defer`'s and the 16-row tensor-core product with the weight tiles loaded by the Hopper tensor
   memory accelerator (a host-made tensor descriptor), S stages deep.
 Every variant ends in dispatch/gemv.py's split-K epilogue (a slot per split, the last to arrive sums them in order).
@@ -110,7 +112,41 @@ def kernels() -> dict[str, Any]:
             acc += tl.dot(x, tl.trans(w))
         finish(acc, y_ptr, part_ptr, count_ptr, pid_n, pid_k, rm, rn, M, N, stride_ym, TILE_M, BLOCK_N, SPLIT_K)
 
-    return {"defer": gemv_defer, "tma": gemv_tma, "tma16": gemv_tma16}
+    @triton.jit
+    def gemv_packed(x_ptr, wp_ptr, y_ptr, part_ptr, count_ptr, M, N, K, k_per, stride_xm, stride_ym, k_tiles,
+                    TILE_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+        """The weight packed tile by tile ([N / BLOCK_N, K / BLOCK_K, BLOCK_N, BLOCK_K], pack()): each weight tile
+        one contiguous block. One row at TILE_M = 1, the 16-row tensor-core tile at 16."""
+        pid_n = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        rm = tl.arange(0, TILE_M)
+        ln = tl.arange(0, BLOCK_N)
+        lk = tl.arange(0, BLOCK_K)
+        k_lo = pid_k * k_per
+        acc = tl.zeros((TILE_M, BLOCK_N), dtype=tl.float32)
+        for k0 in range(0, k_per, BLOCK_K):
+            kt = (k_lo + k0) // BLOCK_K
+            w = tl.load(wp_ptr + (pid_n * k_tiles + kt) * (BLOCK_N * BLOCK_K) + ln[:, None] * BLOCK_K + lk[None, :],
+                        mask=(ln[:, None] >= 0) & (kt < k_tiles), other=0.0, eviction_policy="evict_first")
+            rk = k_lo + k0 + lk
+            if TILE_M == 16:
+                x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :],
+                            mask=(rm[:, None] < M) & (rk[None, :] < K), other=0.0)
+                acc += tl.dot(x, tl.trans(w))
+            else:
+                xi = tl.load(x_ptr + rk, mask=rk < K, other=0.0).to(tl.float32)
+                acc += tl.sum(w.to(tl.float32) * xi[None, :], axis=1)[None, :]
+        finish(acc, y_ptr, part_ptr, count_ptr, pid_n, pid_k, rm, rn, M, N, stride_ym, TILE_M, BLOCK_N, SPLIT_K)
+
+    return {"defer": gemv_defer, "tma": gemv_tma, "tma16": gemv_tma16, "packed": gemv_packed,
+            "packed16": gemv_packed}
+
+
+def pack(w: Any, bn: int, bk: int) -> Any:
+    """w [N, K] tile by tile: [N / bn, K / bk, bn, bk], contiguous (N and K multiples of the tile)."""
+    n, k = w.shape
+    return w.reshape(n // bn, bn, k // bk, bk).permute(0, 2, 1, 3).contiguous()
 
 
 def splits(n: int, k: int, bn: int, bk: int, sms: int) -> list[int]:
@@ -130,6 +166,13 @@ def variants(n: int, k: int, m: int, sms: int) -> list[tuple[str, int, int, int,
            for sk in splits(n, k, bn, bk, sms)]
     if m > 1:
         out += [("tc16-s3", 16, bn, bk, sk, nw, 3) for bn, bk, nw in TILES_ROWS for sk in splits(n, k, bn, bk, sms)]
+    # the weight in tile order: each program's weight tile one contiguous block
+    if m == 1:
+        out += [("packed", 1, bn, bk, sk, nw, 3) for bn, bk, nw in TILES_ONE_ROW + ((16, 512, 4), (32, 256, 4))
+                if n % bn == 0 and k % bk == 0 for sk in splits(n, k, bn, bk, sms)]
+    else:
+        out += [("packed16", 16, bn, bk, sk, nw, s) for bn, bk, nw in TILES_ROWS for s in (3, 4)
+                if n % bn == 0 and k % bk == 0 for sk in splits(n, k, bn, bk, sms)]
     for bn in (8, 16, 32, 64):
         for bk in (64, 128, 256, 512):
             if rows * bn * bk / 128 in (32, 64):  # fp32 accumulator registers per thread at four warps
@@ -157,8 +200,9 @@ def runner(family: str, tile_m: int, bn: int, bk: int, sk: int, nw: int, stages:
 
     from dispatch.gemv import GemvConfig, kernel, workspace_for
     space = workspace_for(n, GemvConfig(bn, bk, sk, nw, tile_m), device)
-    fn = kernels()[family] if family in ("defer", "tma", "tma16") else kernel()
+    fn = kernels()[family] if family in ("defer", "tma", "tma16", "packed", "packed16") else kernel()
     extra = {"USE_PDL": False} if fn is kernel() else {}
+    packed: dict[int, Any] = {}  # a weight's packed copy, made on its first call (outside any timing)
 
     def call(x, w):
         m, k = x.shape
@@ -168,6 +212,11 @@ def runner(family: str, tile_m: int, bn: int, bk: int, sk: int, nw: int, stages:
             from triton.tools.tensor_descriptor import TensorDescriptor
             head = (x, TensorDescriptor.from_tensor(w, [bn, bk]), y, space[0], space[1], m, n, k, k_per,
                     x.stride(0), y.stride(0))
+        elif family.startswith("packed"):
+            if w.data_ptr() not in packed:
+                packed[w.data_ptr()] = pack(w, bn, bk)
+            head = (x, packed[w.data_ptr()], y, space[0], space[1], m, n, k, k_per, x.stride(0), y.stride(0),
+                    k // bk)
         else:
             head = (x, w, y, space[0], space[1], m, n, k, k_per, x.stride(0), w.stride(0), y.stride(0))
         fn[(-(-n // bn), sk)](*head, TILE_M=tile_m, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=sk, num_warps=nw,
