@@ -127,8 +127,8 @@ def kernels() -> dict[str, Any]:
         acc = tl.zeros((TILE_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(0, k_per, BLOCK_K):
             kt = (k_lo + k0) // BLOCK_K
-            w = tl.load(wp_ptr + (pid_n * k_tiles + kt) * (BLOCK_N * BLOCK_K) + ln[:, None] * BLOCK_K + lk[None, :],
-                        mask=(ln[:, None] >= 0) & (kt < k_tiles), other=0.0, eviction_policy="evict_first")
+            base = tl.multiple_of((pid_n * k_tiles + kt) * (BLOCK_N * BLOCK_K), BLOCK_N * BLOCK_K)  # 16-byte loads
+            w = tl.load(wp_ptr + base + ln[:, None] * BLOCK_K + lk[None, :], eviction_policy="evict_first")
             rk = k_lo + k0 + lk
             if TILE_M == 16:
                 x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :],
@@ -166,13 +166,13 @@ def variants(n: int, k: int, m: int, sms: int) -> list[tuple[str, int, int, int,
            for sk in splits(n, k, bn, bk, sms)]
     if m > 1:
         out += [("tc16-s3", 16, bn, bk, sk, nw, 3) for bn, bk, nw in TILES_ROWS for sk in splits(n, k, bn, bk, sms)]
-    # the weight in tile order: each program's weight tile one contiguous block
+    # the weight in tile order: each program's weight tile one contiguous block (every split whole tiles: no mask)
     if m == 1:
         out += [("packed", 1, bn, bk, sk, nw, 3) for bn, bk, nw in TILES_ONE_ROW + ((16, 512, 4), (32, 256, 4))
-                if n % bn == 0 and k % bk == 0 for sk in splits(n, k, bn, bk, sms)]
+                if n % bn == 0 and k % bk == 0 for sk in splits(n, k, bn, bk, sms) if k % (sk * bk) == 0]
     else:
         out += [("packed16", 16, bn, bk, sk, nw, s) for bn, bk, nw in TILES_ROWS for s in (3, 4)
-                if n % bn == 0 and k % bk == 0 for sk in splits(n, k, bn, bk, sms)]
+                if n % bn == 0 and k % bk == 0 for sk in splits(n, k, bn, bk, sms) if k % (sk * bk) == 0]
     for bn in (8, 16, 32, 64):
         for bk in (64, 128, 256, 512):
             if rows * bn * bk / 128 in (32, 64):  # fp32 accumulator registers per thread at four warps
@@ -225,7 +225,8 @@ def runner(family: str, tile_m: int, bn: int, bk: int, sk: int, nw: int, stages:
     return call
 
 
-def probe_cell(n: int, k: int, m: int, sms: int, read_us: float, deadline: float, writer) -> None:
+def probe_cell(n: int, k: int, m: int, sms: int, read_us: float, deadline: float, writer,
+               families: set[str] | None = None) -> None:
     import torch
 
     from bench.gpu import output_error, reference
@@ -236,6 +237,8 @@ def probe_cell(n: int, k: int, m: int, sms: int, read_us: float, deadline: float
     ref = reference(xs[0], ws[0])
     best: dict[str, tuple[float, str]] = {}
     for v in variants(n, k, m, sms):
+        if families and v[0] not in families:
+            continue
         if time.monotonic() > deadline:
             print("  deadline: the rest of the grid is not timed", flush=True)
             break
@@ -267,6 +270,7 @@ def main(argv=None) -> int:
     p.add_argument("--cells", default="2560x4096,4096x2048",
                    help="weights as NxK, comma-separated")
     p.add_argument("--ms", default="1,2,4,8", type=parse_m)
+    p.add_argument("--families", default="", help="comma list: only these families (default: every one)")
     p.add_argument("--budget-s", type=float, default=300.0,
                    help="no configuration is timed after this long (the cells go M by M)")
     args = p.parse_args(argv)
@@ -294,7 +298,8 @@ def main(argv=None) -> int:
             print(f"{n} x {k}: size-matched read {read_us:.2f} µs ({n * k * 2 / read_us / 1e3:.0f} GB/s)", flush=True)
         for m in args.ms:  # a configuration compiles once per M (Triton specialises M = 1), then serves every weight
             for n, k in weights:
-                probe_cell(n, k, m, sms, reads[(n, k)]["us"], started + args.budget_s, writer)
+                probe_cell(n, k, m, sms, reads[(n, k)]["us"], started + args.budget_s, writer,
+                           {f for f in args.families.split(",") if f})
                 fh.flush()
     (out / "run.json").write_text(json.dumps({
         "kind": "gemv-variants", "started": started_utc,
