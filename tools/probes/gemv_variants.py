@@ -34,8 +34,7 @@ REG_BUDGET = 64  # fp32 accumulator registers per thread a `defer` tile may hold
 
 @functools.cache
 def kernels() -> dict[str, Any]:
-    """The probe's own kernels: `defer` (pointer loads), `tma` (the same product, weight tiles by TMA) and `tma16`
-    (dispatch/gemv.py's 16-row tensor-core product, weight tiles by TMA); one split-K epilogue for all."""
+    """The probe's own kernels by family: (Triton kernel, how it loads the weight); one split-K epilogue for all."""
     import triton
     import triton.language as tl
 
@@ -59,27 +58,26 @@ def kernels() -> dict[str, Any]:
                 tl.store(count_ptr + pid_n, 0)
 
     @triton.jit
-    def gemv_defer(x_ptr, w_ptr, y_ptr, part_ptr, count_ptr, M, N, K, k_per, stride_xm, stride_wn, stride_ym,
-                   TILE_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
-        pid_n = tl.program_id(0)
-        pid_k = tl.program_id(1)
-        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        rm = tl.arange(0, TILE_M)
-        k_lo = pid_k * k_per
-        acc = tl.zeros((TILE_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
-        for k0 in range(0, k_per, BLOCK_K):
-            rk = k_lo + k0 + tl.arange(0, BLOCK_K)
-            w = tl.load(w_ptr + rn[:, None] * stride_wn + rk[None, :],
+    def weight_tile(w_src, pid_n, k, rn, rk, N, K, stride_wn, k_tiles,
+                    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, LOAD: tl.constexpr):
+        """The [BLOCK_N, BLOCK_K] weight tile at (pid_n, k): LOAD 0 by pointers, 1 by TMA (a tensor descriptor; rows
+        past N and columns past K read as zero), 2 from the packed weight (pack(); every split whole tiles)."""
+        if LOAD == 1:
+            w = w_src.load([pid_n * BLOCK_N, k])
+        elif LOAD == 2:
+            base = tl.multiple_of((pid_n * k_tiles + k // BLOCK_K) * (BLOCK_N * BLOCK_K), BLOCK_N * BLOCK_K)
+            w = tl.load(w_src + base + tl.arange(0, BLOCK_N)[:, None] * BLOCK_K + tl.arange(0, BLOCK_K)[None, :],
+                        eviction_policy="evict_first")
+        else:
+            w = tl.load(w_src + rn[:, None] * stride_wn + rk[None, :],
                         mask=(rn[:, None] < N) & (rk[None, :] < K), other=0.0, eviction_policy="evict_first")
-            x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=(rm[:, None] < M) & (rk[None, :] < K),
-                        other=0.0)
-            acc += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
-        finish(tl.sum(acc, axis=2), y_ptr, part_ptr, count_ptr, pid_n, pid_k, rm, rn, M, N, stride_ym,
-               TILE_M, BLOCK_N, SPLIT_K)
+        return w
 
     @triton.jit
-    def gemv_tma(x_ptr, w_desc, y_ptr, part_ptr, count_ptr, M, N, K, k_per, stride_xm, stride_ym,
-                 TILE_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+    def gemv_defer(x_ptr, w_src, y_ptr, part_ptr, count_ptr, M, N, K, k_per, stride_xm, stride_wn, stride_ym,
+                   k_tiles, TILE_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                   SPLIT_K: tl.constexpr, LOAD: tl.constexpr):
+        """The K lanes kept in the accumulator ([rows, BLOCK_N, BLOCK_K]), reduced across K once at the end."""
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -88,7 +86,7 @@ def kernels() -> dict[str, Any]:
         acc = tl.zeros((TILE_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
         for k0 in range(0, k_per, BLOCK_K):
             rk = k_lo + k0 + tl.arange(0, BLOCK_K)
-            w = w_desc.load([pid_n * BLOCK_N, k_lo + k0])  # rows past N and columns past K read as zero
+            w = weight_tile(w_src, pid_n, k_lo + k0, rn, rk, N, K, stride_wn, k_tiles, BLOCK_N, BLOCK_K, LOAD)
             x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=(rm[:, None] < M) & (rk[None, :] < K),
                         other=0.0)
             acc += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
@@ -96,8 +94,10 @@ def kernels() -> dict[str, Any]:
                TILE_M, BLOCK_N, SPLIT_K)
 
     @triton.jit
-    def gemv_tma16(x_ptr, w_desc, y_ptr, part_ptr, count_ptr, M, N, K, k_per, stride_xm, stride_ym,
-                   TILE_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
+    def gemv_tile(x_ptr, w_src, y_ptr, part_ptr, count_ptr, M, N, K, k_per, stride_xm, stride_wn, stride_ym,
+                  k_tiles, TILE_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                  SPLIT_K: tl.constexpr, LOAD: tl.constexpr):
+        """dispatch/gemv.py's products: one row (TILE_M 1) or the 16-row tensor-core tile, each weight tile by LOAD."""
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -106,30 +106,7 @@ def kernels() -> dict[str, Any]:
         acc = tl.zeros((TILE_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(0, k_per, BLOCK_K):
             rk = k_lo + k0 + tl.arange(0, BLOCK_K)
-            w = w_desc.load([pid_n * BLOCK_N, k_lo + k0])
-            x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=(rm[:, None] < M) & (rk[None, :] < K),
-                        other=0.0)
-            acc += tl.dot(x, tl.trans(w))
-        finish(acc, y_ptr, part_ptr, count_ptr, pid_n, pid_k, rm, rn, M, N, stride_ym, TILE_M, BLOCK_N, SPLIT_K)
-
-    @triton.jit
-    def gemv_packed(x_ptr, wp_ptr, y_ptr, part_ptr, count_ptr, M, N, K, k_per, stride_xm, stride_ym, k_tiles,
-                    TILE_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr):
-        """The weight packed tile by tile ([N / BLOCK_N, K / BLOCK_K, BLOCK_N, BLOCK_K], pack()): each weight tile
-        one contiguous block. One row at TILE_M = 1, the 16-row tensor-core tile at 16."""
-        pid_n = tl.program_id(0)
-        pid_k = tl.program_id(1)
-        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        rm = tl.arange(0, TILE_M)
-        ln = tl.arange(0, BLOCK_N)
-        lk = tl.arange(0, BLOCK_K)
-        k_lo = pid_k * k_per
-        acc = tl.zeros((TILE_M, BLOCK_N), dtype=tl.float32)
-        for k0 in range(0, k_per, BLOCK_K):
-            kt = (k_lo + k0) // BLOCK_K
-            base = tl.multiple_of((pid_n * k_tiles + kt) * (BLOCK_N * BLOCK_K), BLOCK_N * BLOCK_K)  # 16-byte loads
-            w = tl.load(wp_ptr + base + ln[:, None] * BLOCK_K + lk[None, :], eviction_policy="evict_first")
-            rk = k_lo + k0 + lk
+            w = weight_tile(w_src, pid_n, k_lo + k0, rn, rk, N, K, stride_wn, k_tiles, BLOCK_N, BLOCK_K, LOAD)
             if TILE_M == 16:
                 x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :],
                             mask=(rm[:, None] < M) & (rk[None, :] < K), other=0.0)
@@ -139,8 +116,9 @@ def kernels() -> dict[str, Any]:
                 acc += tl.sum(w.to(tl.float32) * xi[None, :], axis=1)[None, :]
         finish(acc, y_ptr, part_ptr, count_ptr, pid_n, pid_k, rm, rn, M, N, stride_ym, TILE_M, BLOCK_N, SPLIT_K)
 
-    return {"defer": gemv_defer, "tma": gemv_tma, "tma16": gemv_tma16, "packed": gemv_packed,
-            "packed16": gemv_packed}
+    # family -> (kernel, how it loads the weight)
+    return {"defer": (gemv_defer, 0), "tma": (gemv_defer, 1), "tma16": (gemv_tile, 1), "packed": (gemv_tile, 2),
+            "packed16": (gemv_tile, 2)}
 
 
 def pack(w: Any, bn: int, bk: int) -> Any:
@@ -200,25 +178,27 @@ def runner(family: str, tile_m: int, bn: int, bk: int, sk: int, nw: int, stages:
 
     from dispatch.gemv import GemvConfig, kernel, workspace_for
     space = workspace_for(n, GemvConfig(bn, bk, sk, nw, tile_m), device)
-    fn = kernels()[family] if family in ("defer", "tma", "tma16", "packed", "packed16") else kernel()
-    extra = {"USE_PDL": False} if fn is kernel() else {}
+    fn, load = kernels().get(family, (kernel(), None))
+    extra = {"USE_PDL": False} if load is None else {"LOAD": load}
     packed: dict[int, Any] = {}  # a weight's packed copy, made on its first call (outside any timing)
 
     def call(x, w):
         m, k = x.shape
         y = torch.empty((m, n), device=x.device, dtype=torch.bfloat16)
         k_per = -(-(-(-k // sk)) // bk) * bk
-        if family.startswith("tma"):
-            from triton.tools.tensor_descriptor import TensorDescriptor
-            head = (x, TensorDescriptor.from_tensor(w, [bn, bk]), y, space[0], space[1], m, n, k, k_per,
-                    x.stride(0), y.stride(0))
-        elif family.startswith("packed"):
-            if w.data_ptr() not in packed:
-                packed[w.data_ptr()] = pack(w, bn, bk)
-            head = (x, packed[w.data_ptr()], y, space[0], space[1], m, n, k, k_per, x.stride(0), y.stride(0),
-                    k // bk)
-        else:
+        if load is None:  # today's kernel
             head = (x, w, y, space[0], space[1], m, n, k, k_per, x.stride(0), w.stride(0), y.stride(0))
+        else:
+            if load == 1:
+                from triton.tools.tensor_descriptor import TensorDescriptor
+                src = TensorDescriptor.from_tensor(w, [bn, bk])
+            elif load == 2:
+                if w.data_ptr() not in packed:
+                    packed[w.data_ptr()] = pack(w, bn, bk)
+                src = packed[w.data_ptr()]
+            else:
+                src = w
+            head = (x, src, y, space[0], space[1], m, n, k, k_per, x.stride(0), w.stride(0), y.stride(0), k // bk)
         fn[(-(-n // bn), sk)](*head, TILE_M=tile_m, BLOCK_N=bn, BLOCK_K=bk, SPLIT_K=sk, num_warps=nw,
                               num_stages=stages, **extra)
         return y
