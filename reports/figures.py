@@ -97,12 +97,12 @@ class Drawing:
     def __exit__(self, *exc) -> None:
         if self.pool is None:
             return
-        if exc[0] is not None:  # interrupted or failed: the workers go at once, before the pool's own teardown
-            for worker in list(getattr(self.pool, "_pool", [])):
-                if worker.is_alive():
-                    worker.kill()
-        self.pool.terminate()
-        self.pool.join()
+        # terminate() ends the workers by SIGTERM, which ends a worker at once (worker_signals). Never kill a worker
+        # before it: one killed while it held the task queue's lock leaves terminate() waiting on that lock forever.
+        # A Ctrl-C waits for the teardown (a fraction of a second): raised inside it, it would leave it half done.
+        with signals_deferred():
+            self.pool.terminate()
+            self.pool.join()
 
 
 def ranges_figure(strips: list[tuple[str, tuple]]) -> str:
