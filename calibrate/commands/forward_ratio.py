@@ -7,6 +7,7 @@ import pandas as pd
 from calibrate.forward_model import load_forward
 from calibrate.forward_noise import load_forward_floor
 from calibrate.forward_ratio import parse_pairs, ratios, text
+from calibrate.runs import check_gpu as _check_gpu
 from calibrate.runs import load_forwards as _load_forwards
 from calibrate.runs import profile_of as _profile_of
 from calibrate.runs import refuse_overlap as _refuse_overlap
@@ -27,9 +28,10 @@ def add_parser(sub, parents: list) -> None:
 
 def run(args) -> int:
     pairs = parse_pairs(args.pairs)
-    first = load_forward(args.forward[0], args.partial)[1]
-    profile = get_profile(_profile_of(first, args.gpu))
-    runs = _load_forwards(args.forward, profile.name, args.partial)
+    first = load_forward(args.forward[0], args.partial)  # read once: it names the profile the others must match
+    profile = get_profile(_profile_of(first[1], args.gpu))
+    _check_gpu(first[1], profile.name, args.forward[0])
+    runs = [first, *_load_forwards(args.forward[1:], profile.name, args.partial)]
     _refuse_overlap([(str(f), df, info) for f, (df, info) in zip(args.forward, runs)])
     floor = None if args.no_floor else load_forward_floor(profile.name)
     print(text(ratios(pd.concat([df for df, _ in runs], ignore_index=True), pairs, floor)))
