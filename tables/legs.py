@@ -8,7 +8,7 @@ changes) -> the same sweep on more machines (machine-2 ...: a cell's kernels run
 machines of one kind, so the fit judges each cell by the median machine) -> fit (fewest ranges, eager boundness and
 picks from the forward) -> out-of-sample check on another machine (a fresh-process sweep that includes M the fit
 never saw, and a fresh forward of the table beside vLLM's rules, both serving the table's tactics, as the
-dispatcher does) -> the noise between the fitting and the checking machine -> validate -> regression baseline from
+dispatcher does) -> the noise between the machines (sweeps and forwards) -> validate with it -> regression baseline from
 both machines' sweeps -> report.
 """
 from __future__ import annotations
@@ -123,6 +123,7 @@ def legs(run: TableRun, scope=None, machines: int | None = None) -> list[Leg]:
     check_ms = ",".join(map(str, sorted(set(default_grid(profile.capture_size)) | set(UNSEEN_M))))
     table, sweep, forward, refine = folder / "table.json", folder / "sweep", folder / "forward", folder / "refine"
     check_sweep, check_forward = folder / "check-sweep", folder / "check-forward"
+    noise, forward_noise = folder / "noise.json", folder / "forward-noise.json"
     tactics, table_tactics = sweep / FILE_NAME, folder / "table.autotune.json"
     plan = folder / REFINE_PLAN
     refined = not (plan.is_file() and not plan.read_text().strip())  # unknown before the first fit: planned
@@ -162,10 +163,15 @@ def legs(run: TableRun, scope=None, machines: int | None = None) -> list[Leg]:
         sweep_leg("check-sweep", "--m", check_ms, "--table", str(table), "--autotune-cache", str(table_tactics)),
         forward_leg("check-forward", "--table", str(table), "--autotune-cache", str(table_tactics), "--paths",
                     check_paths),
-        cpu_leg("noise", "calibrate", ["noise", str(sweep), str(check_sweep), "--gpu", p, "--out-file",
-                                       str(folder / "noise.json")], "noise.json"),
+        # the run-to-run floors of this run's own machines (every sweep of the grid, both forwards) widen the
+        # check's intervals, so that a first table of a GPU is judged as one with a shipped floor is
+        cpu_leg("noise", "calibrate", ["noise", str(sweep), *(str(folder / name) for name in others),
+                                       str(check_sweep), "--gpu", p, "--out-file", str(noise)], noise.name),
+        cpu_leg("forward-noise", "calibrate", ["forward-noise", str(forward), str(check_forward), "--gpu", p,
+                                               "--out-file", str(forward_noise)], forward_noise.name),
         cpu_leg("validate", "calibrate", ["validate", str(check_sweep), "--table", str(table), "--forward",
-                                          str(check_forward)], None, verdict=True),
+                                          str(check_forward), "--noise", str(noise), "--forward-noise",
+                                          str(forward_noise)], None, verdict=True),
         cpu_leg("baseline", "calibrate", ["baseline", "--gpu", p, "--from", str(sweep), str(check_sweep), "--out-file",
                                           str(folder / "baseline.json")], "baseline.json"),
         cpu_leg("report", "reports", ["build", str(check_sweep), "--table", str(table), "--forward",

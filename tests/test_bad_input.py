@@ -1034,3 +1034,18 @@ def test_the_old_spelling_of_an_option_still_works_and_says_so_once(capsys):
     old = main([args[0], args[1], "--thresholds", args[2]])
     err = capsys.readouterr().err
     assert old == new and err.count("--thresholds is now --table") == 1
+
+
+def test_validate_widens_with_the_floor_it_is_given_and_refuses_a_missing_one(tmp_path, capsys):
+    """--noise / --forward-noise: the floors a table run measured on its own machines judge its check (a first table
+    of a GPU has no shipped floor); a missing file stops validate before it prints anything."""
+    from calibrate.__main__ import main
+    floor = tmp_path / "noise.json"
+    shutil.copyfile(Path("calibrate/noise/h200.json"), floor)
+    assert main(["validate", str(LEAN), "--table", str(LEAN_TABLE), "--noise", str(floor)]) in (0, 1)
+    assert f"run-to-run floor of {floor} (" in capsys.readouterr().out
+    for option in ("--noise", "--forward-noise"):
+        args = ["validate", str(LEAN), "--table", str(LEAN_TABLE), option, str(tmp_path / "absent.json")]
+        assert run_cli(main, "calibrate", args) == 2
+        captured = capsys.readouterr()
+        assert captured.out == "" and captured.err.count("\n") == 1 and "absent.json" in captured.err

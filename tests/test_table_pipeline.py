@@ -14,7 +14,7 @@ from harness.io import ROOT
 
 H200 = get_profile("h200")
 LEGS = ["sweep", "forward", "first-fit", "refine", "machine-2", "machine-3", "fit", "check-sweep", "check-forward",
-        "noise", "validate", "baseline", "report"]
+        "noise", "forward-noise", "validate", "baseline", "report"]
 
 
 def legs(profile, folder, scope=None, machines=None):
@@ -57,8 +57,16 @@ def test_the_legs_and_their_order(tmp_path):
     fitted = by_name["sweep"][by_name["sweep"].index("--paths") + 1].split(",")
     assert "flashinfer-lean:tinygemm" in fitted and "flashinfer:cudnn" not in fitted  # no lean call: unchoosable
     assert all("--autotune-cache" in argv for name, argv in by_name.items() if name not in ("sweep", "first-fit",
-                                                                                        "fit", "noise", "validate",
+                                                                                        "fit", "noise", "forward-noise", "validate",
                                                                                         "baseline", "report"))
+    # the check is judged with the run's own floors: every sweep of the grid, both forwards
+    noise, fnoise = by_name["noise"], by_name["forward-noise"]
+    assert noise[noise.index("noise") + 1:noise.index("--gpu")] == [str(tmp_path / x) for x in (
+        "sweep", "machine-2", "machine-3", "check-sweep")]
+    assert fnoise[fnoise.index("forward-noise") + 1:fnoise.index("--gpu")] == [str(tmp_path / "forward"), str(tmp_path / "check-forward")]
+    judged = by_name["validate"]
+    assert judged[judged.index("--noise") + 1] == str(tmp_path / "noise.json")
+    assert judged[judged.index("--forward-noise") + 1] == str(tmp_path / "forward-noise.json")
     other = by_name["machine-2"]
     assert other[other.index("--autotune-cache") + 1] == str(tmp_path / "sweep" / "autotune-cache.json")
     assert other[other.index("--paths") + 1] == "aten,flashinfer-lean:tinygemm,flashinfer-lean:cublaslt,triton:gemv"
@@ -103,7 +111,7 @@ def test_a_failed_leg_stops_and_resume_runs_only_what_is_left(tmp_path):
         run_pipeline(H200, run, resume=False, execute=flaky)
     ran.clear()
     done = run_pipeline(H200, run, resume=True, execute=flaky, same_machine=True)
-    assert ran == ["check-sweep", "check-forward", "noise", "validate", "baseline", "report"]
+    assert ran == ["check-sweep", "check-forward", "noise", "forward-noise", "validate", "baseline", "report"]
     assert done["status"] == "complete" and done["verdict"] == "PASS"
     before = (run / MANIFEST).read_bytes()  # a resume with nothing left leaves the manifest as it is
     assert run_pipeline(H200, run, resume=True, execute=flaky)["verdict"] == "PASS" and (run / MANIFEST).read_bytes() == before
@@ -143,6 +151,8 @@ def _passing_run(tmp_path, monkeypatch):
         shutil.copytree(kept, run / leg)
     for floor in (ROOT / "calibrate" / "noise").glob("*.json"):  # the floors every verdict reads
         shutil.copyfile(floor, shipped.shipped_dir("noise") / floor.name)
+    for floor, name in (("h200.json", "noise.json"), ("h200-forward.json", "forward-noise.json")):  # the run's own
+        shutil.copyfile(ROOT / "calibrate" / "noise" / floor, run / name)
     old = {tmp_path / "site/dispatch/thresholds/h200.json": "old table",
            tmp_path / "site/calibrate/baselines/h200.json": "old baseline"}
     for path, text in old.items():
@@ -152,7 +162,6 @@ def _passing_run(tmp_path, monkeypatch):
 
 def test_install_writes_the_shipped_files_of_a_passing_run(tmp_path, monkeypatch):
     run, _ = _passing_run(tmp_path, monkeypatch)
-    (run / "noise.json").write_text("{}")
     written = install(H200, run)
     assert tmp_path / "site/dispatch/thresholds" / "h200.json" in written
     assert tmp_path / "site/calibrate/noise/h200.json" not in written  # the floor every verdict reads: on its own

@@ -44,6 +44,12 @@ def add_parser(sub, parents: list) -> None:
                        help="with --forward: a measured forward of the same models and M in a fresh process: how "
                             "often its ratios fall inside --forward's intervals (their coverage)")
     add(p_val, "allow-mismatch")
+    p_val.add_argument("--noise", metavar="FILE",
+                       help="the run-to-run noise floor that widens the cell intervals (python -m calibrate noise; "
+                            "default: the profile's shipped calibrate/noise/<profile>.json)")
+    p_val.add_argument("--forward-noise", metavar="FILE",
+                       help="the forward noise floor that widens the measured forwards' intervals (python -m "
+                            "calibrate forward-noise; default: the profile's shipped one)")
     p_val.add_argument("--replicate", help="a replicate run (fresh process, same GPU): measure how often its point "
                                            "ratios fall inside this run's intervals (their coverage)")
 
@@ -74,7 +80,9 @@ def run(args) -> int:
         rep_df, rep_info = load_forward(args.forward_replicate, args.partial)
         _check_gpu(rep_info, profile.name, args.forward_replicate, args.allow_mismatch)
         replicate = (args.forward_replicate, rep_df)
-    noise = load_noise(profile.name)
+    noise = load_noise(profile.name, Path(args.noise) if args.noise else None)
+    floor = load_forward_floor(profile.name, Path(args.forward_noise) if args.forward_noise else None)
+    floor_name = args.forward_noise or forward_noise_path(profile.name).name
     _print_provenance(table, args.results, info, args.forward or [])
     verdicts = cell_verdicts(cells, table, args.margin, args.oracle, noise)
     totals = forward_totals(cells, table, model_uses(df), profile.capture_size, args.oracle)
@@ -83,7 +91,7 @@ def run(args) -> int:
     counts = verdicts["verdict"].value_counts().to_dict()
     print(f"{len(verdicts)} cells, graph regime (GPU time); dispatcher vs best of {args.oracle}: {counts}; "
           f"max regret {verdicts['regret'].max():.1%}")
-    print("intervals: " + (f"bootstrap widened by the run-to-run floor of {noise_path(profile.name).name} "
+    print("intervals: " + (f"bootstrap widened by the run-to-run floor of {args.noise or noise_path(profile.name).name} "
                            f"({noise.source.get('runs', '?')})" if noise else
                            "bootstrap alone (no noise floor for this profile: python -m calibrate noise)"))
     if args.replicate:
@@ -96,11 +104,11 @@ def run(args) -> int:
     print("per-forward totals (cell-sum model, µs), dispatcher / best:")
     show = totals.pivot_table(index="m", columns=["model", "regime"], values="dispatch_over_best")
     print(show.to_string(float_format=lambda v: f"{v:.4f}"))
-    slower, over = failures(verdicts, totals, load_forward_floor(profile.name))
+    slower, over = failures(verdicts, totals, floor)
     measured_over = pd.DataFrame()
     measured: set[tuple[str, int]] = set()
     for folder, fdf, finfo in forwards:
-        fails, covered = _forward_report(folder, fdf, finfo, cells, table, profile, replicate)
+        fails, covered = _forward_report(folder, fdf, finfo, cells, table, profile, floor, floor_name, replicate)
         measured_over, measured = pd.concat([measured_over, fails]), measured | covered
     over = over[[(m, mm) not in measured for m, mm in zip(over["model"], over["m"])]]
     for line in limit_lines(df, forwards[0][1] if forwards else None):
@@ -166,7 +174,7 @@ def _print_provenance(table: ThresholdTable, results: str, info: dict, forwards:
         print(f"M values the fit never saw: {', '.join(map(str, p.unseen))}")
 
 
-def _forward_report(where: str, fdf: pd.DataFrame, finfo: dict, cells, table, profile,
+def _forward_report(where: str, fdf: pd.DataFrame, finfo: dict, cells, table, profile, floor, floor_name: str,
                     replicate: tuple[str, pd.DataFrame] | None = None) -> tuple[pd.DataFrame, set[tuple[str, int]]]:
     """Prints measured per-forward ratios and the cell-sum model against them; returns the failing measured
     verdicts and the (model, M) that the measurement covers."""
@@ -179,9 +187,8 @@ def _forward_report(where: str, fdf: pd.DataFrame, finfo: dict, cells, table, pr
         print(f"\nmeasured / cell-sum model (the model misses by more than {MODEL_MISS:.0%} in "
               f"{int(mv['miss'].sum())} of {len(mv)} rows; largest miss {(mv['measured_over_model'] - 1).abs().max():.1%}):")
         print(show.to_string(float_format=lambda v: f"{v:.3f}"))
-    floor = load_forward_floor(profile.name)
     print("\nforward intervals: " + (f"paired per round, widened by the run-to-run floor of "
-                                     f"{forward_noise_path(profile.name).name} ({floor.describe()}; from "
+                                     f"{floor_name} ({floor.describe()}; from "
                                      f"{len(floor.source.get('runs', []))} runs)" if floor else
                                      "paired per round alone (no forward noise floor for this profile: python -m "
                                      "calibrate forward-noise)"))
