@@ -93,6 +93,8 @@ OPTIONS: dict[str, Option] = {
     "from": Option(("--from",), "existing results folder(s){what} (default: measure afresh, GPU)",
                    dict(metavar="DIR")),
     "work": Option(("--work",), "where a fresh measurement writes (default: {default})", dict(metavar="DIR")),
+    "noise": Option(("--noise",), "the run-to-run noise floor (python -m calibrate noise){what} (default: the "
+                                  "profile's shipped calibrate/noise/<profile>.json)", dict(metavar="FILE")),
     "baseline": Option(("--baseline",), "a stored baseline file{what} (default: {default})", dict(metavar="FILE")),
 }
 

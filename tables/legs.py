@@ -170,7 +170,7 @@ def legs(run: TableRun, scope=None, machines: int | None = None) -> list[Leg]:
         cpu_leg("forward-noise", "calibrate", ["forward-noise", str(forward), str(check_forward), "--gpu", p,
                                                "--out-file", str(forward_noise)], forward_noise.name),
         cpu_leg("validate", "calibrate", ["validate", str(check_sweep), "--table", str(table), "--forward",
-                                          str(check_forward), "--noise", str(noise), "--forward-noise",
+                                          str(check_forward), "--noise", str(noise), "--forward-floor",
                                           str(forward_noise)], None, verdict=True),
         cpu_leg("baseline", "calibrate", ["baseline", "--gpu", p, "--from", str(sweep), str(check_sweep), "--out-file",
                                           str(folder / "baseline.json")], "baseline.json"),

@@ -1044,7 +1044,7 @@ def test_validate_widens_with_the_floor_it_is_given_and_refuses_a_missing_one(tm
     shutil.copyfile(Path("calibrate/noise/h200.json"), floor)
     assert main(["validate", str(LEAN), "--table", str(LEAN_TABLE), "--noise", str(floor)]) in (0, 1)
     assert f"run-to-run floor of {floor} (" in capsys.readouterr().out
-    for option in ("--noise", "--forward-noise"):
+    for option in ("--noise", "--forward-floor"):
         args = ["validate", str(LEAN), "--table", str(LEAN_TABLE), option, str(tmp_path / "absent.json")]
         assert run_cli(main, "calibrate", args) == 2
         captured = capsys.readouterr()

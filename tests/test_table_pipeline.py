@@ -63,10 +63,11 @@ def test_the_legs_and_their_order(tmp_path):
     noise, fnoise = by_name["noise"], by_name["forward-noise"]
     assert noise[noise.index("noise") + 1:noise.index("--gpu")] == [str(tmp_path / x) for x in (
         "sweep", "machine-2", "machine-3", "check-sweep")]
-    assert fnoise[fnoise.index("forward-noise") + 1:fnoise.index("--gpu")] == [str(tmp_path / "forward"), str(tmp_path / "check-forward")]
+    assert fnoise[fnoise.index("forward-noise") + 1:fnoise.index("--gpu")] == [str(tmp_path / "forward"),
+                                                                              str(tmp_path / "check-forward")]
     judged = by_name["validate"]
     assert judged[judged.index("--noise") + 1] == str(tmp_path / "noise.json")
-    assert judged[judged.index("--forward-noise") + 1] == str(tmp_path / "forward-noise.json")
+    assert judged[judged.index("--forward-floor") + 1] == str(tmp_path / "forward-noise.json")
     other = by_name["machine-2"]
     assert other[other.index("--autotune-cache") + 1] == str(tmp_path / "sweep" / "autotune-cache.json")
     assert other[other.index("--paths") + 1] == "aten,flashinfer-lean:tinygemm,flashinfer-lean:cublaslt,triton:gemv"

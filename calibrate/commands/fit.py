@@ -45,9 +45,7 @@ def add_parser(sub, parents: list) -> None:
                        help=f"a cell leaves F.linear only for a gain above this share, beyond the noise "
                             f"(default {FIT_MIN_GAIN})")
     p_fit.add_argument("--hold-out", default="", help="comma list of M values the fit must not see (validated later)")
-    p_fit.add_argument("--noise", metavar="FILE",
-                       help="the run-to-run noise floor to fit with (default: calibrate/noise/<profile>.json); the "
-                            "table keeps its bands")
+    add(p_fit, "noise", what="to fit with; the table keeps its bands")
     p_fit.add_argument("--add", nargs="+", metavar="DIR",
                        help="more cells of the same setup fitted with RESULTS: runs made with RESULTS' tactics "
                             "(bench run --cells ... --autotune-cache RESULTS/autotune-cache.json) at other M")

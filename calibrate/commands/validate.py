@@ -44,12 +44,11 @@ def add_parser(sub, parents: list) -> None:
                        help="with --forward: a measured forward of the same models and M in a fresh process: how "
                             "often its ratios fall inside --forward's intervals (their coverage)")
     add(p_val, "allow-mismatch")
-    p_val.add_argument("--noise", metavar="FILE",
-                       help="the run-to-run noise floor that widens the cell intervals (python -m calibrate noise; "
-                            "default: the profile's shipped calibrate/noise/<profile>.json)")
-    p_val.add_argument("--forward-noise", metavar="FILE",
+    add(p_val, "noise", what="that widens the cell intervals")
+    p_val.add_argument("--forward-floor", metavar="FILE",
                        help="the forward noise floor that widens the measured forwards' intervals (python -m "
-                            "calibrate forward-noise; default: the profile's shipped one)")
+                            "calibrate forward-noise; default: the profile's shipped calibrate/noise/<profile>-"
+                            "forward.json)")
     p_val.add_argument("--replicate", help="a replicate run (fresh process, same GPU): measure how often its point "
                                            "ratios fall inside this run's intervals (their coverage)")
 
@@ -81,8 +80,8 @@ def run(args) -> int:
         _check_gpu(rep_info, profile.name, args.forward_replicate, args.allow_mismatch)
         replicate = (args.forward_replicate, rep_df)
     noise = load_noise(profile.name, Path(args.noise) if args.noise else None)
-    floor = load_forward_floor(profile.name, Path(args.forward_noise) if args.forward_noise else None)
-    floor_name = args.forward_noise or forward_noise_path(profile.name).name
+    floor = load_forward_floor(profile.name, Path(args.forward_floor) if args.forward_floor else None)
+    floor_name = args.forward_floor or forward_noise_path(profile.name).name
     _print_provenance(table, args.results, info, args.forward or [])
     verdicts = cell_verdicts(cells, table, args.margin, args.oracle, noise)
     totals = forward_totals(cells, table, model_uses(df), profile.capture_size, args.oracle)
