@@ -1037,7 +1037,7 @@ def test_the_old_spelling_of_an_option_still_works_and_says_so_once(capsys):
 
 
 def test_validate_widens_with_the_floor_it_is_given_and_refuses_a_missing_one(tmp_path, capsys):
-    """--noise / --forward-noise: the floors a table run measured on its own machines judge its check (a first table
+    """--noise / --forward-floor: the floors a table run measured on its own machines judge its check (a first table
     of a GPU has no shipped floor); a missing file stops validate before it prints anything."""
     from calibrate.__main__ import main
     floor = tmp_path / "noise.json"

@@ -90,7 +90,8 @@ def run(args) -> int:
     counts = verdicts["verdict"].value_counts().to_dict()
     print(f"{len(verdicts)} cells, graph regime (GPU time); dispatcher vs best of {args.oracle}: {counts}; "
           f"max regret {verdicts['regret'].max():.1%}")
-    print("intervals: " + (f"bootstrap widened by the run-to-run floor of {args.noise or noise_path(profile.name).name} "
+    noise_name = args.noise or noise_path(profile.name).name
+    print("intervals: " + (f"bootstrap widened by the run-to-run floor of {noise_name} "
                            f"({noise.source.get('runs', '?')})" if noise else
                            "bootstrap alone (no noise floor for this profile: python -m calibrate noise)"))
     if args.replicate:
