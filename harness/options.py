@@ -95,6 +95,9 @@ OPTIONS: dict[str, Option] = {
     "work": Option(("--work",), "where a fresh measurement writes (default: {default})", dict(metavar="DIR")),
     "noise": Option(("--noise",), "the run-to-run noise floor (python -m calibrate noise){what} (default: the "
                                   "profile's shipped calibrate/noise/<profile>.json)", dict(metavar="FILE")),
+    "forward-floor": Option(("--forward-floor",), "the forward noise floor (python -m calibrate forward-noise){what} "
+                                                  "(default: the profile's shipped calibrate/noise/<profile>-forward."
+                                                  "json)", dict(metavar="FILE")),
     "baseline": Option(("--baseline",), "a stored baseline file{what} (default: {default})", dict(metavar="FILE")),
 }
 

@@ -14,8 +14,6 @@ from calibrate.compare import DEFAULT_MARGIN, VERDICTS, compare, counts_per_path
 from calibrate.determinism import by_path
 from calibrate.forward_model import (EAGER_VOID, MODEL_MISS, eager_void, forward_ratios, forward_verdicts, load_forward,
                                      model_vs_measured)
-from calibrate.forward_noise import load_forward_floor
-from calibrate.noise import load_noise
 from calibrate.vllm_terms import COMPARED, LABELS, geomean, required_paths, vllm_terms
 from dispatch.backends import ATEN, is_flashinfer
 from dispatch.table import describe_ranges
@@ -217,7 +215,7 @@ def _run_against_run(primary: Run, other: Run, rows: pd.DataFrame) -> str:
     """Run B (other) against run A (primary) as `calibrate compare` judges it (calibrate/compare.py): per path the
     cells per verdict class, the cells not SAME, the environment's differences first; and the FlashInfer/aten
     ratio of both runs side by side (what a table's decision at a cell rests on)."""
-    noise = load_noise(primary.profile.name) if primary.profile is not None else None
+    noise = primary.noise
     c = compare(primary.df, other.df, primary.info, other.info, noise, DEFAULT_MARGIN)
     counts = counts_per_path(c.rows).reset_index()
     env = ("<p class='verdict no'>The environments differ (" + esc("; ".join(c.env_differences)) + "): a verdict "
@@ -373,7 +371,7 @@ def _forward_intro(fdf: pd.DataFrame, info: dict, ratios: pd.DataFrame) -> list[
 def _forward_verdicts_part(run: Run, fdf: pd.DataFrame) -> list[str]:
     """The measured verdict of the dispatcher's forward against the best path, both regimes."""
     parts: list[str] = []
-    floor = load_forward_floor(run.profile.name)
+    floor = run.forward_floor
     fv = forward_verdicts(fdf, run.profile.capture_size, floor)
     if not fv.empty:
         bad, noisy = fv[~fv["ok"]], fv[fv["verdict"] == "within noise"]
@@ -430,7 +428,7 @@ def vllm_section(run: Run, frames: list[pd.DataFrame]) -> str | None:
     fdf = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     if run.profile is None or fdf.empty or not set(required_paths(run.profile)) <= set(fdf[fdf["status"] == "ok"]["path"]):
         return None
-    floor = load_forward_floor(run.profile.name)
+    floor = run.forward_floor
     terms = vllm_terms(fdf, run.profile, floor)
     r = terms.rows
     summary = []
@@ -486,18 +484,22 @@ def check_inputs(results: list[str], forward: list[str], anatomy: str | None, ba
 
 def build(results: list[str], out: Path, baseline: str | None = None, anatomy: str | None = None,
           thresholds: str | None = None, partial: bool = False, forward: str | list[str] | None = None,
-          allow_mismatch: bool = False, draw_figures: bool = True) -> Path:
+          allow_mismatch: bool = False, draw_figures: bool = True, noise: str | None = None,
+          forward_floor: str | None = None) -> Path:
     """The report of results[0] (the others compared with it); `forward`: measured-forward folders, e.g. one per model
-    of one run, each its own section; `draw_figures` False: text and tables only (a quick look)."""
+    of one run, each its own section; `draw_figures` False: text and tables only (a quick look); `noise`,
+    `forward_floor`: the floor files that judge results[0] in place of the profile's shipped ones."""
     check_inputs(results, [forward] if isinstance(forward, str) else list(forward or []), anatomy, baseline,
                  allow_mismatch)
     folders = [forward] if isinstance(forward, str) else list(forward or [])
     with progress(len(results) + 1, "report: loading") as bar:
         runs = []
         for r in results:
-            runs.append(load_run(r, thresholds, partial))
+            runs.append(load_run(r, thresholds, partial, noise, forward_floor))
             bar.update()
         primary = runs[0]
+        if noise or forward_floor:  # a floor file named on the command line: a bad one stops the build here
+            _ = (primary.noise, primary.forward_floor)
         loaded = {f: load_forward(f, partial) for f in folders}  # read once: the verdict, its section, vLLM terms
         ratios = ratio_rows(primary)
         # the figures draw on forked workers while the verdicts are computed here

@@ -23,12 +23,15 @@ def parser() -> Parser:
     p.add_argument("--figures", choices=("all", "none"), default="all",
                    help="none: text and tables only, without drawing a figure (a quick look; default all)")
     add(p, "partial", what="(the verdict says so)")
+    add(p, "noise", what="that widens the first run's cell verdicts")
+    add(p, "forward-floor", what="that widens its measured forwards' verdicts")
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     out = build(args.results, output_file(args.out, "--out-file"), args.baseline, args.anatomy, args.table, args.partial,
-                args.forward, args.allow_mismatch, draw_figures=args.figures == "all")
+                args.forward, args.allow_mismatch, draw_figures=args.figures == "all", noise=args.noise,
+                forward_floor=args.forward_floor)
     print(f"wrote {out} ({out.stat().st_size / 1e6:.1f} MB)")
     return 0

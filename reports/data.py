@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -37,13 +38,32 @@ class Run:
     table: ThresholdTable | None
     incomplete: list[str]  # what check_grid found missing (only with --partial; empty for a complete run)
     table_problem: str = ""  # why the table cannot judge this run (calibrate.runs.table_problem)
+    noise_file: str | None = None  # the floors its verdicts are widened by; None: the profile's shipped ones
+    forward_floor_file: str | None = None
+
+    @cached_property
+    def noise(self) -> Any:
+        """The run-to-run noise floor of its cell verdicts (None: the bootstrap alone), read on first use."""
+        if self.profile is None:
+            return None
+        return load_noise(self.profile.name, Path(self.noise_file) if self.noise_file else None)
+
+    @cached_property
+    def forward_floor(self) -> Any:
+        """The forward noise floor of its measured-forward verdicts (None: the paired rounds alone)."""
+        if self.profile is None:
+            return None
+        return load_forward_floor(self.profile.name, Path(self.forward_floor_file) if self.forward_floor_file else None)
 
     @property
     def gpu(self) -> str:
         return str((self.info.get("fingerprint") or {}).get("gpu_name", "unknown GPU"))
 
 
-def load_run(path: str | Path, thresholds: str | None = None, partial: bool = False) -> Run:
+def load_run(path: str | Path, thresholds: str | None = None, partial: bool = False, noise: str | None = None,
+             forward_floor: str | None = None) -> Run:
+    """A results folder with the table that judges it; `noise`, `forward_floor`: floor files that widen its verdicts
+    in place of the profile's shipped ones (a table run judges its check with its own)."""
     df = load_results(path, partial=partial)
     info = load_run_info(path)
     incomplete = df.attrs["incomplete"]
@@ -60,7 +80,7 @@ def load_run(path: str | Path, thresholds: str | None = None, partial: bool = Fa
     if problem:  # the report shows the measurements, and says why no dispatcher verdict
         table = None
     label = f"{Path(path).name} ({info.get('started', '?')[:10]}, {(info.get('fingerprint') or {}).get('gpu_name', '?')})"
-    return Run(label, str(path), df, info, profile, cells, table, incomplete, problem)
+    return Run(label, str(path), df, info, profile, cells, table, incomplete, problem, noise, forward_floor)
 
 
 def cell_rows(run: Run, dispatch_verdicts: pd.DataFrame | None = None) -> pd.DataFrame:
@@ -93,7 +113,7 @@ def with_dispatch_verdicts(run: Run, df: pd.DataFrame, dispatch_verdicts: pd.Dat
     df = df.copy()
     c = run.cells
     if dispatch_verdicts is None and run.table is not None:
-        dispatch_verdicts = cell_verdicts(c, run.table, MARGIN, noise=load_noise(run.profile.name))
+        dispatch_verdicts = cell_verdicts(c, run.table, MARGIN, noise=run.noise)
     if dispatch_verdicts is not None and not dispatch_verdicts.empty and DISPATCH in set(df["path"]):
         v = dispatch_verdicts.set_index(["n", "k", "m"])
         is_d = df["path"] == DISPATCH
@@ -135,9 +155,9 @@ def headline(run: Run, forwards: list[tuple[pd.DataFrame, dict]] | None = None) 
                      "No threshold table exists for this GPU, so the dispatcher cannot be judged here; ") +
                     "fit one with `python -m calibrate fit`.")
         return Headline(None, s, pd.DataFrame(), pd.DataFrame())
-    verdicts = cell_verdicts(c, run.table, MARGIN, noise=load_noise(run.profile.name))
+    verdicts = cell_verdicts(c, run.table, MARGIN, noise=run.noise)
     totals = forward_totals(c, run.table, model_uses(df), run.profile.capture_size)
-    floor = load_forward_floor(run.profile.name)
+    floor = run.forward_floor
     slower, over = failures(verdicts, totals, floor)
     measured_over, covered = 0, set()
     if forwards:

@@ -124,6 +124,7 @@ def legs(run: TableRun, scope=None, machines: int | None = None) -> list[Leg]:
     table, sweep, forward, refine = folder / "table.json", folder / "sweep", folder / "forward", folder / "refine"
     check_sweep, check_forward = folder / "check-sweep", folder / "check-forward"
     noise, forward_noise = folder / "noise.json", folder / "forward-noise.json"
+    floors = ("--noise", str(noise), "--forward-floor", str(forward_noise))  # the verdict's and the page's alike
     tactics, table_tactics = sweep / FILE_NAME, folder / "table.autotune.json"
     plan = folder / REFINE_PLAN
     refined = not (plan.is_file() and not plan.read_text().strip())  # unknown before the first fit: planned
@@ -170,10 +171,9 @@ def legs(run: TableRun, scope=None, machines: int | None = None) -> list[Leg]:
         cpu_leg("forward-noise", "calibrate", ["forward-noise", str(forward), str(check_forward), "--gpu", p,
                                                "--out-file", str(forward_noise)], forward_noise.name),
         cpu_leg("validate", "calibrate", ["validate", str(check_sweep), "--table", str(table), "--forward",
-                                          str(check_forward), "--noise", str(noise), "--forward-floor",
-                                          str(forward_noise)], None, verdict=True),
+                                          str(check_forward), *floors], None, verdict=True),
         cpu_leg("baseline", "calibrate", ["baseline", "--gpu", p, "--from", str(sweep), str(check_sweep), "--out-file",
                                           str(folder / "baseline.json")], "baseline.json"),
         cpu_leg("report", "reports", ["build", str(check_sweep), "--table", str(table), "--forward",
-                                      str(check_forward), "-o", str(folder / "report.html")], "report.html"),
+                                      str(check_forward), *floors, "-o", str(folder / "report.html")], "report.html"),
     ]

@@ -1049,3 +1049,14 @@ def test_validate_widens_with_the_floor_it_is_given_and_refuses_a_missing_one(tm
         assert run_cli(main, "calibrate", args) == 2
         captured = capsys.readouterr()
         assert captured.out == "" and captured.err.count("\n") == 1 and "absent.json" in captured.err
+
+
+def test_a_report_refuses_a_missing_floor_file_and_writes_nothing(tmp_path, capsys):
+    from reports.__main__ import main
+    page = tmp_path / "page.html"
+    for option in ("--noise", "--forward-floor"):
+        args = ["build", str(LEAN), "--table", str(LEAN_TABLE), "--figures", "none", option,
+                str(tmp_path / "absent.json"), "-o", str(page)]
+        assert run_cli(main, "reports", args) == 2
+        captured = capsys.readouterr()
+        assert captured.err.count("\n") == 1 and "absent.json" in captured.err and not page.exists()

@@ -67,6 +67,8 @@ def test_the_legs_and_their_order(tmp_path):
     judged = by_name["validate"]
     assert judged[judged.index("--noise") + 1] == str(tmp_path / "noise.json")
     assert judged[judged.index("--forward-floor") + 1] == str(tmp_path / "forward-noise.json")
+    page = by_name["report"]  # the page judges the check as validate does
+    assert page[page.index("--noise"):page.index("--noise") + 4] == judged[judged.index("--noise"):][:4]
     other = by_name["machine-2"]
     assert other[other.index("--autotune-cache") + 1] == str(tmp_path / "sweep" / "autotune-cache.json")
     assert other[other.index("--paths") + 1] == "aten,flashinfer-lean:tinygemm,flashinfer-lean:cublaslt,triton:gemv"

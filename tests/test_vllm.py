@@ -177,8 +177,9 @@ def _forward_folder(path, df):
 
 def test_the_report_leads_with_the_vllm_terms_where_the_forwards_measured_them(tmp_path):
     from calibrate.forward_model import load_forward
+    from calibrate.forward_noise import load_forward_floor
     from reports.build import vllm_section
-    run = SimpleNamespace(profile=H200)
+    run = SimpleNamespace(profile=H200, forward_floor=load_forward_floor(H200.name))  # a Run's reads the shipped one
     html = vllm_section(run, [load_forward(_forward_folder(tmp_path, _h200_forward()))[0]])
     assert "vLLM 0.33.0" in html and "is unsupported" in html and "best T" in html
     old = tmp_path / "old"

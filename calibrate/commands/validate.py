@@ -45,10 +45,7 @@ def add_parser(sub, parents: list) -> None:
                             "often its ratios fall inside --forward's intervals (their coverage)")
     add(p_val, "allow-mismatch")
     add(p_val, "noise", what="that widens the cell intervals")
-    p_val.add_argument("--forward-floor", metavar="FILE",
-                       help="the forward noise floor that widens the measured forwards' intervals (python -m "
-                            "calibrate forward-noise; default: the profile's shipped calibrate/noise/<profile>-"
-                            "forward.json)")
+    add(p_val, "forward-floor", what="that widens the measured forwards' intervals")
     p_val.add_argument("--replicate", help="a replicate run (fresh process, same GPU): measure how often its point "
                                            "ratios fall inside this run's intervals (their coverage)")
 
