@@ -356,6 +356,37 @@ def _pick(key: tuple[str, str, int], per_run: list[dict], candidates: list[str],
         picks[key] = (path, *worst[path])
 
 
+def slower_in_every_run(runs: list[pd.DataFrame], candidates: list[str], floor: "ForwardFloor | None" = None
+                        ) -> dict[tuple[str, str, int], dict[str, float]]:
+    """Per (regime, model, M): the lean single paths whose whole forward was slower than all-aten beyond the noise
+    (paired interval, widened by `floor` where given, wholly above 1) in every run that measured both there, with the
+    smallest of their ratios. A forward measures what cells cannot: a tuned kernel faster in a short burst of calls
+    may run a whole forward at a lower clock under the power cap."""
+    per_run = []
+    for run in runs:
+        seen = {}
+        for (regime, model, m), g in run[run["status"] == "ok"].groupby(["regime", "model", "m"]):
+            g = g.set_index("path")
+            if ATEN not in g.index:
+                continue
+            slow = {}
+            for path in candidates:
+                if path != ATEN and path in g.index:
+                    ratio, lo, hi = paired(g, path, ATEN)
+                    lo = widened(str(regime), ratio, lo, hi, floor)[0]
+                    if lo == lo and lo > 1:
+                        slow[path] = ratio
+            seen[(str(regime), str(model), int(m))] = (slow, set(g.index))
+        per_run.append(seen)
+    out: dict[tuple[str, str, int], dict[str, float]] = {}
+    for key in sorted({key for seen in per_run for key in seen}):
+        for path in candidates:
+            taking_part = [seen[key] for seen in per_run if key in seen and path in seen[key][1]]
+            if taking_part and all(path in slow for slow, _ in taking_part):
+                out.setdefault(key, {})[path] = min(slow[path] for slow, _ in taking_part)
+    return out
+
+
 def gpu_bound_in_every_run(runs: list[pd.DataFrame], margin: float = GPU_BOUND_MARGIN,
                            hold_out: set[int] | frozenset[int] = frozenset()) -> dict[str, float]:
     """gpu_bound_from over several runs: per model, the latest start of any run (the cautious side)."""

@@ -42,9 +42,12 @@ RULE = ("fewest M ranges per shape and regime such that at every measured M the 
         "GPU time or an eager one where both calls were GPU-bound (host's 80th percentile below GPU's 20th), it "
         "costs F.linear's cost); "
         "graph cost: GPU time; eager cost: max(host, GPU) per call, and with --forward GPU time from the M where "
-        "the shape's models' measured eager forwards were GPU-bound (both between that and the host-bound M), and "
+        "the shape's models' measured eager forwards were GPU-bound (both between that and the host-bound M, and "
+        "for a call that submits slower than F.linear's without its GPU time covering that), and "
         "at a (model, M) where a single path's whole eager forward beat all-aten beyond the noise in every run, "
-        "that path as the best at the model's cells with the forward's ratio; no range narrower than "
+        "that path as the best at the model's cells with the forward's ratio; at a (model, M) where a single "
+        "path's whole forward (either regime) ran slower than all-aten beyond the noise in every run, not that "
+        "path at the model's cells; no range narrower than "
         f"{MIN_WIDTH:.0%} of its upper M unless every other segmentation breaks the tolerance; among the fewest "
         "ranges (F.linear above the last one is not a range), F.linear keeps the M where no FlashInfer path beats it "
         "beyond the noise, then the lower total cost, then F.linear; where a single path's cost summed over a "
@@ -67,6 +70,17 @@ def _gpu_bound(cells: Cells, n: int, k: int, m: int, path: str) -> bool:
     GPU's 20th."""
     host = cells.percentile(n, k, m, path, "host_us", "p80")
     return not math.isnan(host) and host < cells.percentile(n, k, m, path, "gpu_us", "p20")
+
+
+def _submits_slower(cells: Cells, n: int, k: int, m: int, path: str) -> bool:
+    """Whether an eager call submits slower than F.linear's beyond the spread (host's 20th percentile above F.linear's
+    80th) and its own GPU time does not cover that (not _gpu_bound). A forward found GPU-bound with F.linear's
+    submissions need not stay so with such a call in every layer, so its cost there is not its GPU time alone."""
+    if path == ATEN:
+        return False
+    host = cells.percentile(n, k, m, path, "host_us", "p20")
+    aten = cells.percentile(n, k, m, ATEN, "host_us", "p80")
+    return not math.isnan(host) and not math.isnan(aten) and host > aten and not _gpu_bound(cells, n, k, m, path)
 
 
 def _alike(cells: Cells, n: int, k: int, m: int, path: str, how: tuple[str, ...], noise: Any) -> bool:
@@ -175,12 +189,18 @@ CONSISTENT_MACHINES = 3
 MachineCosts = tuple[Costs, Costs, set[tuple[int, str]]]
 
 
-def _machine_costs(cells: Cells, n: int, k: int, hows: dict[int, tuple[str, ...]], among: list[str], noise: Any
-                   ) -> MachineCosts:
-    """One machine's cost, conservative ratio to F.linear and alike cells of a shape, per M as `hows` judges it."""
+def _machine_costs(cells: Cells, n: int, k: int, hows: dict[int, tuple[str, ...]], among: list[str], noise: Any,
+                   regime: str = "graph") -> MachineCosts:
+    """One machine's cost, conservative ratio to F.linear and alike cells of a shape, per M as `hows` judges it; an
+    eager M judged by GPU time alone (a GPU-bound forward) judges a path that submits slower than F.linear
+    (_submits_slower) by both GPU time and max(host, GPU)."""
     cost, upper, alike = {}, {}, set()
-    for m, how in hows.items():
+    for m, judged in hows.items():
         for p in among:
+            how = judged
+            if regime != "graph" and judged == ("graph",) and cells.has(n, k, m, p) and cells.has(n, k, m, ATEN) \
+                    and _submits_slower(cells, n, k, m, p):
+                how = ("graph", "eager")
             value = _cost(cells, n, k, m, p, how) if cells.has(n, k, m, p) else math.nan
             if math.isnan(value):
                 continue  # unmeasured, or without the host time its regime is judged by: cannot cover M
@@ -257,7 +277,8 @@ def fit_segments(cells: Cells, base: ThresholdTable, tolerance: float = DEFAULT_
                  host_bound_until: dict[tuple[int, int], float] | None = None,
                  picks: dict[tuple[str, int, int, int], tuple[str, float, float]] | None = None,
                  uses: Uses | None = None, forward_floor: Any = None, capture_size: int = 0,
-                 others: list[Cells] | None = None) -> tuple[ThresholdTable, pd.DataFrame]:
+                 others: list[Cells] | None = None,
+                 vetoes: dict[tuple[str, int, int, int], set[str]] | None = None) -> tuple[ThresholdTable, pd.DataFrame]:
     """The table of the fewest-range fit (RULE) from measured cells, and per shape what it chose. The boundness maps
     (n, k) -> M come from measured forwards (calibrate.forward_model) and say how eager cells are judged
     (eager_model). `picks` (regime, n, k, m) -> (path, its ratio to all-aten, the top of that ratio's interval): a
@@ -270,7 +291,9 @@ def fit_segments(cells: Cells, base: ThresholdTable, tolerance: float = DEFAULT_
     table pipeline uses so that a sum that passes on the fitting machine keeps the floor's margin on another), that
     path counts as won at those cells and the shapes are fitted again; where the sum still exceeds, it alone covers
     them (sum_picks). `others`: the same cells measured on other machines with the same tactics; each cell is then
-    judged by the median machine (median_machine)."""
+    judged by the median machine (median_machine). `vetoes` (regime, n, k, m) -> paths: where a single path's whole
+    measured forward was slower than all-aten beyond the noise (forward_model.slower_in_every_run), it cannot cover
+    that M of the model's shapes, whatever its cells say."""
     among = dispatch_candidates(cells, base)
     problems: dict[tuple[str, int, int], Problem] = {}
     for n, k, ms in shapes_to_fit(cells, hold_out):
@@ -278,10 +301,10 @@ def fit_segments(cells: Cells, base: ThresholdTable, tolerance: float = DEFAULT_
             hows = {m: ("graph",) if regime == "graph" else eager_model(
                 m, (gpu_bound_from or {}).get((n, k)), (host_bound_until or {}).get((n, k))) for m in ms}
             judged = {m: "graph" if how == ("graph",) else "eager" for m, how in hows.items()}
-            own = _machine_costs(cells, n, k, hows, among, noise)
+            own = _machine_costs(cells, n, k, hows, among, noise, regime)
             barred: frozenset[tuple[int, str]] = frozenset()
             if others:
-                theirs = [_machine_costs(o, n, k, hows, among, noise) for o in others]
+                theirs = [_machine_costs(o, n, k, hows, among, noise, regime) for o in others]
                 barred = machine_bars(ms, [own, *theirs], among, tolerance, min_gain)
                 own = median_machine(own, theirs)
             problems[(regime, n, k)] = Problem(ms, own[0], own[1], judged, frozenset(own[2]), barred)
@@ -294,13 +317,16 @@ def fit_segments(cells: Cells, base: ThresholdTable, tolerance: float = DEFAULT_
         for (regime, n, k), (ms, raw, upper, _, alike, barred) in problems.items():
             cost, up = dict(raw), dict(upper)
             for m in ms:
+                for vetoed in (vetoes or {}).get((regime, n, k, m), ()):
+                    if vetoed != ATEN and (m, ATEN) in cost:  # F.linear then covers that M
+                        cost.pop((m, vetoed), None)
                 picked = (picks or {}).get((regime, n, k, m))
                 if picked is not None and (m, picked[0]) in cost and (m, ATEN) in cost and (m, picked[0]) not in alike:
                     path, ratio, hi = picked  # the forward's ratio to all-aten stands for the cell's
                     cost[(m, path)] = min(cost[(m, ATEN)] * ratio, *(cost[(m, q)] for q in among if (m, q) in cost))
                     up[(m, path)] = hi
                 must = forced.get((regime, n, k, m))
-                if must is not None:  # the picked path counts as won here; strict: it alone covers this M
+                if must is not None and ((m, must) in cost or must == ATEN):  # a vetoed path is not forced  # the picked path counts as won here; strict: it alone covers this M
                     for q in among:
                         if q != must and strict:
                             cost.pop((m, q), None)

@@ -14,9 +14,10 @@ from bench.autotune_cache import FILE_NAME, gemv_file, read_entries, read_gemv, 
 from bench.merge import fingerprint_difference
 from bench.results import load_run_info
 from calibrate.analysis import FIT_MIN_GAIN, Cells, dispatch_candidates, fit, model_uses
+from dispatch.backends import ATEN
 from calibrate.determinism import source_entry
 from calibrate.forward_model import (GPU_BOUND_MARGIN, gpu_bound_in_every_run, host_bound_in_every_run, kept_choices,
-                                     overrides_over_the_table, picks_in_every_run)
+                                     overrides_over_the_table, picks_in_every_run, slower_in_every_run)
 from calibrate.forward_noise import forward_noise_path, load_forward_floor
 from calibrate.install import Artifact, gemv_check, shipped_layout, table_check, write_outputs
 from calibrate.noise import load_noise
@@ -177,8 +178,8 @@ def _fit_cmd(args, argv, profile, df, info, cells) -> int:
         if floor is None:
             raise HarnessError(f"--forward-noise: no forward noise floor for {profile.name}; measure one with python -m "
                                f"calibrate forward-noise RUN_A RUN_B --gpu {profile.name}")
-    cell_picks, forward_note, shape_bound, shape_host, runs, picks = _forward_picks(args, profile, df, cells, base,
-                                                                                   hold_out, floor)
+    cell_picks, forward_note, shape_bound, shape_host, runs, picks, vetoes = _forward_picks(
+        args, profile, df, cells, base, hold_out, floor)
     if args.machine and args.method != "segments":
         raise HarnessError("--machine needs --method segments")
     if args.method == "segments":
@@ -194,7 +195,8 @@ def _fit_cmd(args, argv, profile, df, info, cells) -> int:
         others = [Cells.from_results(o) for o in _same_setup_runs(args.results, info, args.machine, args.partial,
                                                                    profile.name, "--machine")] if args.machine else None
         table, report = fit_segments(cells, base, args.tolerance, args.min_gain, noise, hold_out, shape_bound,
-                                     shape_host, seg_picks, model_uses(df), None, profile.capture_size, others)
+                                     shape_host, seg_picks, model_uses(df), None, profile.capture_size, others,
+                                     vetoes)
         counts = range_counts(table)
         print(f"segments: {counts['mean_ranges']:.2f} ranges per shape and regime on average (at most "
               f"{counts['max_ranges']}), the narrowest {counts['narrowest_share']:.0%} of its upper M")
@@ -210,16 +212,38 @@ def _fit_cmd(args, argv, profile, df, info, cells) -> int:
     return _write(args, profile, df, cells, out, plan_file, table, source, report, fitted_ms, hold_out)
 
 
+def _cells_say_no_slower(cells: Cells, uses: list[tuple[int, int, int]], m: int, path: str, regime: str) -> bool:
+    """Whether a model's cells at M, count-weighted, put a single path at or below all-aten's cost: the graph regime
+    by GPU time, eager by max(host, GPU) per call. False where the path or F.linear is not measured at every one of
+    them (a sweep leaves out a path far slower at a smaller M: the cells cannot speak for the forward)."""
+    if not uses or not all(cells.has(n, k, m, ATEN) and cells.has(n, k, m, path) for n, k, _ in uses):
+        return False
+    aten = sum(c * cells.cost(n, k, m, ATEN, regime) for n, k, c in uses)
+    single = sum(c * cells.cost(n, k, m, path, regime) for n, k, c in uses)
+    return single <= aten
+
+
 def _forward_picks(args, profile, df, cells, base, hold_out, floor):
     """What measured forwards (--forward) give the fit: the single-path picks at each (regime, model, M), the cells
     they apply to, the M from which each shape's eager forwards are GPU-bound and up to which they are host-bound,
     and the note the table's source keeps. (cell picks, note, GPU-bound M, host-bound M, runs, picks)."""
     cell_picks, forward_note, shape_bound, shape_host, runs, picks = {}, None, {}, {}, [], {}
     if not args.forward:
-        return cell_picks, forward_note, shape_bound, shape_host, runs, picks
+        return cell_picks, forward_note, shape_bound, shape_host, runs, picks, {}
     runs = [fdf for fdf, _ in _load_forwards(args.forward, profile.name, args.partial)]
     picks = picks_in_every_run(runs, dispatch_candidates(cells, base), args.min_gain, floor)
     uses = model_uses(df)
+    vetoes = {}  # (regime, n, k, m) -> the paths a whole forward of the model ran slower than all-aten there
+    for (regime, model, m), slow in sorted(slower_in_every_run(runs, dispatch_candidates(cells, base), floor).items()):
+        # only where the cells say otherwise: a path slower on some shapes is the cells' to judge, shape by shape
+        slow = {p: r for p, r in slow.items() if _cells_say_no_slower(cells, uses.get(model, []), m, p, regime)}
+        if m in hold_out or not slow:
+            continue
+        for n, k, _ in uses.get(model, []):
+            vetoes.setdefault((regime, n, k, m), set()).update(slow)
+        for path, ratio in sorted(slow.items()):
+            print(f"{regime}, {model} M={m}: {path} everywhere it runs measured {ratio:.3f}x all-aten, slower beyond "
+                  f"the noise{' in every run' if len(runs) > 1 else ''}; not chosen at the model's cells at that M")
     for (regime, model, m), (path, ratio, hi) in sorted(picks.items()):
         if m in hold_out:
             continue
@@ -245,8 +269,9 @@ def _forward_picks(args, profile, df, cells, base, hold_out, floor):
     forward_note = {"forward": args.forward[0] if len(args.forward) == 1 else list(args.forward),
                     "picks": {f"{r} {mo} M={m}": p for (r, mo, m), (p, *_) in sorted(picks.items())},
                     "gpu_bound_from": {mo: (None if v == math.inf else int(v)) for mo, v in sorted(bound_m.items())},
-                    "host_bound_until": {mo: int(v) for mo, v in sorted(host_m.items())}}
-    return cell_picks, forward_note, shape_bound, shape_host, runs, picks
+                    "host_bound_until": {mo: int(v) for mo, v in sorted(host_m.items())},
+                    "vetoes": {f"{r} {n}x{k} M={m}": sorted(v) for (r, n, k, m), v in sorted(vetoes.items())}}
+    return cell_picks, forward_note, shape_bound, shape_host, runs, picks, vetoes
 
 
 def _source(args, argv, profile, info, df, cells, base, hold_out, noise, floor, forward_note, override_note):
