@@ -10,7 +10,8 @@ import numpy as np
 import pandas as pd
 
 from bench.forward_paths import flashinfer_everywhere_choice
-from dispatch.backends import ATEN, BACKENDS, DISPATCH, GEMV, backend_of, is_kernel_path, is_lean, lean_path
+from dispatch.backends import (ATEN, BACKENDS, DISPATCH, GEMV, backend_of, is_flashinfer, is_kernel_path, is_lean,
+                               lean_path)
 from dispatch.backends import flashinfer_path as public_path
 from dispatch.table import REGIMES, ThresholdTable, compress, describe_ranges
 from harness.errors import HarnessError
@@ -271,21 +272,56 @@ def candidates(table: ThresholdTable, cells: Cells, n: int, k: int, m: int, orac
     return [p for p in oracle_pool(cells, table, oracle, among) if cells.has(n, k, m, p)]
 
 
+Veto = tuple[str, int, int, int]  # (regime, n, k, m)
+
+
+def veto_key(regime: str, n: int, k: int, m: int) -> str:
+    """How a table's source names a cell of a veto: 'graph 18432x2560 M=512'."""
+    return f"{regime} {n}x{k} M={m}"
+
+
+def forward_vetoes(table: ThresholdTable) -> dict[Veto, frozenset[str]]:
+    """The paths a table's fit kept out of cells because a measured forward of the model ran slower with them alone
+    than all-aten, beyond the noise, where the cells said they would not (calibrate fit; the table's source,
+    measured_forwards.vetoes)."""
+    raw = ((table.source or {}).get("measured_forwards") or {}).get("vetoes") or {}
+    out = {}
+    for key, paths in raw.items():
+        parts = str(key).split(" ")
+        try:
+            (n, k), m = map(int, parts[1].split("x")), int(parts[2].removeprefix("M="))
+        except (IndexError, ValueError):
+            raise HarnessError(f"threshold table of {table.profile}: veto {key!r} is not 'REGIME NxK M=m'; fit the "
+                               f"table again (python -m calibrate fit)") from None
+        out[(parts[0], n, k, m)] = frozenset(map(str, paths))
+    return out
+
+
+def _vetoed(path: str, vetoed) -> bool:
+    """Whether a veto covers a path: the lean call vetoed covers the public call of its backend (the same kernel)."""
+    return path in vetoed or (is_flashinfer(path) and lean_path(backend_of(path)) in vetoed)
+
+
 def cell_verdicts(cells: Cells, table: ThresholdTable, margin: float = 0.03, oracle: str = "all",
-                  noise: Any = None) -> pd.DataFrame:
+                  noise: Any = None, vetoes: dict[Veto, frozenset[str]] | None = None) -> pd.DataFrame:
     """Per cell, in the graph regime (GPU time): the dispatcher's choice against the fastest path of the oracle, with
     the ratio's interval (bootstrap, widened by the run-to-run floor `noise` where given). Beside it, the eager
-    regime's choice and its cost (max(host, GPU)) over the best eager cost, a point estimate."""
+    regime's choice and its cost (max(host, GPU)) over the best eager cost, a point estimate. A path the table's fit
+    vetoed at a cell (`vetoes`, default the table's own: forward_vetoes) is no oracle there; where it was the fastest,
+    `vetoed` names it and `vetoed_regret` is the choice's cost over it."""
     rows = []
     among = dispatch_candidates(cells, table)
     low = low_m_measured(cells, table)
+    vetoes = forward_vetoes(table) if vetoes is None else vetoes
     for n, k in cells.shapes():
         for m in cells.ms(n, k):
             cands = candidates(table, cells, n, k, m, oracle, among)
             if not cands:
                 continue
             chosen = chosen_path(table, cells, n, k, m)
-            best = min(cands, key=lambda p: cells.gpu_beside_aten(n, k, m, p))
+            fastest = min(cands, key=lambda p: cells.gpu_beside_aten(n, k, m, p))
+            best = min([p for p in cands if not _vetoed(p, vetoes.get(("graph", n, k, m), ()))] or cands,
+                       key=lambda p: cells.gpu_beside_aten(n, k, m, p))
             ratio, lo, hi = calibrated_ratio(cells, n, k, m, chosen, best, noise, hash((n, k, m)) & 0xFFFF)
             v = "SAME" if chosen == best else verdict(lo, hi, margin)
             low_vs_aten = ""
@@ -293,10 +329,14 @@ def cell_verdicts(cells: Cells, table: ThresholdTable, margin: float = 0.03, ora
                 _, llo, lhi = calibrated_ratio(cells, n, k, m, low, ATEN, noise, (hash((n, k, m)) + 1) & 0xFFFF)
                 low_vs_aten = verdict(llo, lhi, margin)
             eager = chosen_path(table, cells, n, k, m, "eager")
-            eager_best = min(cands, key=lambda p: cells.cost(n, k, m, p, "eager"))
+            eager_best = min([p for p in cands if not _vetoed(p, vetoes.get(("eager", n, k, m), ()))] or cands,
+                             key=lambda p: cells.cost(n, k, m, p, "eager"))
             rows.append({"n": n, "k": k, "m": m, "chosen": chosen, "oracle": best,
                          "chosen_us": cells.gpu(n, k, m, chosen), "oracle_us": cells.gpu(n, k, m, best),
                          "regret": ratio - 1, "ratio_lo": lo, "ratio_hi": hi, "verdict": v,
+                         "vetoed": fastest if fastest != best else "",
+                         "vetoed_regret": (cells.gpu(n, k, m, chosen) / cells.gpu(n, k, m, fastest) - 1
+                                           if fastest != best else np.nan),
                          "low_m_vs_aten": low_vs_aten,
                          "measured_dispatch_us": cells.gpu(n, k, m, DISPATCH) if cells.has(n, k, m, DISPATCH) else np.nan,
                          "eager_chosen": eager, "eager_oracle": eager_best,

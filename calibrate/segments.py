@@ -326,7 +326,8 @@ def fit_segments(cells: Cells, base: ThresholdTable, tolerance: float = DEFAULT_
                     cost[(m, path)] = min(cost[(m, ATEN)] * ratio, *(cost[(m, q)] for q in among if (m, q) in cost))
                     up[(m, path)] = hi
                 must = forced.get((regime, n, k, m))
-                if must is not None and ((m, must) in cost or must == ATEN):  # a vetoed path is not forced  # the picked path counts as won here; strict: it alone covers this M
+                # the picked path counts as won here (a vetoed one is not); strict: it alone covers this M
+                if must is not None and ((m, must) in cost or must == ATEN):
                     for q in among:
                         if q != must and strict:
                             cost.pop((m, q), None)

@@ -52,7 +52,7 @@ class GpuProfile:
 
 PROFILES: dict[str, GpuProfile] = {p.name: p for p in (
     GpuProfile("h100", 90, "H100", ("tinygemm", "cublaslt", "cudnn"), "tinygemm", 80, hbm_peak_gbps=3350.0,
-               sm_count=132),  # the H100 SXM 80 GB (HBM3)
+               ships=("table", "noise", "forward-noise", "baseline"), sm_count=132),  # the H100 SXM 80 GB (HBM3)
     GpuProfile("h200", 90, "H200", ("tinygemm", "cublaslt", "cudnn"), "tinygemm", 141, hbm_peak_gbps=4800.0,
                ships=("table", "noise", "forward-noise", "baseline"), sm_count=132),  # the H200 SXM 141 GB
     # TinyGEMM's SM list includes 100: measured beside cute-dsl, the low-M backend vLLM runs there

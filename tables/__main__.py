@@ -1,4 +1,4 @@
-"""python -m tables --gpu P [--run-id ID] [--resume | --refit | --install | --dry-run]: the command line is
+"""python -m tables --gpu P [--run-id ID] [--resume | --refit | --rejudge | --install | --dry-run]: the command line is
 tables/cli.py; this module only guards the imports against signals and runs it."""
 from __future__ import annotations
 

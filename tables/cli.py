@@ -16,7 +16,8 @@ from shapes.derive import CATALOG_LAYOUTS
 from tables.install import fewer_baseline_runs, install
 from tables.legs import legs
 from tables.manifest import FIT_MACHINES, MANIFEST, MAX_FIT_MACHINES, TableRun, parse_scope
-from tables.pipeline import check_stop_after, pending_legs, plan_text, refit_legs, run_pipeline, supersede_fit
+from tables.pipeline import (REFIT_FROM, REJUDGE_FROM, check_stop_after, pending_legs, plan_text, refit_legs,
+                             run_pipeline, supersede_fit)
 
 
 def parser() -> Parser:
@@ -28,6 +29,9 @@ def parser() -> Parser:
     p.add_argument("--refit", action="store_true",
                    help="fit --run-id's measurements again (a changed fit rule) and run every leg after the fit "
                         "again; the earlier entries and outputs move to refit-<n>/")
+    p.add_argument("--rejudge", action="store_true",
+                   help="judge --run-id's check again (a changed verdict rule; CPU only): validate and every leg "
+                        "after it run again; the earlier entries and outputs move to refit-<n>/")
     add(p, "dry-run", what="(its legs; any machine)")
     p.add_argument("--stop-after", metavar="LEG",
                    help="stop after this leg (e.g. fit: the check on another machine with --resume)")
@@ -49,8 +53,8 @@ def parser() -> Parser:
 
 def _run_of(args) -> TableRun:
     """The run the options name, its folder under results/<profile>/, its manifest read once."""
-    if (args.resume or args.install or args.refit) and not args.run_id:
-        raise HarnessError("--resume, --refit and --install name a run: pass --run-id")
+    if (args.resume or args.install or args.refit or args.rejudge) and not args.run_id:
+        raise HarnessError("--resume, --refit, --rejudge and --install name a run: pass --run-id")
     run_id = args.run_id or datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
     if not run_id.replace("-", "").replace("_", "").replace(".", "").isalnum():
         raise HarnessError(f"--run-id {run_id!r}: letters, digits, '-', '_' and '.' only")
@@ -63,8 +67,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     scope = parse_scope(args.layout, args.model)
     if scope is not None and args.install:
         raise HarnessError("--install takes the run's own scope: drop --layout/--model")
-    if args.refit and (args.install or scope is not None):
-        raise HarnessError("--refit keeps the run's scope and installs nothing: drop --install/--layout/--model")
+    if args.refit and args.rejudge:
+        raise HarnessError("--refit judges the run again already: drop --rejudge")
+    if (args.refit or args.rejudge) and (args.install or scope is not None):
+        word = "--refit" if args.refit else "--rejudge"
+        raise HarnessError(f"{word} keeps the run's scope and installs nothing: drop --install/--layout/--model")
     run = _run_of(args)
     if args.resume and run.manifest is None:  # before any GPU check: the run is what is missing
         raise HarnessError(f"{run.folder} has no {MANIFEST}: no table run to resume there; start one without "
@@ -80,18 +87,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         if fewer:
             print(f"tables: note: {fewer}", file=sys.stderr)
         return 0
-    if args.refit:
-        late = refit_legs(run)
+    if args.refit or args.rejudge:
+        start, word = (REFIT_FROM, "--refit") if args.refit else (REJUDGE_FROM, "--rejudge")
+        if args.rejudge and args.machines is not None:
+            raise HarnessError("--rejudge measures nothing: drop --machines")
+        late = refit_legs(run, start)
         if args.stop_after is not None and args.stop_after not in late:
-            raise HarnessError(f"--stop-after {args.stop_after}: --refit runs {', '.join(late)}; stop after one of "
+            raise HarnessError(f"--stop-after {args.stop_after}: {word} runs {', '.join(late)}; stop after one of "
                                f"them")
         todo = late[:late.index(args.stop_after) + 1] if args.stop_after is not None else late
         if any(leg.gpu for leg in legs(run) if leg.name in todo):
             require_gpu(run.profile)  # before any file system change
-        print(f"table: refit {run.folder}: earlier fit and check kept in {supersede_fit(run, args.machines)}")
+        what = "fit and check" if args.refit else "verdict"
+        print(f"table: {word[2:]} {run.folder}: earlier {what} kept in {supersede_fit(run, args.machines, start)}")
     elif any(leg.gpu for leg in pending_legs(run, args.resume, args.stop_after, args.machines)):
         require_gpu(run.profile)  # before any file system change
-    manifest = run_pipeline(run, args.resume or args.refit, stop_after=args.stop_after,
+    manifest = run_pipeline(run, args.resume or args.refit or args.rejudge, stop_after=args.stop_after,
                             same_machine=args.same_machine, scope=scope, machines=args.machines)
     if manifest.get("status") != "complete":
         print(f"table: {manifest['status']}; continue with --run-id {run.folder.name} --resume; legs in "

@@ -19,6 +19,7 @@ from tables.manifest import (CHECK_LEGS, FIT_MACHINES, MANIFEST, MANIFEST_FORMAT
                              fitted_legs, other_machine_legs)
 
 REFIT_FROM = "fit"  # --refit runs this leg and every one after it again: they read the fit's table
+REJUDGE_FROM = "validate"  # --rejudge runs this leg and every one after it again (CPU only): a changed verdict rule
 
 
 def _now() -> str:
@@ -84,25 +85,32 @@ def pending_legs(run: TableRun, resume: bool, stop_after: str | None = None,
     return [leg for leg in todo if not (resume and run.done(leg.name))]
 
 
-def refit_legs(run: TableRun) -> list[str]:
-    """The legs --refit runs again; refused in one line where the run has not fitted yet (resume it instead)."""
+def refit_legs(run: TableRun, start: str = REFIT_FROM) -> list[str]:
+    """The legs --refit (start: the fit) or --rejudge (start: validate) runs again; refused in one line where the
+    run has not reached that leg yet (resume it instead)."""
+    what = "refits a table run's measurements" if start == REFIT_FROM else "judges a table run's check again"
     if run.manifest is None:
-        raise HarnessError(f"{run.folder} has no {MANIFEST}; --refit refits a table run's measurements: run it first")
+        raise HarnessError(f"{run.folder} has no {MANIFEST}; --{_verb(start)} {what}: run it first")
     names = [leg.name for leg in legs(run)]
-    late = names[names.index(REFIT_FROM):]
-    missing = [n for n in names[:names.index(REFIT_FROM)] if not run.done(n)]
-    if missing or not run.done(REFIT_FROM):
-        why = f"its legs {', '.join(missing)} are not done" if missing else f"its {REFIT_FROM} leg has not run"
-        raise HarnessError(f"{run.folder}: nothing to refit, {why}; continue it with --resume")
+    late = names[names.index(start):]
+    missing = [n for n in names[:names.index(start)] if not run.done(n)]
+    if missing or not run.done(start):
+        why = f"its legs {', '.join(missing)} are not done" if missing else f"its {start} leg has not run"
+        raise HarnessError(f"{run.folder}: nothing to {_verb(start)}, {why}; continue it with --resume")
     return late
 
 
-def supersede_fit(run: TableRun, machines: int | None = None) -> Path:
+def _verb(start: str) -> str:
+    return "refit" if start == REFIT_FROM else "rejudge"
+
+
+def supersede_fit(run: TableRun, machines: int | None = None, start: str = REFIT_FROM) -> Path:
     """--refit: moves the fit's and every later leg's manifest entries into the manifest's `refits` and their
     outputs and logs into refit-<n>/ (nothing deleted), so that a resume runs them again. Returns that folder.
     `machines` (more than the run's): the refit also measures on that many machines, so that a resume first runs
-    the new machine-<i> legs, each on a machine of its own."""
-    late = refit_legs(run)
+    the new machine-<i> legs, each on a machine of its own. --rejudge (start: validate) moves the verdict legs
+    alone, the entry saying which leg it started from."""
+    late = refit_legs(run, start)
     manifest = run.manifest
     before = int(manifest.get("fit_machines") or 1)
     if machines is not None and not before <= machines <= MAX_FIT_MACHINES:
@@ -118,7 +126,7 @@ def supersede_fit(run: TableRun, machines: int | None = None) -> Path:
     for name in moved:
         (run.folder / name).rename(kept / name)
     manifest.setdefault("refits", []).append({
-        "at": _now(), "harness_sha": git_sha(), "folder": kept.name, "moved": moved,
+        "at": _now(), "harness_sha": git_sha(), "folder": kept.name, "moved": moved, "from": start,
         "legs": {leg: manifest["legs"].pop(leg) for leg in late if leg in manifest["legs"]},
         **{key: manifest.pop(key) for key in ("status", "verdict", "fitted_on", "validated_on", "out_of_machine")
            if key in manifest}, **({"fit_machines": before} if machines not in (None, before) else {})})

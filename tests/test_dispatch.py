@@ -533,11 +533,11 @@ def test_flashinfer_alone_is_the_flashinfer_everywhere_rule_on_each_sm():
     assert [flashinfer_path(sm100, cells, 2048, 4096, m) for m in (8, 64)] == ["flashinfer:cute-dsl"] * 2
 
 
-def _shipped_run() -> tuple[Path, dict]:
-    """The evidence folder of the shipped H200 table's run (found by its manifest's sha256) and the table."""
+def _shipped_run(profile: str = "h200") -> tuple[Path, dict]:
+    """The evidence folder of a shipped table's run (found by its manifest's sha256) and the table."""
     from evidence_store.store import current
     root = Path(__file__).parent.parent
-    return current("h200"), json.loads((root / "dispatch" / "thresholds" / "h200.json").read_text())
+    return current(profile), json.loads((root / "dispatch" / "thresholds" / f"{profile}.json").read_text())
 
 
 @pytest.mark.evidence
@@ -561,17 +561,21 @@ def _refit_with_todays_fit(kept: Path, tmp_path: Path) -> tuple[dict, dict]:
     argv = shlex.split(table["source"]["fit_command"])[3:]
     folder = str(Path(argv[1]).parent) + "/"  # after the subcommand, the fit's first argument: the run's sweep
     argv = [str(kept / a[len(folder):]) if a.startswith(folder) else a for a in argv]
-    argv[next(i for i, a in enumerate(argv) if a in ("--out", "--out-file")) + 1] = str(tmp_path / "h200.json")
-    (tmp_path / "floor.json").write_text(json.dumps(table["source"]["noise_floor"]))
+    argv[next(i for i, a in enumerate(argv) if a in ("--out", "--out-file")) + 1] = str(tmp_path / "table.json")
+    # the floor the fit read; none (none was shipped then): a floor of zero width, intervals the bootstrap alone
+    floor = table["source"].get("noise_floor") or {"format": 1, "level": 0.95,
+                                                   "bands": [{"ref_gpu_us_up_to": None, "half_width": 0.0}]}
+    (tmp_path / "floor.json").write_text(json.dumps(floor))
     assert main([*argv, "--noise", str(tmp_path / "floor.json")]) == 0
-    return json.loads((tmp_path / "h200.json").read_text()), table
+    return json.loads((tmp_path / "table.json").read_text()), table
 
 
 @pytest.mark.evidence
-def test_the_newest_table_run_is_what_todays_fit_makes_of_its_data(tmp_path):
-    """The shipped table's fit leg by today's fit gives the shipped table's ranges: a fit change that would change
-    the table shows here, before anyone measures it."""
-    again, table = _refit_with_todays_fit(_shipped_run()[0], tmp_path)
+@pytest.mark.parametrize("profile", ["h200", "h100"])
+def test_the_newest_table_run_is_what_todays_fit_makes_of_its_data(profile, tmp_path):
+    """Each shipped table's fit leg by today's fit gives the shipped table's ranges: a fit change that would change
+    a table shows here, before anyone measures it."""
+    again, table = _refit_with_todays_fit(_shipped_run(profile)[0], tmp_path)
     assert again["default"] == table["default"] and again["shapes"] == table["shapes"]
 
 
@@ -1274,3 +1278,98 @@ def test_a_shipped_table_of_another_profile_is_refused(tmp_path, monkeypatch):
     with pytest.raises(HarnessError, match="is the b200 profile's table, not the h200 profile's"):
         load_table("h200")
     assert load_table(path=folder / "h200.json").profile == "b200"  # by path: the user's file, taken as it is
+
+
+def test_a_gpu_bound_eager_forward_judges_a_call_that_submits_slower_by_its_host_time_too():
+    """In an eager forward found GPU-bound with F.linear (judged by GPU time), a call whose submission is slower than
+    F.linear's beyond the spread and not covered by its own GPU time costs max(host, GPU) as well: at M = 8 the lean
+    call's 30 µs submission over a 10 µs kernel; at M = 64 its kernel (60 µs) covers the same submission."""
+    from calibrate.analysis import Cells
+    from calibrate.segments import _machine_costs
+    from dispatch.backends import ATEN
+    lean = "flashinfer-lean:cublaslt"
+    rows = []
+    for m, gpu_aten, gpu_lean in [(8, 11.0, 10.0), (64, 62.0, 60.0)]:
+        for path, g, h in ((ATEN, gpu_aten, 12.0), (lean, gpu_lean, 30.0)):
+            rows.append({"n": 64, "k": 32, "m": m, "path": path, "status": "ok", "gpu_us": g, "gpu_us_p20": 0.99 * g,
+                         "gpu_us_p80": 1.01 * g, "host_us": h, "host_us_p20": 0.95 * h, "host_us_p80": 1.05 * h,
+                         "kernels": f"k_{path}", "gpu_samples_us": ";".join(str(g * f) for f in (0.99, 1.0, 1.01))})
+    cells = Cells.from_results(pd.DataFrame(rows))
+    graph_judged = {m: ("graph",) for m in (8, 64)}
+    eager_cost, _, _ = _machine_costs(cells, 64, 32, graph_judged, [ATEN, lean], None, "eager")
+    assert eager_cost[(8, lean)] == pytest.approx(30.0) and eager_cost[(8, ATEN)] == pytest.approx(11.0)
+    assert eager_cost[(64, lean)] == pytest.approx(60.0)  # GPU-bound itself: its GPU time
+    graph_cost, _, _ = _machine_costs(cells, 64, 32, graph_judged, [ATEN, lean], None, "graph")
+    assert graph_cost[(8, lean)] == pytest.approx(10.0)  # captured: submission is not paid per call
+
+
+def _vetoed_cells():
+    """One shape where cuBLASLt (lean and public, the same kernel) is 5% faster than F.linear at M = 512 and 20%
+    slower at M = 8; the table runs F.linear at 512."""
+    times = {}
+    for m, aten, lt in ((8, 10.0, 12.0), (512, 100.0, 95.0)):
+        times[(64, 2048, m, "aten")] = (aten, 10.0)
+        times[(64, 2048, m, "flashinfer-lean:cublaslt")] = (lt, 9.0)
+        times[(64, 2048, m, "flashinfer:cublaslt")] = (lt, 90.0)
+    return Cells.from_results(_synthetic(times))
+
+
+def test_a_path_the_fit_vetoed_at_a_cell_is_no_oracle_there_and_is_named():
+    """A veto recorded in the table's source (a measured forward ran slower with the path alone than all-aten) takes
+    the path, and the public call of its backend, out of the oracle at that cell: F.linear is then the best there,
+    and the cell says which vetoed path was faster and by how much. Without the veto the cell is SLOWER."""
+    from calibrate.analysis import forward_vetoes
+    cells = _vetoed_cells()
+    table = ThresholdTable.from_thresholds("h200", "tinygemm", 0, path=LOW)
+    plain = cell_verdicts(cells, table).set_index("m")
+    assert plain.loc[512, "verdict"] == "SLOWER" and plain.loc[512, "vetoed"] == ""
+    table.source["measured_forwards"] = {"vetoes": {"graph 64x2048 M=512": ["flashinfer-lean:cublaslt"]}}
+    assert forward_vetoes(table) == {("graph", 64, 2048, 512): frozenset({"flashinfer-lean:cublaslt"})}
+    v = cell_verdicts(cells, table).set_index("m")
+    assert v.loc[512, "verdict"] == "SAME" and v.loc[512, "oracle"] == "aten"
+    assert v.loc[512, "vetoed"] in ("flashinfer-lean:cublaslt", "flashinfer:cublaslt")
+    assert v.loc[512, "vetoed_regret"] == pytest.approx(100 / 95 - 1)
+    assert v.loc[8, "vetoed"] == "" and v.loc[8, "verdict"] == "SAME"
+    assert cell_verdicts(cells, table, vetoes={}).set_index("m").loc[512, "verdict"] == "SLOWER"
+
+
+def test_an_unreadable_veto_in_a_table_is_refused_in_one_line():
+    from calibrate.analysis import forward_vetoes
+    table = ThresholdTable.from_thresholds("h200", "tinygemm", 0, path=LOW)
+    table.source["measured_forwards"] = {"vetoes": {"graph 64 by 2048": ["flashinfer-lean:cublaslt"]}}
+    with pytest.raises(HarnessError, match="is not 'REGIME NxK M=m'"):
+        forward_vetoes(table)
+
+
+def test_a_check_forward_confirms_or_refutes_a_veto_where_it_measured_the_path():
+    """validate's judged_vetoes: a check forward of a model using the shape that measured the vetoed path alone
+    slower than all-aten beyond the noise confirms the veto; one that measured it no slower refutes it (the cell is
+    judged against every path again); one that did not measure it leaves it standing."""
+    from calibrate.analysis import forward_vetoes
+    from calibrate.commands.validate import judged_vetoes
+    from tests.test_vllm import _forward
+    table = ThresholdTable.from_thresholds("h200", "tinygemm", 0, path=LOW)
+    table.source["measured_forwards"] = {"vetoes": {"graph 64x2048 M=512": ["flashinfer-lean:cublaslt"]}}
+    uses = {"Model": [(64, 2048, 4)]}
+    slower = _forward({("Model", 512): {"aten": 100.0, "flashinfer-lean:cublaslt": 106.0}}, regimes=("graph",))
+    kept, lines = judged_vetoes(table, [slower], uses, None)
+    assert kept == {("graph", 64, 2048, 512): frozenset({"flashinfer-lean:cublaslt"})}
+    assert "confirm 1, refute 0" in lines[0]
+    faster = _forward({("Model", 512): {"aten": 100.0, "flashinfer-lean:cublaslt": 96.0}}, regimes=("graph",))
+    kept, lines = judged_vetoes(table, [faster], uses, None)
+    assert kept == {} and "refute 1" in lines[0] and "graph 64x2048 M=512 flashinfer-lean:cublaslt" in lines[1]
+    other = _forward({("Other", 512): {"aten": 100.0, "flashinfer-lean:cublaslt": 96.0}}, regimes=("graph",))
+    kept, lines = judged_vetoes(table, [other], uses, None)
+    assert kept == forward_vetoes(table) and "did not measure 1" in lines[0]
+
+
+def test_a_vetoed_path_covers_no_cell_at_that_m_in_the_segment_fit():
+    """fit_segments: cuBLASLt 5% faster than F.linear at M = 512 is chosen there; vetoed at 512 (its model's forward
+    ran slower with it), F.linear covers 512 and cuBLASLt keeps no range there."""
+    from calibrate.segments import fit_segments
+    cells = _vetoed_cells()
+    base = ThresholdTable("h200", "tinygemm", {"graph": (), "eager": ()})
+    table, _ = fit_segments(cells, base)
+    assert table.choose(64, 2048, 512, "graph") == "flashinfer-lean:cublaslt"
+    vetoed, _ = fit_segments(cells, base, vetoes={("graph", 64, 2048, 512): {"flashinfer-lean:cublaslt"}})
+    assert vetoed.choose(64, 2048, 512, "graph") == "aten" and vetoed.choose(64, 2048, 8, "graph") == "aten"

@@ -597,3 +597,18 @@ def test_a_fused_forward_is_never_the_best_single_path_the_dispatcher_is_judged_
             for p, us in (("aten", 100.0), ("dispatch", 90.0), ("vllm-fused", 60.0), ("fused-siblings", 50.0))]
     v = forward_verdicts(pd.DataFrame(rows), capture_size=512)
     assert v.iloc[0]["best"] == "dispatch" and v.iloc[0]["ok"]
+
+
+def test_a_path_is_slower_in_every_run_only_where_each_run_that_measured_it_says_so():
+    """forward_model.slower_in_every_run: cuBLASLt's whole forward 6% above all-aten in both runs at M = 512 is
+    slower there; at M = 8 one run says 6% above and the other 4% below, so it is not; a floor wider than the gap
+    leaves none."""
+    from calibrate.forward_noise import ForwardFloor
+    from calibrate.forward_model import slower_in_every_run
+    from tests.test_vllm import _forward
+    lt = "flashinfer-lean:cublaslt"
+    a = _forward({("M", 512): {"aten": 100.0, lt: 106.0}, ("M", 8): {"aten": 100.0, lt: 106.0}}, ("graph",))
+    b = _forward({("M", 512): {"aten": 100.0, lt: 106.0}, ("M", 8): {"aten": 100.0, lt: 96.0}}, ("graph",))
+    slow = slower_in_every_run([a, b], ["aten", lt])
+    assert set(slow) == {("graph", "M", 512)} and slow[("graph", "M", 512)][lt] == pytest.approx(1.06, abs=0.01)
+    assert slower_in_every_run([a, b], ["aten", lt], ForwardFloor({"graph": 0.1, "eager": 0.1})) == {}

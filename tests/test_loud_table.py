@@ -94,8 +94,9 @@ def test_the_intact_shipped_table_serves(site, monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("name, sm, parts, needle", [
-    ("NVIDIA H100 80GB HBM3", 90, SimpleNamespace(multi_processor_count=132, total_memory=81559 << 20),
-     "no table is shipped for the h100 profile yet"),
+    ("NVIDIA H100 80GB HBM3", 90, SimpleNamespace(multi_processor_count=132, total_memory=81559 << 20), None),
+    ("NVIDIA H100 NVL", 90, SimpleNamespace(multi_processor_count=132, total_memory=95830 << 20),
+     "132 SMs and 94 GiB, where the h100 table was fitted on 132 SMs and 80 GB"),
     ("NVIDIA RTX 6000 Ada Generation", 89, H200_PARTS, "no GPU profile describes NVIDIA RTX 6000 Ada Generation"),
     ("NVIDIA H100 PCIe", 90, SimpleNamespace(multi_processor_count=114, total_memory=81559 << 20),
      "114 SMs and 80 GiB, where the h100 table was fitted on 132 SMs"),

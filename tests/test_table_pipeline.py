@@ -468,3 +468,31 @@ def _manifest_edit(run, edit):
     data = json.loads((run / MANIFEST).read_text())
     edit(data)
     (run / MANIFEST).write_text(json.dumps(data))
+
+
+def test_rejudge_runs_validate_and_the_legs_after_it_again_on_any_machine(tmp_path):
+    """A changed verdict rule: --rejudge moves the validate leg's and every later leg's entries and outputs to
+    refit-1/ (its entry saying it started at validate), and a resume runs those legs alone, none of them a GPU leg;
+    the fit and the check's measurements stay. A run that has not reached validate is refused."""
+    from tables.pipeline import REJUDGE_FROM, refit_legs, supersede_fit
+    run, ran, verdicts = tmp_path / "run", [], iter([1, 0])  # validate: FAIL, then PASS by the changed rule
+
+    def execute(leg, log):
+        ran.append(leg.name)
+        log.write_text(f"{leg.name}\n")
+        return next(verdicts) if leg.name == "validate" else 0
+    first = run_pipeline(H200, run, resume=False, execute=execute, machine=machines("A"), same_machine=True)
+    assert first["verdict"] == "FAIL"
+    late = refit_legs(TableRun(H200, run), REJUDGE_FROM)
+    assert late == LEGS[LEGS.index("validate"):] and not any(leg.gpu for leg in legs(H200, run) if leg.name in late)
+    kept = supersede_fit(TableRun(H200, run), start=REJUDGE_FROM)
+    assert (kept / "validate.log").is_file() and (run / "check-sweep.log").is_file() and (run / "fit.log").is_file()
+    ran.clear()
+    done = run_pipeline(H200, run, resume=True, execute=execute, machine=machines("A"))
+    assert ran == late and done["verdict"] == "PASS" and done["refits"][0]["from"] == "validate"
+    assert done["refits"][0]["verdict"] == "FAIL" and done["legs"]["check-sweep"]["machine"] == "A"
+    fresh = tmp_path / "fresh"
+    run_pipeline(H200, fresh, resume=False, execute=lambda leg, log: 0, stop_after="fit", machine=machines("A"),
+                 same_machine=True)
+    with pytest.raises(HarnessError, match="nothing to rejudge, its legs check-sweep"):
+        supersede_fit(TableRun(H200, fresh), start=REJUDGE_FROM)

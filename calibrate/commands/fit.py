@@ -13,7 +13,7 @@ import pandas as pd
 from bench.autotune_cache import FILE_NAME, gemv_file, read_entries, read_gemv, sha256
 from bench.merge import fingerprint_difference
 from bench.results import load_run_info
-from calibrate.analysis import FIT_MIN_GAIN, Cells, dispatch_candidates, fit, model_uses
+from calibrate.analysis import FIT_MIN_GAIN, Cells, dispatch_candidates, fit, model_uses, veto_key
 from dispatch.backends import ATEN
 from calibrate.determinism import source_entry
 from calibrate.forward_model import (GPU_BOUND_MARGIN, gpu_bound_in_every_run, host_bound_in_every_run, kept_choices,
@@ -270,7 +270,7 @@ def _forward_picks(args, profile, df, cells, base, hold_out, floor):
                     "picks": {f"{r} {mo} M={m}": p for (r, mo, m), (p, *_) in sorted(picks.items())},
                     "gpu_bound_from": {mo: (None if v == math.inf else int(v)) for mo, v in sorted(bound_m.items())},
                     "host_bound_until": {mo: int(v) for mo, v in sorted(host_m.items())},
-                    "vetoes": {f"{r} {n}x{k} M={m}": sorted(v) for (r, n, k, m), v in sorted(vetoes.items())}}
+                    "vetoes": {veto_key(r, n, k, m): sorted(v) for (r, n, k, m), v in sorted(vetoes.items())}}
     return cell_picks, forward_note, shape_bound, shape_host, runs, picks, vetoes
 
 
