@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from calibrate.pairing import paired
-from calibrate.noise import LEVEL, _none_shipped, widen_log
+from calibrate.noise import LEVEL, _none_shipped, of_profile, widen_log
 from dispatch.backends import ATEN
 from harness.errors import HarnessError
 from harness.io import check_format, read_json
@@ -71,6 +71,7 @@ def load_forward_floor(profile: str, path: Path | None = None) -> ForwardFloor |
                            f"forward-noise") from None
     if not hws or any(not (v >= 0 and math.isfinite(v)) for v in hws.values()) or not 0 < level < 1:
         raise HarnessError(f"{p}: half-widths must be finite and >= 0 and the level in (0, 1); re-measure it")
+    of_profile(data, profile, p, "forward-noise")
     return ForwardFloor(hws, level, data.get("source", {}))
 
 

@@ -93,7 +93,17 @@ def load_noise(profile: str, path: Path | None = None) -> NoiseFloor | None:
         raise HarnessError(f"{p}: malformed noise floor ({exc}); re-measure it with python -m calibrate noise") from None
     if not bands or any(not (hw >= 0 and math.isfinite(hw)) for _, hw in bands) or not 0 < level < 1:
         raise HarnessError(f"{p}: half-widths must be finite and >= 0 and the level in (0, 1); re-measure it")
+    of_profile(data, profile, p, "noise")
     return NoiseFloor(bands, level, data.get("source", {}))
+
+
+def of_profile(data: dict, profile: str, path: Path, tool: str) -> None:
+    """A floor measured on another GPU kind than the one it would judge is refused (floors older than the profile
+    field name none and are taken as the file they are)."""
+    theirs = (data.get("source") or {}).get("profile") if isinstance(data.get("source"), dict) else None
+    if theirs is not None and theirs != profile:
+        raise HarnessError(f"{path} is a floor measured on {theirs}, not {profile}; pass a {profile} floor (python -m "
+                           f"calibrate {tool} RUN_A RUN_B --gpu {profile})")
 
 
 def replicate_diffs(a: Cells, b: Cells) -> pd.DataFrame:

@@ -1,6 +1,7 @@
 """Every harness file carries a format number; each reader takes the formats it knows (no key: format 1) and refuses
 any other in one line that names the version and the fix."""
 import json
+import math
 
 import pytest
 
@@ -47,3 +48,20 @@ def test_noise_floors_say_their_format_and_refuse_another(tmp_path):
 def test_the_evidence_manifest_says_its_format():
     from evidence_store.store import MANIFEST_FORMAT, load_manifest
     assert load_manifest()["format"] == MANIFEST_FORMAT
+
+
+def test_a_floor_measured_on_another_gpu_kind_is_refused_in_one_line(tmp_path):
+    """A floor names the profile it was measured on; given to judge another, it is refused (one naming none, written
+    before the field, is taken)."""
+    from calibrate.forward_noise import ForwardFloor, load_forward_floor
+    from calibrate.noise import NoiseFloor, load_noise
+    f = tmp_path / "n.json"
+    f.write_text(json.dumps(NoiseFloor(((math.inf, 0.02),), 0.95, {"profile": "h200"}).to_json()))
+    assert load_noise("h200", f).bands == ((math.inf, 0.02),)
+    with pytest.raises(HarnessError, match="measured on h200, not h100; pass a h100 floor"):
+        load_noise("h100", f)
+    f.write_text(json.dumps(ForwardFloor({"graph": 0.01}, 0.95, {"profile": "h100"}).to_json()))
+    with pytest.raises(HarnessError, match="calibrate forward-noise RUN_A RUN_B --gpu h200"):
+        load_forward_floor("h200", f)
+    f.write_text(json.dumps(ForwardFloor({"graph": 0.01}, 0.95, {}).to_json()))
+    assert load_forward_floor("h100", f).half_widths == {"graph": 0.01}

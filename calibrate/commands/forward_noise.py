@@ -32,7 +32,7 @@ def run(args) -> int:
                              args.install)
     runs = [fdf for fdf, _ in _load_forwards(args.runs, profile.name, args.partial)]
     pairs = list(zip(runs, runs[1:]))
-    floor = fit_forward_floor(pairs, source={"runs": list(args.runs),
+    floor = fit_forward_floor(pairs, source={"runs": list(args.runs), "profile": profile.name,
                                              "command": "python -m calibrate forward-noise " + " ".join(args.runs)})
     for regime, hw in floor.half_widths.items():
         print(f"{regime}: run-to-run log-ratio half-width {hw:.4f} (x{math.exp(hw):.4f}) at {floor.level:.0%}")

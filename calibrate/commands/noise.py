@@ -28,7 +28,8 @@ def run(args) -> int:
     out = shipped_or_results(args.out, noise_path(profile.name), RESULTS / profile.name / "noise.json", args.install)
     cells = [Cells.from_results(_load(r, args.partial, profile.name)[0]) for r in args.runs]
     pairs = list(zip(cells, cells[1:]))
-    floor = fit_floor(pairs, source={"runs": list(args.runs), "command": "python -m calibrate noise " + " ".join(args.runs)})
+    floor = fit_floor(pairs, source={"runs": list(args.runs), "profile": profile.name,
+                                     "command": "python -m calibrate noise " + " ".join(args.runs)})
     for edge, hw in floor.bands:
         print(f"reference GPU time <= {edge:g} µs: run-to-run log-ratio half-width {hw:.4f} (x{math.exp(hw):.4f})")
     for i, (a, b) in enumerate(pairs):
