@@ -296,26 +296,32 @@ def host_bound_in_every_run(runs: list[pd.DataFrame], margin: float = GPU_BOUND_
     return _cautious_over_runs(host_bound_until, runs, margin, hold_out, min)
 
 
-def _beaten(forward: pd.DataFrame, candidates: list[str], min_gain: float, floor: "ForwardFloor | None" = None
-            ) -> dict[tuple[str, str, int], dict[str, tuple[float, float]]]:
-    """Per (regime, model, M) measured with all-aten: each candidate path whose whole forward beat all-aten beyond
-    the noise (paired interval, widened by `floor` where given, wholly below 1 - min_gain), with its ratio and the
-    interval's upper end."""
+def _against_aten(forward: pd.DataFrame, candidates: list[str], floor: "ForwardFloor | None" = None
+                  ) -> dict[tuple[str, str, int], dict[str, tuple[float, float, float]]]:
+    """Per (regime, model, M) measured with all-aten, each candidate's whole forward over all-aten's: its paired
+    ratio and interval, widened by `floor` where given (the one reading both forward tests below share)."""
     ok = forward[forward["status"] == "ok"]
     out = {}
     for (regime, model, m), g in ok.groupby(["regime", "model", "m"]):
         g = g.set_index("path")
         if ATEN not in g.index:
             continue
-        beaten = {}
+        ratios = {}
         for path in candidates:
             if path != ATEN and path in g.index:
                 ratio, lo, hi = paired(g, path, ATEN)
-                hi = widened(str(regime), ratio, lo, hi, floor)[1]
-                if hi == hi and hi < 1 - min_gain:
-                    beaten[path] = (ratio, hi)
-        out[(str(regime), str(model), int(m))] = beaten
+                ratios[path] = (ratio, *widened(str(regime), ratio, lo, hi, floor))
+        out[(str(regime), str(model), int(m))] = ratios
     return out
+
+
+def _beaten(forward: pd.DataFrame, candidates: list[str], min_gain: float, floor: "ForwardFloor | None" = None
+            ) -> dict[tuple[str, str, int], dict[str, tuple[float, float]]]:
+    """Per (regime, model, M) measured with all-aten: each candidate path whose whole forward beat all-aten beyond
+    the noise (paired interval, widened by `floor` where given, wholly below 1 - min_gain), with its ratio and the
+    interval's upper end."""
+    return {key: {p: (ratio, hi) for p, (ratio, _, hi) in ratios.items() if hi == hi and hi < 1 - min_gain}
+            for key, ratios in _against_aten(forward, candidates, floor).items()}
 
 
 def forward_picks(forward: pd.DataFrame, candidates: list[str], min_gain: float
@@ -364,19 +370,8 @@ def slower_in_every_run(runs: list[pd.DataFrame], candidates: list[str], floor: 
     may run a whole forward at a lower clock under the power cap."""
     per_run = []
     for run in runs:
-        seen = {}
-        for (regime, model, m), g in run[run["status"] == "ok"].groupby(["regime", "model", "m"]):
-            g = g.set_index("path")
-            if ATEN not in g.index:
-                continue
-            slow = {}
-            for path in candidates:
-                if path != ATEN and path in g.index:
-                    ratio, lo, hi = paired(g, path, ATEN)
-                    lo = widened(str(regime), ratio, lo, hi, floor)[0]
-                    if lo == lo and lo > 1:
-                        slow[path] = ratio
-            seen[(str(regime), str(model), int(m))] = (slow, set(g.index))
+        seen = {key: ({p: ratio for p, (ratio, lo, _) in ratios.items() if lo == lo and lo > 1}, {ATEN, *ratios})
+                for key, ratios in _against_aten(run, [p for p in candidates if p != ATEN], floor).items()}
         per_run.append(seen)
     out: dict[tuple[str, str, int], dict[str, float]] = {}
     for key in sorted({key for seen in per_run for key in seen}):
