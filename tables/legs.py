@@ -134,8 +134,11 @@ def legs(run: TableRun, scope=None, machines: int | None = None) -> list[Leg]:
     lean = ",".join(x.name for x in paths_for(profile.flashinfer_backends, None)
                     if x.name == ATEN or is_choosable(x.name))
     # the check's forward also runs vLLM's rules, so that its report leads with the answer in vLLM's terms (rules
-    # that run the same paths as an earlier one, F.linear's on SM90, are read off it, not timed again)
-    check_paths = ",".join(dict.fromkeys([ATEN, lean_path(low), *required_paths(profile)]))
+    # that run the same paths as an earlier one, F.linear's on SM90, are read off it, not timed again), and every
+    # single path the fit's forward ran: validate confirms or refutes the fit's vetoes with them, and the forward
+    # floor pairs them with the fit's forward at every M
+    fit_forward = [ATEN, lean_path(low), lean_path("cublaslt")]
+    check_paths = ",".join(dict.fromkeys([*fit_forward, *required_paths(profile)]))
 
     def sweep_leg(name: str, *args: str, skip: str | None = None) -> Leg:
         return Leg(name, "bench", ("run", "--gpu", p, *covers, *args, "--out", str(folder / name)), True, name,
@@ -150,8 +153,7 @@ def legs(run: TableRun, scope=None, machines: int | None = None) -> list[Leg]:
     return [
         # the first sweep tunes: its tactics become the table's, which every later leg serves
         sweep_leg("sweep", "--paths", fit_paths, "--tune"),
-        forward_leg("forward", "--autotune-cache", str(tactics), "--paths",
-                    ",".join([ATEN, lean_path(low), lean_path("cublaslt")])),
+        forward_leg("forward", "--autotune-cache", str(tactics), "--paths", ",".join(fit_forward)),
         cpu_leg("first-fit", "calibrate", [*fit, "--tolerance", str(REFINE_TOLERANCE), "--out-file",
                                            str(folder / "first-fit.json"), "--plan-refine", str(plan)],
                 "first-fit.json"),
