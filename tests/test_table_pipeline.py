@@ -49,6 +49,9 @@ def test_the_legs_and_their_order(tmp_path):
     assert "3000" in check[check.index("--m") + 1]  # M the fit never saw
     table_tactics = str(tmp_path / "table.autotune.json")  # the check serves the table's tactics, as dispatch does
     assert table_tactics in by_name["check-sweep"] and table_tactics in by_name["check-forward"]
+    paths = {name: set(by_name[name][by_name[name].index("--paths") + 1].split(",")) for name in ("forward",
+                                                                                                 "check-forward")}
+    assert paths["forward"] < paths["check-forward"]  # the check can confirm the fit forward's vetoes
     assert str(tmp_path / "refine") in by_name["fit"]  # the refine cells are fitted with the sweep
     fit = by_name["fit"]  # and every other fitting machine's sweep, each serving the first sweep's tactics
     assert fit[fit.index("--machine") + 1:fit.index("--machine") + 3] == [str(tmp_path / "machine-2"),
