@@ -16,7 +16,7 @@ import pandas as pd
 from bench.forward import Bound
 from bench.forward_paths import DISPATCHER_RULES, FUSED_RULES, NEVER_BEST, TABLE_DIRECT, Target, path_for
 from bench.results import load_run_info, numeric, samples_missing, samples_ok
-from calibrate.analysis import Cells, paired_ratio_ci, parse_samples
+from calibrate.analysis import Cells, Veto, forward_vetoes, paired_ratio_ci, parse_samples, veto_key
 from calibrate.pairing import paired, pooled, widened
 from dispatch.backends import ATEN, DISPATCH
 from dispatch.profiles import GpuProfile
@@ -509,3 +509,43 @@ def judged_forward(forward: pd.DataFrame, info: dict[str, Any], table: Threshold
         return fv, other, checkable, set()
     regimes = fv.groupby(["model", "m"])["regime"].nunique()
     return fv, other, checkable, {key for key, n in regimes.items() if n == 2}
+
+
+def judged_vetoes(table: ThresholdTable, forwards: list[pd.DataFrame], uses: dict[str, list[tuple[int, int, int]]],
+                  floor) -> tuple[dict[Veto, frozenset[str]], list[str]]:
+    """The table's vetoes (calibrate.analysis.forward_vetoes) that stand: a check forward that measured a vetoed path
+    alone and all-aten at the (regime, model, M) of a model using the cell's shape, and found it not slower beyond
+    the noise, refutes the veto there (its cells are judged against every path again). Returns them and what to
+    say."""
+    vetoes = forward_vetoes(table)
+    if not vetoes:
+        return vetoes, []
+    paths = sorted({p for ps in vetoes.values() for p in ps})
+    measured, slow = set(), {}
+    for fdf in forwards:
+        ok = fdf[fdf["status"] == "ok"]
+        measured |= {(str(r), str(mo), int(m), str(p)) for r, mo, m, p in zip(ok["regime"], ok["model"], ok["m"],
+                                                                                ok["path"])}
+        for key, found in slower_in_every_run([fdf], paths, floor).items():
+            slow.setdefault(key, set()).update(found)
+    models = {}
+    for model, shapes in uses.items():
+        for n, k, _ in shapes:
+            models.setdefault((n, k), []).append(model)
+    kept, confirmed, refuted = {}, [], []
+    for (regime, n, k, m), vetoed in sorted(vetoes.items()):
+        for path in sorted(vetoed):
+            checked = [mo for mo in models.get((n, k), []) if {(regime, mo, m, path), (regime, mo, m, ATEN)} <= measured]
+            said = f"{veto_key(regime, n, k, m)} {path}"
+            if checked and not any(path in slow.get((regime, mo, m), ()) for mo in checked):
+                refuted.append(said)
+                continue
+            if checked:
+                confirmed.append(said)
+            kept[(regime, n, k, m)] = kept.get((regime, n, k, m), frozenset()) | {path}
+    lines = [f"the table's fit vetoed a path at {len(vetoes)} cell(s) (its forwards ran slower with it alone than "
+             f"all-aten where the cells said otherwise); the check forwards confirm {len(confirmed)}, refute "
+             f"{len(refuted)}, did not measure {sum(map(len, vetoes.values())) - len(confirmed) - len(refuted)}"]
+    if refuted:
+        lines.append("refuted (judged against every path): " + ", ".join(refuted))
+    return kept, lines

@@ -13,7 +13,7 @@ from bench.paths import TUNED_CUBLASLT
 from bench.results import load_results, load_run_info
 from calibrate.analysis import (Cells, cell_verdicts, crossover, failures, forward_totals, low_m_measured, model_uses,
                                 provenance, verdict)
-from calibrate.forward_model import judged_forward
+from calibrate.forward_model import judged_forward, judged_vetoes
 from calibrate.forward_noise import load_forward_floor
 from calibrate.noise import load_noise
 from calibrate.runs import table_problem
@@ -155,9 +155,11 @@ def headline(run: Run, forwards: list[tuple[pd.DataFrame, dict]] | None = None) 
                      "No threshold table exists for this GPU, so the dispatcher cannot be judged here; ") +
                     "fit one with `python -m calibrate fit`.")
         return Headline(None, s, pd.DataFrame(), pd.DataFrame())
-    verdicts = cell_verdicts(c, run.table, MARGIN, noise=run.noise)
-    totals = forward_totals(c, run.table, model_uses(df), run.profile.capture_size)
     floor = run.forward_floor
+    # the fit's vetoes as validate judges them: refuted where a given forward measured the vetoed path no slower
+    vetoes, _ = judged_vetoes(run.table, [fdf for fdf, _ in forwards or []], model_uses(df), floor)
+    verdicts = cell_verdicts(c, run.table, MARGIN, noise=run.noise, vetoes=vetoes)
+    totals = forward_totals(c, run.table, model_uses(df), run.profile.capture_size)
     slower, over = failures(verdicts, totals, floor)
     measured_over, covered = 0, set()
     if forwards:

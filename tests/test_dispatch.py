@@ -1347,11 +1347,12 @@ def test_an_unreadable_veto_in_a_table_is_refused_in_one_line():
 
 
 def test_a_check_forward_confirms_or_refutes_a_veto_where_it_measured_the_path():
-    """validate's judged_vetoes: a check forward of a model using the shape that measured the vetoed path alone
-    slower than all-aten beyond the noise confirms the veto; one that measured it no slower refutes it (the cell is
-    judged against every path again); one that did not measure it leaves it standing."""
+    """forward_model.judged_vetoes (validate and the report): a check forward of a model using the shape that
+    measured the vetoed path alone slower than all-aten beyond the noise confirms the veto; one that measured it no
+    slower refutes it (the cell is judged against every path again); one that did not measure it leaves it
+    standing."""
     from calibrate.analysis import forward_vetoes
-    from calibrate.commands.validate import judged_vetoes
+    from calibrate.forward_model import judged_vetoes
     from tests.test_vllm import _forward
     table = ThresholdTable.from_thresholds("h200", "tinygemm", 0, path=LOW)
     table.source["measured_forwards"] = {"vetoes": {"graph 64x2048 M=512": ["flashinfer-lean:cublaslt"]}}

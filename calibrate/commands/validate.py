@@ -8,10 +8,9 @@ import pandas as pd
 
 from bench.autotune_cache import FILE_NAME, tactic_differences
 from bench.results import load_run_info
-from calibrate.analysis import (Cells, Veto, cell_verdicts, failures, forward_totals, forward_vetoes, model_uses,
-                               provenance, veto_key)
-from calibrate.forward_model import (MODEL_MISS, forward_ratios, judged_forward, load_forward, model_vs_measured,
-                                     null_pair_spread, slower_in_every_run)
+from calibrate.analysis import Cells, cell_verdicts, failures, forward_totals, model_uses, provenance
+from calibrate.forward_model import (MODEL_MISS, forward_ratios, judged_forward, judged_vetoes, load_forward,
+                                     model_vs_measured, null_pair_spread)
 from calibrate.forward_noise import forward_coverage, forward_noise_path, load_forward_floor
 from calibrate.determinism import lines as determinism_lines
 from calibrate.limit import lines as limit_lines
@@ -21,7 +20,6 @@ from calibrate.runs import check_gpu as _check_gpu
 from calibrate.runs import load_run as _load
 from calibrate.runs import profile_of as _profile_of
 from calibrate.runs import refuse_overlap as _refuse_overlap
-from dispatch.backends import ATEN
 from dispatch.profiles import get_profile
 from dispatch.table import ThresholdTable, load_table
 from harness.cli import float_in
@@ -131,46 +129,6 @@ def run(args) -> int:
     ok = slower.empty and over.empty and measured_over.empty
     print(verdict_word(ok, args.results, df.attrs["incomplete"]))
     return 0 if ok else 1
-
-
-def judged_vetoes(table: ThresholdTable, forwards: list[pd.DataFrame], uses: dict[str, list[tuple[int, int, int]]],
-                  floor) -> tuple[dict[Veto, frozenset[str]], list[str]]:
-    """The table's vetoes (calibrate.analysis.forward_vetoes) that stand: a check forward that measured a vetoed path
-    alone and all-aten at the (regime, model, M) of a model using the cell's shape, and found it not slower beyond
-    the noise, refutes the veto there (its cells are judged against every path again). Returns them and what to
-    say."""
-    vetoes = forward_vetoes(table)
-    if not vetoes:
-        return vetoes, []
-    paths = sorted({p for ps in vetoes.values() for p in ps})
-    measured, slow = set(), {}
-    for fdf in forwards:
-        ok = fdf[fdf["status"] == "ok"]
-        measured |= {(str(r), str(mo), int(m), str(p)) for r, mo, m, p in zip(ok["regime"], ok["model"], ok["m"],
-                                                                                ok["path"])}
-        for key, found in slower_in_every_run([fdf], paths, floor).items():
-            slow.setdefault(key, set()).update(found)
-    models = {}
-    for model, shapes in uses.items():
-        for n, k, _ in shapes:
-            models.setdefault((n, k), []).append(model)
-    kept, confirmed, refuted = {}, [], []
-    for (regime, n, k, m), vetoed in sorted(vetoes.items()):
-        for path in sorted(vetoed):
-            checked = [mo for mo in models.get((n, k), []) if {(regime, mo, m, path), (regime, mo, m, ATEN)} <= measured]
-            said = f"{veto_key(regime, n, k, m)} {path}"
-            if checked and not any(path in slow.get((regime, mo, m), ()) for mo in checked):
-                refuted.append(said)
-                continue
-            if checked:
-                confirmed.append(said)
-            kept[(regime, n, k, m)] = kept.get((regime, n, k, m), frozenset()) | {path}
-    lines = [f"the table's fit vetoed a path at {len(vetoes)} cell(s) (its forwards ran slower with it alone than "
-             f"all-aten where the cells said otherwise); the check forwards confirm {len(confirmed)}, refute "
-             f"{len(refuted)}, did not measure {sum(map(len, vetoes.values())) - len(confirmed) - len(refuted)}"]
-    if refuted:
-        lines.append("refuted (judged against every path): " + ", ".join(refuted))
-    return kept, lines
 
 
 def vetoed_lines(verdicts: pd.DataFrame) -> list[str]:
