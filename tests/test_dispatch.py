@@ -1379,3 +1379,38 @@ def test_a_vetoed_path_covers_no_cell_at_that_m_in_the_segment_fit():
     assert table.choose(64, 2048, 512, "graph") == "flashinfer-lean:cublaslt"
     vetoed, _ = fit_segments(cells, base, vetoes={("graph", 64, 2048, 512): {"flashinfer-lean:cublaslt"}})
     assert vetoed.choose(64, 2048, 512, "graph") == "aten" and vetoed.choose(64, 2048, 8, "graph") == "aten"
+
+
+def test_a_fit_on_a_gpu_without_a_shipped_floor_measures_one_from_its_machines(tmp_path, monkeypatch, capsys):
+    """calibrate fit --machine where the profile ships no noise floor: the floor of the machines it fits on (as
+    calibrate noise over them) widens the cells' intervals, is said once and is recorded in the table's source; with
+    a floor given (--noise), that one is used."""
+    import shutil
+    from calibrate.__main__ import main
+    from calibrate.commands import fit as fit_cmd
+    lean = Path(__file__).parent / "data" / "h200-lean-validate"
+    other = tmp_path / "machine-2"
+    shutil.copytree(lean, other)
+    df = pd.read_csv(lean / "results.csv")
+    factor = 1 + 0.02 * np.sin(np.arange(len(df)))  # another machine: each cell a little apart
+    for col in ("gpu_us", "gpu_us_p20", "gpu_us_p80"):
+        df[col] = df[col] * factor
+    df["gpu_samples_us"] = [";".join(f"{float(v) * f:.4f}" for v in str(s).split(";")) if s == s else s
+                            for s, f in zip(df["gpu_samples_us"], factor)]
+    df.to_csv(other / "results.csv", index=False)
+    monkeypatch.setattr(fit_cmd, "load_noise", lambda profile, path=None: None)
+    out = tmp_path / "t.json"
+    assert main(["fit", str(lean), "--gpu", "h200", "--method", "segments", "--machine", str(other), "--out-file",
+                 str(out)]) == 0
+    said = [line for line in capsys.readouterr().out.splitlines() if "ships no noise floor" in line]
+    floor = json.loads(out.read_text())["source"]["noise_floor"]
+    assert len(said) == 1 and floor["file"].startswith("none: measured by the fit")
+    assert floor["source"]["runs"] == [str(lean), str(other)] and max(b["half_width"] for b in floor["bands"]) > 0
+    given = tmp_path / "floor.json"
+    given.write_text(json.dumps({"format": 1, "level": 0.95, "bands": [{"ref_gpu_us_up_to": None, "half_width": 0.0}]}))
+    from calibrate.noise import load_noise
+    monkeypatch.setattr(fit_cmd, "load_noise", load_noise)
+    assert main(["fit", str(lean), "--gpu", "h200", "--method", "segments", "--machine", str(other), "--noise",
+                 str(given), "--out-file", str(tmp_path / "t2.json")]) == 0
+    assert "ships no noise floor" not in capsys.readouterr().out
+    assert json.loads((tmp_path / "t2.json").read_text())["source"]["noise_floor"]["file"] == str(given)

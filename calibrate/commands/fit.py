@@ -20,7 +20,7 @@ from calibrate.forward_model import (GPU_BOUND_MARGIN, gpu_bound_in_every_run, h
                                      overrides_over_the_table, picks_in_every_run, slower_in_every_run)
 from calibrate.forward_noise import forward_noise_path, load_forward_floor
 from calibrate.install import Artifact, gemv_check, shipped_layout, table_check, write_outputs
-from calibrate.noise import load_noise
+from calibrate.noise import fit_floor, load_noise
 from calibrate.runs import RESULTS
 from calibrate.runs import load_forwards as _load_forwards
 from calibrate.runs import load_run as _load
@@ -172,6 +172,17 @@ def _fit_cmd(args, argv, profile, df, info, cells) -> int:
         raise HarnessError("--keep needs --table-forward: the measured forwards of that table")
     base = ThresholdTable(profile.name, profile.low_m_backend, {r: () for r in REGIMES})
     noise = load_noise(profile.name, Path(args.noise) if args.noise else None)
+    if args.machine and args.method != "segments":
+        raise HarnessError("--machine needs --method segments")
+    others = [Cells.from_results(o) for o in _same_setup_runs(args.results, info, args.machine, args.partial,
+                                                               profile.name, "--machine")] if args.machine else None
+    if noise is None and others:  # a GPU's first table: the floor of the machines it is fitted on
+        noise = fit_floor(list(zip([cells, *others], others)), source={
+            "runs": [args.results, *args.machine], "profile": profile.name, "measured_by": "calibrate fit",
+            "command": "python -m calibrate noise " + " ".join([args.results, *args.machine])})
+        print(f"fit: {profile.name} ships no noise floor; the cells' intervals are widened by the floor of the "
+              f"{len(others) + 1} machines fitted on (as python -m calibrate noise {args.results} "
+              f"{' '.join(args.machine)})")
     floor = None
     if args.forward_noise:
         floor = load_forward_floor(profile.name)
@@ -180,8 +191,6 @@ def _fit_cmd(args, argv, profile, df, info, cells) -> int:
                                f"calibrate forward-noise RUN_A RUN_B --gpu {profile.name}")
     cell_picks, forward_note, shape_bound, shape_host, runs, picks, vetoes = _forward_picks(
         args, profile, df, cells, base, hold_out, floor)
-    if args.machine and args.method != "segments":
-        raise HarnessError("--machine needs --method segments")
     if args.method == "segments":
         if args.table_forward:
             raise HarnessError("--method segments takes from measured forwards (--forward) only where eager forwards "
@@ -192,8 +201,6 @@ def _fit_cmd(args, argv, profile, df, info, cells) -> int:
             measured = {(str(r), str(mo)): sorted(set(int(v) for v in g["m"]))
                         for fdf in runs for (r, mo), g in fdf.groupby(["regime", "model"])}
             seg_picks = forward_picks(picks, model_uses(df), cells, hold_out, measured)
-        others = [Cells.from_results(o) for o in _same_setup_runs(args.results, info, args.machine, args.partial,
-                                                                   profile.name, "--machine")] if args.machine else None
         table, report = fit_segments(cells, base, args.tolerance, args.min_gain, noise, hold_out, shape_bound,
                                      shape_host, seg_picks, model_uses(df), None, profile.capture_size, others,
                                      vetoes)
@@ -299,7 +306,9 @@ def _source(args, argv, profile, info, df, cells, base, hold_out, noise, floor, 
                       "cell costs no more); between two measured M whose choices differ, the boundary is where the "
                       "two paths' costs, interpolated linearly in M, cross (a model of unmeasured M); shapes not "
                       "measured and M above the last range run F.linear",
-              "noise_floor": {**noise.to_json(), "file": args.noise or shown("noise", profile.name)}
+              "noise_floor": {**noise.to_json(), "file": args.noise or (
+                  "none: measured by the fit from its machines" if noise.source.get("measured_by")
+                  else shown("noise", profile.name))}
               if noise else None,
               "measured_forwards": forward_note}
     if args.method == "segments":
