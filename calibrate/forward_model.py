@@ -535,7 +535,8 @@ def judged_vetoes(table: ThresholdTable, forwards: list[pd.DataFrame], uses: dic
     kept, confirmed, refuted = {}, [], []
     for (regime, n, k, m), vetoed in sorted(vetoes.items()):
         for path in sorted(vetoed):
-            checked = [mo for mo in models.get((n, k), []) if {(regime, mo, m, path), (regime, mo, m, ATEN)} <= measured]
+            checked = [mo for mo in models.get((n, k), [])
+                       if {(regime, mo, m, path), (regime, mo, m, ATEN)} <= measured]
             said = f"{veto_key(regime, n, k, m)} {path}"
             if checked and not any(path in slow.get((regime, mo, m), ()) for mo in checked):
                 refuted.append(said)
