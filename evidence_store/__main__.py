@@ -1,7 +1,7 @@
 """python -m evidence_store add | list | current | restore | section | figure | page: the store of measured runs
 (evidence_store/store.py) and the results pages (evidence_store/page.py).
 
-    add RUN_DIR --backs "what it backs" [--note "..."] [--partial]
+    add RUN_DIR --backs "what it backs" [--note "..."] [--partial] [--replaces ID]
     list
     current PROFILE [check-sweep|check-forward|run]   the folder behind the shipped table (make report's default)
     restore ID --to DIR
@@ -49,6 +49,8 @@ def parser() -> Parser:
     a.add_argument("--backs", required=True)
     a.add_argument("--note", default=None)
     add_option(a, "partial", what="(the manifest says so)")
+    a.add_argument("--replaces", metavar="ID", help="a filed table run this run is a later state of (refitted or "
+                                                     "judged again): its folder and entry, figures read again")
     sub.add_parser("list")
     r = sub.add_parser("restore")
     r.add_argument("id")
@@ -78,7 +80,10 @@ def parser() -> Parser:
 def main(argv=None) -> int:
     args = parser().parse_args(argv)
     if args.cmd == "add":
-        print(store.add(Path(args.run), args.backs, args.note or "", args.partial))
+        rid, changed = store.add(Path(args.run), args.backs, args.note or "", args.partial, args.replaces)
+        print(rid + (f" (replaces {args.replaces})" if args.replaces else ""))
+        for line in changed:
+            print(f"  figure read again, changed: {line}")
     elif args.cmd == "restore":
         print(f"restored evidence/{args.id} into {store.restore(args.id, Path(args.to))}")
     elif args.cmd == "section":

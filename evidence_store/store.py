@@ -141,7 +141,11 @@ def _filed_digests() -> dict[str, str]:
             if folder.is_dir() for digest in _results_digests(folder)}
 
 
-def add(run: Path, backs: str, note: str, partial: bool = False) -> str:
+def add(run: Path, backs: str, note: str, partial: bool = False, replaces: str | None = None) -> tuple[str, list[str]]:
+    """Files a run; `replaces`: the id of a filed table run this one is a later state of (the same run refitted or
+    judged again: its earlier legs kept under refit-<n>/), whose folder and entry it takes the place of, its page
+    section and figures carried over and each figure read again from the new folder (all or nothing). Returns the id
+    and one line per figure whose reading changed."""
     if not backs.strip():
         raise HarnessError("--backs is empty; say which figure or file of docs/ the run backs")
     info = check_run(run, partial)
@@ -149,11 +153,15 @@ def add(run: Path, backs: str, note: str, partial: bool = False) -> str:
     dest = EVIDENCE / rid
     if dest.exists():
         raise HarnessError(f"{dest} exists already; this run is filed")
-    filed = _filed_digests()
+    old = _replaced(run, replaces) if replaces else None
+    filed = {d: r for d, r in _filed_digests().items() if r != replaces}
     same = next((filed[d] for d in sorted(_results_digests(run)) if d in filed), None)
+    if same is None and info.get("kind") == "table":
+        same = next((r for r in _filed_table_runs(info["profile"], info.get("started")) if r != replaces), None)
     if same is not None:
-        raise HarnessError(f"{run} holds results that evidence/{same} holds already (the same file, or a leg of a "
-                           f"filed table run); nothing was written")
+        raise HarnessError(f"{run} holds results that evidence/{same} holds already (the same file, a leg of a "
+                           f"filed table run, or that table run); nothing was written" + ("" if replaces else
+                           f"; a later state of that table run replaces it with --replaces {same}"))
     manifest = {"format": MANIFEST_FORMAT, **load_manifest()}
     fp = info.get("fingerprint") or {}
     manifest["runs"][rid] = {"command": info.get("command"), "harness_sha": fp.get("harness_sha"),
@@ -163,17 +171,69 @@ def add(run: Path, backs: str, note: str, partial: bool = False) -> str:
                                 if info.get("status", "complete") != "complete" else {})}
     EVIDENCE.mkdir(exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=".add-", dir=EVIDENCE))
+    changed: list[str] = []
     try:
         shutil.copytree(run, stage / rid, symlinks=True)
+        if old is not None:
+            changed = _carry_over(manifest, replaces, rid, stage / rid)
+            (EVIDENCE / replaces).rename(stage / replaces)  # removed once the manifest is saved
         (stage / rid).rename(dest)
+        try:
+            save(manifest)
+        except BaseException:
+            shutil.rmtree(dest, ignore_errors=True)
+            if old is not None:
+                (stage / replaces).rename(EVIDENCE / replaces)
+            raise
     finally:
         shutil.rmtree(stage, ignore_errors=True)
-    try:
-        save(manifest)
-    except BaseException:
-        shutil.rmtree(dest, ignore_errors=True)
-        raise
-    return rid
+    return rid, changed
+
+
+def _filed_table_runs(profile: str, started: str | None) -> list[str]:
+    """The ids of the filed table runs of this profile and start: states of one table run."""
+    out = []
+    for folder in sorted(EVIDENCE.iterdir()) if EVIDENCE.is_dir() else ():
+        if (folder / TABLE_MANIFEST).is_file():
+            m = read_manifest(folder / TABLE_MANIFEST)
+            if (m.get("profile"), m.get("started")) == (profile, started):
+                out.append(folder.name)
+    return out
+
+
+def _replaced(run: Path, replaces: str) -> dict:
+    """The filed table run `replaces` names, where `run` is a later state of it: both table runs of one profile and
+    start, the new one with more refits (the earlier legs kept under refit-<n>/); else one line."""
+    old = EVIDENCE / replaces
+    entry = load_manifest()["runs"].get(replaces)
+    if entry is None or not (old / TABLE_MANIFEST).is_file():
+        raise HarnessError(f"--replaces {replaces}: not a filed table run; `python -m evidence_store list` names "
+                           f"the filed runs")
+    a, b = read_manifest(old / TABLE_MANIFEST), read_manifest(run / TABLE_MANIFEST)
+    if (a.get("profile"), a.get("started")) != (b.get("profile"), b.get("started")) or \
+            len(b.get("refits") or []) <= len(a.get("refits") or []):
+        raise HarnessError(f"--replaces {replaces}: {run} is not a later state of that table run (the same profile "
+                           f"and start, refitted or judged again since); file it on its own")
+    return entry
+
+
+def _carry_over(manifest: dict, replaces: str, rid: str, folder: Path) -> list[str]:
+    """The replaced entry's page section and figures onto `rid`, each figure read again from `folder`; the replaced
+    entry removed. One line per figure whose reading changed."""
+    from evidence_store.figures import agrees, read
+    old = manifest["runs"].pop(replaces)
+    new = manifest["runs"][rid]
+    if "page" in old:
+        new["page"] = old["page"]
+    changed, figures = [], []
+    for spec in old.get("figures", []):
+        value = read(folder, spec)
+        if not agrees(value, spec["value"], spec.get("tolerance", 0)):
+            changed.append(f"{spec['label']}: {spec['value']!r} -> {value!r}")
+        figures.append({**spec, "value": value})
+    if figures:
+        new["figures"] = figures
+    return changed
 
 
 PARTS = ("run", "check-sweep", "check-forward")

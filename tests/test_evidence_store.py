@@ -228,3 +228,39 @@ def test_a_signal_while_the_store_imports_is_one_line(tmp_path):
                           cwd=Path(__file__).parent.parent)
     assert done.returncode == 128 + signal.SIGTERM
     assert done.stderr.strip() == "evidence_store: interrupted"
+
+
+def _table_run(folder: Path, refits: int, seconds: float) -> Path:
+    """A complete table run's manifest (no legs measured), `refits` refits since it started."""
+    folder.mkdir(parents=True)
+    (folder / "manifest.json").write_text(json.dumps({
+        "format": 1, "profile": "h200", "started": "2026-12-01T00:00:00+00:00", "status": "complete",
+        "verdict": "PASS", "legs": {"validate": {"command": "x", "seconds": seconds, "status": "done"}},
+        "refits": [{"folder": f"refit-{i + 1}", "legs": {}} for i in range(refits)]}))
+    return folder
+
+
+def test_a_later_state_of_a_filed_table_run_replaces_it_with_its_figures_read_again(tmp_path, monkeypatch):
+    """add --replaces: the same table run refitted or judged again takes the filed one's place (its folder and
+    entry), its page section and figures carried over and read again, a changed reading said; a run that is not a
+    later state of it, or a filing without --replaces, is refused and nothing is written."""
+    ev, _ = _store(tmp_path, monkeypatch)
+    import evidence_store.store as store
+    first, changed = store.add(_table_run(tmp_path / "results" / "a", 0, 10.0), "the first state", "")
+    assert changed == []
+    ev.section(first, "h200", "The table", 1, "Text.")
+    ev.figure(first, "validate seconds", "leg", {"name": "validate"}, 0)
+    later = _table_run(tmp_path / "results" / "b", 1, 12.5)
+    with pytest.raises(HarnessError, match=f"a later state of that table run replaces it with --replaces {first}"):
+        store.add(later, "the refit", "")
+    before = ev.MANIFEST.read_text()
+    other = _table_run(tmp_path / "results" / "c", 0, 11.0)
+    with pytest.raises(HarnessError, match="is not a later state of that table run"):
+        store.add(other, "not a refit", "", replaces=first)
+    assert ev.MANIFEST.read_text() == before and (ev.EVIDENCE / first).is_dir()
+    rid, changed = store.add(later, "the refit", "", replaces=first)
+    runs = json.loads(ev.MANIFEST.read_text())["runs"]
+    assert first not in runs and not (ev.EVIDENCE / first).exists() and (ev.EVIDENCE / rid).is_dir()
+    assert changed == ["validate seconds: 10.0 -> 12.5"] and runs[rid]["figures"][0]["value"] == 12.5
+    assert runs[rid]["page"]["title"] == "The table" and "| validate seconds | 12.5 |" in ev.page("h200")
+    assert not [p for p in ev.EVIDENCE.iterdir() if p.name.startswith(".add-")]
