@@ -174,6 +174,7 @@ def add(run: Path, backs: str, note: str, partial: bool = False, replaces: str |
     changed: list[str] = []
     try:
         shutil.copytree(run, stage / rid, symlinks=True)
+        _pack(stage / rid)
         if old is not None:
             changed = _carry_over(manifest, replaces, rid, stage / rid)
             (EVIDENCE / replaces).rename(stage / replaces)  # removed once the manifest is saved
@@ -188,6 +189,15 @@ def add(run: Path, backs: str, note: str, partial: bool = False, replaces: str |
     finally:
         shutil.rmtree(stage, ignore_errors=True)
     return rid, changed
+
+
+def _pack(folder: Path) -> None:
+    """Every results.csv of a filed run (its legs' included) xz-packed in place, as the store keeps them (readers and
+    `restore` unpack them)."""
+    for f in sorted(folder.rglob("results.csv")):
+        if f.is_file() and not f.is_symlink():
+            f.with_name(f.name + ".xz").write_bytes(lzma.compress(f.read_bytes(), preset=9))
+            f.unlink()
 
 
 def _filed_table_runs(profile: str, started: str | None) -> list[str]:

@@ -126,7 +126,9 @@ def test_add_from_the_command_line_files_a_run_and_refuses_it_twice(tmp_path, mo
     shutil.copytree(Path(__file__).parent / "data" / "h200-lean-fit", run)
     assert ev.main(["add", str(run), "--backs", "a test of add"]) == 0
     rid = capsys.readouterr().out.strip()
-    assert (ev.EVIDENCE / rid / "results.csv").is_file()
+    import lzma
+    assert not (ev.EVIDENCE / rid / "results.csv").exists()  # filed xz-packed, as restore and the readers expect
+    assert lzma.decompress((ev.EVIDENCE / rid / "results.csv.xz").read_bytes()) == (run / "results.csv").read_bytes()
     assert json.loads(ev.MANIFEST.read_text())["runs"][rid]["backs"] == "a test of add"
     with pytest.raises(HarnessError, match="filed already|exists already"):
         ev.main(["add", str(run), "--backs", "again"])
@@ -146,7 +148,7 @@ def test_a_table_run_is_filed_by_its_manifest_and_an_unfinished_one_is_refused(t
     rid = capsys.readouterr().out.strip()
     entry = json.loads(ev.MANIFEST.read_text())["runs"][rid]
     assert rid.startswith("h200-table-") and "python -m tables --gpu h200" in entry["command"]
-    assert (ev.EVIDENCE / rid / "sweep" / "results.csv").is_file()
+    assert (ev.EVIDENCE / rid / "sweep" / "results.csv.xz").is_file()
 
 
 @pytest.mark.parametrize("field, value, needle", [
