@@ -302,6 +302,11 @@ def _vetoed(path: str, vetoed) -> bool:
     return path in vetoed or (is_flashinfer(path) and lean_path(backend_of(path)) in vetoed)
 
 
+def _not_vetoed(cands: list[str], vetoes: dict[Veto, frozenset[str]], cell: Veto) -> list[str]:
+    """The candidates no veto at this (regime, n, k, m) covers; all of them where a veto would leave none."""
+    return [p for p in cands if not _vetoed(p, vetoes.get(cell, ()))] or cands
+
+
 def cell_verdicts(cells: Cells, table: ThresholdTable, margin: float = 0.03, oracle: str = "all",
                   noise: Any = None, vetoes: dict[Veto, frozenset[str]] | None = None) -> pd.DataFrame:
     """Per cell, in the graph regime (GPU time): the dispatcher's choice against the fastest path of the oracle, with
@@ -320,7 +325,7 @@ def cell_verdicts(cells: Cells, table: ThresholdTable, margin: float = 0.03, ora
                 continue
             chosen = chosen_path(table, cells, n, k, m)
             fastest = min(cands, key=lambda p: cells.gpu_beside_aten(n, k, m, p))
-            best = min([p for p in cands if not _vetoed(p, vetoes.get(("graph", n, k, m), ()))] or cands,
+            best = min(_not_vetoed(cands, vetoes, ("graph", n, k, m)),
                        key=lambda p: cells.gpu_beside_aten(n, k, m, p))
             ratio, lo, hi = calibrated_ratio(cells, n, k, m, chosen, best, noise, hash((n, k, m)) & 0xFFFF)
             v = "SAME" if chosen == best else verdict(lo, hi, margin)
@@ -329,7 +334,7 @@ def cell_verdicts(cells: Cells, table: ThresholdTable, margin: float = 0.03, ora
                 _, llo, lhi = calibrated_ratio(cells, n, k, m, low, ATEN, noise, (hash((n, k, m)) + 1) & 0xFFFF)
                 low_vs_aten = verdict(llo, lhi, margin)
             eager = chosen_path(table, cells, n, k, m, "eager")
-            eager_best = min([p for p in cands if not _vetoed(p, vetoes.get(("eager", n, k, m), ()))] or cands,
+            eager_best = min(_not_vetoed(cands, vetoes, ("eager", n, k, m)),
                              key=lambda p: cells.cost(n, k, m, p, "eager"))
             rows.append({"n": n, "k": k, "m": m, "chosen": chosen, "oracle": best,
                          "chosen_us": cells.gpu(n, k, m, chosen), "oracle_us": cells.gpu(n, k, m, best),

@@ -100,7 +100,8 @@ def load_noise(profile: str, path: Path | None = None) -> NoiseFloor | None:
 def of_profile(data: dict, profile: str, path: Path, tool: str) -> None:
     """A floor measured on another GPU kind than the one it would judge is refused (floors older than the profile
     field name none and are taken as the file they are)."""
-    theirs = (data.get("source") or {}).get("profile") if isinstance(data.get("source"), dict) else None
+    source = data.get("source")
+    theirs = source.get("profile") if isinstance(source, dict) else None
     if theirs is not None and theirs != profile:
         raise HarnessError(f"{path} is a floor measured on {theirs}, not {profile}; pass a {profile} floor (python -m "
                            f"calibrate {tool} RUN_A RUN_B --gpu {profile})")

@@ -153,7 +153,8 @@ def add(run: Path, backs: str, note: str, partial: bool = False, replaces: str |
     dest = EVIDENCE / rid
     if dest.exists():
         raise HarnessError(f"{dest} exists already; this run is filed")
-    old = _replaced(run, replaces) if replaces else None
+    if replaces:
+        _check_replaces(run, replaces)
     filed = {d: r for d, r in _filed_digests().items() if r != replaces}
     same = next((filed[d] for d in sorted(_results_digests(run)) if d in filed), None)
     if same is None and info.get("kind") == "table":
@@ -175,7 +176,7 @@ def add(run: Path, backs: str, note: str, partial: bool = False, replaces: str |
     try:
         shutil.copytree(run, stage / rid, symlinks=True)
         _pack(stage / rid)
-        if old is not None:
+        if replaces:
             changed = _carry_over(manifest, replaces, rid, stage / rid)
             (EVIDENCE / replaces).rename(stage / replaces)  # removed once the manifest is saved
         (stage / rid).rename(dest)
@@ -183,7 +184,7 @@ def add(run: Path, backs: str, note: str, partial: bool = False, replaces: str |
             save(manifest)
         except BaseException:
             shutil.rmtree(dest, ignore_errors=True)
-            if old is not None:
+            if replaces:
                 (stage / replaces).rename(EVIDENCE / replaces)
             raise
     finally:
@@ -211,12 +212,11 @@ def _filed_table_runs(profile: str, started: str | None) -> list[str]:
     return out
 
 
-def _replaced(run: Path, replaces: str) -> dict:
-    """The filed table run `replaces` names, where `run` is a later state of it: both table runs of one profile and
-    start, the new one with more refits (the earlier legs kept under refit-<n>/); else one line."""
+def _check_replaces(run: Path, replaces: str) -> None:
+    """One line unless `replaces` names a filed table run that `run` is a later state of: both table runs of one
+    profile and start, the new one with more refits (the earlier legs kept under refit-<n>/)."""
     old = EVIDENCE / replaces
-    entry = load_manifest()["runs"].get(replaces)
-    if entry is None or not (old / TABLE_MANIFEST).is_file():
+    if replaces not in load_manifest()["runs"] or not (old / TABLE_MANIFEST).is_file():
         raise HarnessError(f"--replaces {replaces}: not a filed table run; `python -m evidence_store list` names "
                            f"the filed runs")
     a, b = read_manifest(old / TABLE_MANIFEST), read_manifest(run / TABLE_MANIFEST)
@@ -224,7 +224,6 @@ def _replaced(run: Path, replaces: str) -> dict:
             len(b.get("refits") or []) <= len(a.get("refits") or []):
         raise HarnessError(f"--replaces {replaces}: {run} is not a later state of that table run (the same profile "
                            f"and start, refitted or judged again since); file it on its own")
-    return entry
 
 
 def _carry_over(manifest: dict, replaces: str, rid: str, folder: Path) -> list[str]:

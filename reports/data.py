@@ -157,9 +157,10 @@ def headline(run: Run, forwards: list[tuple[pd.DataFrame, dict]] | None = None) 
         return Headline(None, s, pd.DataFrame(), pd.DataFrame())
     floor = run.forward_floor
     # the fit's vetoes as validate judges them: refuted where a given forward measured the vetoed path no slower
-    vetoes, _ = judged_vetoes(run.table, [fdf for fdf, _ in forwards or []], model_uses(df), floor)
+    uses = model_uses(df)
+    vetoes, _ = judged_vetoes(run.table, [fdf for fdf, _ in forwards or []], uses, floor)
     verdicts = cell_verdicts(c, run.table, MARGIN, noise=run.noise, vetoes=vetoes)
-    totals = forward_totals(c, run.table, model_uses(df), run.profile.capture_size)
+    totals = forward_totals(c, run.table, uses, run.profile.capture_size)
     slower, over = failures(verdicts, totals, floor)
     measured_over, covered = 0, set()
     if forwards:

@@ -80,9 +80,10 @@ def run(args) -> int:
     floor = load_forward_floor(profile.name, Path(args.forward_floor) if args.forward_floor else None)
     floor_name = args.forward_floor or forward_noise_path(profile.name).name
     _print_provenance(table, args.results, info, args.forward or [])
-    vetoes, veto_lines = judged_vetoes(table, [fdf for _, fdf, _ in forwards], model_uses(df), floor)
+    uses = model_uses(df)
+    vetoes, veto_lines = judged_vetoes(table, [fdf for _, fdf, _ in forwards], uses, floor)
     verdicts = cell_verdicts(cells, table, args.margin, args.oracle, noise, vetoes)
-    totals = forward_totals(cells, table, model_uses(df), profile.capture_size, args.oracle)
+    totals = forward_totals(cells, table, uses, profile.capture_size, args.oracle)
     if csv_out:
         atomic_write_text(csv_out, verdicts.to_csv(index=False))
     counts = verdicts["verdict"].value_counts().to_dict()
