@@ -53,9 +53,10 @@ class ForwardFloor:
                 "source": self.source}
 
 
-def load_forward_floor(profile: str, path: Path | None = None) -> ForwardFloor | None:
+def load_forward_floor(profile: str, path: Path | str | None = None) -> ForwardFloor | None:
     """The profile's stored forward floor; None where the profile ships none (the paired intervals alone), an error
     where it ships one and this installation lacks it."""
+    path = Path(path) if path else None  # a command's option as given, or nothing
     p = path or forward_noise_path(profile)
     if path is None and not p.exists():
         return _none_shipped(profile, "forward-noise")

@@ -76,9 +76,10 @@ class NoiseFloor:
                           for e, hw in self.bands], "source": self.source}
 
 
-def load_noise(profile: str, path: Path | None = None) -> NoiseFloor | None:
+def load_noise(profile: str, path: Path | str | None = None) -> NoiseFloor | None:
     """The profile's stored floor, or None where the profile ships none (intervals are then the bootstrap alone); a
     floor its profile ships and this installation lacks is an error, never a silently narrower interval."""
+    path = Path(path) if path else None  # a command's option as given, or nothing
     p = path or noise_path(profile)
     if path is None and not p.exists():
         return _none_shipped(profile, "noise")

@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 
 import pandas as pd
 
-from calibrate.analysis import Cells, calibrated_ratio, dispatch_candidates, shapes_to_fit, sum_exceeds
+from calibrate.analysis import Cells, Veto, calibrated_ratio, dispatch_candidates, shapes_to_fit, sum_exceeds
 from dispatch.backends import ATEN
 from dispatch.table import REGIMES, ThresholdTable, compress, describe_ranges
 from harness.errors import HarnessError
@@ -278,7 +278,7 @@ def fit_segments(cells: Cells, base: ThresholdTable, tolerance: float = DEFAULT_
                  picks: dict[tuple[str, int, int, int], tuple[str, float, float]] | None = None,
                  uses: Uses | None = None, forward_floor: Any = None, capture_size: int = 0,
                  others: list[Cells] | None = None,
-                 vetoes: dict[tuple[str, int, int, int], set[str]] | None = None) -> tuple[ThresholdTable, pd.DataFrame]:
+                 vetoes: dict[Veto, set[str]] | None = None) -> tuple[ThresholdTable, pd.DataFrame]:
     """The table of the fewest-range fit (RULE) from measured cells, and per shape what it chose. The boundness maps
     (n, k) -> M come from measured forwards (calibrate.forward_model) and say how eager cells are judged
     (eager_model). `picks` (regime, n, k, m) -> (path, its ratio to all-aten, the top of that ratio's interval): a

@@ -46,14 +46,14 @@ class Run:
         """The run-to-run noise floor of its cell verdicts (None: the bootstrap alone), read on first use."""
         if self.profile is None:
             return None
-        return load_noise(self.profile.name, Path(self.noise_file) if self.noise_file else None)
+        return load_noise(self.profile.name, self.noise_file)
 
     @cached_property
     def forward_floor(self) -> Any:
         """The forward noise floor of its measured-forward verdicts (None: the paired rounds alone)."""
         if self.profile is None:
             return None
-        return load_forward_floor(self.profile.name, Path(self.forward_floor_file) if self.forward_floor_file else None)
+        return load_forward_floor(self.profile.name, self.forward_floor_file)
 
     @property
     def gpu(self) -> str:

@@ -17,7 +17,7 @@ from tables.install import fewer_baseline_runs, install
 from tables.legs import legs
 from tables.manifest import FIT_MACHINES, MANIFEST, MAX_FIT_MACHINES, TableRun, parse_scope
 from tables.pipeline import (REFIT_FROM, REJUDGE_FROM, check_stop_after, pending_legs, plan_text, refit_legs,
-                             run_pipeline, supersede_fit)
+                             run_pipeline, set_aside_legs)
 
 
 def parser() -> Parser:
@@ -99,7 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if any(leg.gpu for leg in legs(run) if leg.name in todo):
             require_gpu(run.profile)  # before any file system change
         what = "fit and check" if args.refit else "verdict"
-        print(f"table: {word[2:]} {run.folder}: earlier {what} kept in {supersede_fit(run, args.machines, start)}")
+        print(f"table: {word[2:]} {run.folder}: earlier {what} kept in {set_aside_legs(run, args.machines, start)}")
     elif any(leg.gpu for leg in pending_legs(run, args.resume, args.stop_after, args.machines)):
         require_gpu(run.profile)  # before any file system change
     manifest = run_pipeline(run, args.resume or args.refit or args.rejudge, stop_after=args.stop_after,

@@ -104,7 +104,7 @@ def _verb(start: str) -> str:
     return "refit" if start == REFIT_FROM else "rejudge"
 
 
-def supersede_fit(run: TableRun, machines: int | None = None, start: str = REFIT_FROM) -> Path:
+def set_aside_legs(run: TableRun, machines: int | None = None, start: str = REFIT_FROM) -> Path:
     """--refit: moves the fit's and every later leg's manifest entries into the manifest's `refits` and their
     outputs and logs into refit-<n>/ (nothing deleted), so that a resume runs them again. Returns that folder.
     `machines` (more than the run's): the refit also measures on that many machines, so that a resume first runs

@@ -351,16 +351,16 @@ def test_a_damaged_manifest_is_refused_by_resume_and_install_and_left_as_it_is(t
         run_pipeline(H200, run, resume=True, execute=lambda leg, log: 0, machine=machines("A"))
     with pytest.raises(HarnessError, match="table run manifest .* is not valid JSON"):
         install(H200, run)
-    from tables.pipeline import supersede_fit
+    from tables.pipeline import set_aside_legs
     with pytest.raises(HarnessError, match="table run manifest .* is not valid JSON"):
-        supersede_fit(TableRun(H200, run))
+        set_aside_legs(TableRun(H200, run))
     assert (run / MANIFEST).read_text() == "{not json" and [p.name for p in run.iterdir()] == [MANIFEST]
 
 
 def test_refit_runs_the_fit_and_every_later_leg_again_and_keeps_the_earlier_ones(tmp_path):
     """A changed fit rule: --refit keeps what the fitted legs measured, moves the fit's and the check's entries and
     outputs to refit-1/, and a resume on a machine that fitted none runs the fit and everything after it again."""
-    from tables.pipeline import refit_legs, supersede_fit
+    from tables.pipeline import refit_legs, set_aside_legs
     run, ran = tmp_path / "run", []
 
     def execute(leg, log):
@@ -375,7 +375,7 @@ def test_refit_runs_the_fit_and_every_later_leg_again_and_keeps_the_earlier_ones
     assert first["verdict"] == "PASS"
     old_table = (run / "table.json").read_text()
     assert refit_legs(TableRun(H200, run)) == LEGS[LEGS.index("fit"):]
-    kept = supersede_fit(TableRun(H200, run))
+    kept = set_aside_legs(TableRun(H200, run))
     assert kept == run / "refit-1" and (kept / "table.json").read_text() == old_table
     assert (kept / "check-sweep").is_dir() and (kept / "fit.log").is_file() and not (run / "table.json").exists()
     assert (run / "sweep.log").is_file()  # what the fitted legs measured stays where the fit reads it
@@ -387,18 +387,18 @@ def test_refit_runs_the_fit_and_every_later_leg_again_and_keeps_the_earlier_ones
     done = run_pipeline(H200, run, resume=True, execute=execute, machine=machines("D"))
     assert ran == LEGS[LEGS.index("fit"):] and done["verdict"] == "PASS" and done["out_of_machine"] is True
     assert done["refits"][0]["legs"]["check-sweep"]["machine"] == "A" and done["legs"]["check-sweep"]["machine"] == "D"
-    assert supersede_fit(TableRun(H200, run)) == run / "refit-2"
+    assert set_aside_legs(TableRun(H200, run)) == run / "refit-2"
 
 
 def test_refit_of_a_run_that_has_not_fitted_is_refused_and_changes_nothing(tmp_path):
-    from tables.pipeline import supersede_fit
+    from tables.pipeline import set_aside_legs
     run = tmp_path / "run"
     with pytest.raises(HarnessError, match="run it first"):
-        supersede_fit(TableRun(H200, run))
+        set_aside_legs(TableRun(H200, run))
     run_pipeline(H200, run, resume=False, execute=lambda leg, log: 0, stop_after="refine", machine=machines("A"))
     before = sorted(p.name for p in run.iterdir()), (run / MANIFEST).read_bytes()
     with pytest.raises(HarnessError, match="nothing to refit, its legs machine-2, machine-3 are not done"):
-        supersede_fit(TableRun(H200, run))
+        set_aside_legs(TableRun(H200, run))
     assert (sorted(p.name for p in run.iterdir()), (run / MANIFEST).read_bytes()) == before
 
 
@@ -415,7 +415,7 @@ def test_stop_after_a_leg_already_done_runs_nothing_after_it(tmp_path):
 def test_a_refit_can_add_fitting_machines_each_measured_on_a_machine_of_its_own(tmp_path):
     """--refit --machines N on a run fitted on fewer: the earlier fit and check are kept in refit-1/, the new
     machine-<i> legs run before the fit, and the check waits for a machine that ran none of the fitted legs."""
-    from tables.pipeline import supersede_fit
+    from tables.pipeline import set_aside_legs
     run, ran = tmp_path / "run", []
 
     def execute(leg, log):
@@ -427,8 +427,8 @@ def test_a_refit_can_add_fitting_machines_each_measured_on_a_machine_of_its_own(
                          same_machine=True)
     assert first["verdict"] == "FAIL" and "machine-2" not in ran
     with pytest.raises(HarnessError, match="never drops"):
-        supersede_fit(TableRun(H200, run), machines=0)
-    kept = supersede_fit(TableRun(H200, run), machines=2)
+        set_aside_legs(TableRun(H200, run), machines=0)
+    kept = set_aside_legs(TableRun(H200, run), machines=2)
     manifest = json.loads((run / MANIFEST).read_text())
     assert manifest["fit_machines"] == 2 and manifest["refits"][0]["fit_machines"] == 1
     assert manifest["refits"][0]["verdict"] == "FAIL" and (kept / "table.json").is_file()
@@ -477,7 +477,7 @@ def test_rejudge_runs_validate_and_the_legs_after_it_again_on_any_machine(tmp_pa
     """A changed verdict rule: --rejudge moves the validate leg's and every later leg's entries and outputs to
     refit-1/ (its entry saying it started at validate), and a resume runs those legs alone, none of them a GPU leg;
     the fit and the check's measurements stay. A run that has not reached validate is refused."""
-    from tables.pipeline import REJUDGE_FROM, refit_legs, supersede_fit
+    from tables.pipeline import REJUDGE_FROM, refit_legs, set_aside_legs
     run, ran, verdicts = tmp_path / "run", [], iter([1, 0])  # validate: FAIL, then PASS by the changed rule
 
     def execute(leg, log):
@@ -488,7 +488,7 @@ def test_rejudge_runs_validate_and_the_legs_after_it_again_on_any_machine(tmp_pa
     assert first["verdict"] == "FAIL"
     late = refit_legs(TableRun(H200, run), REJUDGE_FROM)
     assert late == LEGS[LEGS.index("validate"):] and not any(leg.gpu for leg in legs(H200, run) if leg.name in late)
-    kept = supersede_fit(TableRun(H200, run), start=REJUDGE_FROM)
+    kept = set_aside_legs(TableRun(H200, run), start=REJUDGE_FROM)
     assert (kept / "validate.log").is_file() and (run / "check-sweep.log").is_file() and (run / "fit.log").is_file()
     ran.clear()
     done = run_pipeline(H200, run, resume=True, execute=execute, machine=machines("A"))
@@ -498,4 +498,4 @@ def test_rejudge_runs_validate_and_the_legs_after_it_again_on_any_machine(tmp_pa
     run_pipeline(H200, fresh, resume=False, execute=lambda leg, log: 0, stop_after="fit", machine=machines("A"),
                  same_machine=True)
     with pytest.raises(HarnessError, match="nothing to rejudge, its legs check-sweep"):
-        supersede_fit(TableRun(H200, fresh), start=REJUDGE_FROM)
+        set_aside_legs(TableRun(H200, fresh), start=REJUDGE_FROM)

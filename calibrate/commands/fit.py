@@ -171,7 +171,7 @@ def _fit_cmd(args, argv, profile, df, info, cells) -> int:
     if args.keep and not args.table_forward:
         raise HarnessError("--keep needs --table-forward: the measured forwards of that table")
     base = ThresholdTable(profile.name, profile.low_m_backend, {r: () for r in REGIMES})
-    noise = load_noise(profile.name, Path(args.noise) if args.noise else None)
+    noise = load_noise(profile.name, args.noise)
     if args.machine and args.method != "segments":
         raise HarnessError("--machine needs --method segments")
     others = [Cells.from_results(o) for o in _same_setup_runs(args.results, info, args.machine, args.partial,

@@ -76,8 +76,8 @@ def run(args) -> int:
         rep_df, rep_info = load_forward(args.forward_replicate, args.partial)
         _check_gpu(rep_info, profile.name, args.forward_replicate, args.allow_mismatch)
         replicate = (args.forward_replicate, rep_df)
-    noise = load_noise(profile.name, Path(args.noise) if args.noise else None)
-    floor = load_forward_floor(profile.name, Path(args.forward_floor) if args.forward_floor else None)
+    noise = load_noise(profile.name, args.noise)
+    floor = load_forward_floor(profile.name, args.forward_floor)
     floor_name = args.forward_floor or forward_noise_path(profile.name).name
     _print_provenance(table, args.results, info, args.forward or [])
     uses = model_uses(df)
