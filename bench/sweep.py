@@ -237,6 +237,7 @@ class Sweeping:
     bar: Any = None
     last_write: float = 0.0
     weights: "WeightPool" = field(default_factory=lambda: WeightPool())
+    table: Any = None  # the table the dispatch path runs (None: the profile ships none)
 
 
 @dataclass
@@ -301,9 +302,19 @@ def plan_group(run: Sweeping, shape: Shape, m: int, paths: list[GemmPath]) -> Gr
     buckets = set(hybrid_buckets())
     rows = {p.name: {**base, "path": p.name,
                      "m_is_bucket": p.backend.tuned_entry_reachable(m, buckets) if p.backend else m in buckets,
-                     "pdl": p.backend.pdl(cfg.profile.pdl) if p.backend else None}
+                     "pdl": p.backend.pdl(cfg.profile.pdl) if p.backend else
+                     dispatcher_pdl(run.table, cfg.profile, run.sm, shape, m) if p.name == DISPATCH else None}
             for p in paths}
     return Group(shape, m, rows, rotations, calls, l2_multiple, paths)
+
+
+def dispatcher_pdl(table: Any, profile: GpuProfile, sm: int, shape: Shape, m: int) -> bool:
+    """Whether the dispatch row's captured calls launch a kernel with pdl: its table's graph choice is a FlashInfer
+    backend that takes pdl under this profile and can run the cell (the dispatcher launches the GEMV plainly). A pdl
+    kernel overlaps the call before it, so the row is read by its span, as that path's own row is."""
+    chosen = PATHS.get(table.choose(shape.n, shape.k, m, "graph")) if table is not None else None
+    return bool(chosen is not None and chosen.backend is not None and chosen.backend.pdl(profile.pdl)
+                and chosen.skip_reason(sm, shape.n, shape.k, m) is None)
 
 
 def check_paths(run: Sweeping, group: Group) -> tuple[dict[str, Any], dict[str, Window]]:
@@ -419,6 +430,8 @@ def time_gpu(run: Sweeping, group: Group, checked: dict[str, Any], check_windows
             group.fail(name, "failed", t.error or foreign)
             continue
         gpu, g20, g80 = summary(t.gpu_us)
+        if t.gpu_from:  # the twin's kernels, launched as the twin launches them
+            group.rows[name]["pdl"] = group.rows[t.gpu_from].get("pdl")
         group.rows[name].update(status="ok", reason="", gpu_us=gpu, gpu_us_p20=g20, gpu_us_p80=g80,
                                 span_us=summary(t.span_us)[0], event_us=summary(t.event_us)[0],
                                 samples=len(t.gpu_us), kernels=t.kernels, kernels_per_call=t.kernels_per_call,
@@ -638,7 +651,8 @@ def run_sweep(cfg: SweepConfig) -> Path:
     pinned = _load_pinned_tactics(cfg)  # before anything is written: a refused file stops the run here
     dispatch.tactics_from_table(False)  # the dispatch path runs this run's tactics, as every other path does
     dispatch.configure(cfg.table)
-    serve_gemv(cfg.tune and not pinned, cfg.table if cfg.table is not None else _profile_table(cfg.profile))
+    table = cfg.table if cfg.table is not None else _profile_table(cfg.profile)
+    serve_gemv(cfg.tune and not pinned, table)
     info = _sweep_info(cfg)
     cfg.out.mkdir(parents=True, exist_ok=True)
     rows, done = done_keys(cfg.out) if cfg.resume else ([], set())
@@ -649,7 +663,7 @@ def run_sweep(cfg: SweepConfig) -> Path:
     write_run_json(cfg.out, {**info, "status": "running"})
     run = Sweeping(cfg, clock, PhaseTimer(), build_paths(cfg.paths, sm, cfg.profile.pdl), sm, props.L2_cache_size,
                    info=info, rows=rows, done=done, bar=_progress(cfg.cell_count(), "bench") if cfg.progress else
-                   _Silent())
+                   _Silent(), table=table)
     if cfg.l2 == "flush":
         run.flush = L2Flush(props.L2_cache_size)
         run.flush_names = run.flush.kernel_names(clock)

@@ -18,6 +18,13 @@ from dispatch.profiles import GpuProfile, get_profile
 from harness.errors import HarnessError
 from harness.io import claim_work_dir, clear_work_dir
 from shapes.catalog import Shape, catalog
+from shapes.derive import UNION
+
+
+def grid_catalog() -> list[Shape]:
+    """The shapes a regression grid measures, in the order the baselines' runs measured them: the union layout
+    (vLLM's layers and the transformers modules they fuse), as the shipped tables and their baselines cover."""
+    return catalog(layout=UNION)
 
 
 def regression_paths(profile: GpuProfile) -> list[str]:
@@ -29,7 +36,7 @@ def measure(profile: GpuProfile, out: Path, shapes: list[Shape] | None = None, m
             samples: int = 10, autotune_cache: Path | None = None) -> tuple[list[BaselineCell], dict]:
     """Runs the regression grid through the bench sweep into `out`; returns its cells and run info.
     autotune_cache: FlashInfer tactics to serve (an existing file); None: tune (the tactics are kept in `out`)."""
-    cfg = SweepConfig(profile=profile, shapes=shapes or catalog(), ms=list(ms),
+    cfg = SweepConfig(profile=profile, shapes=shapes or grid_catalog(), ms=list(ms),
                       paths=[PATHS[p] for p in regression_paths(profile)], out=out, samples=samples,
                       autotune_cache=autotune_cache, quiet=True,  # FlashInfer's own output to <out>/log.txt
                       host_block_us=None,  # every call path host-timed in full blocks, as the baselines' runs were
@@ -63,7 +70,11 @@ def regress(profile: GpuProfile, baseline: Baseline, work: Path, tolerance: floa
     for own in ("fresh", "remeasure"):  # this function's own output folders: a rerun replaces them
         clear_work_dir(work / own)
     wanted = {c.shape for c in baseline.cells}
-    shapes = [s.name for s in catalog() if s.name in wanted]
+    shapes = [s.name for s in grid_catalog() if s.name in wanted]
+    unknown = sorted(wanted - set(shapes))
+    if unknown:
+        raise HarnessError(f"the baseline holds shape(s) {', '.join(unknown)} that no catalog model has; regenerate "
+                           f"it with make baseline GPU={profile.name}, or add the model's config under shapes/configs")
     ms = tuple(sorted({c.m for c in baseline.cells}))
     tactics = baseline.tactics_file()
     fresh, info = measure_in_fresh_process(profile, work / "fresh", shapes, ms, samples, tactics)
@@ -87,7 +98,7 @@ def regress(profile: GpuProfile, baseline: Baseline, work: Path, tolerance: floa
 
 def _measure_in_child(profile_name: str, out: str, shapes: list[str] | None, ms: tuple[int, ...], samples: int,
                       autotune_cache: str | None, pdl: bool) -> None:
-    by_name = {s.name: s for s in catalog()}
+    by_name = {s.name: s for s in grid_catalog()}
     measure(replace(get_profile(profile_name), pdl=pdl), Path(out), [by_name[n] for n in shapes] if shapes else None,
             ms, samples, Path(autotune_cache) if autotune_cache else None)
 

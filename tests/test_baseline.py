@@ -345,3 +345,38 @@ def test_the_regression_grid_host_times_as_its_baselines_did(monkeypatch, tmp_pa
     monkeypatch.setattr(regress, "load_run_info", lambda out: {})
     regress.measure(get_profile("h200"), tmp_path)
     assert seen[0].host_block_us is None and not seen[0].skip_unchoosable
+
+
+@pytest.mark.parametrize("gpu", ["h100", "h200"])
+def test_the_regression_grid_measures_every_shape_of_the_shipped_baseline(gpu, monkeypatch, tmp_path):
+    """A union baseline's transformers-only shapes (in_proj_a/b 32 x 2048, q_proj 8192 x 2048, ...) are measured
+    afresh, not reported as missing from the fresh run."""
+    import calibrate.regress as regress
+    from calibrate.baseline import baseline_path, load_baseline
+    from dispatch.profiles import get_profile
+    baseline = load_baseline(baseline_path(gpu))
+    seen = {}
+
+    def measured(profile, out, shapes=None, ms=(), samples=10, autotune_cache=None):
+        seen["shapes"] = shapes
+        return [], {}
+    monkeypatch.setattr(regress, "measure_in_fresh_process", measured)
+    monkeypatch.setattr(regress, "compare", lambda *a: [])
+    regress.regress(get_profile(gpu), baseline, tmp_path)
+    assert set(seen["shapes"]) == {c.shape for c in baseline.cells}
+    by_name = {s.name: s for s in regress.grid_catalog()}
+    assert [s for s in seen["shapes"]] == [s for s in by_name if s in set(seen["shapes"])]  # catalog order
+
+
+def test_a_baseline_shape_no_catalog_holds_stops_regress_before_it_measures(monkeypatch, tmp_path):
+    import dataclasses
+
+    import calibrate.regress as regress
+    from calibrate.baseline import baseline_path, load_baseline
+    from dispatch.profiles import get_profile
+    baseline = load_baseline(baseline_path("h200"))
+    stray = dataclasses.replace(baseline.cells[0], shape="n12345_k678", n=12345, k=678)
+    baseline = dataclasses.replace(baseline, cells=[*baseline.cells, stray])
+    monkeypatch.setattr(regress, "measure_in_fresh_process", lambda *a, **k: pytest.fail("measured"))
+    with pytest.raises(HarnessError, match="n12345_k678 that no catalog model has"):
+        regress.regress(get_profile("h200"), baseline, tmp_path)

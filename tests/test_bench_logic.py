@@ -657,3 +657,26 @@ def test_weight_pool_serves_a_shape_s_copies_again_and_drops_another_s():
     assert pool.take(64, 128, 5) is None and pool.ws == []  # too few: emptied, to be made afresh
     pool.keep(64, 128, copies)
     assert pool.take(32, 128, 1) is None and pool.shape is None  # another shape: emptied first
+
+
+def test_the_dispatch_row_is_read_as_a_pdl_launch_where_its_table_runs_a_pdl_kernel():
+    """The dispatch row's pdl column follows its table's graph choice: a pdl TinyGEMM call overlaps the call before
+    it, so its kernels' summed durations exceed their span and the row must be read by its span, as that path's own
+    row is; cuBLASLt (no pdl), the GEMV (launched plainly), F.linear, a cell the kernel cannot take and a profile
+    without pdl are plain launches."""
+    from dataclasses import replace
+
+    from bench.sweep import dispatcher_pdl
+    from dispatch.table import ThresholdTable
+    from shapes.catalog import Shape
+    table = ThresholdTable("h100", "tinygemm", {"graph": (), "eager": ()},
+                           {(2048, 4096): {"graph": ((8, "flashinfer-lean:tinygemm"), (16, "triton:gemv"),
+                                                     (512, "flashinfer-lean:cublaslt")), "eager": ()},
+                            (1, 2048): {"graph": ((8, "flashinfer-lean:tinygemm"),), "eager": ()}})
+    h100 = get_profile("h100")
+    wide, tiny = Shape(2048, 4096, 1, ()), Shape(1, 2048, 1, ())
+    assert h100.pdl and dispatcher_pdl(table, h100, 90, wide, 1)
+    assert [dispatcher_pdl(table, h100, 90, wide, m) for m in (16, 64, 1024)] == [False, False, False]
+    assert not dispatcher_pdl(table, h100, 90, tiny, 1)  # TinyGEMM takes N % 16 == 0 only: F.linear runs
+    assert not dispatcher_pdl(table, replace(h100, pdl=False), 90, wide, 1)
+    assert not dispatcher_pdl(None, h100, 90, wide, 1)
