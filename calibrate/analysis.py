@@ -162,9 +162,10 @@ class Cells:
             return self.gpu(n, k, m, path)
         return self.gpu(n, k, m, ATEN) * self.gpu_ratio(n, k, m, path, ATEN)
 
-    def cost(self, n: int, k: int, m: int, path: str, regime: str) -> float:
-        """A call's cost: GPU time inside CUDA graphs, max(host, GPU) when eager (the host-bound model)."""
-        gpu = self.gpu(n, k, m, path)
+    def cost(self, n: int, k: int, m: int, path: str, regime: str, beside_aten: bool = False) -> float:
+        """A call's cost: GPU time inside CUDA graphs, max(host, GPU) when eager (the host-bound model). beside_aten:
+        the GPU time as compared side by side with F.linear's (gpu_beside_aten), not the path's own median."""
+        gpu = self.gpu_beside_aten(n, k, m, path) if beside_aten else self.gpu(n, k, m, path)
         if regime == "graph":
             return gpu
         host = self.host(n, k, m, path)
@@ -393,7 +394,9 @@ def forward_totals(cells: Cells, table: ThresholdTable, uses: dict[str, list[tup
     estimates). `actual` marks the regime vLLM runs that M in (CUDA graph up to the capture size, eager above).
     Eager cost is max(host, GPU) per call, except from the M at which the table's fit found the model's measured eager
     forwards GPU-bound (source measured_forwards.gpu_bound_from): there a forward costs its GPU time, as the fit
-    judged it."""
+    judged it. Each path's GPU time at a cell is F.linear's times the path's ratio to it over the rounds both ran
+    (Cells.gpu_beside_aten), as the cell verdicts and the fit compare paths: a path whose replays ran on through a
+    clock fall after F.linear's had stopped is not charged for the rounds F.linear never saw."""
     rows = []
     among = dispatch_candidates(cells, table)
     pool = oracle_pool(cells, table, oracle, among)
@@ -409,13 +412,15 @@ def forward_totals(cells: Cells, table: ThresholdTable, uses: dict[str, list[tup
                 single = {p: 0.0 for p in pool}
                 how = "graph" if gpu_bound else regime
                 for n, k, count in layers:
-                    tot[ATEN] += count * cells.cost(n, k, m, ATEN, how)
-                    tot["flashinfer"] += count * cells.cost(n, k, m, flashinfer_path(table, cells, n, k, m), how)
-                    tot[DISPATCH] += count * cells.cost(n, k, m, chosen_path(table, cells, n, k, m, regime), how)
-                    tot["per_cell_oracle"] += count * min(cells.cost(n, k, m, p, how)
+                    def cost(path: str) -> float:
+                        return cells.cost(n, k, m, path, how, beside_aten=True)
+                    tot[ATEN] += count * cost(ATEN)
+                    tot["flashinfer"] += count * cost(flashinfer_path(table, cells, n, k, m))
+                    tot[DISPATCH] += count * cost(chosen_path(table, cells, n, k, m, regime))
+                    tot["per_cell_oracle"] += count * min(cost(p)
                                                           for p in candidates(table, cells, n, k, m, oracle, among))
                     for p in pool:  # a single path wherever it can run, F.linear elsewhere
-                        single[p] += count * cells.cost(n, k, m, p if cells.has(n, k, m, p) else ATEN, how)
+                        single[p] += count * cost(p if cells.has(n, k, m, p) else ATEN)
                 best_path = min(single, key=single.get)
                 tot["best"] = single[best_path]
                 # vLLM runs a step of M tokens in the graph regime only up to the capture size.

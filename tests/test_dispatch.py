@@ -1242,6 +1242,25 @@ def test_paths_timed_side_by_side_pair_over_the_rounds_both_ran():
             apart.gpu(8192, 2048, 16384, "flashinfer-lean:cublaslt"))
 
 
+def test_the_per_forward_sum_charges_each_path_for_the_rounds_it_shared_with_f_linear():
+    """validate's cell-sum: a table running the path that ran on into a clock fall costs 0.92x F.linear's forward
+    (the rounds both ran), not the ratio of its median over ten rounds, five of them slow, to F.linear's over five
+    fast ones; rows of different passes still compare their medians."""
+    from calibrate.analysis import forward_totals
+    table = ThresholdTable("h200", "tinygemm", {"graph": (), "eager": ()},
+                           {(8192, 2048): {"graph": ((16384, "flashinfer-lean:cublaslt"),),
+                                           "eager": ((16384, "flashinfer-lean:cublaslt"),)}})
+    uses = {"model": [(8192, 2048, 10)]}
+    for passes in (("p1", "p1"), ("p1", "p2")):
+        cells = _clock_step(passes)
+        ratio = 0.92 if passes[0] == passes[1] else (cells.gpu(8192, 2048, 16384, "flashinfer-lean:cublaslt")
+                                                     / cells.gpu(8192, 2048, 16384, "aten"))
+        assert passes[0] == passes[1] or ratio > 0.95  # the unpaired medians straddle the clock fall
+        totals = forward_totals(cells, table, uses, capture_size=512).set_index("regime")
+        assert totals.at["graph", "dispatch_us"] / totals.at["graph", "aten_us"] == pytest.approx(ratio, rel=1e-3)
+        assert totals.at["graph", "aten_us"] == pytest.approx(10 * 745.0, rel=1e-3)
+
+
 def test_a_run_before_the_replay_pass_column_pairs_only_what_one_pass_timed():
     """A results table without replay_pass: a public FlashInfer call beside its lean twin, or the dispatcher, pairs
     only where it was read off a twin (gpu_from); every other row of a run pairs; a resumed run pairs nothing."""
