@@ -16,7 +16,7 @@ from __future__ import annotations
 import contextlib
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -79,6 +79,13 @@ class Leg:
                 parser().parse_args(list(self.args))
         except (HarnessError, SystemExit) as exc:
             raise HarnessError(f"leg {self.name}: python -m {self.tool} does not take its arguments ({exc})") from None
+
+    def continued(self, folder: Path) -> "Leg":
+        """The leg as it runs in `folder`: a measurement an interrupted attempt left there (its results or forward
+        table) continues with --resume, its finished rows kept (bench records each part's machine in run.json)."""
+        partial = self.gpu and self.tool == "bench" and self.out is not None and any(
+            (folder / self.out / name).is_file() for name in ("results.csv", "forward.csv"))
+        return replace(self, args=(*self.args, "--resume")) if partial and "--resume" not in self.args else self
 
     def outputs(self) -> list[str]:
         """The names it writes in the run folder besides its log: its output, and a JSON output's tactics file and

@@ -200,7 +200,10 @@ def run_pipeline(run: TableRun, resume: bool, execute: Callable[[Leg, Path], int
 
 def _run_one(run: TableRun, leg: Leg, execute: Callable[[Leg, Path], int], here: str | None) -> None:
     """One leg, its manifest entry written as it ends; a failed leg stops the run."""
-    print(f"table: leg {leg.name} ...", file=sys.stderr, flush=True)
+    resumed = leg.continued(run.folder)
+    print(f"table: leg {leg.name} ..." + (" (continuing its interrupted measurement: --resume)" if resumed != leg
+                                          else ""), file=sys.stderr, flush=True)
+    leg = resumed
     t0 = time.perf_counter()
     code = 0 if leg.skip else execute(leg, run.folder / f"{leg.name}.log")
     ok = code == 0 or (leg.verdict and code == 1)

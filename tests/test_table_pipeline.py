@@ -122,6 +122,27 @@ def test_a_failed_leg_stops_and_resume_runs_only_what_is_left(tmp_path):
     assert run_pipeline(H200, run, resume=True, execute=flaky)["verdict"] == "PASS" and (run / MANIFEST).read_bytes() == before
 
 
+def test_a_measurement_cut_off_mid_leg_continues_with_resume(tmp_path):
+    """A leg killed mid-measurement (a timeout: no manifest entry, a partial forward table in its folder) continues
+    with bench's --resume, keeping its finished rows; a leg whose folder holds no rows starts afresh."""
+    run, argv = tmp_path / "run", {}
+
+    def execute(leg, log):
+        argv[leg.name] = leg.argv
+        if leg.name == "check-forward" and "--resume" not in leg.argv:
+            (run / "check-forward").mkdir()
+            (run / "check-forward" / "forward.csv").write_text("model,m\n")
+            raise KeyboardInterrupt  # the pipeline killed before the leg ends
+        return 0
+    with pytest.raises(KeyboardInterrupt):
+        run_pipeline(H200, run, resume=False, execute=execute, same_machine=True)
+    assert "--resume" not in argv["check-sweep"] and "check-forward" not in json.loads(
+        (run / MANIFEST).read_text())["legs"]
+    done = run_pipeline(H200, run, resume=True, execute=execute, same_machine=True)
+    assert argv["check-forward"][-1] == "--resume" and done["status"] == "complete"
+    assert "--resume" not in done["legs"]["validate"]["command"]
+
+
 def test_a_failing_check_is_a_verdict_and_blocks_install(tmp_path):
     run = tmp_path / "run"
     done = run_pipeline(H200, run, resume=False, execute=lambda leg, log: 1 if leg.name == "validate" else 0,
