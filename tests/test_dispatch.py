@@ -571,12 +571,7 @@ def _refit_with_todays_fit(kept: Path, tmp_path: Path) -> tuple[dict, dict]:
 
 
 @pytest.mark.evidence
-@pytest.mark.parametrize("profile", [
-    pytest.param("h200", marks=pytest.mark.xfail(strict=True, reason=(
-        "the shipped H200 table predates the fit's rule for eager calls that submit slower than F.linear's "
-        "(calibrate/segments.py _submits_slower), which changes four of its eager ranges; its refit waits for an "
-        "H200 machine to check it (docs/design.md, The first H100 table run)"))),
-    "h100"])
+@pytest.mark.parametrize("profile", ["h200", "h100"])
 def test_the_newest_table_run_is_what_todays_fit_makes_of_its_data(profile, tmp_path):
     """Each shipped table's fit leg by today's fit gives the shipped table's ranges: a fit change that would change
     a table shows here, before anyone measures it."""
