@@ -310,11 +310,15 @@ def plan_group(run: Sweeping, shape: Shape, m: int, paths: list[GemmPath]) -> Gr
 
 def dispatcher_pdl(table: Any, profile: GpuProfile, sm: int, shape: Shape, m: int) -> bool:
     """Whether the dispatch row's captured calls launch a kernel with pdl: its table's graph choice is a FlashInfer
-    backend that takes pdl under this profile and can run the cell (the dispatcher launches the GEMV plainly). A pdl
-    kernel overlaps the call before it, so the row is read by its span, as that path's own row is."""
+    backend that takes pdl under this profile, or the GEMV with a configuration that launches with PDL, and can run
+    the cell. A pdl kernel overlaps the call before it, so the row is read by its span, as that path's own row is."""
     chosen = PATHS.get(table.choose(shape.n, shape.k, m, "graph")) if table is not None else None
-    return bool(chosen is not None and chosen.backend is not None and chosen.backend.pdl(profile.pdl)
-                and chosen.skip_reason(sm, shape.n, shape.k, m) is None)
+    if chosen is None or chosen.skip_reason(sm, shape.n, shape.k, m) is not None:
+        return False
+    if chosen.name == GEMV:
+        cfg = gemv.pinned(shape.n, shape.k, m)
+        return cfg is not None and cfg.pdl
+    return chosen.backend is not None and chosen.backend.pdl(profile.pdl)
 
 
 def check_paths(run: Sweeping, group: Group) -> tuple[dict[str, Any], dict[str, Window]]:
@@ -366,6 +370,9 @@ def check_paths(run: Sweeping, group: Group) -> tuple[dict[str, Any], dict[str, 
         if not err <= REL_ERR_BOUND:
             group.fail(p.name, "failed", f"output differs from the fp32 reference: rel_err {err:.3g} > {REL_ERR_BOUND}")
             continue
+        launches_pdl = getattr(fns[p.name], "launches_pdl", None)
+        if launches_pdl is not None:  # the GEMV: PDL where its configuration (or the path) launches so
+            row["pdl"] = launches_pdl(group.shape.n, group.shape.k, group.m)
         try:
             with phase("check"), third_party_stdout():
                 row["repeatable"], row["batch_invariant"] = determinism(fns[p.name], ops.xs[0], ops.ws[0], out)

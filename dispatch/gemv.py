@@ -19,7 +19,9 @@ one stream share its workspaces: replay them one at a time, or capture each on a
 
 A configuration is chosen per (N, K, M) by timing a short list of candidates (`candidates`: a few tile shapes, each
 with the K split that gives two programs per SM, half that and twice that) in a CUDA graph over rotated operands,
-as the sweep times the cells. The choices live in one process-wide store, like FlashInfer's autotuner: tuned in a
+as the sweep times the cells. On SM90 and newer the fastest is timed again launched with programmatic dependent
+launch (PDL: its first weight loads overlap the kernel before it) and keeps PDL where that is faster by more than
+PDL_MIN_GAIN; the configuration then launches so wherever it runs, the dispatcher included. The choices live in one process-wide store, like FlashInfer's autotuner: tuned in a
 benchmark, saved beside its FlashInfer tactics (`<tactics>.gemv.json`), loaded by the dispatcher from its table's
 file. The dispatcher never tunes: an (N, K, M) without a stored choice takes that shape's choice at the nearest
 stored M above (else below), and a shape with none runs F.linear.
@@ -46,8 +48,13 @@ TILES_ONE_ROW = ((8, 256, 4), (8, 512, 4), (16, 256, 4), (32, 128, 4), (64, 128,
 TILES_FEW_ROWS = ((8, 256, 4), (16, 256, 4), (32, 128, 4), (16, 512, 8))
 TILES_ROWS = ((16, 256, 4), (32, 128, 4), (32, 256, 4), (32, 256, 8), (64, 128, 4))
 KERNEL_NAME = "gemv_splitk"  # the kernel's name in a profiler's records: a captured GEMV call runs this and nothing else
-FILE_FORMAT = 2  # 2: each configuration names its tile_m; 1 (read as well): one row at M = 1, else a 16-row tile
-FORMATS = (1, 2)
+FILE_FORMAT = 3  # 3: each configuration says whether it launches with PDL; 2: names its tile_m; 1: one row at M = 1,
+FORMATS = (1, 2, 3)  # else a 16-row tile (1 and 2 are read as well, their configurations launched plainly)
+# the tuner keeps PDL for a configuration only where its calls back to back take less than this share of the time
+# below the plain launch's: a PDL launch overlaps the kernel before it, which its own timing of one weight's calls
+# back to back can only approximate for a forward, where the kernel before it is another linear's
+PDL_MIN_GAIN = 0.02
+PDL_MIN_SM = 9  # programmatic dependent launch needs SM90 or newer
 
 
 @dataclass(frozen=True)
@@ -57,12 +64,14 @@ class GemvConfig:
     split_k: int
     num_warps: int
     tile_m: int = 16  # rows a tile holds (TILE_MS)
+    pdl: bool = False  # every launch a programmatic dependent launch (the tuner's choice per (N, K, M))
 
     def takes(self, m: int) -> bool:
         return m == 1 if self.tile_m == 1 else m <= self.tile_m
 
     def key(self) -> str:
-        return f"bn{self.block_n}_bk{self.block_k}_sk{self.split_k}_w{self.num_warps}_r{self.tile_m}"
+        return (f"bn{self.block_n}_bk{self.block_k}_sk{self.split_k}_w{self.num_warps}_r{self.tile_m}"
+                + ("_pdl" if self.pdl else ""))
 
     def astuple(self) -> tuple[int, int, int, int, int]:
         return self.block_n, self.block_k, self.split_k, self.num_warps, self.tile_m
@@ -151,8 +160,10 @@ def workspace_for(n: int, config: GemvConfig, device: Any) -> tuple[Any, Any]:
 
 
 def launch(fn: Any, x: Any, w: Any, y: Any, space: tuple[Any, Any], c: GemvConfig, pdl: bool = False) -> None:
-    """One GEMV launch of configuration c into y (x [M, K], w [N, K], y [M, N]; space from workspace_for); pdl: as a
-    programmatic dependent launch (SM90 and newer), its weight loads overlapping the kernel before it."""
+    """One GEMV launch of configuration c into y (x [M, K], w [N, K], y [M, N]; space from workspace_for); pdl (or
+    the configuration's own): as a programmatic dependent launch (SM90 and newer), its weight loads overlapping the
+    kernel before it."""
+    pdl = pdl or c.pdl
     m, k = x.shape
     n = w.shape[0]
     k_per = -(-(-(-k // c.split_k)) // c.block_k) * c.block_k
@@ -247,7 +258,8 @@ def replay_us(graph: Any, calls: int, replays: int) -> list[float]:
 
 def tune(weights: list[Any], xs: list[Any], configs: list[GemvConfig] | None = None) -> tuple[GemvConfig, float]:
     """(the fastest configuration, its µs per call) for these rotated copies of one weight and M, over `configs`
-    (default: candidates). Eager timing of a Triton launch would measure the host, so each is timed in a graph."""
+    (default: candidates, the fastest then launched with PDL where that is faster: with_pdl_if_faster). Eager timing
+    of a Triton launch would measure the host, so each is timed in a graph."""
     import torch
     n, k = weights[0].shape
     m = xs[0].shape[0]
@@ -262,7 +274,21 @@ def tune(weights: list[Any], xs: list[Any], configs: list[GemvConfig] | None = N
             best, best_us = cfg, us
     if best is None:
         raise ValueError(f"no GEMV configuration builds for {n} x {k} at M = {m}")
+    if configs is None and torch.cuda.get_device_capability(weights[0].device)[0] >= PDL_MIN_SM:
+        best, best_us = with_pdl_if_faster(best, best_us, weights, xs)
     return best, best_us
+
+
+def with_pdl_if_faster(best: GemvConfig, best_us: float, weights: list[Any], xs: list[Any]) -> tuple[GemvConfig, float]:
+    """The tuned configuration launched with PDL where its calls back to back take less than (1 - PDL_MIN_GAIN) of
+    the plain launch's time, else as it was; (configuration, its µs per call)."""
+    from dataclasses import replace
+    chained = replace(best, pdl=True)
+    try:
+        us = time_config(chained, weights, xs)
+    except Exception:  # a launch this Triton or driver cannot make with PDL: the plain one
+        return best, best_us
+    return (chained, us) if us < best_us * (1 - PDL_MIN_GAIN) else (best, best_us)
 
 
 @dataclass
@@ -296,13 +322,13 @@ def pinned(n: int, k: int, m: int) -> GemvConfig | None:
 def to_json() -> dict[str, Any]:
     return {"format": FILE_FORMAT, "kind": "gemv-configs",
             "configs": [{"n": n, "k": k, "m": m, "block_n": c.block_n, "block_k": c.block_k, "split_k": c.split_k,
-                         "num_warps": c.num_warps, "tile_m": c.tile_m}
+                         "num_warps": c.num_warps, "tile_m": c.tile_m, "pdl": c.pdl}
                         for (n, k, m), c in sorted(STORE.configs.items())]}
 
 
 def parse(data: Any, where: str) -> dict[tuple[int, int, int], GemvConfig]:
     """A gemv-configs file's configurations; one clear error for anything else. A format 1 file (no tile_m) ran one
-    row at M = 1 and a 16-row tile above."""
+    row at M = 1 and a 16-row tile above; formats 1 and 2 (no pdl) launched every configuration plainly."""
     fix = "delete it and tune afresh (bench run --tune)"
     if not isinstance(data, dict) or data.get("kind") != "gemv-configs":
         raise HarnessError(f"{where} is not a GEMV configuration file (kind gemv-configs); {fix}")
@@ -311,12 +337,14 @@ def parse(data: Any, where: str) -> dict[tuple[int, int, int], GemvConfig]:
         raise HarnessError(f"{where}: GEMV configuration format {fmt!r} is not one this harness reads "
                            f"({', '.join(map(str, FORMATS))}); {fix}")
     out = {}
-    keys = ("n", "k", "m", "block_n", "block_k", "split_k", "num_warps", *(("tile_m",) if fmt == 2 else ()))
+    keys = ("n", "k", "m", "block_n", "block_k", "split_k", "num_warps", *(("tile_m",) if fmt >= 2 else ()))
     for i, e in enumerate(data.get("configs") if isinstance(data.get("configs"), list) else [None]):
         if not isinstance(e, dict) or not all(is_count(e.get(f)) for f in keys):
             raise HarnessError(f"{where}: configuration {i} needs positive integers {', '.join(keys)}; {fix}")
-        rows = e["tile_m"] if fmt == 2 else 1 if e["m"] == 1 else 16
-        cfg = GemvConfig(e["block_n"], e["block_k"], e["split_k"], e["num_warps"], rows)
+        if fmt >= 3 and not isinstance(e.get("pdl"), bool):
+            raise HarnessError(f"{where}: configuration {i} needs pdl, true or false; {fix}")
+        rows = e["tile_m"] if fmt >= 2 else 1 if e["m"] == 1 else 16
+        cfg = GemvConfig(e["block_n"], e["block_k"], e["split_k"], e["num_warps"], rows, e.get("pdl", False) is True)
         if cfg.astuple() not in CONFIGS or e["m"] > MAX_M or not cfg.takes(e["m"]):
             raise HarnessError(f"{where}: configuration {i} ({cfg.key()} at M = {e['m']}) is not one the GEMV "
                                f"takes; {fix}")
@@ -397,6 +425,12 @@ class GemvCall:
         if not self.tune or xs[0].shape[0] > MAX_M or self.config(n, k, xs[0].shape[0]) is not None:
             return None
         return round(self.tune_for(weights, xs)[1], 3)
+
+    def launches_pdl(self, n: int, k: int, m: int) -> bool:
+        """Whether a call at (N, K, M) launches with PDL: this call's pdl, or its configuration's (False where it runs
+        F.linear)."""
+        cfg = self.config(n, k, m)
+        return cfg is not None and (self.pdl or cfg.pdl)
 
     def choice_key(self, w: Any, x: Any) -> str:
         """The configuration's name a call runs (the results' fi_tactic), or F.linear."""

@@ -680,3 +680,13 @@ def test_the_dispatch_row_is_read_as_a_pdl_launch_where_its_table_runs_a_pdl_ker
     assert not dispatcher_pdl(table, h100, 90, tiny, 1)  # TinyGEMM takes N % 16 == 0 only: F.linear runs
     assert not dispatcher_pdl(table, replace(h100, pdl=False), 90, wide, 1)
     assert not dispatcher_pdl(None, h100, 90, wide, 1)
+    from dispatch import gemv  # the GEMV: as its configuration launches
+    saved = dict(gemv.STORE.configs)
+    try:
+        gemv.STORE.configs[(2048, 4096, 16)] = gemv.GemvConfig(16, 256, 4, 4, 16, pdl=True)
+        assert dispatcher_pdl(table, h100, 90, wide, 16)
+        gemv.STORE.configs[(2048, 4096, 16)] = gemv.GemvConfig(16, 256, 4, 4, 16)
+        assert not dispatcher_pdl(table, h100, 90, wide, 16)
+    finally:
+        gemv.STORE.configs.clear()
+        gemv.STORE.configs.update(saved)

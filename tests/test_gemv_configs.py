@@ -167,8 +167,8 @@ def test_the_dispatcher_loads_a_tables_gemv_file_once_and_only_where_it_serves_t
         dispatch.tactics_from_table(True)
 
 
-def test_a_format_1_file_reads_as_the_tiles_it_ran_and_saves_as_format_2(store, tmp_path):
-    """Format 1 named no tile: it ran one row at M = 1 and a 16-row tensor-core tile above; format 2 names it."""
+def test_a_format_1_file_reads_as_the_tiles_it_ran_and_saves_as_the_current_format(store, tmp_path):
+    """Format 1 named no tile: it ran one row at M = 1 and a 16-row tensor-core tile above; later formats name it."""
     from dispatch import gemv
     (tmp_path / "old.gemv.json").write_text(json.dumps({"format": 1, "kind": "gemv-configs", "configs": [
         {"n": 2560, "k": 4096, "m": 1, "block_n": 64, "block_k": 128, "split_k": 16, "num_warps": 4},
@@ -178,7 +178,9 @@ def test_a_format_1_file_reads_as_the_tiles_it_ran_and_saves_as_format_2(store, 
     store.configs[(2560, 4096, 2)] = gemv.GemvConfig(16, 256, 8, 4, 2)
     gemv.save(tmp_path / "new.gemv.json")
     saved = json.loads((tmp_path / "new.gemv.json").read_text())
-    assert saved["format"] == 2 and {c["m"]: c["tile_m"] for c in saved["configs"]} == {1: 1, 2: 2, 4: 16}
+    assert saved["format"] == gemv.FILE_FORMAT and {c["m"]: c["tile_m"] for c in saved["configs"]} == {1: 1, 2: 2,
+                                                                                                   4: 16}
+    assert not any(c["pdl"] for c in saved["configs"])  # formats 1 and 2 launched every configuration plainly
     store.configs.clear()
     gemv.load(tmp_path / "new.gemv.json")
     assert store.configs[(2560, 4096, 2)] == gemv.GemvConfig(16, 256, 8, 4, 2)
@@ -186,3 +188,72 @@ def test_a_format_1_file_reads_as_the_tiles_it_ran_and_saves_as_format_2(store, 
     (tmp_path / "bad.gemv.json").write_text(json.dumps(bad))
     with pytest.raises(HarnessError, match="not one the GEMV takes"):
         gemv.load(tmp_path / "bad.gemv.json")
+
+
+def test_a_configuration_that_launches_with_pdl_keeps_it_through_its_file(store, tmp_path):
+    """Format 3 says per configuration whether it launches with PDL (the tuner's choice); format 2 read as plain; a
+    format 3 entry without a boolean pdl is refused in one line."""
+    from dispatch import gemv
+    chained = gemv.GemvConfig(16, 256, 4, 4, 1, pdl=True)
+    assert chained.key().endswith("_pdl") and not gemv.GemvConfig(16, 256, 4, 4, 1).key().endswith("_pdl")
+    assert chained.astuple() in gemv.CONFIGS  # the same kernel geometry
+    store.configs[(2560, 4096, 1)] = chained
+    gemv.save(tmp_path / "a.gemv.json")
+    saved = json.loads((tmp_path / "a.gemv.json").read_text())
+    assert saved["format"] == 3 and saved["configs"][0]["pdl"] is True
+    store.configs.clear()
+    gemv.load(tmp_path / "a.gemv.json")
+    assert store.configs[(2560, 4096, 1)] == chained
+    two = dict(saved, format=2, configs=[{k: v for k, v in saved["configs"][0].items() if k != "pdl"}])
+    (tmp_path / "two.gemv.json").write_text(json.dumps(two))
+    gemv.load(tmp_path / "two.gemv.json")
+    assert store.configs[(2560, 4096, 1)].pdl is False
+    for pdl in (None, 1, "yes"):
+        bad = dict(saved, configs=[{**saved["configs"][0], "pdl": pdl}])
+        (tmp_path / "bad.gemv.json").write_text(json.dumps(bad))
+        with pytest.raises(HarnessError, match="needs pdl, true or false"):
+            gemv.load(tmp_path / "bad.gemv.json")
+
+
+def test_a_configuration_that_launches_with_pdl_is_launched_so(store):
+    """launch() asks Triton for a programmatic dependent launch where the configuration or the call says so, and
+    the GEMV path's row says so (launches_pdl), so that its time is read by the span of its calls."""
+    from dispatch import gemv
+    seen = []
+
+    class FakeKernel:
+        def __getitem__(self, grid):
+            return lambda *args, **kw: seen.append((grid, kw.get("USE_PDL"), kw.get("launch_pdl", False)))
+
+    class T:  # a tensor's shape and strides, all launch() reads
+        def __init__(self, *shape):
+            self.shape = shape
+
+        def stride(self, i):
+            return self.shape[1] if i == 0 else 1
+    x, w, y = T(1, 4096), T(2560, 4096), T(1, 2560)
+    for cfg, forced, want in ((gemv.GemvConfig(16, 256, 1, 4, 1), False, False),
+                              (gemv.GemvConfig(16, 256, 1, 4, 1, pdl=True), False, True),
+                              (gemv.GemvConfig(16, 256, 1, 4, 1), True, True)):
+        gemv.launch(FakeKernel(), x, w, y, (None, None), cfg, forced)
+        assert seen[-1][1:] == (want, want)
+    store.configs[(2560, 4096, 1)] = gemv.GemvConfig(16, 256, 1, 4, 1, pdl=True)
+    store.configs[(2560, 4096, 2)] = gemv.GemvConfig(16, 256, 1, 4, 16)
+    call = gemv.GemvCall(tune=False)
+    assert call.launches_pdl(2560, 4096, 1) and not call.launches_pdl(2560, 4096, 2)
+    assert not call.launches_pdl(2560, 4096, 17)  # F.linear
+    assert gemv.GemvCall(tune=False, pdl=True).launches_pdl(2560, 4096, 2)
+
+
+def test_the_tuner_keeps_pdl_only_where_it_is_faster_beyond_its_margin(monkeypatch):
+    from dispatch import gemv
+    plain = gemv.GemvConfig(16, 256, 4, 4, 1)
+    for pdl_us, kept in ((9.7, True), (9.9, False), (10.5, False)):
+        monkeypatch.setattr(gemv, "time_config", lambda cfg, ws, xs, us=pdl_us: us)
+        best, us = gemv.with_pdl_if_faster(plain, 10.0, [], [])
+        assert best.pdl is kept and us == (pdl_us if kept else 10.0)
+
+    def refuses(cfg, ws, xs):
+        raise RuntimeError("no PDL launch here")
+    monkeypatch.setattr(gemv, "time_config", refuses)
+    assert gemv.with_pdl_if_faster(plain, 10.0, [], []) == (plain, 10.0)

@@ -198,3 +198,54 @@ def test_a_call_warmed_up_on_a_side_stream_is_the_gemv_in_a_graph_captured_after
     graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(out, want)
+
+
+@pytest.mark.parametrize("m,rows", [(1, 1), (8, 16)])
+def test_a_configuration_tuned_to_launch_with_pdl_gives_the_plain_launches_outputs(m, rows):
+    """A stored configuration that launches with PDL (the tuner's choice, as the dispatcher serves it: no pdl of the
+    call's own) gives bitwise the plain configuration's outputs along a chain of dependent calls, eagerly and in a
+    captured graph."""
+    from dataclasses import replace
+
+    import torch
+    from dispatch import gemv
+    d = 2048
+    saved = dict(gemv.STORE.configs)
+    plain_cfg = gemv.GemvConfig(32, 128, 8, 4, rows)
+    try:
+        g = torch.Generator(device="cuda").manual_seed(11)
+        ws = [torch.randn(d, d, device="cuda", dtype=torch.bfloat16, generator=g) * d ** -0.5 for _ in range(6)]
+        x = torch.randn(m, d, device="cuda", dtype=torch.bfloat16, generator=g)
+
+        def chain(call):
+            y = x
+            for w in ws * 4:
+                y = call(y, w)
+            return y
+
+        def served(cfg):
+            gemv.STORE.configs[(d, d, m)] = cfg
+            gemv.STORE.version += 1
+            call = gemv.GemvCall(tune=False)
+            call.prepare(d, d, x.device)
+            return call
+        plain = served(plain_cfg)
+        assert not plain.launches_pdl(d, d, m)
+        want = chain(plain)
+        chained = served(replace(plain_cfg, pdl=True))
+        assert chained.launches_pdl(d, d, m)
+        eager = [chain(chained) for _ in range(10)]
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_out = chain(chained)
+        replays = []
+        for _ in range(10):
+            graph.replay()
+            replays.append(static_out.clone())
+        torch.cuda.synchronize()
+        differ = sum(not torch.equal(o, want) for o in [*eager, *replays])
+        assert differ == 0, f"{differ} of 20 chains of a PDL configuration differ bitwise from the plain one's"
+    finally:
+        gemv.STORE.configs.clear()
+        gemv.STORE.configs.update(saved)
+        gemv.STORE.version += 1
