@@ -99,8 +99,22 @@ def shared_tactics(sources: list[str]) -> Path | None:
         return None
     gemv = [gemv_file(f) for f in files]  # the GEMV's configurations beside them: the same in all, or in none
     same_gemv = (not any(g.is_file() for g in gemv)
-                 or (all(g.is_file() for g in gemv) and len({sha256(g) for g in gemv}) == 1))
+                 or (all(g.is_file() for g in gemv) and _one_content([gemv_configs(g) for g in gemv])))
     return files[0] if len({sha256(f) for f in files}) == 1 and same_gemv else None
+
+
+def _one_content(configs: list[dict | None]) -> bool:
+    return configs[0] is not None and all(c == configs[0] for c in configs)
+
+
+def gemv_configs(path: Path) -> dict | None:
+    """A GEMV configuration file's configurations, compared by content: a run that serves a file saves it in the
+    harness's current format, so the same configurations may differ byte for byte. None where it does not read."""
+    from dispatch import gemv
+    try:
+        return gemv.parse(json.loads(path.read_text()), str(path))
+    except (HarnessError, ValueError, OSError):
+        return None
 
 
 def fingerprint_of(run_info: dict[str, Any]) -> dict[str, Any]:

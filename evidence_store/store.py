@@ -151,10 +151,10 @@ def add(run: Path, backs: str, note: str, partial: bool = False, replaces: str |
     info = check_run(run, partial)
     rid = run_id(run, info)
     dest = EVIDENCE / rid
-    if dest.exists():
+    if dest.exists() and rid != replaces:  # the same results in a later state (judged again) keep their id
         raise HarnessError(f"{dest} exists already; this run is filed")
     if replaces:
-        _check_replaces(run, replaces)
+        _check_replaces(run, replaces, same_manifest=rid == replaces)
     filed = {d: r for d, r in _filed_digests().items() if r != replaces}
     same = next((filed[d] for d in sorted(_results_digests(run)) if d in filed), None)
     if same is None and info.get("kind") == "table":
@@ -164,6 +164,7 @@ def add(run: Path, backs: str, note: str, partial: bool = False, replaces: str |
                            f"filed table run, or that table run); nothing was written" + ("" if replaces else
                            f"; a later state of that table run replaces it with --replaces {same}"))
     manifest = {"format": MANIFEST_FORMAT, **load_manifest()}
+    replaced = manifest["runs"].pop(replaces) if replaces else None
     fp = info.get("fingerprint") or {}
     manifest["runs"][rid] = {"command": info.get("command"), "harness_sha": fp.get("harness_sha"),
                              "gpu": fp.get("gpu_name"), "started": info.get("started"), "backs": backs,
@@ -176,16 +177,17 @@ def add(run: Path, backs: str, note: str, partial: bool = False, replaces: str |
     try:
         shutil.copytree(run, stage / rid, symlinks=True)
         _pack(stage / rid)
+        old_kept = stage / f"replaced-{replaces}"
         if replaces:
-            changed = _carry_over(manifest, replaces, rid, stage / rid)
-            (EVIDENCE / replaces).rename(stage / replaces)  # removed once the manifest is saved
+            changed = _carry_over(replaced, manifest["runs"][rid], stage / rid)
+            (EVIDENCE / replaces).rename(old_kept)  # removed once the manifest is saved
         (stage / rid).rename(dest)
         try:
             save(manifest)
         except BaseException:
             shutil.rmtree(dest, ignore_errors=True)
             if replaces:
-                (stage / replaces).rename(EVIDENCE / replaces)
+                old_kept.rename(EVIDENCE / replaces)
             raise
     finally:
         shutil.rmtree(stage, ignore_errors=True)
@@ -212,26 +214,25 @@ def _filed_table_runs(profile: str, started: str | None) -> list[str]:
     return out
 
 
-def _check_replaces(run: Path, replaces: str) -> None:
+def _check_replaces(run: Path, replaces: str, same_manifest: bool = False) -> None:
     """One line unless `replaces` names a filed table run that `run` is a later state of: both table runs of one
-    profile and start, the new one with more refits (the earlier legs kept under refit-<n>/)."""
+    profile and start, the new one with more refits (the earlier legs kept under refit-<n>/), or the same manifest
+    (`same_manifest`: a leg's output made again by its own command)."""
     old = EVIDENCE / replaces
     if replaces not in load_manifest()["runs"] or not (old / TABLE_MANIFEST).is_file():
         raise HarnessError(f"--replaces {replaces}: not a filed table run; `python -m evidence_store list` names "
                            f"the filed runs")
     a, b = read_manifest(old / TABLE_MANIFEST), read_manifest(run / TABLE_MANIFEST)
     if (a.get("profile"), a.get("started")) != (b.get("profile"), b.get("started")) or \
-            len(b.get("refits") or []) <= len(a.get("refits") or []):
+            len(b.get("refits") or []) < len(a.get("refits") or []) + (0 if same_manifest else 1):
         raise HarnessError(f"--replaces {replaces}: {run} is not a later state of that table run (the same profile "
                            f"and start, refitted or judged again since); file it on its own")
 
 
-def _carry_over(manifest: dict, replaces: str, rid: str, folder: Path) -> list[str]:
-    """The replaced entry's page section and figures onto `rid`, each figure read again from `folder`; the replaced
-    entry removed. One line per figure whose reading changed."""
+def _carry_over(old: dict, new: dict, folder: Path) -> list[str]:
+    """The replaced entry's page section and figures onto the new entry, each figure read again from `folder`. One
+    line per figure whose reading changed."""
     from evidence_store.figures import agrees, read
-    old = manifest["runs"].pop(replaces)
-    new = manifest["runs"][rid]
     if "page" in old:
         new["page"] = old["page"]
     changed, figures = [], []

@@ -223,6 +223,19 @@ def test_runs_that_served_one_autotuner_cache_pin_it(tmp_path):
     assert shared_tactics([str(a), str(b)]) == a / "autotune-cache.json"
     assert shared_tactics([str(a), str(c)]) is None  # tuned apiece: another tactic
     assert shared_tactics([str(a), str(tmp_path / "none")]) is None  # a run that kept no tactics
+    # the GEMV's configurations beside them compare by content: a run that served a format 1 file keeps it in the
+    # current format, the same configurations byte for byte different
+    one = {"format": 1, "kind": "gemv-configs", "configs": [
+        {"n": 2560, "k": 4096, "m": 1, "block_n": 64, "block_k": 128, "split_k": 16, "num_warps": 4}]}
+    now = {"format": 3, "kind": "gemv-configs", "configs": [{**one["configs"][0], "tile_m": 1, "pdl": False}]}
+    (a / "autotune-cache.gemv.json").write_text(json.dumps(one))
+    (b / "autotune-cache.gemv.json").write_text(json.dumps(now, indent=1))
+    assert shared_tactics([str(a), str(b)]) == a / "autotune-cache.json"
+    (b / "autotune-cache.gemv.json").write_text(json.dumps({**now, "configs": [{**now["configs"][0], "pdl": True}]}))
+    assert shared_tactics([str(a), str(b)]) is None  # another launch: not the same configurations
+    (b / "autotune-cache.gemv.json").write_text("{")
+    (a / "autotune-cache.gemv.json").write_text("{")
+    assert shared_tactics([str(a), str(b)]) is None  # unreadable files are not the same configurations
 
 
 def test_a_pinned_baseline_checks_its_tactics_file(recorded, tmp_path):

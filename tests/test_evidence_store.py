@@ -266,3 +266,25 @@ def test_a_later_state_of_a_filed_table_run_replaces_it_with_its_figures_read_ag
     assert changed == ["validate seconds: 10.0 -> 12.5"] and runs[rid]["figures"][0]["value"] == 12.5
     assert runs[rid]["page"]["title"] == "The table" and "| validate seconds | 12.5 |" in ev.page("h200")
     assert not [p for p in ev.EVIDENCE.iterdir() if p.name.startswith(".add-")]
+
+
+def test_a_later_state_with_the_same_manifest_replaces_the_filed_run_under_its_id(tmp_path, monkeypatch):
+    """A leg's output made again by hand (the manifest, and so the id, unchanged) files over the run it is, with
+    --replaces naming that id: the folder is the new one, the entry keeps its page section and figures; without
+    --replaces it is refused as filed already."""
+    ev, _ = _store(tmp_path, monkeypatch)
+    import evidence_store.store as store
+    run = _table_run(tmp_path / "results" / "a", 1, 10.0)
+    (run / "baseline.log").write_text("first\n")
+    rid, _ = store.add(run, "the run", "")
+    ev.section(rid, "h200", "The table", 1, "Text.")
+    ev.figure(rid, "validate seconds", "leg", {"name": "validate"}, 0)
+    (run / "baseline.log").write_text("again\n")
+    with pytest.raises(HarnessError, match="exists already; this run is filed"):
+        store.add(run, "the run", "")
+    again, changed = store.add(run, "the run, its baseline leg again", "", replaces=rid)
+    runs = json.loads(ev.MANIFEST.read_text())["runs"]
+    assert again == rid and changed == [] and (ev.EVIDENCE / rid / "baseline.log").read_text() == "again\n"
+    assert runs[rid]["backs"] == "the run, its baseline leg again" and runs[rid]["page"]["title"] == "The table"
+    assert runs[rid]["figures"][0]["value"] == 10.0
+    assert not [p for p in ev.EVIDENCE.iterdir() if p.name.startswith(".add-")]
