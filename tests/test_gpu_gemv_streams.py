@@ -126,6 +126,37 @@ def test_every_call_and_replay_is_bitwise_the_same(stored, m):
     assert differ == 0, f"{differ} of 400 calls and replays differ bitwise from the first call"
 
 
+def _dependent_chain(d: int, m: int, seed: int):
+    """(six d x d weights, an M-row input, chain(call)): chain runs the weights four times over, each call's input
+    the previous call's output."""
+    import torch
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    ws = [torch.randn(d, d, device="cuda", dtype=torch.bfloat16, generator=g) * d ** -0.5 for _ in range(6)]
+    x = torch.randn(m, d, device="cuda", dtype=torch.bfloat16, generator=g)
+
+    def chain(call):
+        y = x
+        for w in ws * 4:
+            y = call(y, w)
+        return y
+    return ws, x, chain
+
+
+def _eager_and_replayed(chain, call, times: int) -> list:
+    """Every output to compare: `times` eager chains of `call`, one more, and that chain captured in a CUDA graph and
+    replayed `times` times (each replay's output copied)."""
+    import torch
+    outs = [chain(call) for _ in range(times + 1)]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = chain(call)
+    for _ in range(times):
+        graph.replay()
+        outs.append(static_out.clone())
+    torch.cuda.synchronize()
+    return outs
+
+
 @pytest.mark.parametrize("m,rows", [(1, 1), (4, 4), (8, 16)])
 def test_a_chain_of_dependent_pdl_calls_reads_each_output_after_it_is_written(m, rows):
     """Programmatic dependent launch lets a call start beside the one before it: each call's input is the previous
@@ -138,15 +169,7 @@ def test_a_chain_of_dependent_pdl_calls_reads_each_output_after_it_is_written(m,
     gemv.STORE.configs[(d, d, m)] = gemv.GemvConfig(32, 128, 8, 4, rows)
     gemv.STORE.version += 1
     try:
-        g = torch.Generator(device="cuda").manual_seed(7)
-        ws = [torch.randn(d, d, device="cuda", dtype=torch.bfloat16, generator=g) * d ** -0.5 for _ in range(6)]
-        x = torch.randn(m, d, device="cuda", dtype=torch.bfloat16, generator=g)
-
-        def chain(call):
-            y = x
-            for w in ws * 4:
-                y = call(y, w)
-            return y
+        ws, x, chain = _dependent_chain(d, m, 7)
         plain, pdl = gemv.GemvCall(tune=False), gemv.GemvCall(tune=False, pdl=True)
         for c in (plain, pdl):
             c.prepare(d, d, x.device)
@@ -155,17 +178,7 @@ def test_a_chain_of_dependent_pdl_calls_reads_each_output_after_it_is_written(m,
         for w in ws * 4:
             ref = (ref @ w.float().t()).to(torch.bfloat16).float()
         assert (want.float() - ref).abs().max().item() < 0.05 * ref.abs().max().item()
-        eager = [chain(pdl) for _ in range(20)]
-        static = chain(pdl)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            static_out = chain(pdl)
-        replays = []
-        for _ in range(20):
-            graph.replay()
-            replays.append(static_out.clone())
-        torch.cuda.synchronize()
-        differ = sum(not torch.equal(o, want) for o in [*eager, static, *replays])
+        differ = sum(not torch.equal(o, want) for o in _eager_and_replayed(chain, pdl, 20))
         assert differ == 0, f"{differ} of 41 PDL chains differ bitwise from the plain launches' chain"
     finally:
         gemv.STORE.configs.clear()
@@ -213,15 +226,7 @@ def test_a_configuration_tuned_to_launch_with_pdl_gives_the_plain_launches_outpu
     saved = dict(gemv.STORE.configs)
     plain_cfg = gemv.GemvConfig(32, 128, 8, 4, rows)
     try:
-        g = torch.Generator(device="cuda").manual_seed(11)
-        ws = [torch.randn(d, d, device="cuda", dtype=torch.bfloat16, generator=g) * d ** -0.5 for _ in range(6)]
-        x = torch.randn(m, d, device="cuda", dtype=torch.bfloat16, generator=g)
-
-        def chain(call):
-            y = x
-            for w in ws * 4:
-                y = call(y, w)
-            return y
+        _, x, chain = _dependent_chain(d, m, 11)
 
         def served(cfg):
             gemv.STORE.configs[(d, d, m)] = cfg
@@ -234,17 +239,8 @@ def test_a_configuration_tuned_to_launch_with_pdl_gives_the_plain_launches_outpu
         want = chain(plain)
         chained = served(replace(plain_cfg, pdl=True))
         assert chained.launches_pdl(d, d, m)
-        eager = [chain(chained) for _ in range(10)]
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            static_out = chain(chained)
-        replays = []
-        for _ in range(10):
-            graph.replay()
-            replays.append(static_out.clone())
-        torch.cuda.synchronize()
-        differ = sum(not torch.equal(o, want) for o in [*eager, *replays])
-        assert differ == 0, f"{differ} of 20 chains of a PDL configuration differ bitwise from the plain one's"
+        differ = sum(not torch.equal(o, want) for o in _eager_and_replayed(chain, chained, 10))
+        assert differ == 0, f"{differ} of 21 chains of a PDL configuration differ bitwise from the plain one's"
     finally:
         gemv.STORE.configs.clear()
         gemv.STORE.configs.update(saved)
