@@ -21,10 +21,11 @@ A configuration is chosen per (N, K, M) by timing a short list of candidates (`c
 with the K split that gives two programs per SM, half that and twice that) in a CUDA graph over rotated operands,
 as the sweep times the cells. On SM90 and newer the fastest is timed again launched with programmatic dependent
 launch (PDL: its first weight loads overlap the kernel before it) and keeps PDL where that is faster by more than
-PDL_MIN_GAIN; the configuration then launches so wherever it runs, the dispatcher included. The choices live in one process-wide store, like FlashInfer's autotuner: tuned in a
-benchmark, saved beside its FlashInfer tactics (`<tactics>.gemv.json`), loaded by the dispatcher from its table's
-file. The dispatcher never tunes: an (N, K, M) without a stored choice takes that shape's choice at the nearest
-stored M above (else below), and a shape with none runs F.linear.
+PDL_MIN_GAIN; the configuration then launches so wherever it runs, the dispatcher included. The choices live in one
+process-wide store, like FlashInfer's autotuner: tuned in a benchmark, saved beside its FlashInfer tactics
+(`<tactics>.gemv.json`), loaded by the dispatcher from its table's file. The dispatcher never tunes: an (N, K, M)
+without a stored choice takes that shape's choice at the nearest stored M above (else below), and a shape with none
+runs F.linear.
 """
 from __future__ import annotations
 
@@ -48,8 +49,10 @@ TILES_ONE_ROW = ((8, 256, 4), (8, 512, 4), (16, 256, 4), (32, 128, 4), (64, 128,
 TILES_FEW_ROWS = ((8, 256, 4), (16, 256, 4), (32, 128, 4), (16, 512, 8))
 TILES_ROWS = ((16, 256, 4), (32, 128, 4), (32, 256, 4), (32, 256, 8), (64, 128, 4))
 KERNEL_NAME = "gemv_splitk"  # the kernel's name in a profiler's records: a captured GEMV call runs this and nothing else
-FILE_FORMAT = 3  # 3: each configuration says whether it launches with PDL; 2: names its tile_m; 1: one row at M = 1,
-FORMATS = (1, 2, 3)  # else a 16-row tile (1 and 2 are read as well, their configurations launched plainly)
+# 3: each configuration says whether it launches with PDL; 2: names its tile_m; 1: one row at M = 1, else a 16-row
+# tile (1 and 2 are read as well, their configurations launched plainly)
+FILE_FORMAT = 3
+FORMATS = (1, 2, 3)
 # the tuner keeps PDL for a configuration only where its calls back to back take less than this share of the time
 # below the plain launch's: a PDL launch overlaps the kernel before it, which its own timing of one weight's calls
 # back to back can only approximate for a forward, where the kernel before it is another linear's
