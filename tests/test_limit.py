@@ -31,3 +31,18 @@ def test_the_forward_distance_is_the_captured_dispatchers_where_bandwidth_bounds
     text = "\n".join(lines(_cells(), fdf))
     assert "share of the size-matched read ceiling" in text and "over_ceiling_sum" in text
     assert lines(_cells().drop(columns=["of_ceiling"]), fdf.drop(columns=["over_floor"])) == []
+
+
+def test_the_fused_siblings_forwards_stand_beside_the_dispatchers_where_measured():
+    """A forward that measured the fused-siblings rules shows them under the dispatcher at each M, against the same
+    floor; one that did not shows the dispatcher alone."""
+    fdf = pd.DataFrame([{"model": "m", "m": m, "path": p, "regime": "graph", "status": "ok", "us": us, "floor_us": 1.0,
+                         "over_floor": us, "over_ceiling_sum": us / 2}
+                        for m in (1, 8) for p, us in (("vllm-fused", 3.0), ("aten", 4.0), ("fused-siblings", 1.5),
+                                                      ("dispatch", 2.0))])
+    dist = forward_distance(fdf)
+    assert list(zip(dist["m"], dist["path"])) == [(1, "dispatch"), (1, "fused-siblings"), (1, "vllm-fused"),
+                                                  (8, "dispatch"), (8, "fused-siblings"), (8, "vllm-fused")]
+    assert list(dist["over_floor"])[:3] == [2.0, 1.5, 3.0]
+    alone = forward_distance(fdf[~fdf["path"].str.contains("fused")])
+    assert list(alone["path"]) == ["dispatch", "dispatch"]
