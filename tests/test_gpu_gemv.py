@@ -63,6 +63,8 @@ def test_the_gemv_refuses_what_it_does_not_take():
 
 
 def test_the_tuner_picks_a_candidate_and_the_call_matches_fp32():
+    from dataclasses import replace
+
     import torch
 
     from bench.gpu import REL_ERR_BOUND, output_error
@@ -75,7 +77,9 @@ def test_the_tuner_picks_a_candidate_and_the_call_matches_fp32():
         secs = call.tunes_here(ws, xs)
         assert secs is not None and secs > 0 and call.tunes_here(ws, xs) is None  # tuned once
         sms = torch.cuda.get_device_properties(0).multi_processor_count
-        assert call.config(2048, 4096, m) in candidates(2048, 4096, m, sms)
+        chosen = call.config(2048, 4096, m)  # a candidate, launched with PDL where the tuner found that faster
+        assert replace(chosen, pdl=False) in candidates(2048, 4096, m, sms)
+        assert not chosen.pdl or torch.cuda.get_device_capability()[0] >= 9
         assert output_error(call(xs[0], ws[0]), xs[0], ws[0]) < REL_ERR_BOUND
         out = torch.empty(m, 2048, device="cuda", dtype=torch.bfloat16)
         call.into(xs[1], ws[1], out)
