@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from dispatch import gemv
-from dispatch.gemv import beside, parse
+from dispatch.gemv import beside
 from harness.errors import HarnessError
 from harness.io import atomic_write, read_json, sha256
 
@@ -48,8 +48,7 @@ def read_gemv(path: Path) -> int:
     target = gemv_file(path)
     if not target.is_file() and not target.is_symlink():
         return 0
-    return len(parse(read_json(target, "GEMV configuration file", "delete it and tune afresh (bench run --tune)"),
-                     str(target)))
+    return len(gemv.read(target))
 
 
 def describe(path: Path, mode: str) -> dict[str, Any]:

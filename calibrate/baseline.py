@@ -112,8 +112,8 @@ def gemv_configs(path: Path) -> dict | None:
     harness's current format, so the same configurations may differ byte for byte. None where it does not read."""
     from dispatch import gemv
     try:
-        return gemv.parse(json.loads(path.read_text()), str(path))
-    except (HarnessError, ValueError, OSError):
+        return gemv.read(path)
+    except HarnessError:
         return None
 
 

@@ -358,10 +358,14 @@ def parse(data: Any, where: str) -> dict[tuple[int, int, int], GemvConfig]:
     return out
 
 
+def read(path: Any) -> dict[tuple[int, int, int], GemvConfig]:
+    """A gemv-configs file's configurations, read and checked without serving them; one clear error otherwise."""
+    return parse(read_json(path, "GEMV configuration file", "delete it and tune afresh (bench run --tune)"), str(path))
+
+
 def load(path: Any) -> int:
     """Serves the configurations of a gemv-configs file (they replace stored ones of the same cells); how many."""
-    data = read_json(path, "GEMV configuration file", "delete it and tune afresh (bench run --tune)")
-    configs = parse(data, str(path))
+    configs = read(path)
     STORE.configs.update(configs)
     STORE.files.add(str(path))
     STORE.version += 1

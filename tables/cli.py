@@ -16,7 +16,7 @@ from shapes.derive import CATALOG_LAYOUTS
 from tables.install import fewer_baseline_runs, install
 from tables.legs import legs
 from tables.manifest import FIT_MACHINES, MANIFEST, MAX_FIT_MACHINES, TableRun, parse_scope
-from tables.pipeline import (REFIT_FROM, REJUDGE_FROM, check_stop_after, pending_legs, plan_text, refit_legs,
+from tables.pipeline import (REFIT_FROM, REJUDGE_FROM, check_stop_after, pending_legs, plan_text, legs_run_again,
                              run_pipeline, set_aside_legs)
 
 
@@ -91,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         start, word = (REFIT_FROM, "--refit") if args.refit else (REJUDGE_FROM, "--rejudge")
         if args.rejudge and args.machines is not None:
             raise HarnessError("--rejudge measures nothing: drop --machines")
-        late = refit_legs(run, start)
+        late = legs_run_again(run, start)
         if args.stop_after is not None and args.stop_after not in late:
             raise HarnessError(f"--stop-after {args.stop_after}: {word} runs {', '.join(late)}; stop after one of "
                                f"them")

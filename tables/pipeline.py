@@ -85,7 +85,7 @@ def pending_legs(run: TableRun, resume: bool, stop_after: str | None = None,
     return [leg for leg in todo if not (resume and run.done(leg.name))]
 
 
-def refit_legs(run: TableRun, start: str = REFIT_FROM) -> list[str]:
+def legs_run_again(run: TableRun, start: str = REFIT_FROM) -> list[str]:
     """The legs --refit (start: the fit) or --rejudge (start: validate) runs again; refused in one line where the
     run has not reached that leg yet (resume it instead)."""
     what = "refits a table run's measurements" if start == REFIT_FROM else "judges a table run's check again"
@@ -110,7 +110,7 @@ def set_aside_legs(run: TableRun, machines: int | None = None, start: str = REFI
     `machines` (more than the run's): the refit also measures on that many machines, so that a resume first runs
     the new machine-<i> legs, each on a machine of its own. --rejudge (start: validate) moves the verdict legs
     alone, the entry saying which leg it started from."""
-    late = refit_legs(run, start)
+    late = legs_run_again(run, start)
     manifest = run.manifest
     before = int(manifest.get("fit_machines") or 1)
     if machines is not None and not before <= machines <= MAX_FIT_MACHINES:

@@ -12,17 +12,23 @@ ROUNDS, CALLS = 10, 40  # eager: rounds of CALLS calls queued on each stream bef
 
 
 @pytest.fixture
-def stored(request):
-    """The split configuration stored for (N, K) at every M the test runs, the store put back afterwards."""
+def gemv_store():
+    """The GEMV module, its configuration store put back as it was after the test."""
     from dispatch import gemv
     saved = dict(gemv.STORE.configs)
-    for m in (1, 4, 8):
-        gemv.STORE.configs[(N, K, m)] = gemv.GemvConfig(*SPLIT)
-    gemv.STORE.version += 1
     yield gemv
     gemv.STORE.configs.clear()
     gemv.STORE.configs.update(saved)
     gemv.STORE.version += 1
+
+
+@pytest.fixture
+def stored(gemv_store):
+    """The split configuration stored for (N, K) at every M the test runs, the store put back afterwards."""
+    for m in (1, 4, 8):
+        gemv_store.STORE.configs[(N, K, m)] = gemv_store.GemvConfig(*SPLIT)
+    gemv_store.STORE.version += 1
+    return gemv_store
 
 
 def _operands(m: int, seed: int):
@@ -158,32 +164,25 @@ def _eager_and_replayed(chain, call, times: int) -> list:
 
 
 @pytest.mark.parametrize("m,rows", [(1, 1), (4, 4), (8, 16)])
-def test_a_chain_of_dependent_pdl_calls_reads_each_output_after_it_is_written(m, rows):
+def test_a_chain_of_dependent_pdl_calls_reads_each_output_after_it_is_written(gemv_store, m, rows):
     """Programmatic dependent launch lets a call start beside the one before it: each call's input is the previous
     call's output, so a call that read x (or wrote its workspace) before the wait would differ. PDL launches give
     bitwise the plain launches' outputs, eagerly and captured, and both match an fp32 chain."""
     import torch
-    from dispatch import gemv
-    d = 2048
-    saved = dict(gemv.STORE.configs)
+    gemv, d = gemv_store, 2048
     gemv.STORE.configs[(d, d, m)] = gemv.GemvConfig(32, 128, 8, 4, rows)
     gemv.STORE.version += 1
-    try:
-        ws, x, chain = _dependent_chain(d, m, 7)
-        plain, pdl = gemv.GemvCall(tune=False), gemv.GemvCall(tune=False, pdl=True)
-        for c in (plain, pdl):
-            c.prepare(d, d, x.device)
-        want = chain(plain)
-        ref = x.float()
-        for w in ws * 4:
-            ref = (ref @ w.float().t()).to(torch.bfloat16).float()
-        assert (want.float() - ref).abs().max().item() < 0.05 * ref.abs().max().item()
-        differ = sum(not torch.equal(o, want) for o in _eager_and_replayed(chain, pdl, 20))
-        assert differ == 0, f"{differ} of 41 PDL chains differ bitwise from the plain launches' chain"
-    finally:
-        gemv.STORE.configs.clear()
-        gemv.STORE.configs.update(saved)
-        gemv.STORE.version += 1
+    ws, x, chain = _dependent_chain(d, m, 7)
+    plain, pdl = gemv.GemvCall(tune=False), gemv.GemvCall(tune=False, pdl=True)
+    for c in (plain, pdl):
+        c.prepare(d, d, x.device)
+    want = chain(plain)
+    ref = x.float()
+    for w in ws * 4:
+        ref = (ref @ w.float().t()).to(torch.bfloat16).float()
+    assert (want.float() - ref).abs().max().item() < 0.05 * ref.abs().max().item()
+    differ = sum(not torch.equal(o, want) for o in _eager_and_replayed(chain, pdl, 20))
+    assert differ == 0, f"{differ} of 41 PDL chains differ bitwise from the plain launches' chain"
 
 
 @pytest.mark.parametrize("tune", [False, True])
@@ -214,34 +213,27 @@ def test_a_call_warmed_up_on_a_side_stream_is_the_gemv_in_a_graph_captured_after
 
 
 @pytest.mark.parametrize("m,rows", [(1, 1), (8, 16)])
-def test_a_configuration_tuned_to_launch_with_pdl_gives_the_plain_launches_outputs(m, rows):
+def test_a_configuration_tuned_to_launch_with_pdl_gives_the_plain_launches_outputs(gemv_store, m, rows):
     """A stored configuration that launches with PDL (the tuner's choice, as the dispatcher serves it: no pdl of the
     call's own) gives bitwise the plain configuration's outputs along a chain of dependent calls, eagerly and in a
     captured graph."""
     from dataclasses import replace
 
     import torch
-    from dispatch import gemv
-    d = 2048
-    saved = dict(gemv.STORE.configs)
+    gemv, d = gemv_store, 2048
     plain_cfg = gemv.GemvConfig(32, 128, 8, 4, rows)
-    try:
-        _, x, chain = _dependent_chain(d, m, 11)
+    _, x, chain = _dependent_chain(d, m, 11)
 
-        def served(cfg):
-            gemv.STORE.configs[(d, d, m)] = cfg
-            gemv.STORE.version += 1
-            call = gemv.GemvCall(tune=False)
-            call.prepare(d, d, x.device)
-            return call
-        plain = served(plain_cfg)
-        assert not plain.launches_pdl(d, d, m)
-        want = chain(plain)
-        chained = served(replace(plain_cfg, pdl=True))
-        assert chained.launches_pdl(d, d, m)
-        differ = sum(not torch.equal(o, want) for o in _eager_and_replayed(chain, chained, 10))
-        assert differ == 0, f"{differ} of 21 chains of a PDL configuration differ bitwise from the plain one's"
-    finally:
-        gemv.STORE.configs.clear()
-        gemv.STORE.configs.update(saved)
+    def served(cfg):
+        gemv.STORE.configs[(d, d, m)] = cfg
         gemv.STORE.version += 1
+        call = gemv.GemvCall(tune=False)
+        call.prepare(d, d, x.device)
+        return call
+    plain = served(plain_cfg)
+    assert not plain.launches_pdl(d, d, m)
+    want = chain(plain)
+    chained = served(replace(plain_cfg, pdl=True))
+    assert chained.launches_pdl(d, d, m)
+    differ = sum(not torch.equal(o, want) for o in _eager_and_replayed(chain, chained, 10))
+    assert differ == 0, f"{differ} of 21 chains of a PDL configuration differ bitwise from the plain one's"

@@ -381,7 +381,7 @@ def test_a_damaged_manifest_is_refused_by_resume_and_install_and_left_as_it_is(t
 def test_refit_runs_the_fit_and_every_later_leg_again_and_keeps_the_earlier_ones(tmp_path):
     """A changed fit rule: --refit keeps what the fitted legs measured, moves the fit's and the check's entries and
     outputs to refit-1/, and a resume on a machine that fitted none runs the fit and everything after it again."""
-    from tables.pipeline import refit_legs, set_aside_legs
+    from tables.pipeline import legs_run_again, set_aside_legs
     run, ran = tmp_path / "run", []
 
     def execute(leg, log):
@@ -395,7 +395,7 @@ def test_refit_runs_the_fit_and_every_later_leg_again_and_keeps_the_earlier_ones
     first = run_pipeline(H200, run, resume=False, execute=execute, machine=machines("A"), same_machine=True)
     assert first["verdict"] == "PASS"
     old_table = (run / "table.json").read_text()
-    assert refit_legs(TableRun(H200, run)) == LEGS[LEGS.index("fit"):]
+    assert legs_run_again(TableRun(H200, run)) == LEGS[LEGS.index("fit"):]
     kept = set_aside_legs(TableRun(H200, run))
     assert kept == run / "refit-1" and (kept / "table.json").read_text() == old_table
     assert (kept / "check-sweep").is_dir() and (kept / "fit.log").is_file() and not (run / "table.json").exists()
@@ -498,7 +498,7 @@ def test_rejudge_runs_validate_and_the_legs_after_it_again_on_any_machine(tmp_pa
     """A changed verdict rule: --rejudge moves the validate leg's and every later leg's entries and outputs to
     refit-1/ (its entry saying it started at validate), and a resume runs those legs alone, none of them a GPU leg;
     the fit and the check's measurements stay. A run that has not reached validate is refused."""
-    from tables.pipeline import REJUDGE_FROM, refit_legs, set_aside_legs
+    from tables.pipeline import REJUDGE_FROM, legs_run_again, set_aside_legs
     run, ran, verdicts = tmp_path / "run", [], iter([1, 0])  # validate: FAIL, then PASS by the changed rule
 
     def execute(leg, log):
@@ -507,7 +507,7 @@ def test_rejudge_runs_validate_and_the_legs_after_it_again_on_any_machine(tmp_pa
         return next(verdicts) if leg.name == "validate" else 0
     first = run_pipeline(H200, run, resume=False, execute=execute, machine=machines("A"), same_machine=True)
     assert first["verdict"] == "FAIL"
-    late = refit_legs(TableRun(H200, run), REJUDGE_FROM)
+    late = legs_run_again(TableRun(H200, run), REJUDGE_FROM)
     assert late == LEGS[LEGS.index("validate"):] and not any(leg.gpu for leg in legs(H200, run) if leg.name in late)
     kept = set_aside_legs(TableRun(H200, run), start=REJUDGE_FROM)
     assert (kept / "validate.log").is_file() and (run / "check-sweep.log").is_file() and (run / "fit.log").is_file()

@@ -14,7 +14,6 @@ from bench.autotune_cache import FILE_NAME, gemv_file, read_entries, read_gemv, 
 from bench.merge import fingerprint_difference
 from bench.results import load_run_info
 from calibrate.analysis import FIT_MIN_GAIN, Cells, dispatch_candidates, fit, model_uses, veto_key
-from dispatch.backends import ATEN
 from calibrate.determinism import source_entry
 from calibrate.forward_model import (GPU_BOUND_MARGIN, gpu_bound_in_every_run, host_bound_in_every_run, kept_choices,
                                      overrides_over_the_table, picks_in_every_run, slower_in_every_run)
@@ -27,7 +26,7 @@ from calibrate.runs import load_run as _load
 from calibrate.runs import profile_of as _profile_of
 from calibrate.runs import sibling_free as _sibling_free
 from calibrate.segments import RULE, cells_spec, fit_segments, forward_picks, range_counts, refine_cells
-from dispatch.backends import GEMV
+from dispatch.backends import ATEN, GEMV
 from dispatch.profiles import get_profile
 from dispatch.table import REGIMES, ThresholdTable, load_table
 from harness.cli import float_in
