@@ -1,13 +1,16 @@
-"""(GPU) The GEMV of this checkout against an earlier one, cell by cell, beside each weight's size-matched read.
+"""(GPU) The GEMV of this checkout against an earlier one and against a fresh tuning, cell by cell, beside each
+weight's size-matched read.
 
-    python -m tools.probes.gemv_ab --old OLD_GEMV_PY --out DIR [--configs FILE] [--cells FILE] [--samples 15]
+    python -m tools.probes.gemv_ab --out DIR [--old OLD_GEMV_PY] [--configs FILE] [--cells FILE] [--samples 15]
 
-For every (N, K, M) of a GEMV configuration file (default: the shipped H200 table's): the earlier kernel (the module
-at OLD_GEMV_PY, e.g. `git show <sha>:dispatch/gemv.py`) and this one, each with the file's configuration, and at
-M = 2-8 this one tuned over its candidates (the CUDA-core tiles among them). Every kernel is checked against an fp32
-reference first. --cells (lines of "N K M") keeps those cells only. Timing as the sweep times cells: CUPTI kernel time of graphs of back-to-back calls over rotated
-copies (weights from HBM), replayed interleaved; the size-matched read ceiling of each weight measured alike.
-Writes DIR/gemv_ab.csv and DIR/run.json.
+For every (N, K, M) of a GEMV configuration file (default: the shipped H200 table's): this kernel with the file's
+configuration (`file`), the earlier kernel with it where --old names one (the module at OLD_GEMV_PY, e.g. `git show
+<sha>:dispatch/gemv.py`; `old`), and this kernel tuned afresh over its candidates (`tuned`: the CUDA-core tiles among
+them at M = 2-8, launched with PDL where the tuner keeps it). Every kernel is checked against an fp32 reference first.
+--cells (lines of "N K M") keeps those cells only. Timing as the sweep times cells: CUPTI kernel time of graphs of
+back-to-back calls over rotated copies (weights from HBM), replayed interleaved; a configuration that launches with
+PDL overlaps the call before it, so its time is the span of its calls (as the sweep reads such rows), `us`. The
+size-matched read ceiling of each weight measured alike. Writes DIR/gemv_ab.csv and DIR/run.json.
 """
 from __future__ import annotations
 
@@ -27,7 +30,7 @@ def _old_module(path: str):
     return module
 
 
-def _cell(clock, old, n: int, k: int, m: int, cfg: tuple, samples: int) -> list[dict]:
+def _cell(clock, old, n: int, k: int, m: int, cfg, samples: int) -> list[dict]:
     import torch
 
     from bench.ceiling import copies_for
@@ -35,12 +38,13 @@ def _cell(clock, old, n: int, k: int, m: int, cfg: tuple, samples: int) -> list[
     from dispatch import gemv
     props = torch.cuda.get_device_properties(0)
     ops = make_operands(m, n, k, copies_for(n * k * 2, props.L2_cache_size))
-    legacy = gemv.GemvConfig(*cfg, 1 if m == 1 else 16)
-    calls = {"old": old.Gemv(ops.ws[0], old.GemvConfig(*cfg)), "new": gemv.Gemv(ops.ws[0], legacy)}
-    configs = {"old": legacy, "new": legacy}
-    if 1 < m <= 8:
-        tuned, _ = gemv.tune(ops.ws, ops.xs)
-        calls["new-tuned"], configs["new-tuned"] = gemv.Gemv(ops.ws[0], tuned), tuned
+    calls = {"file": gemv.Gemv(ops.ws[0], cfg)}
+    configs = {"file": cfg}
+    if old is not None:
+        calls["old"] = old.Gemv(ops.ws[0], old.GemvConfig(*cfg.astuple()[:4]))
+        configs["old"] = cfg
+    tuned, _ = gemv.tune(ops.ws, ops.xs)
+    calls["tuned"], configs["tuned"] = gemv.Gemv(ops.ws[0], tuned), tuned
     fns = {}
     for name, g in calls.items():
         space = g.space if hasattr(g, "space") else (g.acc, g.count)
@@ -53,13 +57,18 @@ def _cell(clock, old, n: int, k: int, m: int, cfg: tuple, samples: int) -> list[
     per = max(ops.rotations, 32)
     graphs = {name: capture(fn, ops, per) for name, fn in fns.items()}
     timing = replay_interleaved(clock, graphs, Replays(per, samples))
-    return [{"n": n, "k": k, "m": m, "kernel": name, "config": configs[name].key(),
-             "gpu_us": round(statistics.median(timing[name].gpu_us), 3)} for name in fns]
+    out = []
+    for name in fns:
+        gpu, span = statistics.median(timing[name].gpu_us), statistics.median(timing[name].span_us)
+        pdl = configs[name].pdl and name != "old"
+        out.append({"n": n, "k": k, "m": m, "kernel": name, "config": configs[name].key(), "pdl": pdl,
+                    "gpu_us": round(gpu, 3), "span_us": round(span, 3), "us": round(span if pdl else gpu, 3)})
+    return out
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m tools.probes.gemv_ab")
-    p.add_argument("--old", required=True, help="an earlier dispatch/gemv.py")
+    p.add_argument("--old", help="an earlier dispatch/gemv.py, timed with the file's configurations")
     p.add_argument("--out", required=True)
     p.add_argument("--configs", default=str(Path(__file__).resolve().parents[2] / "dispatch" / "thresholds" /
                                            "h200.autotune.gemv.json"))
@@ -75,22 +84,23 @@ def main(argv=None) -> int:
     started = datetime.now(timezone.utc).isoformat(timespec="seconds")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    entries = json.loads(Path(args.configs).read_text())["configs"]
+    from dispatch import gemv
+    entries = gemv.read(args.configs)
     if args.cells:
         keep = {tuple(map(int, line.split())) for line in Path(args.cells).read_text().splitlines() if line.strip()}
-        entries = [e for e in entries if (e["n"], e["k"], e["m"]) in keep]
+        entries = {cell: c for cell, c in entries.items() if cell in keep}
     clock = make_clock("cupti")
-    old = _old_module(args.old)
+    old = _old_module(args.old) if args.old else None
     rows = []
-    for e in entries:
-        cfg = (e["block_n"], e["block_k"], e["split_k"], e["num_warps"])
-        rows += _cell(clock, old, e["n"], e["k"], e["m"], cfg, args.samples)
-        print(rows[-1], flush=True)
+    for (n, k, m), cfg in sorted(entries.items()):
+        added = _cell(clock, old, n, k, m, cfg, args.samples)
+        rows += added
+        print(*added, sep="\n", flush=True)
     ceilings = measure(clock, sorted({r["n"] * r["k"] * 2 for r in rows}))
     for r in rows:
         read = ceilings["size_matched"][str(r["n"] * r["k"] * 2)]
         r["read_us"] = read.get("gpu_us")
-        r["of_read"] = round(read["gpu_us"] / r["gpu_us"], 3) if read.get("gpu_us") else None
+        r["of_read"] = round(read["gpu_us"] / r["us"], 3) if read.get("gpu_us") else None
     import csv
     with open(out / "gemv_ab.csv", "w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
