@@ -241,7 +241,7 @@ def run_anatomy(plan: Anatomy) -> Path:
                 x = torch.randn(m, shape.k, device="cuda", dtype=torch.bfloat16)
                 w = torch.randn(shape.n, shape.k, device="cuda", dtype=torch.bfloat16)
                 layers, _ = flashinfer_layers(backend, x, w, BACKENDS[backend].pdl(profile.pdl))
-                per_round, prot = time_blocks({"choose_one": layers["choose_one"]}, calls, rounds, before, after)
+                per_round, prot = time_blocks({"choose_one": layers["choose_one"]}, calls, rounds, (before, after))
                 rows.append(_row({**base, "path": path.name, "m": m, "calls": calls}, "choose_one",
                                  per_round["choose_one"], prot, "untuned"))
             fn = path.build(profile.pdl)  # the sweep's own callable for this path: mm_bf16(x, w.t(), backend=...)
@@ -258,7 +258,7 @@ def run_anatomy(plan: Anatomy) -> Path:
                 layers, state = flashinfer_layers(backend, x, w, BACKENDS[backend].pdl(profile.pdl))
                 aten = aten_layers(x, w)
                 layers.update(aten)
-                per_round, prot = time_blocks(layers, calls, rounds, before, after)
+                per_round, prot = time_blocks(layers, calls, rounds, (before, after))
                 for name, vals in per_round.items():
                     rows.append(_row({**base, "path": ATEN if name in aten else path.name, "m": m, "calls": calls},
                                      name, vals, prot, state if name == "choose_one" else ""))

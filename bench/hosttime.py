@@ -14,23 +14,27 @@ MIN_CALLS = 3  # the fewest calls in a block sized by time (time_blocks' block_u
 
 
 def time_blocks(layers: dict[str, Callable[[], Any]], calls: int, rounds: int,
-                before_block: Callable[[float], Any] | None = None,
-                after_block: Callable[[Any], bool] | None = None,
-                block_us: float | None = None) -> tuple[dict[str, list[float]], dict[str, bool]]:
+                guard: tuple[Callable[[float], Any], Callable[[Any], bool]] | None = None,
+                block_us: float | None = None, warmup: int = 3) -> tuple[dict[str, list[float]], dict[str, bool]]:
     """Per-round median µs per call of every layer, rounds interleaved (A B C, C B A, ...), gc off.
+
+    warmup: untimed calls of each layer first (0 where the caller has just run it on the same operands); two more
+    calls, timed, give the estimate that sizes blocks and the protection.
 
     block_us: a layer's block holds as many calls as last this long by its warm-up estimate, between MIN_CALLS and
     `calls` (None: `calls` for every layer): a slow call's median needs fewer calls to be as precise.
 
-    before_block(expected_us) runs before each layer's block of calls (the GPU side enqueues a sleep kernel there, so
-    no call waits on the GPU) and returns a token; after_block(token) says whether that protection held.
+    guard (before_block, after_block): before_block(expected_us) runs before each layer's block of calls (the GPU side
+    enqueues a sleep kernel there, so no call waits on the GPU) and returns a token; after_block(token) says whether
+    that protection held.
     """
+    before_block, after_block = guard if guard is not None else (None, None)
     names = list(layers)
     per_round: dict[str, list[float]] = {n: [] for n in names}
     protected = {n: True for n in names}
     estimate_us = {n: 0.0 for n in names}
     for n in names:  # warm-up, and the estimate that sizes the protection
-        for _ in range(3):
+        for _ in range(warmup):
             layers[n]()
         for _ in range(2):
             t0 = time.perf_counter_ns()
@@ -87,8 +91,7 @@ def sleep_guard(factor: float = 1.5, margin_us: float = 200.0) -> tuple[Callable
 
 
 def host_times(fns: dict[str, Callable[[], Any]], calls: int, rounds: int, factor: float = 1.5,
-               block_us: float | None = None) -> dict[str, tuple[float, float, float, bool]]:
+               block_us: float | None = None, warmup: int = 3) -> dict[str, tuple[float, float, float, bool]]:
     """(GPU) median, p20, p80 over rounds of the per-round median µs per call, and whether the GPU stayed busy."""
-    before, after = sleep_guard(factor)
-    per_round, busy = time_blocks(fns, calls, rounds, before, after, block_us)
+    per_round, busy = time_blocks(fns, calls, rounds, sleep_guard(factor), block_us, warmup)
     return {n: (*summary(v), busy[n]) for n, v in per_round.items()}

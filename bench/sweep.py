@@ -16,7 +16,8 @@ from bench.envinfo import nvml_clocks, run_info
 from bench.gpu import (REL_ERR_BOUND, L2Flush, Replays, Stopping, capture, determinism, flashinfer_choices,
                        make_operands, make_weights, output_error, reference, replay_interleaved)
 from bench.hosttime import MIN_CALLS, host_times
-from bench.paths import ATEN, DISPATCH, PATHS, GemmPath, kernel_twins, unchoosable_reason
+from bench.paths import ATEN, DISPATCH, PATHS, GemmPath, kernel_twins
+from bench.skips import Skips, hopeless_after, shape_fields, skip_reason_at, split_runnable
 from bench.results import done_keys, write_parquet, write_results, write_run_json
 from bench.shard import SECONDS_PER_CELL, SECONDS_PER_TUNING
 from bench.stats import (PhaseTimer, Window, attribute, calls_per_graph, estimate_call_us, kernel_digest,
@@ -34,6 +35,12 @@ from dispatch.table import shipped_table
 MAX_ROTATION_BYTES = 8 << 30
 # (calls, rounds) at most, of the host timing of a GPU-bound call: its host time cannot decide its eager cost there
 GPU_BOUND_HOST_BLOCKS = (5, 3)
+# a call estimated this long on the GPU (the largest M of the largest weights) hides any host time measured here
+# (the slowest, a public FlashInfer call off its tuned buckets, submits in under 1.2 ms) several times over: one block
+# of HIDDEN_HOST_BLOCKS[0] calls, no warm-up (the check has just run it on the same operands). Every host-timed call
+# also runs on the GPU, so at such cells the host timing ran more GPU work than the replays that time them.
+HIDDEN_HOST_US = 3000.0
+HIDDEN_HOST_BLOCKS = (3, 1)
 
 
 @dataclass
@@ -59,7 +66,8 @@ class SweepConfig:
     # F.linear's cost there in both regimes (GPU time, and max(host, GPU)): it only grows with M, so it cannot win
     # above. None (--all): every cell is timed.
     hopeless_factor: float | None = None  # bench run sets 2.0 unless --all; baselines time every cell
-    # Paths the dispatcher cannot choose (paths.unchoosable_reason) get a skipped row per cell; bench run sets it
+    # Paths that cannot change a decision (bench.skips: a backend the dispatcher cannot choose, a public FlashInfer
+    # call where the FlashInfer-alone comparison runs another path) get a skipped row per cell; bench run sets it
     # unless --all or --paths.
     skip_unchoosable: bool = False
     ceilings: bool = True  # measure the machine's read ceilings (bench/ceiling.py) and each row's share of them
@@ -131,11 +139,6 @@ def require_gpu(profile: GpuProfile, allow_mismatch: bool = False) -> int:
 def estimate(cfg: SweepConfig, shape: Shape, m: int) -> float:
     """The profile's roofline guess of one call (sizing only)."""
     return estimate_call_us(m, shape.n, shape.k, cfg.profile.sizing_tflops, cfg.profile.sizing_gbps)
-
-
-def _shape_fields(shape: Shape) -> dict[str, Any]:
-    return {"shape": shape.name, "n": shape.n, "k": shape.k, "tp": shape.tp, "count": shape.count,
-            "models": shape.models, "layers": shape.layers, "in_cuda_graph": shape.in_cuda_graph, "tags": shape.tags}
 
 
 def _progress(total: int, desc: str):
@@ -293,7 +296,7 @@ class Group:
 def plan_group(run: Sweeping, shape: Shape, m: int, paths: list[GemmPath]) -> Group:
     """Rotated copies (cold L2 in --l2 rotate) and calls per graph, and the rows every path will fill."""
     cfg, l2_bytes, flush = run.cfg, run.l2_bytes, run.flush
-    base = {**_shape_fields(shape), "m": m, "timer": run.clock.name, "m_is_bucket": m in set(hybrid_buckets())}
+    base = {**shape_fields(shape), "m": m, "timer": run.clock.name, "m_is_bucket": m in set(hybrid_buckets())}
     bytes_per_copy = 2 * (m * shape.k + shape.n * shape.k)
     rotations = 1 if cfg.l2 != "rotate" else rotation_count(bytes_per_copy, l2_bytes, cap=cfg.max_rotations)
     rotations = max(1, min(rotations, MAX_ROTATION_BYTES // bytes_per_copy))
@@ -387,16 +390,23 @@ def time_host(run: Sweeping, group: Group, checked: dict[str, Any]) -> None:
     """Eager host time of every checked path, all of them interleaved so their ratio sees the same host conditions."""
     cfg, phase = run.cfg, run.phase
     x0, w0 = group.ops.xs[0], group.ops.ws[0]
-    # Every host-timed call also runs on the GPU; where that GPU time dwarfs the host time (large M), fewer calls
-    # keep the sweep short without changing what is measured.
-    gpu_bound = estimate(cfg, group.shape, group.m) >= cfg.gpu_bound_us
+    calls, rounds, warmup = host_blocks(cfg, estimate(cfg, group.shape, group.m))
     with phase("host"), (cfg.host_lock if cfg.host_lock is not None else nullcontext()):
-        host = host_times({n: (lambda f=f: f(x0, w0)) for n, f in checked.items()},
-                          calls=min(GPU_BOUND_HOST_BLOCKS[0], cfg.host_calls) if gpu_bound else cfg.host_calls,
-                          rounds=min(GPU_BOUND_HOST_BLOCKS[1], cfg.host_rounds) if gpu_bound else cfg.host_rounds,
-                          block_us=cfg.host_block_us)
+        host = host_times({n: (lambda f=f: f(x0, w0)) for n, f in checked.items()}, calls=calls, rounds=rounds,
+                          block_us=cfg.host_block_us, warmup=warmup)
     for name, (med, p20, p80, busy) in host.items():
         group.rows[name].update(host_us=med, host_us_p20=p20, host_us_p80=p80, host_gpu_busy=busy)
+
+
+def host_blocks(cfg: SweepConfig, gpu_us: float) -> tuple[int, int, int]:
+    """(calls per block, rounds, warm-up calls) of the host timing of a cell whose calls take an estimated gpu_us on
+    the GPU. Every host-timed call also runs on the GPU; where that GPU time dwarfs the host time (large M), fewer
+    calls keep the sweep short without changing what decides a cell: its eager cost max(host, GPU) is its GPU time."""
+    if gpu_us >= HIDDEN_HOST_US:
+        return min(HIDDEN_HOST_BLOCKS[0], cfg.host_calls), min(HIDDEN_HOST_BLOCKS[1], cfg.host_rounds), 0
+    if gpu_us >= cfg.gpu_bound_us:
+        return min(GPU_BOUND_HOST_BLOCKS[0], cfg.host_calls), min(GPU_BOUND_HOST_BLOCKS[1], cfg.host_rounds), 3
+    return cfg.host_calls, cfg.host_rounds, 3
 
 
 def time_gpu(run: Sweeping, group: Group, checked: dict[str, Any], check_windows: dict[str, Window] | None = None
@@ -587,63 +597,6 @@ def tune_group_paths(run: Sweeping, shape: Shape, todo: list[int]) -> dict[str, 
     return tune_info
 
 
-def hopeless_after(rows: list[dict[str, Any]], m: int, factor: float | None) -> dict[str, str]:
-    """Low-M paths whose GPU time at this (shape, M) exceeded `factor` x F.linear's cost in both regimes: the reason
-    their later M of the shape are skipped."""
-    if factor is None:
-        return {}
-    aten = next((r for r in rows if r.get("path") == ATEN and r.get("status") == "ok"), None)
-    if aten is None:
-        return {}
-    eager_cost = max(float(aten["gpu_us"]), float(aten.get("host_us") or 0.0))
-    out = {}
-    for r in rows:
-        name = r.get("path")
-        if r.get("status") != "ok" or name not in PATHS or PATHS[name].role != "low-m":
-            continue
-        ratio = float(r["gpu_us"]) / float(aten["gpu_us"])
-        if float(r["gpu_us"]) > factor * eager_cost and ratio > factor:
-            out[name] = (f"{name} took {ratio:.1f}x F.linear's GPU time at M = {m} on this shape (above {factor:g}x "
-                         f"its cost in both regimes); a low-M kernel only falls further behind at larger M "
-                         f"(--all times it)")
-    return out
-
-
-def skip_reason_at(p: GemmPath, shape: Shape, m: int, sm: int, skip_unchoosable: bool,
-                   hopeless: str | None = None) -> str | None:
-    """Why a path is not timed at (shape, M), or None: it cannot run here, it cannot matter above an M where it lost
-    (hopeless, known only during a run), or the dispatcher cannot choose it (where those are skipped)."""
-    return (p.skip_reason(sm, shape.n, shape.k, m) or hopeless
-            or (unchoosable_reason(p) if skip_unchoosable else None))
-
-
-@dataclass(frozen=True)
-class Skips:
-    """What decides which paths a cell times: this SM, the cells already done (a resume), the timer the skipped
-    rows name, and whether paths the dispatcher cannot choose are skipped."""
-    sm: int
-    timer: str
-    done: frozenset[tuple] | set[tuple] = frozenset()
-    skip_unchoosable: bool = False
-
-
-def split_runnable(paths: list[GemmPath], shape: Shape, m: int, skips: Skips,
-                   hopeless: dict[str, str] | None = None) -> tuple[list[GemmPath], list[dict[str, Any]]]:
-    """The paths still to measure at (shape, M), and the rows of those that cannot run here or cannot matter, with
-    the reason."""
-    live, skipped = [], []
-    for p in paths:
-        if (shape.n, shape.k, m, p.name) in skips.done:
-            continue
-        reason = skip_reason_at(p, shape, m, skips.sm, skips.skip_unchoosable, (hopeless or {}).get(p.name))
-        if reason:
-            skipped.append({**_shape_fields(shape), "m": m, "path": p.name, "status": "skipped", "reason": reason,
-                            "timer": skips.timer})
-        else:
-            live.append(p)
-    return live, skipped
-
-
 def run_sweep(cfg: SweepConfig) -> Path:
     sm = require_gpu(cfg.profile, cfg.allow_mismatch)  # before any file system change
     import torch
@@ -718,6 +671,8 @@ def _sweep_info(cfg: SweepConfig) -> dict[str, Any]:
                     host_blocks={"calls": cfg.host_calls, "rounds": cfg.host_rounds,
                                  "gpu_bound": {"calls": GPU_BOUND_HOST_BLOCKS[0], "rounds": GPU_BOUND_HOST_BLOCKS[1],
                                                "from_gpu_us": cfg.gpu_bound_us},
+                                 "gpu_hidden": {"calls": HIDDEN_HOST_BLOCKS[0], "rounds": HIDDEN_HOST_BLOCKS[1],
+                                                "from_gpu_us": HIDDEN_HOST_US, "warmup": 0},
                                  "block_us": cfg.host_block_us or None, "min_calls": MIN_CALLS},
                     stopping=(cfg.stopping.describe() if cfg.stopping else {"criterion": "fixed",
                                                                             "samples": cfg.samples}),
@@ -735,7 +690,8 @@ def _sweep_shape(run: Sweeping, shape, todo: list[int], tune_info: dict[str, tup
     """Measure one shape at its M of `todo` (rows appended to run.rows, written at most every cfg.write_every_s);
     `tune_info`: the shape's FlashInfer tuning."""
     cfg, bar = run.cfg, run.bar
-    skips = Skips(run.sm, run.clock.name, run.done, cfg.skip_unchoosable)
+    skips = Skips(run.sm, run.clock.name, run.done, cfg.skip_unchoosable, frozenset(p.name for p in cfg.paths),
+                  cfg.profile.low_m_backend)
     hopeless: dict[str, str] = {}
     for m in cfg.ms_of(shape):
         bar.set_postfix_str(f"{shape.name} M={m}")
@@ -795,13 +751,15 @@ def dry_run(cfg: SweepConfig) -> str:
              f"L2 {cfg.l2}; {cfg.samples} replays of graphs of ~{cfg.target_replay_us:g} µs; host blocks of "
              f"{cfg.host_calls} calls x {cfg.host_rounds} rounds"]
     measured = tunings = 0
+    skips = Skips(sm, cfg.timer, skip_unchoosable=cfg.skip_unchoosable, paths=frozenset(p.name for p in cfg.paths),
+                  low_m_backend=cfg.profile.low_m_backend)
     for p in cfg.paths:
         reasons: dict[str, int] = {}
         runs = 0
         for shape in cfg.shapes:
             ms = []
             for m in cfg.ms_of(shape):
-                reason = skip_reason_at(p, shape, m, sm, cfg.skip_unchoosable)
+                reason = skip_reason_at(p, shape, m, skips)
                 if reason:
                     key = reason.split(", N =")[0].split(", K =")[0].split(", this GPU")[0]
                     reasons[key] = reasons.get(key, 0) + 1

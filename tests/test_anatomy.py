@@ -73,8 +73,7 @@ def test_time_blocks_orders_layers_by_their_cost_and_calls_the_guard():
             pass
     tokens = []
     per_round, protected = time_blocks({"fast": lambda: None, "slow": slow}, calls=5, rounds=3,
-                                       before_block=lambda us: tokens.append(us) or len(tokens),
-                                       after_block=lambda tok: tok != 2)
+                                       guard=(lambda us: tokens.append(us) or len(tokens), lambda tok: tok != 2))
     assert len(per_round["fast"]) == len(per_round["slow"]) == 3
     assert min(per_round["slow"]) >= slow_ns / 1e3 > max(per_round["fast"])
     assert len(tokens) == 6  # one guard per layer block
@@ -140,3 +139,19 @@ def test_a_block_sized_by_time_gives_a_slow_call_fewer_calls():
         return fn
     time_blocks({"fast": call("fast", 0), "slow": call("slow", 2_000_000)}, calls=10, rounds=2, block_us=1000.0)
     assert counts == {"fast": 5 + 2 * 10, "slow": 5 + 2 * MIN_CALLS}  # 5 warm-up calls each
+
+
+def test_host_blocks_shrink_where_the_gpu_time_hides_the_host_time():
+    from bench.sweep import GPU_BOUND_HOST_BLOCKS, HIDDEN_HOST_BLOCKS, HIDDEN_HOST_US, SweepConfig, host_blocks
+    cfg = SweepConfig(profile=None, shapes=[], ms=[], paths=[], out=None)
+    assert host_blocks(cfg, 20.0) == (cfg.host_calls, cfg.host_rounds, 3)
+    assert host_blocks(cfg, cfg.gpu_bound_us) == (*GPU_BOUND_HOST_BLOCKS, 3)
+    assert host_blocks(cfg, HIDDEN_HOST_US) == (*HIDDEN_HOST_BLOCKS, 0)  # no warm-up: the check just ran it
+    few = SweepConfig(profile=None, shapes=[], ms=[], paths=[], out=None, host_calls=2, host_rounds=1)
+    assert host_blocks(few, HIDDEN_HOST_US) == (2, 1, 0)  # never more than asked for
+    counts = {"a": 0}
+
+    def call():
+        counts["a"] += 1
+    time_blocks({"a": call}, calls=3, rounds=1, warmup=0)
+    assert counts["a"] == 2 + 3  # the two timed estimate calls and one block

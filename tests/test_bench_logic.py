@@ -328,7 +328,7 @@ def test_flashinfer_choices_records_the_runner_that_ran_not_the_autotuners_answe
 
 
 def test_a_low_m_path_far_behind_f_linear_is_skipped_above_that_m():
-    from bench.sweep import Skips, hopeless_after, split_runnable
+    from bench.skips import Skips, hopeless_after, split_runnable
     from bench.paths import PATHS
     from shapes.catalog import catalog
     rows = [{"path": "aten", "status": "ok", "gpu_us": 10.0, "host_us": 15.0},
@@ -347,7 +347,7 @@ def test_a_low_m_path_far_behind_f_linear_is_skipped_above_that_m():
 
 def test_a_backend_the_dispatcher_cannot_choose_is_a_skipped_row_unless_asked_for():
     from bench.paths import unchoosable_reason
-    from bench.sweep import Skips, split_runnable
+    from bench.skips import Skips, split_runnable
     from shapes.catalog import catalog
     assert unchoosable_reason(PATHS["flashinfer:cudnn"]) and not unchoosable_reason(PATHS["flashinfer:cublaslt"])
     assert not unchoosable_reason(PATHS["aten"]) and not unchoosable_reason(PATHS["flashinfer-lean:tinygemm"])
@@ -690,3 +690,29 @@ def test_the_dispatch_row_is_read_as_a_pdl_launch_where_its_table_runs_a_pdl_ker
     finally:
         gemv.STORE.configs.clear()
         gemv.STORE.configs.update(saved)
+
+
+def test_a_public_flashinfer_call_is_timed_only_where_the_flashinfer_alone_comparison_runs_it():
+    from bench.skips import Skips, split_runnable
+    from shapes.catalog import catalog
+    names = ("aten", "flashinfer:tinygemm", "flashinfer-lean:tinygemm", "flashinfer:cublaslt",
+             "flashinfer-lean:cublaslt")
+    paths = [PATHS[p] for p in names]
+    skips = Skips(90, "cupti", skip_unchoosable=True, paths=frozenset(names), low_m_backend="tinygemm")
+    wide = next(s for s in catalog() if s.n % 16 == 0)
+    narrow = next(s for s in catalog() if s.n % 16)  # TinyGEMM cannot run it: cuBLASLt is FlashInfer's there
+
+    def timed(shape, m, hopeless=None, how=skips):
+        return {p.name for p in split_runnable(paths, shape, m, how, hopeless)[0]}
+    assert timed(wide, 8) == set(names) - {"flashinfer:cublaslt"}
+    assert timed(wide, 64) == set(names) - {"flashinfer:tinygemm"}
+    assert timed(narrow, 8) == {"aten", "flashinfer:cublaslt", "flashinfer-lean:cublaslt"}
+    # the public TinyGEMM call lost by far at a smaller M: the comparison runs cuBLASLt, which is then timed
+    lost = {"flashinfer:tinygemm": "hopeless"}
+    assert "flashinfer:cublaslt" in timed(wide, 16, lost) and "flashinfer:tinygemm" not in timed(wide, 16, lost)
+    # without the lean call in the run, the public one is what a table could run: timed
+    alone = Skips(90, "cupti", skip_unchoosable=True, paths=frozenset({"aten", "flashinfer:cublaslt"}),
+                  low_m_backend="tinygemm")
+    assert timed(wide, 8, how=alone) >= {"flashinfer:cublaslt"}
+    # --all or --paths: every path timed
+    assert timed(wide, 8, how=Skips(90, "cupti")) == set(names)
