@@ -80,8 +80,9 @@ def add_parser(sub, parents: list) -> None:
                             "for SM >= 90; default), or forced on/off to measure what it changes; run.json records it")
     p_run.add_argument("--all", action="store_true",
                        help="time every cell (default: a low-M backend is skipped on a shape above an M where its GPU "
-                            "time exceeded 2x F.linear's cost in both regimes, and a backend without a lean call, "
-                            "which the dispatcher cannot choose, is skipped)")
+                            "time exceeded 2x F.linear's cost in both regimes, a backend without a lean call, "
+                            "which the dispatcher cannot choose, is skipped, and FlashInfer's public call is timed "
+                            "only where the FlashInfer-alone comparison runs it)")
     add(p_run, "dry-run", what="(paths, skips with reasons, tuning buckets, cells, estimated time); no GPU")
     layout_and_tuning(p_run)
 
