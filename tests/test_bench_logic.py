@@ -716,3 +716,21 @@ def test_a_public_flashinfer_call_is_timed_only_where_the_flashinfer_alone_compa
     assert timed(wide, 8, how=alone) >= {"flashinfer:cublaslt"}
     # --all or --paths: every path timed
     assert timed(wide, 8, how=Skips(90, "cupti")) == set(names)
+
+
+def test_a_table_whose_tactics_lack_a_cell_is_tuned_afresh_and_says_so(capsys):
+    from argparse import Namespace
+    from types import SimpleNamespace
+
+    from bench.commands.options import table_tactics
+    from dispatch.profiles import PROFILES
+    tactics = Path(__file__).resolve().parents[1] / "dispatch" / "thresholds" / "h200.autotune.json"
+    args = Namespace(tune=False, no_tune=False, save_autotune_cache=None, tuning="grid")
+    table = SimpleNamespace(tactics=tactics)
+    covered = [(2560, 4096, 16)]
+    assert table_tactics(args, PROFILES["h200"], table, covered, ["aten", "flashinfer-lean:cublaslt"]) == tactics
+    assert capsys.readouterr().err == ""
+    lacking = covered + [(7, 2048, 16)]  # no catalog shape: no tactic for it
+    assert table_tactics(args, PROFILES["h200"], table, lacking, ["aten", "flashinfer-lean:cublaslt"]) is None
+    said = capsys.readouterr().err.strip().splitlines()
+    assert len(said) == 1 and "lack 1 cell(s)" in said[0] and "7x2048 M=16" in said[0] and "afresh" in said[0]

@@ -11,6 +11,7 @@ from bench.sweep import SweepConfig
 from dispatch.backends import ATEN
 from dispatch.table import ThresholdTable, check_files, load_table, shipped_table
 from harness.cli import int_in
+from harness.console import terminal
 from harness.errors import HarnessError
 from harness.io import output_file
 from harness.options import add
@@ -86,7 +87,12 @@ def table_tactics(args, profile, table, cells: list[tuple[int, int, int]], paths
         return None
     buckets = set(hybrid_buckets())
     tuned = sorted({cell for cell in cells if cell[2] in buckets})
-    if autotune_cache.missing(tactics, tuned):
+    missing = autotune_cache.missing(tactics, tuned)
+    if missing:
+        shown = ", ".join(f"{n}x{k} M={m}" for n, k, m in missing[:3]) + (", ..." if len(missing) > 3 else "")
+        print(f"bench: the table's tactics ({tactics}) lack {len(missing)} cell(s) this run tunes ({shown}): "
+              f"tuning every cell afresh (--autotune-cache {tactics} serves them, FlashInfer's default tactic "
+              f"where one is missing)", file=terminal(), flush=True)
         return None
     return tactics
 
