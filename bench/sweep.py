@@ -16,7 +16,7 @@ from bench.envinfo import nvml_clocks, run_info
 from bench.gpu import (REL_ERR_BOUND, L2Flush, Replays, Stopping, capture, determinism, flashinfer_choices,
                        make_operands, make_weights, output_error, reference, replay_interleaved)
 from bench.hosttime import MIN_CALLS, host_times
-from bench.paths import ATEN, DISPATCH, PATHS, GemmPath, kernel_twins
+from bench.paths import DISPATCH, PATHS, GemmPath, kernel_twins
 from bench.skips import Skips, hopeless_after, shape_fields, skip_reason_at, split_runnable
 from bench.results import done_keys, write_parquet, write_results, write_run_json
 from bench.shard import SECONDS_PER_CELL, SECONDS_PER_TUNING
