@@ -24,6 +24,12 @@ class Skips:
     paths: frozenset[str] = frozenset()
     low_m_backend: str | None = None
 
+    @classmethod
+    def of(cls, cfg: Any, sm: int, timer: str, done: frozenset[tuple] | set[tuple] = frozenset()) -> "Skips":
+        """The skips of a sweep's settings (bench.sweep.SweepConfig) on this SM."""
+        return cls(sm, timer, done, cfg.skip_unchoosable, frozenset(p.name for p in cfg.paths),
+                   cfg.profile.low_m_backend)
+
 
 def shape_fields(shape: Shape) -> dict[str, Any]:
     return {"shape": shape.name, "n": shape.n, "k": shape.k, "tp": shape.tp, "count": shape.count,
@@ -65,9 +71,7 @@ def outside_comparison_reason(p: GemmPath, shape: Shape, m: int, skips: Skips, h
         return None
 
     def can_run(name: str) -> bool:
-        q = PATHS.get(name)
-        return (name in skips.paths and q is not None and name not in hopeless
-                and q.skip_reason(skips.sm, shape.n, shape.k, m) is None)
+        return name in skips.paths and name in PATHS and _cannot_run(PATHS[name], shape, m, skips, hopeless) is None
     chosen = flashinfer_everywhere_choice(flashinfer_path(skips.low_m_backend), skips.low_m_backend, m, can_run)
     if chosen == p.name:
         return None
@@ -80,10 +84,15 @@ def skip_reason_at(p: GemmPath, shape: Shape, m: int, skips: Skips, hopeless: di
     """Why a path is not timed at (shape, M), or None: it cannot run here, it cannot matter above an M where it lost
     (hopeless, known only during a run), or, where skips.skip_unchoosable, it cannot change a decision."""
     hopeless = hopeless or {}
-    reason = p.skip_reason(skips.sm, shape.n, shape.k, m) or hopeless.get(p.name)
+    reason = _cannot_run(p, shape, m, skips, hopeless)
     if reason or not skips.skip_unchoosable:
         return reason
     return unchoosable_reason(p) or outside_comparison_reason(p, shape, m, skips, hopeless)
+
+
+def _cannot_run(p: GemmPath, shape: Shape, m: int, skips: Skips, hopeless: dict[str, str]) -> str | None:
+    """Why a path does not run at (shape, M) in any sweep: it cannot run here, or it lost by far at a smaller M."""
+    return p.skip_reason(skips.sm, shape.n, shape.k, m) or hopeless.get(p.name)
 
 
 def split_runnable(paths: list[GemmPath], shape: Shape, m: int, skips: Skips,

@@ -66,7 +66,7 @@ def estimate_call_us(m: int, n: int, k: int, tflops: float = 600.0, gbps: float 
 
 class KernelRecord(NamedTuple):
     """One kernel's CUPTI activity record. A named tuple, not a dataclass: a sweep makes millions of them, one per
-    kernel, while CUPTI's buffers are parsed, and a tuple is made in well under half a frozen dataclass's time."""
+    kernel, while CUPTI's buffers are parsed, and a tuple is much cheaper to make than a frozen dataclass."""
     start: int  # ns, CUPTI clock
     end: int
     name: str

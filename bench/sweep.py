@@ -36,9 +36,9 @@ MAX_ROTATION_BYTES = 8 << 30
 # (calls, rounds) at most, of the host timing of a GPU-bound call: its host time cannot decide its eager cost there
 GPU_BOUND_HOST_BLOCKS = (5, 3)
 # a call estimated this long on the GPU (the largest M of the largest weights) hides any host time measured here
-# (the slowest, a public FlashInfer call off its tuned buckets, submits in under 1.2 ms) several times over: one block
-# of HIDDEN_HOST_BLOCKS[0] calls, no warm-up (the check has just run it on the same operands). Every host-timed call
-# also runs on the GPU, so at such cells the host timing ran more GPU work than the replays that time them.
+# several times over (docs/design.md, "A sweep's cost"): one block of HIDDEN_HOST_BLOCKS[0] calls, no warm-up (the
+# check has just run it on the same operands). Every host-timed call also runs on the GPU, so fewer calls there
+# shorten the sweep by their GPU time.
 HIDDEN_HOST_US = 3000.0
 HIDDEN_HOST_BLOCKS = (3, 1)
 
@@ -690,8 +690,7 @@ def _sweep_shape(run: Sweeping, shape, todo: list[int], tune_info: dict[str, tup
     """Measure one shape at its M of `todo` (rows appended to run.rows, written at most every cfg.write_every_s);
     `tune_info`: the shape's FlashInfer tuning."""
     cfg, bar = run.cfg, run.bar
-    skips = Skips(run.sm, run.clock.name, run.done, cfg.skip_unchoosable, frozenset(p.name for p in cfg.paths),
-                  cfg.profile.low_m_backend)
+    skips = Skips.of(cfg, run.sm, run.clock.name, run.done)
     hopeless: dict[str, str] = {}
     for m in cfg.ms_of(shape):
         bar.set_postfix_str(f"{shape.name} M={m}")
@@ -751,8 +750,7 @@ def dry_run(cfg: SweepConfig) -> str:
              f"L2 {cfg.l2}; {cfg.samples} replays of graphs of ~{cfg.target_replay_us:g} µs; host blocks of "
              f"{cfg.host_calls} calls x {cfg.host_rounds} rounds"]
     measured = tunings = 0
-    skips = Skips(sm, cfg.timer, skip_unchoosable=cfg.skip_unchoosable, paths=frozenset(p.name for p in cfg.paths),
-                  low_m_backend=cfg.profile.low_m_backend)
+    skips = Skips.of(cfg, sm, cfg.timer)
     for p in cfg.paths:
         reasons: dict[str, int] = {}
         runs = 0
