@@ -39,6 +39,35 @@ def rows_to_csv(rows: Iterable[dict[str, Any]], columns: tuple[str, ...] = COLUM
     return buf.getvalue()
 
 
+class CsvLines:
+    """A results.csv that is rewritten as rows are added, each row formatted once: a row must be final by the time it
+    joins the list (a sweep appends a cell's rows when the cell is done)."""
+
+    def __init__(self, columns: tuple[str, ...] = COLUMNS):
+        import io
+        self.columns = columns
+        self.lines: list[str] = []
+        self._buf = io.StringIO()
+        self._writer = csv.DictWriter(self._buf, fieldnames=columns, extrasaction="raise", lineterminator="\n")
+        self._writer.writeheader()
+        self.header = self._take()
+
+    def _take(self) -> str:
+        line = self._buf.getvalue()
+        self._buf.seek(0)
+        self._buf.truncate(0)
+        return line
+
+    def text(self, rows: list[dict[str, Any]]) -> str:
+        """The file's text for `rows`, whose first len(self.lines) rows are those formatted before."""
+        if len(rows) < len(self.lines):
+            raise ValueError(f"rows shrank from {len(self.lines)} to {len(rows)}: a results list only grows")
+        for row in rows[len(self.lines):]:
+            self._writer.writerow({c: _fmt(row.get(c)) for c in self.columns})
+            self.lines.append(self._take())
+        return self.header + "".join(self.lines)
+
+
 def _fmt(value: Any) -> Any:
     if value is None:
         return ""
@@ -49,9 +78,10 @@ def _fmt(value: Any) -> Any:
     return value
 
 
-def write_results(out_dir: Path, rows: list[dict[str, Any]]) -> Path:
+def write_results(out_dir: Path, rows: list[dict[str, Any]], lines: CsvLines | None = None) -> Path:
+    """results.csv of `rows`, atomically; `lines` keeps the rows formatted by earlier writes of the same list."""
     path = out_dir / "results.csv"
-    atomic_write_text(path, rows_to_csv(rows))
+    atomic_write_text(path, lines.text(rows) if lines is not None else rows_to_csv(rows))
     return path
 
 

@@ -18,7 +18,7 @@ from bench.gpu import (REL_ERR_BOUND, L2Flush, Replays, Stopping, capture, deter
 from bench.hosttime import MIN_CALLS, host_times
 from bench.paths import DISPATCH, PATHS, GemmPath, kernel_twins
 from bench.skips import Skips, hopeless_after, shape_fields, skip_reason_at, split_runnable
-from bench.results import done_keys, write_parquet, write_results, write_run_json
+from bench.results import CsvLines, done_keys, write_parquet, write_results, write_run_json
 from bench.shard import SECONDS_PER_CELL, SECONDS_PER_TUNING
 from bench.stats import (PhaseTimer, Window, attribute, calls_per_graph, estimate_call_us, kernel_digest,
                          rotation_count, summary)
@@ -76,6 +76,10 @@ class SweepConfig:
     allow_mismatch: bool = False
     tune: bool = True
     tune_all: bool = False
+    # A run that tunes FlashInfer (tune, no tactics served) tunes the GEMV too, unless this is off and the table it
+    # runs has GEMV configurations to serve: bench run tunes FlashInfer for want of tactics cells, but the GEMV only
+    # with --tune (the dispatcher runs the table's configurations, and tuning them is most of a fresh machine's run).
+    tune_gemv: bool = True
     autotune_cache: Path | None = None  # FlashInfer tactics to serve (an existing file): no tuning in this run
     save_autotune_cache: Path | None = None  # where to write the tactics this run tuned (besides <out>/autotune-cache.json)
     vllm_tune_tokens: int | None = None  # tune as vLLM does, at this max_num_batched_tokens (None: the grid's buckets)
@@ -239,6 +243,7 @@ class Sweeping:
     done: set[tuple] = field(default_factory=set)
     bar: Any = None
     last_write: float = 0.0
+    csv: CsvLines = field(default_factory=CsvLines)  # results.csv's rows formatted so far (rows are final once added)
     weights: "WeightPool" = field(default_factory=lambda: WeightPool())
     table: Any = None  # the table the dispatch path runs (None: the profile ships none)
 
@@ -566,6 +571,15 @@ def serve_gemv(tuning: bool, table: Any) -> None:
         gemv.load(path)
 
 
+def gemv_tuning(cfg: SweepConfig, pinned: Any, table: Any) -> bool:
+    """Whether this run tunes the GEMV afresh: where it tunes FlashInfer, unless cfg.tune_gemv is off and `table` has
+    GEMV configurations to serve (bench run says so in its line on the tactics)."""
+    if not cfg.tune or pinned:
+        return False
+    path = getattr(table, "gemv_configs", None)
+    return cfg.tune_gemv or path is None or not Path(path).is_file()
+
+
 def build_paths(paths: list[GemmPath], sm: int, pdl: bool) -> dict[str, Any]:
     """The callables of the paths this SM can run (the others' rows are recorded as skipped, with the reason)."""
     fns: dict[str, Any] = {}
@@ -612,7 +626,7 @@ def run_sweep(cfg: SweepConfig) -> Path:
     dispatch.tactics_from_table(False)  # the dispatch path runs this run's tactics, as every other path does
     dispatch.configure(cfg.table)
     table = cfg.table if cfg.table is not None else _profile_table(cfg.profile)
-    serve_gemv(cfg.tune and not pinned, table)
+    serve_gemv(gemv_tuning(cfg, pinned, table), table)
     info = _sweep_info(cfg)
     cfg.out.mkdir(parents=True, exist_ok=True)
     rows, done = done_keys(cfg.out) if cfg.resume else ([], set())
@@ -642,7 +656,7 @@ def run_sweep(cfg: SweepConfig) -> Path:
             _sweep_shape(run, shape, todo, tune_group_paths(run, shape, todo) if cfg.tune and not pinned else {})
             if cfg.on_shape_done is not None:
                 with run.phase("write"):
-                    write_results(cfg.out, rows)  # a finished shape is on disk before it is reported
+                    write_results(cfg.out, rows, run.csv)  # a finished shape is on disk before it is reported
                 cfg.on_shape_done(shape, time.perf_counter() - t_shape)
     except KeyboardInterrupt as exc:
         interrupted = exc
@@ -706,7 +720,7 @@ def _sweep_shape(run: Sweeping, shape, todo: list[int], tune_info: dict[str, tup
             hopeless.setdefault(name, reason)
         if time.perf_counter() - run.last_write >= cfg.write_every_s:
             with run.phase("write"):
-                write_results(cfg.out, run.rows)
+                write_results(cfg.out, run.rows, run.csv)
             run.last_write = time.perf_counter()
         bar.update(1)
 
@@ -714,7 +728,7 @@ def _sweep_shape(run: Sweeping, shape, todo: list[int], tune_info: dict[str, tup
 def _finish(run: Sweeping, pinned, wall: float, interrupted: BaseException | None) -> None:
     """The last writes of a sweep (results, parquet, tactics, run.json), also after an interrupt."""
     cfg, rows, info, phase, clock, fns = run.cfg, run.rows, run.info, run.phase, run.clock, run.fns
-    write_results(cfg.out, rows)
+    write_results(cfg.out, rows, run.csv)
     phases = phase.rounded()
     phases["cupti_drain (inside replay)"] = round(clock.drain_s, 2)
     info.update(status="interrupted" if interrupted else "complete", wall_s=round(wall, 1), phase_s=phases,
@@ -776,6 +790,13 @@ def dry_run(cfg: SweepConfig) -> str:
     est = measured * SECONDS_PER_CELL + tunings * SECONDS_PER_TUNING
     if cfg.autotune_cache is not None:
         lines.append(f"  tactics served from {cfg.autotune_cache} (no tuning; --tune tunes afresh)")
+    if any(p.name in (GEMV, DISPATCH) for p in cfg.paths):
+        table = cfg.table if cfg.table is not None else _profile_table(cfg.profile)
+        served = getattr(table, "gemv_configs", None)
+        lines.append("  GEMV configurations tuned per cell" if gemv_tuning(cfg, cfg.autotune_cache, table) else
+                     f"  GEMV configurations served from {served} (a cell it lacks tuned for the GEMV's own row)"
+                     if served is not None and Path(served).is_file() else
+                     "  GEMV configurations: none to serve; tuned per cell for the GEMV's own row")
     lines.append(f"  {measured} cells to measure, {tunings} (shape, path) tunings; estimated {est / 60:.1f} min "
                  f"(at the committed H200 sweep's rate; another GPU differs)")
     return "\n".join(lines)

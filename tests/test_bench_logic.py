@@ -130,6 +130,22 @@ def test_results_roundtrip_and_resume(tmp_path):
     assert not list(tmp_path.glob(".results.csv.*"))  # no temp file left behind
 
 
+def test_results_written_as_they_grow_match_a_full_rewrite(tmp_path):
+    """A sweep rewrites results.csv as cells finish, formatting each row once (CsvLines): every write reads back
+    as the whole list written afresh, resumed rows included; a list that shrank is refused, not half-written."""
+    from bench.results import CsvLines, rows_to_csv
+    kept = [_row(64, 2048, 1, "aten", tags=("a", "b"), tune_s=None)]
+    write_results(tmp_path, kept)
+    rows, lines = done_keys(tmp_path)[0], CsvLines()
+    for m in (8, 16, 32):
+        rows += [_row(64, 2048, m, "aten", gpu_us=1.0 / 3), _row(64, 2048, m, "triton:gemv", status="skipped")]
+        write_results(tmp_path, rows, lines)
+        assert (tmp_path / "results.csv").read_text() == rows_to_csv(rows)
+    assert len(lines.lines) == len(rows) == 7
+    with pytest.raises(ValueError, match="only grows"):
+        lines.text(rows[:2])
+
+
 def test_replay_pass_survives_the_table_and_an_older_run_gets_one_at_load(tmp_path):
     """A row's pass token reads back as the string written (never a number); a run recorded before the column gets
     the passes its timing implied (bench.results.legacy_passes)."""
@@ -734,3 +750,27 @@ def test_a_table_whose_tactics_lack_a_cell_is_tuned_afresh_and_says_so(capsys):
     assert table_tactics(args, PROFILES["h200"], table, lacking, ["aten", "flashinfer-lean:cublaslt"]) is None
     said = capsys.readouterr().err.strip().splitlines()
     assert len(said) == 1 and "lack 1 cell(s)" in said[0] and "7x2048 M=16" in said[0] and "afresh" in said[0]
+    assert "GEMV" not in said[0]  # this table names no GEMV configurations
+    gemv_file = tactics.with_name("h200.autotune.gemv.json")
+    with_gemv = SimpleNamespace(tactics=tactics, gemv_configs=gemv_file)
+    assert table_tactics(args, PROFILES["h200"], with_gemv, lacking, ["aten", "flashinfer-lean:cublaslt"]) is None
+    said = capsys.readouterr().err.strip().splitlines()
+    assert len(said) == 1 and "the GEMV serves the table's configurations" in said[0]
+
+
+def test_a_run_that_tunes_flashinfer_for_want_of_tactics_serves_the_tables_gemv(tmp_path):
+    """The GEMV tunes afresh with --tune (tune_gemv), or where there is nothing to serve; never where tactics are
+    served or nothing tunes."""
+    from types import SimpleNamespace
+
+    from bench.sweep import SweepConfig, gemv_tuning
+    served = tmp_path / "t.autotune.gemv.json"
+    served.write_text("{}")
+    table, bare = SimpleNamespace(gemv_configs=served), SimpleNamespace(gemv_configs=tmp_path / "none.json")
+    cfg = SweepConfig(get_profile("h200"), [], [1], [], tmp_path, tune_gemv=False)
+    assert not gemv_tuning(cfg, None, table)  # FlashInfer tunes for want of cells; the GEMV serves
+    assert gemv_tuning(cfg, None, bare) and gemv_tuning(cfg, None, None)  # nothing to serve: tuned
+    explicit = SweepConfig(get_profile("h200"), [], [1], [], tmp_path, tune_gemv=True)
+    assert gemv_tuning(explicit, None, table)  # --tune
+    assert not gemv_tuning(explicit, {"file": "served"}, table)  # tactics served: their GEMV file too
+    assert not gemv_tuning(SweepConfig(get_profile("h200"), [], [1], [], tmp_path, tune=False), None, table)

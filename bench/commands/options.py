@@ -90,9 +90,12 @@ def table_tactics(args, profile, table, cells: list[tuple[int, int, int]], paths
     missing = autotune_cache.missing(tactics, tuned)
     if missing:
         shown = ", ".join(f"{n}x{k} M={m}" for n, k, m in missing[:3]) + (", ..." if len(missing) > 3 else "")
+        gemv_file = getattr(table, "gemv_configs", None)
+        gemv_note = ("; the GEMV serves the table's configurations (--tune tunes both)"
+                     if gemv_file is not None and Path(gemv_file).is_file() else "")
         print(f"bench: the table's tactics ({tactics}) lack {len(missing)} cell(s) this run tunes ({shown}): "
-              f"tuning every cell afresh (--autotune-cache {tactics} serves them, FlashInfer's default tactic "
-              f"where one is missing)", file=terminal(), flush=True)
+              f"tuning FlashInfer afresh (--autotune-cache {tactics} serves them, FlashInfer's default tactic "
+              f"where one is missing){gemv_note}", file=terminal(), flush=True)
         return None
     return tactics
 
