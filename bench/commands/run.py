@@ -122,7 +122,7 @@ def run(args, profile, command: list[str], tokens: int | None) -> int:
     cfg = SweepConfig(profile=profile, shapes=shapes, ms=ms, paths=paths, cells=cells,
                       out=output_dir(args.out, "--out"), timer=args.timer, samples=args.samples, l2=args.l2,
                       resume=args.resume, allow_mismatch=args.allow_mismatch, tune=not args.no_tune, tune_all=args.tune_all,
-                      tune_gemv=args.tune,
+                      tune_gemv=bool(args.tune or args.save_autotune_cache),
                       autotune_cache=served(args, profile, table, [(s.n, s.k, m) for s in shapes
                                                              for m in (cells[s.name] if cells else ms)],
                                              [p.name for p in paths]),
