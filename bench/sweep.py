@@ -78,7 +78,7 @@ class SweepConfig:
     tune_all: bool = False
     # A run that tunes FlashInfer (tune, no tactics served) tunes the GEMV too, unless this is off and the table it
     # runs has GEMV configurations to serve: bench run tunes FlashInfer for want of tactics cells, but the GEMV only
-    # with --tune (the dispatcher runs the table's configurations, and tuning them is most of a fresh machine's run).
+    # with --tune (the dispatcher runs the table's configurations, and tuning compiles every candidate per cell).
     tune_gemv: bool = True
     autotune_cache: Path | None = None  # FlashInfer tactics to serve (an existing file): no tuning in this run
     save_autotune_cache: Path | None = None  # where to write the tactics this run tuned (besides <out>/autotune-cache.json)
@@ -566,9 +566,15 @@ def serve_gemv(tuning: bool, table: Any) -> None:
     as it runs this run's FlashInfer tactics); one that serves a tactics file serves the GEMV file beside it, else
     those of the table its dispatch path runs. Called after the tactics are loaded."""
     gemv.STORE.tuning = tuning
-    path = getattr(table, "gemv_configs", None)
-    if not tuning and not gemv.STORE.files and path is not None and Path(path).is_file():
+    path = table_gemv_file(table)
+    if not tuning and not gemv.STORE.files and path is not None:
         gemv.load(path)
+
+
+def table_gemv_file(table: Any) -> Path | None:
+    """The GEMV configuration file `table` names, where it exists (None: a table without one, or no table)."""
+    path = getattr(table, "gemv_configs", None)
+    return Path(path) if path is not None and Path(path).is_file() else None
 
 
 def gemv_tuning(cfg: SweepConfig, pinned: Any, table: Any) -> bool:
@@ -576,8 +582,7 @@ def gemv_tuning(cfg: SweepConfig, pinned: Any, table: Any) -> bool:
     GEMV configurations to serve (bench run says so in its line on the tactics)."""
     if not cfg.tune or pinned:
         return False
-    path = getattr(table, "gemv_configs", None)
-    return cfg.tune_gemv or path is None or not Path(path).is_file()
+    return cfg.tune_gemv or table_gemv_file(table) is None
 
 
 def build_paths(paths: list[GemmPath], sm: int, pdl: bool) -> dict[str, Any]:
@@ -792,11 +797,13 @@ def dry_run(cfg: SweepConfig) -> str:
         lines.append(f"  tactics served from {cfg.autotune_cache} (no tuning; --tune tunes afresh)")
     if any(p.name in (GEMV, DISPATCH) for p in cfg.paths):
         table = cfg.table if cfg.table is not None else _profile_table(cfg.profile)
-        served = getattr(table, "gemv_configs", None)
-        lines.append("  GEMV configurations tuned per cell" if gemv_tuning(cfg, cfg.autotune_cache, table) else
-                     f"  GEMV configurations served from {served} (a cell it lacks tuned for the GEMV's own row)"
-                     if served is not None and Path(served).is_file() else
-                     "  GEMV configurations: none to serve; tuned per cell for the GEMV's own row")
+        served = table_gemv_file(table)
+        if gemv_tuning(cfg, cfg.autotune_cache, table):
+            lines.append("  GEMV configurations tuned per cell")
+        elif served is not None:
+            lines.append(f"  GEMV configurations served from {served} (a cell it lacks tuned for the GEMV's own row)")
+        else:
+            lines.append("  GEMV configurations: none to serve; tuned per cell for the GEMV's own row")
     lines.append(f"  {measured} cells to measure, {tunings} (shape, path) tunings; estimated {est / 60:.1f} min "
                  f"(at the committed H200 sweep's rate; another GPU differs)")
     return "\n".join(lines)

@@ -7,7 +7,7 @@ from pathlib import Path
 from bench import autotune_cache
 from bench.multi import parse_devices
 from bench.results import done_keys
-from bench.sweep import SweepConfig
+from bench.sweep import SweepConfig, table_gemv_file
 from dispatch.backends import ATEN
 from dispatch.table import ThresholdTable, check_files, load_table, shipped_table
 from harness.cli import int_in
@@ -90,9 +90,8 @@ def table_tactics(args, profile, table, cells: list[tuple[int, int, int]], paths
     missing = autotune_cache.missing(tactics, tuned)
     if missing:
         shown = ", ".join(f"{n}x{k} M={m}" for n, k, m in missing[:3]) + (", ..." if len(missing) > 3 else "")
-        gemv_file = getattr(table, "gemv_configs", None)
         gemv_note = ("; the GEMV serves the table's configurations (--tune tunes both)"
-                     if gemv_file is not None and Path(gemv_file).is_file() else "")
+                     if table_gemv_file(table) is not None else "")
         print(f"bench: the table's tactics ({tactics}) lack {len(missing)} cell(s) this run tunes ({shown}): "
               f"tuning FlashInfer afresh (--autotune-cache {tactics} serves them, FlashInfer's default tactic "
               f"where one is missing){gemv_note}", file=terminal(), flush=True)
