@@ -116,13 +116,19 @@ def _shape_of(key: str) -> tuple[str, int, int, int] | None:
 
 def missing(path: Path, cells: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
     """The (N, K, M) cells for which the file holds no bf16_gemm entry of any runner."""
+    held = held_cells(path)
+    return [cell for cell in cells if cell not in held]
+
+
+def held_cells(path: Path) -> set[tuple[int, int, int]]:
+    """The (N, K, M) cells for which the file holds a bf16_gemm entry of some runner."""
     held = set()
     for key in read_entries(path):
         shape = _shape_of(key)
         if shape is not None:
             _, m, k, n = shape
             held.add((n, k, m))
-    return [cell for cell in cells if cell not in held]
+    return held
 
 
 def tactic_differences(own: Path, other: Path, cells: list[tuple[int, int, int]]

@@ -734,7 +734,7 @@ def test_a_public_flashinfer_call_is_timed_only_where_the_flashinfer_alone_compa
     assert timed(wide, 8, how=Skips(90, "cupti")) == set(names)
 
 
-def test_a_table_whose_tactics_lack_a_cell_is_tuned_afresh_and_says_so(capsys):
+def test_a_table_whose_tactics_lack_a_shape_is_tuned_afresh_and_says_so(capsys):
     from argparse import Namespace
     from types import SimpleNamespace
 
@@ -749,13 +749,47 @@ def test_a_table_whose_tactics_lack_a_cell_is_tuned_afresh_and_says_so(capsys):
     lacking = covered + [(7, 2048, 16)]  # no catalog shape: no tactic for it
     assert table_tactics(args, PROFILES["h200"], table, lacking, ["aten", "flashinfer-lean:cublaslt"]) is None
     said = capsys.readouterr().err.strip().splitlines()
-    assert len(said) == 1 and "lack 1 cell(s)" in said[0] and "7x2048 M=16" in said[0] and "afresh" in said[0]
+    assert len(said) == 1 and "1 cell(s)" in said[0] and "7x2048 M=16" in said[0] and "afresh" in said[0]
     assert "GEMV" not in said[0]  # this table names no GEMV configurations
     gemv_file = tactics.with_name("h200.autotune.gemv.json")
     with_gemv = SimpleNamespace(tactics=tactics, gemv_configs=gemv_file)
     assert table_tactics(args, PROFILES["h200"], with_gemv, lacking, ["aten", "flashinfer-lean:cublaslt"]) is None
     said = capsys.readouterr().err.strip().splitlines()
     assert len(said) == 1 and "the GEMV serves the table's configurations" in said[0]
+
+
+def test_a_cell_the_tactics_lack_of_a_shape_they_hold_runs_the_default_tactic_as_dispatch_does(tmp_path, capsys):
+    """FlashInfer's tuning can leave a held shape's large M without an entry: the run serves the file as the
+    dispatcher does (FlashInfer's default tactic there), says so once, and does not tune."""
+    from argparse import Namespace
+    from types import SimpleNamespace
+
+    from bench import autotune_cache
+    from bench.commands.options import table_tactics
+    from dispatch.profiles import PROFILES
+    shipped = Path(__file__).resolve().parents[1] / "dispatch" / "thresholds" / "h200.autotune.json"
+    entries = autotune_cache.read_entries(shipped)
+    # the shipped file without its 2560 x 4096 entry at M = 16384
+    gone = [key for key in entries if "((16384, 4096), (4096, 2560)," in key]
+    assert gone
+    doc = json.loads(shipped.read_text())
+    for key in gone:
+        doc.pop(key)
+    tactics = tmp_path / "t.autotune.json"
+    tactics.write_text(json.dumps(doc))
+    assert autotune_cache.missing(tactics, [(2560, 4096, 16384)]) == [(2560, 4096, 16384)]
+    args = Namespace(tune=False, no_tune=False, save_autotune_cache=None, tuning="grid")
+    cells = [(2560, 4096, 16), (2560, 4096, 16384)]
+    assert table_tactics(args, PROFILES["h200"], SimpleNamespace(tactics=tactics), cells,
+                         ["aten", "flashinfer-lean:cublaslt"]) == tactics
+    said = capsys.readouterr().err.strip().splitlines()
+    assert len(said) == 1 and "2560x4096 M=16384" in said[0] and "default tactic" in said[0]
+    assert "tuning FlashInfer afresh" not in said[0]
+    # a shape the file lacks beside it still tunes, and the line names that shape
+    assert table_tactics(args, PROFILES["h200"], SimpleNamespace(tactics=tactics), cells + [(7, 2048, 16)],
+                         ["aten", "flashinfer-lean:cublaslt"]) is None
+    said = capsys.readouterr().err.strip().splitlines()
+    assert len(said) == 1 and "7x2048 M=16" in said[0] and "2560x4096" not in said[0] and "tuning FlashInfer afresh" in said[0]
 
 
 def test_a_run_that_tunes_flashinfer_for_want_of_tactics_serves_the_tables_gemv(tmp_path):

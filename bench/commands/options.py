@@ -74,7 +74,9 @@ def served(args, profile, table, cells: list[tuple[int, int, int]], paths: list[
 
 def table_tactics(args, profile, table, cells: list[tuple[int, int, int]], paths: list[str]) -> Path | None:
     """The default of _served: the tactics file of `table` (the run's --table; None: the profile's table), or None
-    (tune) where the run tunes by its options, runs no FlashInfer path, or the file lacks a cell the run would tune."""
+    (tune) where the run tunes by its options, runs no FlashInfer path, or the file never tuned a shape or a bucket M
+    the run would tune (a cell its tuning left without an entry runs FlashInfer's default tactic, as the dispatcher
+    does)."""
     if (args.tune or args.no_tune or args.save_autotune_cache or getattr(args, "tuning", "grid") == "vllm"
             or all(name == ATEN for name in paths)):
         return None
@@ -88,15 +90,31 @@ def table_tactics(args, profile, table, cells: list[tuple[int, int, int]], paths
     buckets = set(hybrid_buckets())
     tuned = sorted({cell for cell in cells if cell[2] in buckets})
     missing = autotune_cache.missing(tactics, tuned)
-    if missing:
-        shown = ", ".join(f"{n}x{k} M={m}" for n, k, m in missing[:3]) + (", ..." if len(missing) > 3 else "")
-        gemv_note = ("; the GEMV serves the table's configurations (--tune tunes both)"
-                     if table_gemv_file(table) is not None else "")
-        print(f"bench: the table's tactics ({tactics}) lack {len(missing)} cell(s) this run tunes ({shown}): "
-              f"tuning FlashInfer afresh (--autotune-cache {tactics} serves them, FlashInfer's default tactic "
-              f"where one is missing){gemv_note}", file=terminal(), flush=True)
-        return None
-    return tactics
+    if not missing:
+        return tactics
+    # a cell of a shape and an M the file holds elsewhere: the table's tuning ran there and left no entry
+    held = autotune_cache.held_cells(tactics)
+    shapes, ms = {(n, k) for n, k, _ in held}, {m for _, _, m in held}
+    unheld = [cell for cell in missing if cell[:2] not in shapes or cell[2] not in ms]
+    shown = _cells_shown(unheld or missing)
+    if not unheld:
+        # FlashInfer's tuning for the table left these cells without an entry (a tuning that failed at a large M):
+        # the dispatcher runs FlashInfer's default tactic there, and so does this run; tuning afresh would measure
+        # other tactics than the table's everywhere else
+        print(f"bench: the table's tactics ({tactics}) lack {len(missing)} cell(s) their tuning left without an "
+              f"entry ({shown}): FlashInfer's default tactic runs there, as in the dispatcher (--tune tunes "
+              f"afresh)", file=terminal(), flush=True)
+        return tactics
+    gemv_note = ("; the GEMV serves the table's configurations (--tune tunes both)"
+                 if table_gemv_file(table) is not None else "")
+    print(f"bench: the table's tactics ({tactics}) lack {len(unheld)} cell(s) this run tunes, of shapes "
+          f"or M they never tuned ({shown}): tuning FlashInfer afresh (--autotune-cache {tactics} serves them, "
+          f"FlashInfer's default tactic where one is missing){gemv_note}", file=terminal(), flush=True)
+    return None
+
+
+def _cells_shown(cells: list[tuple[int, int, int]]) -> str:
+    return ", ".join(f"{n}x{k} M={m}" for n, k, m in cells[:3]) + (", ..." if len(cells) > 3 else "")
 
 
 def saved(args) -> Path | None:
