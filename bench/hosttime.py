@@ -8,7 +8,7 @@ import time
 from typing import Any, Callable
 
 from bench.gpu import sleep_cycles_per_us
-from bench.stats import summary
+from bench.stats import quantile, summary
 
 MIN_CALLS = 3  # the fewest calls in a block sized by time (time_blocks' block_us)
 
@@ -55,7 +55,7 @@ def time_blocks(layers: dict[str, Callable[[], Any]], calls: int, rounds: int,
                     times.append(time.perf_counter_ns() - t0)
                 if after_block is not None and not after_block(token):
                     protected[n] = False
-                per_round[n].append(summary([t / 1e3 for t in times])[0])
+                per_round[n].append(quantile([t / 1e3 for t in times], 0.5))
     finally:
         if gc_on:
             gc.enable()

@@ -32,11 +32,27 @@ def test_calls_per_graph_covers_every_copy():
 
 
 def test_quantiles_match_numpy():
+    """The pure-Python quantile is numpy's linear method: over samples of every size a sweep takes, ties, negative
+    values, the bounds and NaN; bad input is refused as numpy refuses it."""
+    import math
+    import random
     np = pytest.importorskip("numpy")
     xs = [5.0, 1.0, 3.0, 9.0, 7.0, 2.0]
     for q in (0.2, 0.5, 0.8):
         assert quantile(xs, q) == pytest.approx(float(np.quantile(xs, q)))
     assert summary([1.0, 2.0, 3.0]) == (2.0, pytest.approx(1.4), pytest.approx(2.6))
+    rng = random.Random(7)
+    for _ in range(2000):
+        sample = [rng.choice((rng.uniform(0, 1e4), rng.uniform(-10, 10), float(rng.randint(0, 3))))
+                  for _ in range(rng.randint(1, 40))]
+        for q in (0.0, 0.05, 0.2, 0.5, 0.8, 0.95, 1.0, rng.random()):
+            assert math.isclose(quantile(sample, q), float(np.quantile(sample, q)), rel_tol=1e-12, abs_tol=1e-12)
+        assert summary(sample) == tuple(quantile(sample, q) for q in (0.5, 0.2, 0.8))
+    assert math.isnan(quantile([1.0, float("nan"), 2.0], 0.5))
+    assert quantile((4, 2), 0.5) == 3.0  # ints and tuples, as numpy takes them
+    for bad, q in (([], 0.5), ([1.0], 1.5), ([1.0], -0.1)):
+        with pytest.raises(ValueError):
+            quantile(bad, q)
 
 
 def _fake_replays(per_call, calls, windows, gap=1000, dur=500, extra=None):
