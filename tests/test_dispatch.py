@@ -1237,6 +1237,25 @@ def test_paths_timed_side_by_side_pair_over_the_rounds_both_ran():
             apart.gpu(8192, 2048, 16384, "flashinfer-lean:cublaslt"))
 
 
+def test_the_forward_veto_asks_the_cells_side_by_side_not_by_unpaired_medians():
+    """A forward measured a path slower than all-aten; the fit vetoes it unless the cells say it is no slower. A
+    path 0.97x F.linear in every round both ran, whose later rounds ran on into a clock fall, has the larger median:
+    side by side the cells say no slower (the veto is left to them); timed in other passes, its median speaks."""
+    from calibrate.commands.fit import _cells_say_no_slower
+    fast = [745.0 * (1 + d) for d in (-0.001, 0.0, 0.001, 0.0005, -0.0005)]
+    path = [x * 0.97 for x in fast] + [820.0 * 0.97] * 5
+    uses = [(8192, 2048, 10)]
+    for passes, no_slower in ((("p1", "p1"), True), (("p1", "p2"), False)):
+        rows = [{"n": 8192, "k": 2048, "m": 16384, "path": p, "status": "ok", "gpu_us": float(np.median(s)),
+                 "host_us": 20.0, "gpu_samples_us": ";".join(f"{x:.3f}" for x in s), "tp": 1, "in_cuda_graph": True,
+                 "replay_pass": rp}
+                for p, s, rp in (("aten", fast, passes[0]), ("flashinfer-lean:cublaslt", path, passes[1]))]
+        cells = Cells.from_results(pd.DataFrame(rows))
+        assert cells.gpu(8192, 2048, 16384, "flashinfer-lean:cublaslt") > cells.gpu(8192, 2048, 16384, "aten")
+        assert _cells_say_no_slower(cells, uses, 16384, "flashinfer-lean:cublaslt", "graph") is no_slower
+        assert _cells_say_no_slower(cells, uses, 16384, "flashinfer-lean:cublaslt", "eager") is no_slower
+
+
 def test_the_per_forward_sum_charges_each_path_for_the_rounds_it_shared_with_f_linear():
     """validate's cell-sum: a table running the path that ran on into a clock fall costs 0.92x F.linear's forward
     (the rounds both ran), not the ratio of its median over ten rounds, five of them slow, to F.linear's over five

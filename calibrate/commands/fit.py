@@ -220,12 +220,14 @@ def _fit_cmd(args, argv, profile, df, info, cells) -> int:
 
 def _cells_say_no_slower(cells: Cells, uses: list[tuple[int, int, int]], m: int, path: str, regime: str) -> bool:
     """Whether a model's cells at M, count-weighted, put a single path at or below all-aten's cost: the graph regime
-    by GPU time, eager by max(host, GPU) per call. False where the path or F.linear is not measured at every one of
-    them (a sweep leaves out a path far slower at a smaller M: the cells cannot speak for the forward)."""
+    by GPU time, eager by max(host, GPU) per call, each path's GPU time as compared side by side with F.linear's
+    (Cells.gpu_beside_aten: the rounds both ran, as the cell-sum of validate charges it). False where the path or
+    F.linear is not measured at every one of them (a sweep leaves out a path far slower at a smaller M: the cells
+    cannot speak for the forward)."""
     if not uses or not all(cells.has(n, k, m, ATEN) and cells.has(n, k, m, path) for n, k, _ in uses):
         return False
     aten = sum(c * cells.cost(n, k, m, ATEN, regime) for n, k, c in uses)
-    single = sum(c * cells.cost(n, k, m, path, regime) for n, k, c in uses)
+    single = sum(c * cells.cost(n, k, m, path, regime, beside_aten=True) for n, k, c in uses)
     return single <= aten
 
 
