@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Protocol
 
-from bench.paths import ATEN, DISPATCH, GEMV, GEMV_PDL, PATHS, TUNED_CUBLASLT, low_m_path, vllm_op_path
+from bench.paths import ATEN, DISPATCH, GEMV, GEMV_PDL, GEMV_PLAIN, PATHS, TUNED_CUBLASLT, low_m_path, vllm_op_path
 from dispatch import vllm
 from dispatch.profiles import GpuProfile
 from harness.errors import HarnessError
@@ -28,12 +28,15 @@ DISPATCH_PYTHON = "dispatch-python"
 # table-direct with every GEMV call a programmatic dependent launch (dispatch/gemv.py): what PDL gives the GEMV in a
 # forward, where consecutive linears may overlap
 TABLE_PDL = "table-pdl"
+# table-direct with every GEMV call launched plainly, whatever its configuration says: beside the dispatcher, which
+# launches each as its configuration says, what the tuner's PDL choices give a captured forward
+TABLE_PLAIN = "table-plain"
 # table-direct over the forward with each group of sibling linears as one GEMM (shapes/siblings.py): what fusing
 # them would give; a measurement, not something the dispatcher does
 FUSED_SIBLINGS = "fused-siblings"
 VLLM_FUSED = "vllm-fused"  # vLLM default's F.linear over the fused forward: what fusing the siblings gives vLLM
 FUSED_RULES = (FUSED_SIBLINGS, VLLM_FUSED)  # the rules that run the forward with its siblings fused
-TABLE_DIRECT_RULES = (TABLE_DIRECT, TABLE_PDL, FUSED_SIBLINGS)  # the table's choices called directly, per regime
+TABLE_DIRECT_RULES = (TABLE_DIRECT, TABLE_PDL, TABLE_PLAIN, FUSED_SIBLINGS)  # the table's choices called directly, per regime
 NOT_SINGLE_PATHS = (*TABLE_DIRECT_RULES, DISPATCH_PYTHON)  # the dispatcher's twins: never the best single path
 BOUND_LAYER_RULES = (DISPATCH, DISPATCH_PYTHON)  # the dispatcher bound per layer (dispatch.bind)
 DISPATCHER_RULES = (DISPATCH, *NOT_SINGLE_PATHS)  # every rule that runs the table's choices
@@ -54,8 +57,11 @@ RULES = {
               "capturing, eager ranges otherwise; lm_head F.linear",
     TABLE_DIRECT: "the committed table's graph and eager choices called directly, without the bound layer: the "
                   "dispatcher's choices at no per-call cost (dispatch over it is the bound layer's own cost)",
-    TABLE_PDL: "table-direct with the GEMV's calls launched as programmatic dependent launches, each one's first "
-               "weight loads overlapping the kernel before it (a measurement: the dispatcher launches the GEMV plainly)",
+    TABLE_PDL: "table-direct with every GEMV call launched as a programmatic dependent launch, each one's first "
+               "weight loads overlapping the kernel before it (a measurement: the dispatcher launches each as its "
+               "configuration says)",
+    TABLE_PLAIN: "table-direct with every GEMV call launched plainly (a measurement: beside dispatch, which launches "
+                 "each as its configuration says, what the tuner's PDL choices give a captured forward)",
     FUSED_SIBLINGS: "table-direct with the linears of a block that read one input as one GEMM over their "
                     "concatenated weights (in_proj_qkvz + in_proj_ba; shared-expert gate_up + router gate + "
                     "shared-expert gate), each running the table's choice for its largest member where that kernel takes "
@@ -174,7 +180,8 @@ def path_for(rule: str, linear: ForwardLinear, m: int, target: Target, regime: s
             raise HarnessError(f"the {rule} path needs a threshold table for this GPU; fit one with python -m calibrate fit")
         n, k = linear.lead if isinstance(linear, FusedLinear) else (linear.n, linear.k)
         chosen = table.choose(n, k, m, regime)
-        chosen = GEMV_PDL if rule == TABLE_PDL and chosen == GEMV else chosen
+        if chosen == GEMV:
+            chosen = {TABLE_PDL: GEMV_PDL, TABLE_PLAIN: GEMV_PLAIN}.get(rule, GEMV)
         if isinstance(linear, FusedLinear) and chosen != ATEN and not runnable(chosen, sm, linear, m):
             # the largest member's kernel cannot take the fused shape (TinyGEMM's N % 16): the GEMV where it can
             chosen = GEMV

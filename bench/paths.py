@@ -30,6 +30,7 @@ from harness.errors import HarnessError
 
 LinearFn = Callable[[Any, Any], Any]
 GEMV_PDL = "triton:gemv-pdl"  # the GEMV launched with PDL: a forward measurement (table-pdl), not a table's choice
+GEMV_PLAIN = "triton:gemv-plain"  # the GEMV launched without PDL: a forward measurement (table-plain)
 
 
 ROLES = ("baseline", "low-m", "candidate", "dispatcher")
@@ -111,11 +112,15 @@ def _vllm_op(backend: str) -> Callable[[bool], LinearFn]:
 
 
 def _gemv(pdl: bool) -> LinearFn:
-    return GemvCall(tune=True)  # no pdl: a plain Triton launch
+    return GemvCall(tune=True)  # each launch with PDL where its configuration says so, as the dispatcher's
 
 
 def _gemv_pdl(pdl: bool) -> LinearFn:
     return GemvCall(tune=True, pdl=True)
+
+
+def _gemv_plain(pdl: bool) -> LinearFn:
+    return GemvCall(tune=True, pdl=False)
 
 
 def _dispatch(pdl: bool) -> LinearFn:
@@ -162,6 +167,9 @@ PATHS: dict[str, GemmPath] = {p.name: p for p in (
     GemmPath(GEMV_PDL, _gemv_pdl, "candidate", max_m=16, kernel=GEMV_KERNEL,
              note="the GEMV with each call a programmatic dependent launch: its first weight loads overlap the kernel "
                   "before it (SM90 and newer); measured in forwards (table-pdl), never chosen by a table"),
+    GemmPath(GEMV_PLAIN, _gemv_plain, "candidate", max_m=16, kernel=GEMV_KERNEL,
+             note="the GEMV with every call launched plainly, whatever its configuration says: measured in forwards "
+                  "(table-plain, beside the dispatcher's PDL choices), never chosen by a table"),
     GemmPath(DISPATCH, _dispatch, "dispatcher", note="dispatch.linear: its table's path for the shape, M and regime "
                                                      "(graph while capturing, eager otherwise)"),
 )}

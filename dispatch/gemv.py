@@ -162,11 +162,11 @@ def workspace_for(n: int, config: GemvConfig, device: Any) -> tuple[Any, Any]:
             torch.zeros(tiles, device=device, dtype=torch.int32))
 
 
-def launch(fn: Any, x: Any, w: Any, y: Any, space: tuple[Any, Any], c: GemvConfig, pdl: bool = False) -> None:
-    """One GEMV launch of configuration c into y (x [M, K], w [N, K], y [M, N]; space from workspace_for); pdl (or
-    the configuration's own): as a programmatic dependent launch (SM90 and newer), its weight loads overlapping the
-    kernel before it."""
-    pdl = pdl or c.pdl
+def launch(fn: Any, x: Any, w: Any, y: Any, space: tuple[Any, Any], c: GemvConfig, pdl: bool | None = None) -> None:
+    """One GEMV launch of configuration c into y (x [M, K], w [N, K], y [M, N]; space from workspace_for); as a
+    programmatic dependent launch (SM90 and newer, its weight loads overlapping the kernel before it) where pdl says
+    so, or, pdl None, where the configuration does."""
+    pdl = c.pdl if pdl is None else pdl
     m, k = x.shape
     n = w.shape[0]
     k_per = -(-(-(-k // c.split_k)) // c.block_k) * c.block_k
@@ -388,15 +388,16 @@ class GemvCall:
     """(x, w, bias=None) -> y and .into(x, w, out) for any weight: the dispatcher's and the benchmark's call.
     tune=True (the benchmark) tunes an (N, K, M) the store lacks on first use (tune_for does it with rotated copies);
     tune=False (the dispatcher) takes pinned() and runs F.linear where the shape has no configuration, an M above
-    MAX_M, or a bias; pdl=True launches each call as a programmatic dependent launch. A split configuration's
+    MAX_M, or a bias; pdl None launches each call as its configuration says, True every call as a programmatic
+    dependent launch, False every call plainly. A split configuration's
     workspace is per (device, stream, N, configuration): made ahead by prepare (at bind time), or at the first eager
     call on any stream, for that stream and the streams a capture may use (capture_streams); a capture on a stream
     without one runs F.linear there (memory allocated while capturing would belong to that graph) and says so once.
     The Gemv of a call is made afresh (host work only): keeping one per weight would keep every weight alive."""
 
-    def __init__(self, tune: bool = False, pdl: bool = False):
+    def __init__(self, tune: bool = False, pdl: bool | None = None):
         self.tune = tune
-        self.pdl = pdl  # each launch a programmatic dependent launch (launch())
+        self.pdl = pdl  # True / False: every launch with / without PDL; None: as the configuration says (launch())
         self.workspaces: dict[tuple[int, int, int, GemvConfig], tuple[Any, Any]] = {}  # (device, stream, N, config)
         self.plans: dict[tuple[int, int, int, int], GemvConfig] = {}  # (device, N, K, M), at one STORE.version
         self.version = STORE.version
@@ -434,10 +435,10 @@ class GemvCall:
         return round(self.tune_for(weights, xs)[1], 3)
 
     def launches_pdl(self, n: int, k: int, m: int) -> bool:
-        """Whether a call at (N, K, M) launches with PDL: this call's pdl, or its configuration's (False where it runs
-        F.linear)."""
+        """Whether a call at (N, K, M) launches with PDL: this call's pdl where set, else its configuration's (False
+        where it runs F.linear)."""
         cfg = self.config(n, k, m)
-        return cfg is not None and (self.pdl or cfg.pdl)
+        return cfg is not None and (cfg.pdl if self.pdl is None else self.pdl)
 
     def choice_key(self, w: Any, x: Any) -> str:
         """The configuration's name a call runs (the results' fi_tactic), or F.linear."""

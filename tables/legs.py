@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Callable
 
 from bench.autotune_cache import FILE_NAME
+from bench.forward_paths import TABLE_PLAIN
 from bench.paths import paths_for, unchoosable_reason
 from calibrate.vllm_terms import required_paths
 from dispatch.backends import ATEN, DISPATCH, is_choosable, lean_path
@@ -145,7 +146,10 @@ def legs(run: TableRun, scope=None, machines: int | None = None) -> list[Leg]:
     # single path the fit's forward ran: validate confirms or refutes the fit's vetoes with them, and the forward
     # floor pairs them with the fit's forward at every M
     fit_forward = [ATEN, lean_path(low), lean_path("cublaslt")]
-    check_paths = ",".join(dict.fromkeys([*fit_forward, *required_paths(profile)]))
+    # and the table's choices with every GEMV call launched plainly: beside dispatch (each launched as its
+    # configuration says), what the tuner's PDL choices give the captured forward (calibrate forward-ratio --pairs
+    # dispatch/table-plain)
+    check_paths = ",".join(dict.fromkeys([*fit_forward, *required_paths(profile), TABLE_PLAIN]))
 
     def sweep_leg(name: str, *args: str, skip: str | None = None) -> Leg:
         return Leg(name, "bench", ("run", "--gpu", p, *covers, *args, "--out", str(folder / name)), True, name,

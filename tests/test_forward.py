@@ -91,6 +91,8 @@ def test_forward_rules_on_the_h200():
     assert path_for("table-pdl", lin, 4, Target(90, H200, gemv), "graph") == "triton:gemv-pdl"  # the GEMV with PDL
     assert path_for("table-pdl", lin, 12, Target(90, H200, gemv), "graph") == "flashinfer-lean:tinygemm"  # the rest
     assert path_for("table-pdl", lin, 4, Target(90, H200, gemv), "eager") == "aten"
+    assert path_for("table-plain", lin, 4, Target(90, H200, gemv), "graph") == "triton:gemv-plain"  # no PDL
+    assert path_for("table-plain", lin, 12, Target(90, H200, gemv), "graph") == "flashinfer-lean:tinygemm"
     assert path_for("flashinfer:tinygemm", lin, 8, Target(90, H200, table)) == "flashinfer:tinygemm"  # a registry path...
     assert path_for("flashinfer:tinygemm", head, 8, Target(90, H200, table)) == "aten"  # ...but not on vLLM's LM head
     assert path_for("flashinfer:tinygemm", head, 8, Target(90, H200, table, paths_run_lm_head=True)) == "flashinfer:tinygemm"

@@ -232,9 +232,11 @@ def test_a_configuration_that_launches_with_pdl_is_launched_so(store):
         def stride(self, i):
             return self.shape[1] if i == 0 else 1
     x, w, y = T(1, 4096), T(2560, 4096), T(1, 2560)
-    for cfg, forced, want in ((gemv.GemvConfig(16, 256, 1, 4, 1), False, False),
-                              (gemv.GemvConfig(16, 256, 1, 4, 1, pdl=True), False, True),
-                              (gemv.GemvConfig(16, 256, 1, 4, 1), True, True)):
+    # pdl None: as the configuration says; True or False: every launch so, whatever it says
+    for cfg, forced, want in ((gemv.GemvConfig(16, 256, 1, 4, 1), None, False),
+                              (gemv.GemvConfig(16, 256, 1, 4, 1, pdl=True), None, True),
+                              (gemv.GemvConfig(16, 256, 1, 4, 1), True, True),
+                              (gemv.GemvConfig(16, 256, 1, 4, 1, pdl=True), False, False)):
         gemv.launch(FakeKernel(), x, w, y, (None, None), cfg, forced)
         assert seen[-1][1:] == (want, want)
     store.configs[(2560, 4096, 1)] = gemv.GemvConfig(16, 256, 1, 4, 1, pdl=True)
@@ -243,6 +245,7 @@ def test_a_configuration_that_launches_with_pdl_is_launched_so(store):
     assert call.launches_pdl(2560, 4096, 1) and not call.launches_pdl(2560, 4096, 2)
     assert not call.launches_pdl(2560, 4096, 17)  # F.linear
     assert gemv.GemvCall(tune=False, pdl=True).launches_pdl(2560, 4096, 2)
+    assert not gemv.GemvCall(tune=False, pdl=False).launches_pdl(2560, 4096, 1)  # table-plain's GEMV
 
 
 def test_the_tuner_keeps_pdl_only_where_it_is_faster_beyond_its_margin(monkeypatch):

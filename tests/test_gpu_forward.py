@@ -143,12 +143,14 @@ def test_the_dispatcher_and_table_direct_run_the_same_kernels(short_forward):
 
 def test_fused_siblings_run_fewer_kernels_and_pdl_the_same_ones(tmp_path, gpu_profile, gpu_table):
     """The fused rules run one GEMM per group of siblings (2 decoder layers of the 35B-A3B: 3 linears fewer in each);
-    table-pdl runs table-direct's kernels, launched with PDL; every rule's output matched fp32 before timing."""
+    table-pdl and table-plain run table-direct's kernels, the GEMV's launched with PDL and plainly; every rule's
+    output matched fp32 before timing."""
     import pandas as pd
 
     from bench.forward import ForwardConfig, models_for, run_forward
     cfg = ForwardConfig(profile=gpu_profile, models=models_for(["Qwen3.5-35B-A3B"], None), ms=[1, 8],
-                        rules=["aten", "vllm-fused", "table-direct", "table-pdl", "fused-siblings"], out=tmp_path,
+                        rules=["aten", "vllm-fused", "table-direct", "table-pdl", "table-plain", "fused-siblings"],
+                        out=tmp_path,
                         samples=3, decoder_layers=2)
     run_forward(cfg)
     df = pd.read_csv(tmp_path / "forward.csv", dtype={"kernel_digest": str})
@@ -164,3 +166,6 @@ def test_fused_siblings_run_fewer_kernels_and_pdl_the_same_ones(tmp_path, gpu_pr
         assert g.at[(m, "table-pdl"), "kernels"] == g.at[(m, "table-direct"), "kernels"]
         assert g.at[(m, "table-pdl"), "paths_used"] == g.at[(m, "table-direct"), "paths_used"].replace(
             "triton:gemv", "triton:gemv-pdl")
+        assert g.at[(m, "table-plain"), "kernels"] == g.at[(m, "table-direct"), "kernels"]  # launched plainly
+        assert g.at[(m, "table-plain"), "paths_used"] == g.at[(m, "table-direct"), "paths_used"].replace(
+            "triton:gemv", "triton:gemv-plain")
