@@ -36,7 +36,8 @@ TABLE_PLAIN = "table-plain"
 FUSED_SIBLINGS = "fused-siblings"
 VLLM_FUSED = "vllm-fused"  # vLLM default's F.linear over the fused forward: what fusing the siblings gives vLLM
 FUSED_RULES = (FUSED_SIBLINGS, VLLM_FUSED)  # the rules that run the forward with its siblings fused
-TABLE_DIRECT_RULES = (TABLE_DIRECT, TABLE_PDL, TABLE_PLAIN, FUSED_SIBLINGS)  # the table's choices called directly, per regime
+# the table's choices called directly, per regime
+TABLE_DIRECT_RULES = (TABLE_DIRECT, TABLE_PDL, TABLE_PLAIN, FUSED_SIBLINGS)
 NOT_SINGLE_PATHS = (*TABLE_DIRECT_RULES, DISPATCH_PYTHON)  # the dispatcher's twins: never the best single path
 BOUND_LAYER_RULES = (DISPATCH, DISPATCH_PYTHON)  # the dispatcher bound per layer (dispatch.bind)
 DISPATCHER_RULES = (DISPATCH, *NOT_SINGLE_PATHS)  # every rule that runs the table's choices

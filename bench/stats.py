@@ -9,7 +9,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterator, NamedTuple, Sequence
 
-
 from harness.errors import HarnessError
 
 

@@ -389,10 +389,10 @@ class GemvCall:
     tune=True (the benchmark) tunes an (N, K, M) the store lacks on first use (tune_for does it with rotated copies);
     tune=False (the dispatcher) takes pinned() and runs F.linear where the shape has no configuration, an M above
     MAX_M, or a bias; pdl None launches each call as its configuration says, True every call as a programmatic
-    dependent launch, False every call plainly. A split configuration's
-    workspace is per (device, stream, N, configuration): made ahead by prepare (at bind time), or at the first eager
-    call on any stream, for that stream and the streams a capture may use (capture_streams); a capture on a stream
-    without one runs F.linear there (memory allocated while capturing would belong to that graph) and says so once.
+    dependent launch, False every call plainly. A split configuration's workspace is per (device, stream, N,
+    configuration): made ahead by prepare (at bind time), or at the first eager call on any stream, for that stream
+    and the streams a capture may use (capture_streams); a capture on a stream without one runs F.linear there (memory
+    allocated while capturing would belong to that graph) and says so once.
     The Gemv of a call is made afresh (host work only): keeping one per weight would keep every weight alive."""
 
     def __init__(self, tune: bool = False, pdl: bool | None = None):
