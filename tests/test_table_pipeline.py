@@ -52,6 +52,8 @@ def test_the_legs_and_their_order(tmp_path):
     paths = {name: set(by_name[name][by_name[name].index("--paths") + 1].split(",")) for name in ("forward",
                                                                                                  "check-forward")}
     assert paths["forward"] < paths["check-forward"]  # the check can confirm the fit forward's vetoes
+    # and measures the GEMV's PDL choices: the dispatcher beside its choices with every GEMV call launched plainly
+    assert {"dispatch", "table-plain"} <= paths["check-forward"]
     assert str(tmp_path / "refine") in by_name["fit"]  # the refine cells are fitted with the sweep
     fit = by_name["fit"]  # and every other fitting machine's sweep, each serving the first sweep's tactics
     assert fit[fit.index("--machine") + 1:fit.index("--machine") + 3] == [str(tmp_path / "machine-2"),
