@@ -114,12 +114,6 @@ def _shape_of(key: str) -> tuple[str, int, int, int] | None:
     return hit.group(1), int(hit.group(2)), int(hit.group(3)), int(hit.group(5))
 
 
-def missing(path: Path, cells: list[tuple[int, int, int]]) -> list[tuple[int, int, int]]:
-    """The (N, K, M) cells for which the file holds no bf16_gemm entry of any runner."""
-    held = held_cells(path)
-    return [cell for cell in cells if cell not in held]
-
-
 def held_cells(path: Path) -> set[tuple[int, int, int]]:
     """The (N, K, M) cells for which the file holds a bf16_gemm entry of some runner."""
     held = set()

@@ -30,13 +30,7 @@ STATUSES = ("ok", "failed", "skipped")
 
 
 def rows_to_csv(rows: Iterable[dict[str, Any]], columns: tuple[str, ...] = COLUMNS) -> str:
-    import io
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=columns, extrasaction="raise", lineterminator="\n")
-    writer.writeheader()
-    for row in rows:
-        writer.writerow({c: _fmt(row.get(c)) for c in columns})
-    return buf.getvalue()
+    return CsvLines(columns).text(list(rows))
 
 
 class CsvLines:

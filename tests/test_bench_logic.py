@@ -793,7 +793,7 @@ def test_a_cell_the_tactics_lack_of_a_shape_they_hold_runs_the_default_tactic_as
         doc.pop(key)
     tactics = tmp_path / "t.autotune.json"
     tactics.write_text(json.dumps(doc))
-    assert autotune_cache.missing(tactics, [(2560, 4096, 16384)]) == [(2560, 4096, 16384)]
+    assert (2560, 4096, 16384) not in autotune_cache.held_cells(tactics)
     args = Namespace(tune=False, no_tune=False, save_autotune_cache=None, tuning="grid")
     cells = [(2560, 4096, 16), (2560, 4096, 16384)]
     assert table_tactics(args, PROFILES["h200"], SimpleNamespace(tactics=tactics), cells,

@@ -89,11 +89,11 @@ def table_tactics(args, profile, table, cells: list[tuple[int, int, int]], paths
         return None
     buckets = set(hybrid_buckets())
     tuned = sorted({cell for cell in cells if cell[2] in buckets})
-    missing = autotune_cache.missing(tactics, tuned)
+    held = autotune_cache.held_cells(tactics)
+    missing = [cell for cell in tuned if cell not in held]
     if not missing:
         return tactics
     # a cell of a shape and an M the file holds elsewhere: the table's tuning ran there and left no entry
-    held = autotune_cache.held_cells(tactics)
     shapes, ms = {(n, k) for n, k, _ in held}, {m for _, _, m in held}
     unheld = [cell for cell in missing if cell[:2] not in shapes or cell[2] not in ms]
     shown = _cells_shown(unheld or missing)
