@@ -632,6 +632,7 @@ def run_sweep(cfg: SweepConfig) -> Path:
     dispatch.configure(cfg.table)
     table = cfg.table if cfg.table is not None else _profile_table(cfg.profile)
     serve_gemv(gemv_tuning(cfg, pinned, table), table)
+    ahead = start_ahead(cfg)  # compiles in threads while the run starts and measures its ceilings
     info = _sweep_info(cfg)
     cfg.out.mkdir(parents=True, exist_ok=True)
     rows, done = done_keys(cfg.out) if cfg.resume else ([], set())
@@ -640,7 +641,7 @@ def run_sweep(cfg: SweepConfig) -> Path:
     if pinned:
         info["autotune_cache"] = pinned
     write_run_json(cfg.out, {**info, "status": "running"})
-    run = Sweeping(cfg, clock, PhaseTimer(), build_paths(cfg.paths, sm, cfg.profile.pdl), sm, props.L2_cache_size,
+    run = Sweeping(cfg, clock, PhaseTimer(), {}, sm, props.L2_cache_size,
                    info=info, rows=rows, done=done, bar=_progress(cfg.cell_count(), "bench") if cfg.progress else
                    _Silent(), table=table)
     if cfg.l2 == "flush":
@@ -655,6 +656,9 @@ def run_sweep(cfg: SweepConfig) -> Path:
             with run.phase("ceilings"):
                 info["ceilings"] = {**measure_ceilings(clock, [s.n * s.k * 2 for s in cfg.shapes]),
                                     "nominal_gbps": cfg.profile.hbm_peak_gbps or None}
+        with run.phase("compile wait"):  # what start_ahead has not finished
+            run.fns.update(build_paths(cfg.paths, sm, cfg.profile.pdl))  # the dispatch path waits for its C++ layer
+            info["compiled_ahead"] = ahead.wait()
         for shape in shape_stream(cfg):
             t_shape = time.perf_counter()
             todo = [m for m in cfg.ms_of(shape) if any((shape.n, shape.k, m, p.name) not in done for p in cfg.paths)]
@@ -677,6 +681,32 @@ def run_sweep(cfg: SweepConfig) -> Path:
     if cfg.progress:  # a --devices worker stays quiet: the parent prints one summary
         print_summary(cfg, rows, wall)
     return cfg.out
+
+
+@dataclass
+class Ahead:
+    """What a sweep compiles at its start, in threads, while it measures its ceilings: the dispatcher's C++ layer
+    (where the dispatch path runs and no build exists) and the GEMV kernels its cells will launch with served
+    configurations (where it serves them; a tuning run compiles its candidates as it tunes)."""
+    native: bool = False
+    gemv: Any = None  # gemv_ahead.CompileAhead
+
+    def wait(self) -> dict[str, Any]:
+        """run.json's `compiled_ahead` (the native build is waited for by the dispatch path's first bind)."""
+        done = self.gemv.wait() if self.gemv is not None else None
+        if done and done["failed"]:
+            print(f"bench: {done['failed']} of the GEMV's {done['launches']} kernels did not compile ahead "
+                  f"({done['first_error']}); each compiles at its first call", file=terminal())
+        return {"native_layer": self.native, "gemv": done}
+
+
+def start_ahead(cfg: SweepConfig) -> Ahead:
+    from dispatch import gemv_ahead, native
+    names = {p.name for p in cfg.paths}
+    ahead = Ahead(native=DISPATCH in names and native.build_ahead())
+    if names & {GEMV, DISPATCH} and not gemv.STORE.tuning:
+        ahead.gemv = gemv_ahead.CompileAhead((s.n, s.k, m) for s in cfg.shapes for m in cfg.ms_of(s))
+    return ahead
 
 
 def _sweep_info(cfg: SweepConfig) -> dict[str, Any]:

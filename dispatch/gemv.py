@@ -166,14 +166,21 @@ def launch(fn: Any, x: Any, w: Any, y: Any, space: tuple[Any, Any], c: GemvConfi
     """One GEMV launch of configuration c into y (x [M, K], w [N, K], y [M, N]; space from workspace_for); as a
     programmatic dependent launch (SM90 and newer, its weight loads overlapping the kernel before it) where pdl says
     so, or, pdl None, where the configuration does."""
-    pdl = c.pdl if pdl is None else pdl
     m, k = x.shape
     n = w.shape[0]
+    grid, ints, options = arguments(m, n, k, c, pdl, (x.stride(0), w.stride(0), y.stride(0)))
+    fn[grid](x, w, y, space[0], space[1], *ints, **options)
+
+
+def arguments(m: int, n: int, k: int, c: GemvConfig, pdl: bool | None, strides: tuple[int, int, int]
+              ) -> tuple[tuple[int, int], tuple[int, ...], dict[str, Any]]:
+    """(grid, the integer arguments after the five pointers, the keyword options) of a launch at (M, N, K) with
+    configuration c; strides: (x, w, y) row strides. The one description of a launch, for launch and precompile."""
+    pdl = c.pdl if pdl is None else pdl
     k_per = -(-(-(-k // c.split_k)) // c.block_k) * c.block_k
-    fn[(-(-n // c.block_n), c.split_k)](x, w, y, space[0], space[1], m, n, k, k_per, x.stride(0), w.stride(0),
-                                         y.stride(0),
-                                         TILE_M=c.tile_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, SPLIT_K=c.split_k,
-                                         USE_PDL=pdl, num_warps=c.num_warps, **({"launch_pdl": True} if pdl else {}))
+    options = dict(TILE_M=c.tile_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, SPLIT_K=c.split_k, USE_PDL=pdl,
+                   num_warps=c.num_warps, **({"launch_pdl": True} if pdl else {}))
+    return (-(-n // c.block_n), c.split_k), (m, n, k, k_per, *strides), options
 
 
 class Gemv:

@@ -18,6 +18,7 @@ import importlib.machinery
 import importlib.util
 import os
 import sys
+import threading
 from pathlib import Path
 from types import ModuleType
 
@@ -30,6 +31,7 @@ NAME = "blb_bound_linear"
 SOURCE = Path(__file__).with_name("bound_linear.cpp")
 _LOADED: list[ModuleType | None] = []  # [module or None] once looked up
 _TRIED: list[bool] = []  # [True] once this process tried to build it
+_BUILDING: list[threading.Thread] = []  # build_ahead's thread, until module() waits for it
 
 
 def enabled() -> bool:
@@ -84,12 +86,31 @@ def _build_once() -> None:
                                          f"Python layer (python -m dispatch build-native --verbose shows why)")
 
 
+def _would_build() -> bool:
+    """Whether the first bind of this process builds the layer: none exists, the tools are there, nothing turned
+    it off, and no build was tried yet."""
+    return not _TRIED and enabled() and auto_build_enabled() and not library().exists() and not toolchain_missing()
+
+
+def build_ahead() -> bool:
+    """Starts the build the first bind would make (where it would) in a thread, so that it runs beside the caller's
+    other start-up work (the compiler is a subprocess); the first module() waits for it. True where one started."""
+    if not _would_build():
+        return False
+    _LOADED.clear()
+    _TRIED.append(True)  # a second build_ahead or bind starts none
+    _BUILDING.append(threading.Thread(target=_build_once, name="blb-native-build", daemon=True))
+    _BUILDING[0].start()
+    return True
+
+
 def module(build_if_missing: bool = False) -> ModuleType | None:
     """The built layer's module, or None (not built, turned off, or built against something else: said once).
     build_if_missing (dispatch.bind's lookup): build it first where none exists (auto_build_enabled, the tools on
-    PATH), once per process."""
-    if build_if_missing and not _TRIED and enabled() and auto_build_enabled() and not library().exists() \
-            and not toolchain_missing():
+    PATH), once per process. A build build_ahead started is waited for first."""
+    while _BUILDING:
+        _BUILDING.pop().join()
+    if build_if_missing and _would_build():
         _LOADED.clear()
         _build_once()
     if _LOADED:

@@ -260,3 +260,61 @@ def test_the_tuner_keeps_pdl_only_where_it_is_faster_beyond_its_margin(monkeypat
         raise RuntimeError("no PDL launch here")
     monkeypatch.setattr(gemv, "time_config", refuses)
     assert gemv.with_pdl_if_faster(plain, 10.0, [], []) == (plain, 10.0)
+
+
+def test_the_launches_compiled_ahead_are_those_calls_make_once_each(store):
+    """The kernels compiled ahead of a sweep: one per distinct launch its cells make with their served configurations
+    (options, split or not, which integer arguments are 1 or multiples of 16), none above MAX_M or for a shape
+    without a configuration; the launch's arguments are launch()'s own."""
+    from dispatch import gemv
+    from dispatch.gemv import GemvConfig
+    from dispatch.gemv_ahead import launches
+    store.configs[(2560, 4096, 1)] = GemvConfig(8, 256, 8, 4, tile_m=1, pdl=True)
+    store.configs[(2560, 4096, 4)] = GemvConfig(16, 256, 4, 4, tile_m=4)
+    store.configs[(2048, 4096, 1)] = GemvConfig(8, 256, 8, 4, tile_m=1, pdl=True)
+    store.configs[(96, 64, 2)] = GemvConfig(16, 128, 1, 4, tile_m=2)
+    cells = [(2560, 4096, m) for m in (1, 2, 4, 16, 32)] + [(2048, 4096, 1), (96, 64, 2), (4096, 4096, 1)]
+    got = launches(cells)
+    # M = 1 on 2560 and 2048 rows: one specialization (N both multiples of 16, K the same); M = 2 and 4 take the
+    # 4-row configuration with M 2 and 4 (neither 1 nor a multiple of 16: one kernel); 16 rows have none stored;
+    # M = 32 is above MAX_M; 96 x 64 at M = 2 unsplit
+    assert len(got) == 3
+    by_rows = {ints[0]: (grid, ints, options, split) for grid, ints, options, split in got}
+    grid, ints, options, split = by_rows[1]
+    assert split and options["USE_PDL"] and options["launch_pdl"] and options["TILE_M"] == 1
+    assert grid == (2560 // 8, 8) and ints == (1, 2560, 4096, 512, 4096, 4096, 2560)
+    assert gemv.arguments(1, 2560, 4096, store.configs[(2560, 4096, 1)], None, (4096, 4096, 2560)) == \
+        (grid, ints, options)
+    assert not by_rows[2][3] and "launch_pdl" not in by_rows[2][2]
+    assert launches(cells, pdl=False)[0][2]["USE_PDL"] is False  # a plain call's launches
+    store.configs.clear()
+    assert launches(cells) == []
+
+
+def test_the_native_build_started_ahead_is_waited_for_by_the_first_bind(tmp_path, monkeypatch):
+    """build_ahead starts the build a first bind would make in a thread; module() waits for it, and neither a second
+    build_ahead nor the bind builds again. Where nothing would build (turned off), it starts none."""
+    import threading
+
+    from dispatch import native
+    monkeypatch.setenv("BLB_NATIVE_DIR", str(tmp_path / "native"))
+    monkeypatch.setenv("BLB_NATIVE_BUILD", "1")
+    monkeypatch.setattr(native, "_LOADED", [])
+    monkeypatch.setattr(native, "_TRIED", [])
+    monkeypatch.setattr(native, "_BUILDING", [])
+    monkeypatch.setattr(native, "toolchain_missing", lambda: [])
+    release, built = threading.Event(), []
+
+    def slow_build(verbose=False):
+        release.wait(5)
+        built.append(threading.current_thread().name)
+        raise RuntimeError("no compiler here")
+    monkeypatch.setattr(native, "build", slow_build)
+    assert native.build_ahead() and not native.build_ahead()
+    assert built == []  # still building
+    release.set()
+    assert native.module(build_if_missing=True) is None
+    assert built == ["blb-native-build"] and native._BUILDING == []
+    monkeypatch.setattr(native, "_TRIED", [])
+    monkeypatch.setenv("BLB_NATIVE_BUILD", "0")
+    assert not native.build_ahead() and native._BUILDING == []

@@ -124,3 +124,34 @@ def test_the_dispatcher_runs_the_gemv_its_table_names_captured_and_eager(tmp_pat
             assert output_error(y, static, w) < REL_ERR_BOUND
     finally:
         dispatch.reset()
+
+
+def test_the_kernels_compiled_ahead_are_the_ones_the_calls_then_launch():
+    """CompileAhead over a sweep's cells compiles every kernel their calls then launch: the calls after it add
+    nothing to Triton's kernel cache, and match fp32."""
+    import torch
+
+    from bench.gpu import REL_ERR_BOUND, output_error
+    from dispatch import gemv
+    from dispatch.gemv import GemvCall, GemvConfig
+    from dispatch.gemv_ahead import CompileAhead
+    gemv.STORE.tuning = False
+    pdl = torch.cuda.get_device_capability()[0] >= gemv.PDL_MIN_SM
+    stored = {(1008, 4096, 1): GemvConfig(8, 512, 2, 8, tile_m=1, pdl=pdl),
+              (1008, 4096, 3): GemvConfig(32, 256, 2, 8, tile_m=4),
+              (2560, 2048, 16): GemvConfig(64, 256, 1, 8, tile_m=16),
+              (96, 64, 1): GemvConfig(16, 512, 1, 8, tile_m=1)}
+    gemv.STORE.configs.update(stored)
+    gemv.STORE.version += 1
+    cells = [(n, k, m) for n, k in {(n, k) for n, k, _ in stored} for m in (1, 2, 3, 4, 8, 16)]
+    done = CompileAhead(cells).wait()
+    assert done["failed"] == 0 and done["launches"] >= len(stored), done
+    cache = gemv.kernel().device_caches[torch.cuda.current_device()][0]
+    before = len(cache)
+    call = GemvCall()
+    for n, k, m in cells:
+        w = torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * k ** -0.5
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        assert output_error(call(x, w), x, w) <= REL_ERR_BOUND
+    torch.cuda.synchronize()
+    assert len(cache) == before, f"{len(cache) - before} kernels compiled at their first call"
