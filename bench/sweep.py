@@ -55,6 +55,7 @@ class SweepConfig:
     samples: int = 10  # the most timed replays per path and cell
     stopping: Stopping | None = Stopping()  # None: every path `samples` replays
     time_twins: bool = False  # True: a twin with the same kernels is replayed in full, not read off its twin
+    compile_ahead: bool = True  # the C++ layer and the GEMV's kernels compiled in threads at the start
     table: Any = None  # the table the dispatch path runs (None: the profile's committed table)
     table_file: str | None = None
     host_calls: int = 10  # per round; host time is the median over rounds of each round's median
@@ -688,6 +689,7 @@ class Ahead:
     """What a sweep compiles at its start, in threads, while it measures its ceilings: the dispatcher's C++ layer
     (where the dispatch path runs and no build exists) and the GEMV kernels its cells will launch with served
     configurations (where it serves them; a tuning run compiles its candidates as it tunes)."""
+    on: bool = True  # False: --no-compile-ahead
     native: bool = False
     gemv: Any = None  # gemv_ahead.CompileAhead
 
@@ -697,13 +699,13 @@ class Ahead:
         if done and done["failed"]:
             print(f"bench: {done['failed']} of the GEMV's {done['launches']} kernels did not compile ahead "
                   f"({done['first_error']}); each compiles at its first call", file=terminal())
-        return {"native_layer": self.native, "gemv": done}
+        return {"native_layer": self.native, "gemv": done, **({} if self.on else {"off": "--no-compile-ahead"})}
 
 
 def start_ahead(cfg: SweepConfig) -> Ahead:
     from dispatch import gemv_ahead, native
-    names = {p.name for p in cfg.paths}
-    ahead = Ahead(native=DISPATCH in names and native.build_ahead())
+    names = {p.name for p in cfg.paths} if cfg.compile_ahead else set()
+    ahead = Ahead(on=cfg.compile_ahead, native=DISPATCH in names and native.build_ahead())
     if names & {GEMV, DISPATCH} and not gemv.STORE.tuning:
         ahead.gemv = gemv_ahead.CompileAhead((s.n, s.k, m) for s in cfg.shapes for m in cfg.ms_of(s))
     return ahead

@@ -824,3 +824,41 @@ def test_a_run_that_tunes_flashinfer_for_want_of_tactics_serves_the_tables_gemv(
     assert gemv_tuning(explicit, None, table)  # --tune
     assert not gemv_tuning(explicit, {"file": "served"}, table)  # tactics served: their GEMV file too
     assert not gemv_tuning(SweepConfig(get_profile("h200"), [], [1], [], tmp_path, tune=False), None, table)
+
+
+def test_a_sweep_compiles_ahead_only_what_it_serves_and_only_unless_told_not_to(tmp_path, monkeypatch):
+    """start_ahead: the C++ layer where the dispatch path runs, the GEMV's kernels of every (N, K, M) cell where
+    the GEMV or the dispatcher runs and configurations are served; nothing where the run tunes them or where
+    --no-compile-ahead says so (run.json says which)."""
+    from bench import sweep
+    from bench.cli import parser
+    from dispatch import gemv, gemv_ahead, native
+    from shapes.catalog import catalog
+    started, built = [], []
+
+    class FakeAhead:
+        def __init__(self, cells):
+            started.append(sorted(cells))
+
+        def wait(self):
+            return {"launches": len(started[-1]), "seconds": 0.0, "failed": 0}
+    monkeypatch.setattr(gemv_ahead, "CompileAhead", FakeAhead)
+    monkeypatch.setattr(native, "build_ahead", lambda: built.append(True) or True)
+    monkeypatch.setattr(gemv.STORE, "tuning", False)
+    shape = next(s for s in catalog() if (s.n, s.k) == (2560, 4096))
+    by = PATHS
+
+    def cfg(names, **kw):
+        return sweep.SweepConfig(get_profile("h200"), [shape], [1, 8], [by[n] for n in names], tmp_path, **kw)
+    ahead = sweep.start_ahead(cfg(["aten", "dispatch"]))
+    assert ahead.native and built == [True] and started == [[(2560, 4096, 1), (2560, 4096, 8)]]
+    assert ahead.wait() == {"native_layer": True, "gemv": {"launches": 2, "seconds": 0.0, "failed": 0}}
+    ahead = sweep.start_ahead(cfg(["aten", "triton:gemv"]))  # no dispatch path: no C++ layer
+    assert not ahead.native and len(built) == 1 and len(started) == 2
+    assert sweep.start_ahead(cfg(["aten"])).wait() == {"native_layer": False, "gemv": None}
+    off = sweep.start_ahead(cfg(["aten", "dispatch"], compile_ahead=False))
+    assert off.wait() == {"native_layer": False, "gemv": None, "off": "--no-compile-ahead"}
+    monkeypatch.setattr(gemv.STORE, "tuning", True)  # a tuning run compiles its candidates as it tunes
+    assert sweep.start_ahead(cfg(["triton:gemv"])).gemv is None and len(started) == 2 and len(built) == 1
+    args = parser().parse_args(["run", "--gpu", "h200", "--no-compile-ahead"])
+    assert args.no_compile_ahead

@@ -53,6 +53,9 @@ def add_parser(sub, parents: list) -> None:
     p_run.add_argument("--time-twins", action="store_true",
                        help="replay a public FlashInfer call and its lean twin, and the dispatcher, in full even where "
                             "their kernels match (default: once, gpu_from names the timed path)")
+    p_run.add_argument("--no-compile-ahead", action="store_true",
+                       help="compile each kernel at its first call, not the dispatcher's C++ layer and the GEMV's "
+                            "kernels in threads while the run starts (default: ahead)")
     p_run.add_argument("--l2", choices=L2_MODES, default="rotate",
                        help="L2 state of each timed call: rotate = cold by rotating input/weight copies over >= 5x L2 "
                             "(default); flush = one copy, a buffer of 2x L2 written before every call inside the graph "
@@ -131,6 +134,7 @@ def run(args, profile, command: list[str], tokens: int | None) -> int:
                       vllm_tune_tokens=tokens, hopeless_factor=None if args.all else 2.0, layout=args.layout,
                       stopping=Stopping(min(args.min_samples, args.samples), args.max_noise)
                       if args.min_samples < args.samples else None, time_twins=args.time_twins,
+                      compile_ahead=not args.no_compile_ahead,
                       table=table, table_file=args.table, target_replay_us=args.replay_us,
                       host_calls=args.host_calls, host_rounds=args.host_rounds,
                       host_block_us=args.host_block_us or None, skip_unchoosable=not args.all and args.paths is None)
