@@ -21,12 +21,14 @@ from bench.forward_paths import (BOUND_LAYER_RULES, DISPATCH_PYTHON, DISPATCHER_
                                  FUSED_RULES, TABLE_DIRECT_RULES, Target, path_for)
 from bench.gpu import (REL_ERR_BOUND, Replays, capture_graph, check_output, records_since_last_window,
                        replay_interleaved, replay_seconds)
-from bench.paths import ATEN, DISPATCH, PATHS
+from bench.ahead import Ahead
+from bench.paths import ATEN, DISPATCH, GEMV_LAUNCHES, PATHS
 from bench.results import finished_rows, rows_to_csv, write_run_json
 from bench.stats import PhaseTimer, Window, attribute, kernel_digest, summary
 from bench.sustain import SUSTAIN_COLUMNS, SUSTAIN_FILE, summary_line, sustained
 from bench.sweep import (_keep_gemv, _keep_tactics, _load_pinned_tactics, _progress, require_gpu, serve_gemv,
                          tune_shape, tuning_info)
+from dispatch.gemv import MAX_M
 from dispatch.profiles import GpuProfile
 from dispatch.table import shipped_table
 from harness.console import divert_noise, terminal
@@ -82,6 +84,7 @@ class ForwardConfig:
     resume: bool = False
     command: list[str] | None = None
     quiet: bool = False
+    compile_ahead: bool = True  # the C++ layer and the GEMV's kernels compiled in threads at the start
     table: Any = None  # the dispatcher's threshold table (for the model of the dispatch path); loaded when None
     order_seed: int | None = None  # the eager rounds' shuffle; None: a fresh one per run (run.json records it)
     # Each timed forward (graph and eager) follows untimed runs of itself lasting >= settle_ms (at least one; 0: none).
@@ -544,6 +547,7 @@ def run_forward(cfg: ForwardConfig) -> Path:
     pinned = _load_pinned_tactics(cfg)
     dispatch.tactics_from_table(False)  # the dispatch rule runs this run's tactics, as every other rule does
     serve_gemv(False, cfg.table)  # the forward never tunes the GEMV: it serves the tactics' file, else the table's
+    ahead = start_ahead(cfg, seqs, sm)  # compiles in threads while the run starts and measures its ceilings
     info = _run_info(cfg, seqs)
     cfg.out.mkdir(parents=True, exist_ok=True)
     rows = finished_rows(out_csv, ("model", "m", "path", "regime"), "forward table") if cfg.resume else []
@@ -566,6 +570,8 @@ def run_forward(cfg: ForwardConfig) -> Path:
             with phase("ceilings"):
                 info["ceilings"] = {**measure_ceilings(clock, [lin.n * lin.k * 2 for s in seqs.values() for lin in s]),
                                     "nominal_gbps": cfg.profile.hbm_peak_gbps or None}
+        with phase("compile wait"):  # what start_ahead has not finished
+            info["compiled_ahead"] = ahead.wait()
         for model, seq in seqs.items():
             todo = [m for m in cfg.ms if any((model, m, r) not in done for r in cfg.rules)]
             if not todo:
@@ -615,6 +621,19 @@ def _run_info(cfg: ForwardConfig, seqs) -> dict[str, Any]:
                     table=getattr(cfg.table, "source", {}).get("fitted_from") if cfg.table else None,
                     dispatch_layer=_layer_of_dispatch() if DISPATCH in cfg.rules else None,
                     clocks_start=nvml_clocks())
+
+
+def start_ahead(cfg: ForwardConfig, seqs, sm: int) -> Ahead:
+    """The forward's compiles ahead: the C++ layer where a rule binds the dispatcher, and the GEMV's kernels of
+    every linear at every M <= MAX_M, launched as the rules that run the GEMV launch it."""
+    paths = {path_for(r, lin, m, Target(sm, cfg.profile, cfg.table), regime) for r in cfg.rules
+             for s in seqs.values() for lin in s for m in cfg.ms if m <= MAX_M for regime in REGIMES}
+    binds = any(r in cfg.rules for r in BOUND_LAYER_RULES)
+    pdls = tuple(sorted({GEMV_LAUNCHES[p] for p in paths if p in GEMV_LAUNCHES} | ({None} if binds else set()),
+                        key=str))
+    return Ahead.start(cfg.compile_ahead, native_layer=binds,
+                       cells=[(lin.n, lin.k, m) for s in seqs.values() for lin in s for m in cfg.ms] if pdls else [],
+                       pdls=pdls)
 
 
 def _path_fns(cfg: ForwardConfig, seqs, sm: int) -> tuple[set[str], dict[str, Callable]]:

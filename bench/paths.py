@@ -111,16 +111,21 @@ def _vllm_op(backend: str) -> Callable[[bool], LinearFn]:
     return build
 
 
+# how each GEMV path launches (GemvCall's pdl): as its configuration says (as the dispatcher does), every call with
+# PDL, every call plainly
+GEMV_LAUNCHES: dict[str, bool | None] = {GEMV: None, GEMV_PDL: True, GEMV_PLAIN: False}
+
+
 def _gemv(pdl: bool) -> LinearFn:
-    return GemvCall(tune=True)  # each launch with PDL where its configuration says so, as the dispatcher's
+    return GemvCall(tune=True, pdl=GEMV_LAUNCHES[GEMV])
 
 
 def _gemv_pdl(pdl: bool) -> LinearFn:
-    return GemvCall(tune=True, pdl=True)
+    return GemvCall(tune=True, pdl=GEMV_LAUNCHES[GEMV_PDL])
 
 
 def _gemv_plain(pdl: bool) -> LinearFn:
-    return GemvCall(tune=True, pdl=False)
+    return GemvCall(tune=True, pdl=GEMV_LAUNCHES[GEMV_PLAIN])
 
 
 def _dispatch(pdl: bool) -> LinearFn:

@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 import dispatch
 from bench import autotune_cache
+from bench.ahead import Ahead
 from bench.ceiling import annotate
 from bench.ceiling import measure as measure_ceilings
 from bench.clocks import make_clock
@@ -684,31 +685,13 @@ def run_sweep(cfg: SweepConfig) -> Path:
     return cfg.out
 
 
-@dataclass
-class Ahead:
-    """What a sweep compiles at its start, in threads, while it measures its ceilings: the dispatcher's C++ layer
-    (where the dispatch path runs and no build exists) and the GEMV kernels its cells will launch with served
-    configurations (where it serves them; a tuning run compiles its candidates as it tunes)."""
-    on: bool = True  # False: --no-compile-ahead
-    native: bool = False
-    gemv: Any = None  # gemv_ahead.CompileAhead
-
-    def wait(self) -> dict[str, Any]:
-        """run.json's `compiled_ahead` (the native build is waited for by the dispatch path's first bind)."""
-        done = self.gemv.wait() if self.gemv is not None else None
-        if done and done["failed"]:
-            print(f"bench: {done['failed']} of the GEMV's {done['launches']} kernels did not compile ahead "
-                  f"({done['first_error']}); each compiles at its first call", file=terminal())
-        return {"native_layer": self.native, "gemv": done, **({} if self.on else {"off": "--no-compile-ahead"})}
-
-
 def start_ahead(cfg: SweepConfig) -> Ahead:
-    from dispatch import gemv_ahead, native
-    names = {p.name for p in cfg.paths} if cfg.compile_ahead else set()
-    ahead = Ahead(on=cfg.compile_ahead, native=DISPATCH in names and native.build_ahead())
-    if names & {GEMV, DISPATCH} and not gemv.STORE.tuning:
-        ahead.gemv = gemv_ahead.CompileAhead((s.n, s.k, m) for s in cfg.shapes for m in cfg.ms_of(s))
-    return ahead
+    """The sweep's compiles ahead: the C++ layer where the dispatch path runs, the GEMV's kernels of its cells where
+    the GEMV or the dispatcher runs served configurations (a tuning run compiles its candidates as it tunes)."""
+    names = {p.name for p in cfg.paths}
+    return Ahead.start(cfg.compile_ahead, native_layer=DISPATCH in names,
+                       cells=[(s.n, s.k, m) for s in cfg.shapes for m in cfg.ms_of(s)]
+                       if names & {GEMV, DISPATCH} and not gemv.STORE.tuning else [])
 
 
 def _sweep_info(cfg: SweepConfig) -> dict[str, Any]:

@@ -26,27 +26,29 @@ def specialization(ints: tuple[int, ...]) -> tuple[tuple[bool, bool], ...]:
     return tuple((v == 1, v % 16 == 0) for v in ints)
 
 
-def launches(cells: Iterable[tuple[int, int, int]], pdl: bool | None = None) -> list[tuple[Any, ...]]:
+def launches(cells: Iterable[tuple[int, int, int]], pdls: tuple[bool | None, ...] = (None,)
+             ) -> list[tuple[Any, ...]]:
     """The distinct launches (grid, integer arguments, options, split) that calls at these (N, K, M) cells make with
-    their served configurations (contiguous x, w and y); a cell above gemv.MAX_M or without one is left out."""
+    their served configurations (contiguous x, w and y), launched as each of `pdls` says (None: as the configuration
+    does; True, False: every call with PDL, plainly); a cell above gemv.MAX_M or without one is left out."""
     seen: dict[tuple, tuple[Any, ...]] = {}
     for n, k, m in cells:
         c = gemv.pinned(n, k, m) if m <= gemv.MAX_M else None
-        if c is None:
-            continue
-        grid, ints, options = gemv.arguments(m, n, k, c, pdl, (k, k, n))
-        key = (tuple(sorted(options.items())), c.split_k > 1, specialization(ints))
-        seen.setdefault(key, (grid, ints, options, c.split_k > 1))
+        for pdl in pdls if c is not None else ():
+            grid, ints, options = gemv.arguments(m, n, k, c, pdl, (k, k, n))
+            key = (tuple(sorted(options.items())), c.split_k > 1, specialization(ints))
+            seen.setdefault(key, (grid, ints, options, c.split_k > 1))
     return list(seen.values())
 
 
 class CompileAhead:
-    """The kernels of `cells` compiling in threads from construction on (on the current CUDA device); wait() joins
-    them and says what was done."""
+    """The kernels of `cells` (launched as each of `pdls` says) compiling in threads from construction on, for the
+    current CUDA device; wait() joins them and says what was done."""
 
-    def __init__(self, cells: Iterable[tuple[int, int, int]], workers: int = WORKERS):
+    def __init__(self, cells: Iterable[tuple[int, int, int]], pdls: tuple[bool | None, ...] = (None,),
+                 workers: int = WORKERS):
         import torch
-        self.todo = launches(cells)
+        self.todo = launches(cells, pdls)
         self.errors: list[str] = []
         self.device = torch.cuda.current_device()
         self.t0 = time.perf_counter()

@@ -65,6 +65,9 @@ OPTIONS: dict[str, Option] = {
     "paths": Option(("--paths",), "comma list of paths{what} (default: {default})"),
     "no-tune": Option(("--no-tune",), "skip FlashInfer's autotuner (time its default tactics)",
                       dict(action="store_true")),
+    "no-compile-ahead": Option(("--no-compile-ahead",), "compile each kernel at its first call, not the "
+                               "dispatcher's C++ layer and the GEMV's kernels in threads while the run starts "
+                               "(default: ahead)", dict(action="store_true")),
     "tolerance": Option(("--tolerance",), "tolerance{what} (default: {default})"),
     "format": Option(("--format",), "output format (default: {default})"),
     "config": Option(("--config",), "a HF config.json instead of the catalog's models{what}"),

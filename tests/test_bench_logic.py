@@ -837,7 +837,7 @@ def test_a_sweep_compiles_ahead_only_what_it_serves_and_only_unless_told_not_to(
     started, built = [], []
 
     class FakeAhead:
-        def __init__(self, cells):
+        def __init__(self, cells, pdls):
             started.append(sorted(cells))
 
         def wait(self):

@@ -614,3 +614,31 @@ def test_a_path_is_slower_in_every_run_only_where_each_run_that_measured_it_says
     slow = slower_in_every_run([a, b], ["aten", lt])
     assert set(slow) == {("graph", "M", 512)} and slow[("graph", "M", 512)][lt] == pytest.approx(1.06, abs=0.01)
     assert slower_in_every_run([a, b], ["aten", lt], ForwardFloor({"graph": 0.1, "eager": 0.1})) == {}
+
+
+def test_a_forward_compiles_ahead_the_gemv_launches_its_rules_make(tmp_path, monkeypatch):
+    """start_ahead of a forward: the C++ layer where a rule binds the dispatcher; the GEMV's kernels of every linear
+    and M, launched as each GEMV-running rule launches them (table-pdl with PDL, table-plain plainly, the
+    dispatcher as configured); nothing for rules that never run the GEMV, nor with --no-compile-ahead."""
+    from bench import ahead as ahead_mod
+    from bench.forward import ForwardConfig, start_ahead
+    from dispatch.backends import GEMV
+    from dispatch.table import shipped_table
+    table = shipped_table("h200")
+    seq = [ForwardLinear(0, "self_attn.o_proj", 2560, 4096), ForwardLinear(-1, "lm_head", 248320, 2560)]
+    assert table.choose(2560, 4096, 1, "graph") == GEMV  # the premise: the table runs the GEMV here
+    started = []
+    monkeypatch.setattr(ahead_mod.Ahead, "start", classmethod(lambda cls, on, native_layer, cells, pdls=(None,):
+                                                                  started.append((on, native_layer, sorted(cells),
+                                                                                  pdls))))
+
+    def run(rules, **kw):
+        cfg = ForwardConfig(profile=H200, models={}, ms=[1, 64], rules=rules, out=tmp_path, table=table, **kw)
+        start_ahead(cfg, {"m": seq}, 90)
+        return started[-1]
+    cells = [(2560, 4096, 1), (2560, 4096, 64), (248320, 2560, 1), (248320, 2560, 64)]
+    assert run(["aten", "table-pdl", "table-plain"]) == (True, False, cells, (False, True))
+    assert run(["aten", "dispatch"]) == (True, True, cells, (None,))
+    assert run(["aten", "table-direct"]) == (True, False, cells, (None,))
+    assert run(["aten", "vllm-default"]) == (True, False, [], ())
+    assert run(["aten", "dispatch"], compile_ahead=False)[0] is False

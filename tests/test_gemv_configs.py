@@ -286,7 +286,8 @@ def test_the_launches_compiled_ahead_are_those_calls_make_once_each(store):
     assert gemv.arguments(1, 2560, 4096, store.configs[(2560, 4096, 1)], None, (4096, 4096, 2560)) == \
         (grid, ints, options)
     assert not by_rows[2][3] and "launch_pdl" not in by_rows[2][2]
-    assert launches(cells, pdl=False)[0][2]["USE_PDL"] is False  # a plain call's launches
+    assert launches(cells, pdls=(False,))[0][2]["USE_PDL"] is False  # a plain call's launches
+    assert len(launches(cells, pdls=(None, True, False))) == 6  # each of the three with PDL and plainly
     store.configs.clear()
     assert launches(cells) == []
 

@@ -26,6 +26,7 @@ def add_parser(sub, parents: list) -> None:
     p_fw.add_argument("--no-lm-head", action="store_true", help="leave lm_head out of the forward")
     add(p_fw, "samples", type=int_in(3, 1000), default=10, what="(forwards) per path, regime and M")
     add(p_fw, "no-tune")
+    add(p_fw, "no-compile-ahead")
     add(p_fw, "out", default="results/forward")
     add(p_fw, "resume", what="in --out")
     p_fw.add_argument("--order-seed", type=int_in(1, 2 ** 31 - 1),
@@ -68,7 +69,7 @@ def run(args, profile, command: list[str], tokens: int | None) -> int:
                         settle_ms=0.0 if args.no_settle else args.settle_ms, settle_at=args.settle_at,
                         table=table_of(args.table, profile.name) if args.table else None, table_file=args.table,
                         sustain_ms=args.sustain_ms or 0.0, idle_ms=args.idle_ms, skip_slower=args.skip_slower,
-                        vllm_tune_tokens=tokens, layout=args.layout)
+                        vllm_tune_tokens=tokens, layout=args.layout, compile_ahead=not args.no_compile_ahead)
     if cfg.sustain_ms and args.resume:
         raise HarnessError("--sustain-ms runs cannot be resumed; run it again into a new --out")
     seqs = sequences(cfg)  # a config that cannot be derived stops here, before the GPU is touched

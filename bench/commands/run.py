@@ -53,9 +53,7 @@ def add_parser(sub, parents: list) -> None:
     p_run.add_argument("--time-twins", action="store_true",
                        help="replay a public FlashInfer call and its lean twin, and the dispatcher, in full even where "
                             "their kernels match (default: once, gpu_from names the timed path)")
-    p_run.add_argument("--no-compile-ahead", action="store_true",
-                       help="compile each kernel at its first call, not the dispatcher's C++ layer and the GEMV's "
-                            "kernels in threads while the run starts (default: ahead)")
+    add(p_run, "no-compile-ahead")
     p_run.add_argument("--l2", choices=L2_MODES, default="rotate",
                        help="L2 state of each timed call: rotate = cold by rotating input/weight copies over >= 5x L2 "
                             "(default); flush = one copy, a buffer of 2x L2 written before every call inside the graph "
