@@ -34,6 +34,7 @@ from dispatch import gemv
 from dispatch.table import shipped_table
 
 MAX_ROTATION_BYTES = 8 << 30
+NEW_WEIGHTS = "new weights (inside operands)"  # a phase counted inside another, as the CUPTI drain is in replay
 # (calls, rounds) at most, of the host timing of a GPU-bound call: its host time cannot decide its eager cost there
 GPU_BOUND_HOST_BLOCKS = (5, 3)
 # a call estimated this long on the GPU (the largest M of the largest weights) hides any host time measured here
@@ -517,8 +518,9 @@ def operands(run: Sweeping, shape: Shape, m: int, rotations: int) -> Any:
     import torch
     ws = run.weights.take(shape.n, shape.k, rotations)
     if ws is None:
-        torch.cuda.empty_cache()  # the previous shape's copies, just released
-        ws = make_weights(shape.n, shape.k, rotations, seed=shape.n * 31 + shape.k)
+        with run.phase(NEW_WEIGHTS):  # how much of `operands` a shape's first M takes (allocation included)
+            torch.cuda.empty_cache()  # the previous shape's copies, just released
+            ws = make_weights(shape.n, shape.k, rotations, seed=shape.n * 31 + shape.k)
         run.weights.keep(shape.n, shape.k, ws)
     return make_operands(m, shape.n, shape.k, rotations, seed=m * 7919 + shape.n, weights=ws)
 
