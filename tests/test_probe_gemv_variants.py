@@ -12,7 +12,10 @@ def test_every_variant_fits_its_budget_and_splits_k_into_whole_tiles_where_packe
     assert plan[0][0] == "rows" and len(set(plan)) == len(plan)  # today's kernel first, nothing twice
     for family, rows, bn, bk, sk, warps, stages in plan:
         tensor_core = family.endswith("16") or family.startswith("tc16")
-        assert rows == (16 if tensor_core else tile_rows(m)) and not (tensor_core and m == 1)
+        if family == "swap":  # the weight tile a warpgroup's 64 or 128 MMA rows, x's rows the MMA's 8 or 16 columns
+            assert m > 1 and rows == (8 if m <= 8 else 16) and bn in (64, 128) and warps == 4
+        else:
+            assert rows == (16 if tensor_core else tile_rows(m)) and not (tensor_core and m == 1)
         if family in ("defer", "tma"):
             assert rows * bn * bk / (32 * warps) <= REG_BUDGET
         if family.startswith("packed"):
@@ -28,3 +31,31 @@ def test_pack_stores_each_weight_tile_as_one_contiguous_block():
     for i in range(4):
         for j in range(4):
             assert torch.equal(p[i, j], w[i * 8:(i + 1) * 8, j * 16:(j + 1) * 16])
+
+
+def test_the_swapped_product_compiles_to_hoppers_wgmma_and_todays_tile_to_mma_sync():
+    """Why the swap family exists: with the weight tile as the MMA's A (64 rows a warpgroup), Triton emits SM90's
+    wgmma fed from shared memory by its cp.async pipeline; today's 16-row tile (x as A) can only emit mma.sync. A
+    compile for SM90 on the CPU (Triton's ptxas), with the alignment a real launch specializes on."""
+    pytest.importorskip("triton")
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from dispatch.gemv import kernel
+    from tools.probes.gemv_variants import kernels
+    ints = ["M", "N", "K", "k_per", "stride_xm", "stride_wn", "stride_ym"]
+    head = {"x_ptr": "*bf16", "w_src": "*bf16", "y_ptr": "*bf16", "part_ptr": "*fp32", "count_ptr": "*i32",
+            **{a: "i32" for a in ints}}
+
+    def ptx(fn, sig, const):
+        aligned = [i for i, a in enumerate(sig) if sig[a].startswith("*") or a in ints[1:]]  # M may be anything
+        src = ASTSource(fn, {**sig, **{c: "constexpr" for c in const}}, const,
+                        {(i,): [["tt.divisibility", 16]] for i in aligned})
+        return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4}).asm["ptx"]
+    swap = ptx(kernels()["swap"][0], {**head, "k_tiles": "i32"},
+               {"TILE_M": 8, "BLOCK_N": 64, "BLOCK_K": 128, "SPLIT_K": 4, "LOAD": 0})
+    assert "wgmma.mma_async" in swap and "cp.async" in swap and "mma.sync" not in swap
+    today = ptx(kernel(), {**{("w_ptr" if a == "w_src" else a): t for a, t in head.items()}},
+                {"TILE_M": 16, "BLOCK_N": 32, "BLOCK_K": 128, "SPLIT_K": 4, "USE_PDL": False})
+    assert "mma.sync" in today and "wgmma" not in today
