@@ -76,21 +76,29 @@ def kernels() -> dict[str, Any]:
         return w
 
     @triton.jit
+    def program(k_per, TILE_M: tl.constexpr, BLOCK_N: tl.constexpr):
+        """(pid_n, pid_k, the tile's N offsets, its rows, the split's first K) of this program."""
+        pid_n = tl.program_id(0)
+        pid_k = tl.program_id(1)
+        return pid_n, pid_k, pid_n * BLOCK_N + tl.arange(0, BLOCK_N), tl.arange(0, TILE_M), pid_k * k_per
+
+    @triton.jit
+    def x_tile(x_ptr, rm, rk, M, K, stride_xm):
+        """x's [TILE_M, BLOCK_K] tile at K offsets rk, the rows past M zero."""
+        return tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=(rm[:, None] < M) & (rk[None, :] < K),
+                       other=0.0)
+
+    @triton.jit
     def gemv_defer(x_ptr, w_src, y_ptr, part_ptr, count_ptr, M, N, K, k_per, stride_xm, stride_wn, stride_ym,
                    k_tiles, TILE_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                    SPLIT_K: tl.constexpr, LOAD: tl.constexpr):
         """The K lanes kept in the accumulator ([rows, BLOCK_N, BLOCK_K]), reduced across K once at the end."""
-        pid_n = tl.program_id(0)
-        pid_k = tl.program_id(1)
-        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        rm = tl.arange(0, TILE_M)
-        k_lo = pid_k * k_per
+        pid_n, pid_k, rn, rm, k_lo = program(k_per, TILE_M, BLOCK_N)
         acc = tl.zeros((TILE_M, BLOCK_N, BLOCK_K), dtype=tl.float32)
         for k0 in range(0, k_per, BLOCK_K):
             rk = k_lo + k0 + tl.arange(0, BLOCK_K)
             w = weight_tile(w_src, pid_n, k_lo + k0, rn, rk, N, K, stride_wn, k_tiles, BLOCK_N, BLOCK_K, LOAD)
-            x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=(rm[:, None] < M) & (rk[None, :] < K),
-                        other=0.0)
+            x = x_tile(x_ptr, rm, rk, M, K, stride_xm)
             acc += x.to(tl.float32)[:, None, :] * w.to(tl.float32)[None, :, :]
         finish(tl.sum(acc, axis=2), y_ptr, part_ptr, count_ptr, pid_n, pid_k, rm, rn, M, N, stride_ym,
                TILE_M, BLOCK_N, SPLIT_K)
@@ -100,18 +108,13 @@ def kernels() -> dict[str, Any]:
                   k_tiles, TILE_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                   SPLIT_K: tl.constexpr, LOAD: tl.constexpr):
         """dispatch/gemv.py's products: one row (TILE_M 1) or the 16-row tensor-core tile, each weight tile by LOAD."""
-        pid_n = tl.program_id(0)
-        pid_k = tl.program_id(1)
-        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        rm = tl.arange(0, TILE_M)
-        k_lo = pid_k * k_per
+        pid_n, pid_k, rn, rm, k_lo = program(k_per, TILE_M, BLOCK_N)
         acc = tl.zeros((TILE_M, BLOCK_N), dtype=tl.float32)
         for k0 in range(0, k_per, BLOCK_K):
             rk = k_lo + k0 + tl.arange(0, BLOCK_K)
             w = weight_tile(w_src, pid_n, k_lo + k0, rn, rk, N, K, stride_wn, k_tiles, BLOCK_N, BLOCK_K, LOAD)
             if TILE_M == 16:
-                x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :],
-                            mask=(rm[:, None] < M) & (rk[None, :] < K), other=0.0)
+                x = x_tile(x_ptr, rm, rk, M, K, stride_xm)
                 acc += tl.dot(x, tl.trans(w))
             else:
                 xi = tl.load(x_ptr + rk, mask=rk < K, other=0.0).to(tl.float32)
@@ -125,17 +128,12 @@ def kernels() -> dict[str, Any]:
         """The product with A and B swapped: the weight tile [BLOCK_N, BLOCK_K] is the MMA's A (its rows the MMA's M,
         64 or 128 a warpgroup on SM90, so Triton emits wgmma fed from shared memory by its cp.async pipeline) and
         x's TILE_M rows (8 or 16) transposed its B; the [BLOCK_N, TILE_M] accumulator transposed for the epilogue."""
-        pid_n = tl.program_id(0)
-        pid_k = tl.program_id(1)
-        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-        rm = tl.arange(0, TILE_M)
-        k_lo = pid_k * k_per
+        pid_n, pid_k, rn, rm, k_lo = program(k_per, TILE_M, BLOCK_N)
         acc = tl.zeros((BLOCK_N, TILE_M), dtype=tl.float32)
         for k0 in range(0, k_per, BLOCK_K):
             rk = k_lo + k0 + tl.arange(0, BLOCK_K)
             w = weight_tile(w_src, pid_n, k_lo + k0, rn, rk, N, K, stride_wn, k_tiles, BLOCK_N, BLOCK_K, LOAD)
-            x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=(rm[:, None] < M) & (rk[None, :] < K),
-                        other=0.0)
+            x = x_tile(x_ptr, rm, rk, M, K, stride_xm)
             acc = tl.dot(w, tl.trans(x), acc)
         finish(tl.trans(acc), y_ptr, part_ptr, count_ptr, pid_n, pid_k, rm, rn, M, N, stride_ym, TILE_M, BLOCK_N,
                SPLIT_K)
