@@ -15,7 +15,7 @@ copies, weights from HBM, CUDA events, the median replay):
   weight tile one contiguous block);
 - `tma`, `tma16`: `defer`'s and the 16-row tensor-core product with the weight tiles loaded by the Hopper tensor
   memory accelerator (a host-made tensor descriptor), S stages deep.
-- `swap`: the tensor-core product with A and B swapped (the weight tile the MMA's 64 or 128 rows, x's 8 or 16 rows
+- `swap`: dispatch/gemv.py's swapped tensor-core tile (the weight tile the MMA's 64 or 128 rows, x's 8 or 16 rows
   its columns): on SM90 a wgmma fed from shared memory by Triton's cp.async pipeline, S stages deep.
 Every variant ends in dispatch/gemv.py's split-K epilogue (a slot per split, the last to arrive sums them in order).
 Writes DIR/variants.csv (every configuration) and DIR/run.json (command, environment, the reads). A diagnostic: what
@@ -121,26 +121,9 @@ def kernels() -> dict[str, Any]:
                 acc += tl.sum(w.to(tl.float32) * xi[None, :], axis=1)[None, :]
         finish(acc, y_ptr, part_ptr, count_ptr, pid_n, pid_k, rm, rn, M, N, stride_ym, TILE_M, BLOCK_N, SPLIT_K)
 
-    @triton.jit
-    def gemv_swap(x_ptr, w_src, y_ptr, part_ptr, count_ptr, M, N, K, k_per, stride_xm, stride_wn, stride_ym,
-                  k_tiles, TILE_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                  SPLIT_K: tl.constexpr, LOAD: tl.constexpr):
-        """The product with A and B swapped: the weight tile [BLOCK_N, BLOCK_K] is the MMA's A (its rows the MMA's M,
-        64 or 128 a warpgroup on SM90, so Triton emits wgmma fed from shared memory by its cp.async pipeline) and
-        x's TILE_M rows (8 or 16) transposed its B; the [BLOCK_N, TILE_M] accumulator transposed for the epilogue."""
-        pid_n, pid_k, rn, rm, k_lo = program(k_per, TILE_M, BLOCK_N)
-        acc = tl.zeros((BLOCK_N, TILE_M), dtype=tl.float32)
-        for k0 in range(0, k_per, BLOCK_K):
-            rk = k_lo + k0 + tl.arange(0, BLOCK_K)
-            w = weight_tile(w_src, pid_n, k_lo + k0, rn, rk, N, K, stride_wn, k_tiles, BLOCK_N, BLOCK_K, LOAD)
-            x = x_tile(x_ptr, rm, rk, M, K, stride_xm)
-            acc = tl.dot(w, tl.trans(x), acc)
-        finish(tl.trans(acc), y_ptr, part_ptr, count_ptr, pid_n, pid_k, rm, rn, M, N, stride_ym, TILE_M, BLOCK_N,
-               SPLIT_K)
-
     # family -> (kernel, how it loads the weight)
     return {"defer": (gemv_defer, 0), "tma": (gemv_defer, 1), "tma16": (gemv_tile, 1), "packed": (gemv_tile, 2),
-            "packed16": (gemv_tile, 2), "swap": (gemv_swap, 0)}
+            "packed16": (gemv_tile, 2)}
 
 
 def pack(w: Any, bn: int, bk: int) -> Any:
@@ -159,7 +142,7 @@ def splits(n: int, k: int, bn: int, bk: int, sms: int) -> list[int]:
 
 def variants(n: int, k: int, m: int, sms: int) -> list[tuple[str, int, int, int, int, int, int]]:
     """(family, tile_m, block_n, block_k, split_k, num_warps, num_stages) for every configuration tried."""
-    from dispatch.gemv import TILES_FEW_ROWS, TILES_ONE_ROW, TILES_ROWS, tile_rows
+    from dispatch.gemv import CONFIGS, TILES_FEW_ROWS, TILES_ONE_ROW, TILES_ROWS, tile_rows
     rows = tile_rows(m)
     # today's kernel first (its tuner's list: the baseline), then the new structures, then deeper pipelines
     out = [("rows", rows, bn, bk, sk, nw, 3) for bn, bk, nw in (TILES_ONE_ROW if m == 1 else TILES_FEW_ROWS)
@@ -191,8 +174,9 @@ def variants(n: int, k: int, m: int, sms: int) -> list[tuple[str, int, int, int,
                     out += [("wide16", 16, bn, bk, sk, 4, 3)]
     if m > 1:
         out += [("tc16-s4", 16, bn, bk, sk, nw, 4) for bn, bk, nw in TILES_ROWS for sk in splits(n, k, bn, bk, sms)]
-        # A and B swapped: the weight tile the wgmma's 64 or 128 rows, x's rows (8 or 16) its columns
-        out += [("swap", 8 if m <= 8 else 16, bn, bk, sk, 4, s) for bn in (64, 128) for bk in (64, 128)
+        # A and B swapped (every swapped tile the GEMV takes): the weight tile the wgmma's 64 or 128 rows, x's rows
+        # (8 or 16) its columns
+        out += [("swap", 8 if m <= 8 else 16, bn, bk, sk, 4, s) for bn, bk in sorted({c[:2] for c in CONFIGS if c[5]})
                 for s in (3, 4) for sk in splits(n, k, bn, bk, sms)]
     return out
 
@@ -204,7 +188,7 @@ def runner(family: str, tile_m: int, bn: int, bk: int, sk: int, nw: int, stages:
     from dispatch.gemv import GemvConfig, kernel, workspace_for
     space = workspace_for(n, GemvConfig(bn, bk, sk, nw, tile_m), device)
     fn, load = kernels().get(family, (kernel(), None))
-    extra = {"USE_PDL": False} if load is None else {"LOAD": load}
+    extra = {"USE_PDL": False, "SWAP": family == "swap"} if load is None else {"LOAD": load}
     packed: dict[int, Any] = {}  # a weight's packed copy, made on its first call (outside any timing)
 
     def call(x, w):

@@ -100,8 +100,8 @@ def tune_gemv(ws, xs, m: int):
     of back-to-back calls), and its GEMVs."""
     from dispatch.gemv import CONFIGS, Gemv, GemvConfig
     best, best_us = None, float("inf")
-    for bn, bk, sk, nw in CONFIGS:
-        cfg = GemvConfig(bn, bk, sk, nw)
+    for geometry in CONFIGS:
+        cfg = GemvConfig(*geometry[:5], swap=geometry[5])
         if bk * sk > ws[0].shape[1] * 2 or not cfg.takes(m):
             continue
         try:
