@@ -102,7 +102,7 @@ def tune_gemv(ws, xs, m: int):
     best, best_us = None, float("inf")
     for geometry in CONFIGS:
         cfg = GemvConfig(*geometry[:5], swap=geometry[5])
-        if bk * sk > ws[0].shape[1] * 2 or not cfg.takes(m):
+        if cfg.block_k * cfg.split_k > ws[0].shape[1] * 2 or not cfg.takes(m):
             continue
         try:
             gs = [Gemv(w, cfg) for w in ws]
