@@ -55,7 +55,7 @@ CONFIGS = tuple((bn, bk, sk, nw, tm, False) for tm in TILE_MS for bn in (8, 16, 
 TILES_ONE_ROW = ((8, 256, 4), (8, 512, 4), (16, 256, 4), (32, 128, 4), (64, 128, 4))
 TILES_FEW_ROWS = ((8, 256, 4), (16, 256, 4), (32, 128, 4), (16, 512, 8))
 TILES_ROWS = ((16, 256, 4), (32, 128, 4), (32, 256, 4), (32, 256, 8), (64, 128, 4))
-TILES_SWAP = ((64, 64, 4), (64, 128, 4), (128, 64, 4))  # swapped tiles, tried at every M above 1
+TILES_SWAP = ((64, 64, 4), (64, 128, 4), (128, 64, 4))  # swapped tiles, tried at every M
 KERNEL_NAME = "gemv_splitk"  # the kernel's name in a profiler's records: a captured GEMV call runs this and nothing else
 # 4: each configuration says whether its tile is swapped; 3: whether it launches with PDL; 2: names its tile_m; 1: one
 # row at M = 1, else a 16-row tile (1-3 are read as well: none swapped, 1 and 2 launched plainly)
@@ -230,13 +230,13 @@ class Gemv:
 
 
 def candidates(n: int, k: int, m: int, sms: int) -> list[GemvConfig]:
-    """The configurations the tuner times at (N, K, M): each tile shape (one row at M = 1; at M = 2-8 the CUDA-core
-    tile of the fewest rows that holds M, the 16-row tensor-core tiles and the swapped ones of 8 rows; above, the
-    tensor-core tiles and the swapped ones of 16) with the smallest power-of-two K split that gives at least two
-    programs per SM, half that and twice that (a split's slice at least one BLOCK_K; 16 at most)."""
+    """The configurations the tuner times at (N, K, M): each tile shape (at M = 1 the one-row tiles; at M = 2-8 the
+    CUDA-core tile of the fewest rows that holds M and the 16-row tensor-core tiles; above, the tensor-core tiles; at
+    every M the swapped tiles, of 8 rows up to M = 8, else 16) with the smallest power-of-two K split that gives at
+    least two programs per SM, half that and twice that (a split's slice at least one BLOCK_K; 16 at most)."""
     tiles = ([(t, 1, False) for t in TILES_ONE_ROW] if m == 1 else
-             [(t, tile_rows(m), False) for t in TILES_FEW_ROWS if m <= 8] + [(t, 16, False) for t in TILES_ROWS]
-             + [(t, 8 if m <= 8 else 16, True) for t in TILES_SWAP])
+             [(t, tile_rows(m), False) for t in TILES_FEW_ROWS if m <= 8] + [(t, 16, False) for t in TILES_ROWS])
+    tiles += [(t, 8 if m <= 8 else 16, True) for t in TILES_SWAP]
     out = []
     for (bn, bk, nw), rows, swap in tiles:
         count, sk = -(-n // bn), 1

@@ -13,7 +13,7 @@ def test_every_variant_fits_its_budget_and_splits_k_into_whole_tiles_where_packe
     for family, rows, bn, bk, sk, warps, stages in plan:
         tensor_core = family.endswith("16") or family.startswith("tc16")
         if family == "swap":  # the weight tile a warpgroup's 64 or 128 MMA rows, x's rows the MMA's 8 or 16 columns
-            assert m > 1 and rows == (8 if m <= 8 else 16) and bn in (64, 128) and warps == 4
+            assert rows == (8 if m <= 8 else 16) and bn in (64, 128) and warps == 4
         else:
             assert rows == (16 if tensor_core else tile_rows(m)) and not (tensor_core and m == 1)
         if family in ("defer", "tma"):
