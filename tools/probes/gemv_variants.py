@@ -15,6 +15,7 @@ copies, weights from HBM, CUDA events, the median replay):
   weight tile one contiguous block);
 - `tma`, `tma16`: `defer`'s and the 16-row tensor-core product with the weight tiles loaded by the Hopper tensor
   memory accelerator (a host-made tensor descriptor), S stages deep.
+- `pipe`: dispatch/gemv.py's one-row tile (M = 1) with its loop pipelined S stages deep through shared memory;
 - `swap`: dispatch/gemv.py's swapped tensor-core tile (the weight tile the MMA's 64 or 128 rows, x's 8 or 16 rows
   its columns): on SM90 a wgmma fed from shared memory by Triton's cp.async pipeline, S stages deep.
 Every variant ends in dispatch/gemv.py's split-K epilogue (a slot per split, the last to arrive sums them in order).
@@ -121,9 +122,25 @@ def kernels() -> dict[str, Any]:
                 acc += tl.sum(w.to(tl.float32) * xi[None, :], axis=1)[None, :]
         finish(acc, y_ptr, part_ptr, count_ptr, pid_n, pid_k, rm, rn, M, N, stride_ym, TILE_M, BLOCK_N, SPLIT_K)
 
+    @triton.jit
+    def gemv_pipe(x_ptr, w_src, y_ptr, part_ptr, count_ptr, M, N, K, k_per, stride_xm, stride_wn, stride_ym,
+                  k_tiles, TILE_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                  SPLIT_K: tl.constexpr, LOAD: tl.constexpr, STAGES: tl.constexpr):
+        """dispatch/gemv.py's one-row product with its loop pipelined STAGES deep: Triton pipelines only the loads
+        that feed a dot unless the loop asks (tl.range's num_stages), so today's one-row tile waits for each weight
+        tile; here the next ones are in flight through shared memory (cp.async)."""
+        pid_n, pid_k, rn, rm, k_lo = program(k_per, TILE_M, BLOCK_N)
+        acc = tl.zeros((TILE_M, BLOCK_N), dtype=tl.float32)
+        for k0 in tl.range(0, k_per, BLOCK_K, num_stages=STAGES):
+            rk = k_lo + k0 + tl.arange(0, BLOCK_K)
+            w = weight_tile(w_src, pid_n, k_lo + k0, rn, rk, N, K, stride_wn, k_tiles, BLOCK_N, BLOCK_K, LOAD)
+            xi = tl.load(x_ptr + rk, mask=rk < K, other=0.0).to(tl.float32)
+            acc += tl.sum(w.to(tl.float32) * xi[None, :], axis=1)[None, :]
+        finish(acc, y_ptr, part_ptr, count_ptr, pid_n, pid_k, rm, rn, M, N, stride_ym, TILE_M, BLOCK_N, SPLIT_K)
+
     # family -> (kernel, how it loads the weight)
     return {"defer": (gemv_defer, 0), "tma": (gemv_defer, 1), "tma16": (gemv_tile, 1), "packed": (gemv_tile, 2),
-            "packed16": (gemv_tile, 2)}
+            "packed16": (gemv_tile, 2), "pipe": (gemv_pipe, 0)}
 
 
 def pack(w: Any, bn: int, bk: int) -> Any:
@@ -149,6 +166,9 @@ def variants(n: int, k: int, m: int, sms: int) -> list[tuple[str, int, int, int,
            for sk in splits(n, k, bn, bk, sms)]
     if m > 1:
         out += [("tc16-s3", 16, bn, bk, sk, nw, 3) for bn, bk, nw in TILES_ROWS for sk in splits(n, k, bn, bk, sms)]
+    if m == 1:  # the one-row tile with its loop pipelined through shared memory
+        out += [("pipe", 1, bn, bk, sk, nw, s) for bn, bk, nw in TILES_ONE_ROW for s in (3, 4)
+                for sk in splits(n, k, bn, bk, sms)]
     # the weight in tile order: each program's weight tile one contiguous block (every split whole tiles: no mask)
     if m == 1:
         out += [("packed", 1, bn, bk, sk, nw, 3) for bn, bk, nw in TILES_ONE_ROW + ((16, 512, 4), (32, 256, 4))
@@ -188,7 +208,8 @@ def runner(family: str, tile_m: int, bn: int, bk: int, sk: int, nw: int, stages:
     from dispatch.gemv import GemvConfig, kernel, workspace_for
     space = workspace_for(n, GemvConfig(bn, bk, sk, nw, tile_m), device)
     fn, load = kernels().get(family, (kernel(), None))
-    extra = {"USE_PDL": False, "SWAP": family == "swap"} if load is None else {"LOAD": load}
+    extra = ({"USE_PDL": False, "SWAP": family == "swap"} if load is None else
+             {"LOAD": load, **({"STAGES": stages} if family == "pipe" else {})})
     packed: dict[int, Any] = {}  # a weight's packed copy, made on its first call (outside any timing)
 
     def call(x, w):
