@@ -41,7 +41,7 @@ from harness.io import atomic_write_text, is_count, read_json
 
 MAX_M = 16
 TILE_MS = (1, 2, 4, 8, 16)  # the rows a tile holds: 1, 2-8 on the CUDA cores, 16 a tensor-core tile
-SWAP_TILE_MS = (8, 16)  # the rows a swapped tile holds: the MMA's columns (N = 8 or 16)
+SWAP_TILE_MS = (8, 16)  # the rows a swapped tile holds: the MMA's columns (N = 8 or 16; the tuner tries 16)
 # every configuration the kernel is written for: (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, tile_m, swap); a 16-row tile
 # is a tensor-core tile, which needs BLOCK_N >= 16; a 2-8 row tile loops over its rows; a swapped tile is a
 # tensor-core tile with the weight tile as the MMA's A (64 or 128 rows: a warpgroup's wgmma on SM90, four warps).
@@ -232,11 +232,11 @@ class Gemv:
 def candidates(n: int, k: int, m: int, sms: int) -> list[GemvConfig]:
     """The configurations the tuner times at (N, K, M): each tile shape (at M = 1 the one-row tiles; at M = 2-8 the
     CUDA-core tile of the fewest rows that holds M and the 16-row tensor-core tiles; above, the tensor-core tiles; at
-    every M the swapped tiles, of 8 rows up to M = 8, else 16) with the smallest power-of-two K split that gives at
+    every M the swapped tiles of 16 rows) with the smallest power-of-two K split that gives at
     least two programs per SM, half that and twice that (a split's slice at least one BLOCK_K; 16 at most)."""
     tiles = ([(t, 1, False) for t in TILES_ONE_ROW] if m == 1 else
              [(t, tile_rows(m), False) for t in TILES_FEW_ROWS if m <= 8] + [(t, 16, False) for t in TILES_ROWS])
-    tiles += [(t, 8 if m <= 8 else 16, True) for t in TILES_SWAP]
+    tiles += [(t, 16, True) for t in TILES_SWAP]  # 16 rows: Triton 3.6 runs an 8-row one as mma.sync, not wgmma
     out = []
     for (bn, bk, nw), rows, swap in tiles:
         count, sk = -(-n // bn), 1

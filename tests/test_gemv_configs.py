@@ -29,8 +29,8 @@ def test_the_candidates_are_configurations_the_kernel_takes_with_enough_programs
             # at M = 2-8 the tuner also tries a CUDA-core tile of the fewest rows that hold M, beside the 16-row tiles
             plain = {c.tile_m for c in cands if not c.swap}
             assert plain == ({1} if m == 1 else {m if m in (2, 4, 8) else 4, 16} if m <= 8 else {16})
-            # and at every M the swapped tiles, of 8 rows where they hold M, else 16
-            assert {c.tile_m for c in cands if c.swap} == ({8} if m <= 8 else {16})
+            # and at every M the swapped tiles of 16 rows
+            assert {c.tile_m for c in cands if c.swap} == {16}
     # a small-N, large-K weight is split until the programs fill the SMs twice (each tile shape's largest split), or
     # 16 ways (a 128-row swapped tile: 16 tiles of N); a tall one is also tried unsplit
     small = candidates(2048, 4096, 1, 132)

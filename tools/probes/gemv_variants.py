@@ -194,10 +194,10 @@ def variants(n: int, k: int, m: int, sms: int) -> list[tuple[str, int, int, int,
                     out += [("wide16", 16, bn, bk, sk, 4, 3)]
     if m > 1:
         out += [("tc16-s4", 16, bn, bk, sk, nw, 4) for bn, bk, nw in TILES_ROWS for sk in splits(n, k, bn, bk, sms)]
-    # A and B swapped (every swapped tile the GEMV takes): the weight tile the wgmma's 64 or 128 rows, x's rows (8 or
-    # 16) its columns
-    out += [("swap", 8 if m <= 8 else 16, bn, bk, sk, 4, s) for bn, bk in sorted({c[:2] for c in CONFIGS if c[5]})
-            for s in (3, 4) for sk in splits(n, k, bn, bk, sms)]
+    # A and B swapped (every swapped tile the GEMV takes): the weight tile the MMA's 64 or 128 rows, x's rows its
+    # columns, 16 (a wgmma) or, where they hold M, 8 (Triton 3.6 runs those as mma.sync, 3.9 as a wgmma)
+    out += [("swap", rows, bn, bk, sk, 4, s) for rows in ((8, 16) if m <= 8 else (16,))
+            for bn, bk in sorted({c[:2] for c in CONFIGS if c[5]}) for s in (3, 4) for sk in splits(n, k, bn, bk, sms)]
     return out
 
 
