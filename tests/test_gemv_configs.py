@@ -340,3 +340,18 @@ def test_the_native_build_started_ahead_is_waited_for_by_the_first_bind(tmp_path
     monkeypatch.setattr(native, "_TRIED", [])
     monkeypatch.setenv("BLB_NATIVE_BUILD", "0")
     assert not native.build_ahead() and native._BUILDING == []
+
+
+def test_the_specialization_compiled_ahead_is_tritons_own():
+    """CompileAhead merges the launches whose integer arguments Triton specializes alike: its classes (1, a multiple
+    of 16, anything else) are those of Triton's own specializer, which keys the kernel a launch runs."""
+    pytest.importorskip("triton")
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend
+
+    from dispatch.gemv_ahead import specialization
+    classes: dict = {}
+    for v in (1, 2, 3, 8, 15, 16, 17, 48, 96, 100, 512, 1000, 2560, 3000, 4096, 9216, 248320):
+        classes.setdefault(specialization((v,)), set()).add(str(native_specialize_impl(BaseBackend, v, False, True,
+                                                                                       True)[:2]))
+    assert len(classes) == 3 and all(len(real) == 1 for real in classes.values()), classes
