@@ -4,9 +4,7 @@ At M <= 16 a linear is a streaming read of its weight. cuBLAS and TinyGEMM leave
 down_proj) well short of the memory ceiling, because N / tile gives too few CTAs to keep every SM's loads in flight.
 Splitting K gives each SM several independent slices. A configuration's tile holds `tile_m` rows of x: one row (a
 broadcast product on the CUDA cores), 2, 4 or 8 rows (a loop over the rows on the CUDA cores: the weight tile is read
-once and used for each row), 16 rows (one tensor-core tile, the rows past M masked), or a swapped tensor-core tile:
-the weight tile the MMA's A (64 or 128 rows, which on SM90 Triton runs as a warpgroup's wgmma fed from shared memory
-by its cp.async pipeline; a 16-row tile with x as A can only run mma.sync) and x's 8 or 16 rows its B.
+once and used for each row) or 16 rows (one tensor-core tile, the rows past M masked).
 
 Deterministic: each (N tile, K split) program writes its fp32 partial into a slot of its own, and the last program of
 an N tile to arrive (a per-tile arrival counter) sums the slots in split order, 0 to SPLIT_K - 1, writes the bf16
@@ -41,26 +39,20 @@ from harness.io import atomic_write_text, is_count, read_json
 
 MAX_M = 16
 TILE_MS = (1, 2, 4, 8, 16)  # the rows a tile holds: 1, 2-8 on the CUDA cores, 16 a tensor-core tile
-SWAP_TILE_MS = (8, 16)  # the rows a swapped tile holds: the MMA's columns (N = 8 or 16; the tuner tries 16)
-# every configuration the kernel is written for: (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, tile_m, swap); a 16-row tile
-# is a tensor-core tile, which needs BLOCK_N >= 16; a 2-8 row tile loops over its rows; a swapped tile is a
-# tensor-core tile with the weight tile as the MMA's A (64 or 128 rows: a warpgroup's wgmma on SM90, four warps).
-# tools/probes/limit.py tunes over all
-CONFIGS = tuple((bn, bk, sk, nw, tm, False) for tm in TILE_MS for bn in (8, 16, 32, 64) for bk in (128, 256, 512)
-                for sk in (1, 2, 4, 8, 16) for nw in (4, 8) if bn * bk <= 16384 and (tm != 16 or bn >= 16)) + \
-    tuple((bn, bk, sk, 4, tm, True) for tm in SWAP_TILE_MS for bn in (64, 128) for bk in (64, 128)
-          for sk in (1, 2, 4, 8, 16))
+# every configuration the kernel is written for: (BLOCK_N, BLOCK_K, SPLIT_K, num_warps, tile_m); a 16-row tile is a
+# tensor-core tile, which needs BLOCK_N >= 16; a 2-8 row tile loops over its rows. tools/probes/limit.py tunes over all
+CONFIGS = tuple((bn, bk, sk, nw, tm) for tm in TILE_MS for bn in (8, 16, 32, 64) for bk in (128, 256, 512)
+                for sk in (1, 2, 4, 8, 16) for nw in (4, 8) if bn * bk <= 16384 and (tm != 16 or bn >= 16))
 # the tile shapes (BLOCK_N, BLOCK_K, num_warps) the tuner tries: for one row, for 2-8 rows on the CUDA cores, and for
 # a 16-row tensor-core tile (tried at every M above 1)
 TILES_ONE_ROW = ((8, 256, 4), (8, 512, 4), (16, 256, 4), (32, 128, 4), (64, 128, 4))
 TILES_FEW_ROWS = ((8, 256, 4), (16, 256, 4), (32, 128, 4), (16, 512, 8))
 TILES_ROWS = ((16, 256, 4), (32, 128, 4), (32, 256, 4), (32, 256, 8), (64, 128, 4))
-TILES_SWAP = ((64, 64, 4), (64, 128, 4), (128, 64, 4))  # swapped tiles, tried at every M
 KERNEL_NAME = "gemv_splitk"  # the kernel's name in a profiler's records: a captured GEMV call runs this and nothing else
-# 4: each configuration says whether its tile is swapped; 3: whether it launches with PDL; 2: names its tile_m; 1: one
-# row at M = 1, else a 16-row tile (1-3 are read as well: none swapped, 1 and 2 launched plainly)
-FILE_FORMAT = 4
-FORMATS = (1, 2, 3, 4)
+# 3: each configuration says whether it launches with PDL; 2: names its tile_m; 1: one row at M = 1, else a 16-row
+# tile (1 and 2 are read as well, their configurations launched plainly)
+FILE_FORMAT = 3
+FORMATS = (1, 2, 3)
 # the tuner keeps PDL for a configuration only where its calls back to back take less than this share of the time
 # below the plain launch's: a PDL launch overlaps the kernel before it, which its own timing of one weight's calls
 # back to back can only approximate for a forward, where the kernel before it is another linear's
@@ -74,19 +66,18 @@ class GemvConfig:
     block_k: int
     split_k: int
     num_warps: int
-    tile_m: int = 16  # rows a tile holds (TILE_MS; SWAP_TILE_MS where swapped)
+    tile_m: int = 16  # rows a tile holds (TILE_MS)
     pdl: bool = False  # every launch a programmatic dependent launch (the tuner's choice per (N, K, M))
-    swap: bool = False  # the tensor-core product with A and B swapped: the weight tile the MMA's rows
 
     def takes(self, m: int) -> bool:
         return m == 1 if self.tile_m == 1 else m <= self.tile_m
 
     def key(self) -> str:
         return (f"bn{self.block_n}_bk{self.block_k}_sk{self.split_k}_w{self.num_warps}_r{self.tile_m}"
-                + ("_swap" if self.swap else "") + ("_pdl" if self.pdl else ""))
+                + ("_pdl" if self.pdl else ""))
 
-    def astuple(self) -> tuple[int, int, int, int, int, bool]:
-        return self.block_n, self.block_k, self.split_k, self.num_warps, self.tile_m, self.swap
+    def astuple(self) -> tuple[int, int, int, int, int]:
+        return self.block_n, self.block_k, self.split_k, self.num_warps, self.tile_m
 
 
 def tile_rows(m: int) -> int:
@@ -101,14 +92,9 @@ def kernel():
     import triton.language as tl
 
     @triton.jit
-    def tile_product(acc, w, x_ptr, rk, rm, M, K, stride_xm, TILE_M: tl.constexpr, SWAP: tl.constexpr):
-        """acc + the tile's rows of x times one weight tile w [BLOCK_N, BLOCK_K] (K offsets rk); swapped, acc is
-        [BLOCK_N, TILE_M] (the transposed product)."""
-        if SWAP:  # A and B swapped: the weight tile the MMA's rows (a wgmma on SM90), x's rows its columns
-            x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :],
-                        mask=(rm[:, None] < M) & (rk[None, :] < K), other=0.0)
-            acc = tl.dot(w, tl.trans(x), acc)
-        elif TILE_M == 16:  # a tensor-core tile, the rows past M masked to zero
+    def tile_product(acc, w, x_ptr, rk, rm, M, K, stride_xm, TILE_M: tl.constexpr):
+        """acc + the tile's rows of x times one weight tile w [BLOCK_N, BLOCK_K] (K offsets rk)."""
+        if TILE_M == 16:  # a tensor-core tile, the rows past M masked to zero
             x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :],
                         mask=(rm[:, None] < M) & (rk[None, :] < K), other=0.0)
             acc += tl.dot(x, tl.trans(w))
@@ -123,16 +109,13 @@ def kernel():
     @triton.jit
     def gemv_splitk(x_ptr, w_ptr, y_ptr, part_ptr, count_ptr, M, N, K, k_per, stride_xm, stride_wn, stride_ym,
                     TILE_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-                    USE_PDL: tl.constexpr, SWAP: tl.constexpr):
+                    USE_PDL: tl.constexpr):
         pid_n = tl.program_id(0)
         pid_k = tl.program_id(1)
         rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
         rm = tl.arange(0, TILE_M)
         k_lo = pid_k * k_per  # each split's slice of K, whole BLOCK_Ks
-        if SWAP:
-            acc = tl.zeros((BLOCK_N, TILE_M), dtype=tl.float32)
-        else:
-            acc = tl.zeros((TILE_M, BLOCK_N), dtype=tl.float32)
+        acc = tl.zeros((TILE_M, BLOCK_N), dtype=tl.float32)
         if USE_PDL:
             # launched early beside the kernel before it (programmatic dependent launch): the first weight tile is
             # loaded (no kernel writes weights) before waiting for that kernel's writes; x, y and the workspace are
@@ -142,7 +125,7 @@ def kernel():
                         mask=(rn[:, None] < N) & (rk[None, :] < K), other=0.0, eviction_policy="evict_first")
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
-            acc = tile_product(acc, w, x_ptr, rk, rm, M, K, stride_xm, TILE_M, SWAP)
+            acc = tile_product(acc, w, x_ptr, rk, rm, M, K, stride_xm, TILE_M)
             first = BLOCK_K
         else:
             first = 0
@@ -150,9 +133,7 @@ def kernel():
             rk = k_lo + k0 + tl.arange(0, BLOCK_K)
             w = tl.load(w_ptr + rn[:, None] * stride_wn + rk[None, :],
                         mask=(rn[:, None] < N) & (rk[None, :] < K), other=0.0, eviction_policy="evict_first")
-            acc = tile_product(acc, w, x_ptr, rk, rm, M, K, stride_xm, TILE_M, SWAP)
-        if SWAP:
-            acc = tl.trans(acc)
+            acc = tile_product(acc, w, x_ptr, rk, rm, M, K, stride_xm, TILE_M)
         out_mask = (rm[:, None] < M) & (rn[None, :] < N)
         if SPLIT_K == 1:
             tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(tl.bfloat16), mask=out_mask)
@@ -198,7 +179,7 @@ def arguments(m: int, n: int, k: int, c: GemvConfig, pdl: bool | None, strides: 
     pdl = c.pdl if pdl is None else pdl
     k_per = -(-(-(-k // c.split_k)) // c.block_k) * c.block_k
     options = dict(TILE_M=c.tile_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, SPLIT_K=c.split_k, USE_PDL=pdl,
-                   SWAP=c.swap, num_warps=c.num_warps, **({"launch_pdl": True} if pdl else {}))
+                   num_warps=c.num_warps, **({"launch_pdl": True} if pdl else {}))
     return (-(-n // c.block_n), c.split_k), (m, n, k, k_per, *strides), options
 
 
@@ -230,21 +211,20 @@ class Gemv:
 
 
 def candidates(n: int, k: int, m: int, sms: int) -> list[GemvConfig]:
-    """The configurations the tuner times at (N, K, M): each tile shape (at M = 1 the one-row tiles; at M = 2-8 the
-    CUDA-core tile of the fewest rows that holds M and the 16-row tensor-core tiles; above, the tensor-core tiles; at
-    every M the swapped tiles of 16 rows) with the smallest power-of-two K split that gives at
-    least two programs per SM, half that and twice that (a split's slice at least one BLOCK_K; 16 at most)."""
-    tiles = ([(t, 1, False) for t in TILES_ONE_ROW] if m == 1 else
-             [(t, tile_rows(m), False) for t in TILES_FEW_ROWS if m <= 8] + [(t, 16, False) for t in TILES_ROWS])
-    tiles += [(t, 16, True) for t in TILES_SWAP]  # 16 rows: Triton 3.6 runs an 8-row one as mma.sync, not wgmma
+    """The configurations the tuner times at (N, K, M): each tile shape (one row at M = 1; at M = 2-8 the CUDA-core
+    tile of the fewest rows that holds M and the 16-row tensor-core tiles; above, the tensor-core tiles) with the
+    smallest power-of-two K split that gives at least two programs per SM, half that and twice that (a split's slice
+    at least one BLOCK_K; 16 at most)."""
+    tiles = ([(t, 1) for t in TILES_ONE_ROW] if m == 1 else
+             [(t, tile_rows(m)) for t in TILES_FEW_ROWS if m <= 8] + [(t, 16) for t in TILES_ROWS])
     out = []
-    for (bn, bk, nw), rows, swap in tiles:
+    for (bn, bk, nw), rows in tiles:
         count, sk = -(-n // bn), 1
         while sk < 16 and count * sk < 2 * sms and bk * sk * 2 <= k:
             sk *= 2
         for split in dict.fromkeys((max(1, sk // 2), sk, sk * 2)):
             if split <= 16 and (split == 1 or bk * split <= k):
-                out.append(GemvConfig(bn, bk, split, nw, rows, swap=swap))
+                out.append(GemvConfig(bn, bk, split, nw, rows))
     return [c for c in out if c.takes(m) and c.astuple() in CONFIGS]
 
 
@@ -352,14 +332,13 @@ def pinned(n: int, k: int, m: int) -> GemvConfig | None:
 def to_json() -> dict[str, Any]:
     return {"format": FILE_FORMAT, "kind": "gemv-configs",
             "configs": [{"n": n, "k": k, "m": m, "block_n": c.block_n, "block_k": c.block_k, "split_k": c.split_k,
-                         "num_warps": c.num_warps, "tile_m": c.tile_m, "pdl": c.pdl, "swap": c.swap}
+                         "num_warps": c.num_warps, "tile_m": c.tile_m, "pdl": c.pdl}
                         for (n, k, m), c in sorted(STORE.configs.items())]}
 
 
 def parse(data: Any, where: str) -> dict[tuple[int, int, int], GemvConfig]:
     """A gemv-configs file's configurations; one clear error for anything else. A format 1 file (no tile_m) ran one
-    row at M = 1 and a 16-row tile above; formats 1 and 2 (no pdl) launched every configuration plainly; formats 1-3
-    (no swap) swapped none."""
+    row at M = 1 and a 16-row tile above; formats 1 and 2 (no pdl) launched every configuration plainly."""
     fix = "delete it and tune afresh (bench run --tune)"
     if not isinstance(data, dict) or data.get("kind") != "gemv-configs":
         raise HarnessError(f"{where} is not a GEMV configuration file (kind gemv-configs); {fix}")
@@ -372,12 +351,10 @@ def parse(data: Any, where: str) -> dict[tuple[int, int, int], GemvConfig]:
     for i, e in enumerate(data.get("configs") if isinstance(data.get("configs"), list) else [None]):
         if not isinstance(e, dict) or not all(is_count(e.get(f)) for f in keys):
             raise HarnessError(f"{where}: configuration {i} needs positive integers {', '.join(keys)}; {fix}")
-        for flag, since in (("pdl", 3), ("swap", 4)):
-            if fmt >= since and not isinstance(e.get(flag), bool):
-                raise HarnessError(f"{where}: configuration {i} needs {flag}, true or false; {fix}")
+        if fmt >= 3 and not isinstance(e.get("pdl"), bool):
+            raise HarnessError(f"{where}: configuration {i} needs pdl, true or false; {fix}")
         rows = e["tile_m"] if fmt >= 2 else 1 if e["m"] == 1 else 16
-        cfg = GemvConfig(e["block_n"], e["block_k"], e["split_k"], e["num_warps"], rows, e.get("pdl", False) is True,
-                         e.get("swap", False) is True)
+        cfg = GemvConfig(e["block_n"], e["block_k"], e["split_k"], e["num_warps"], rows, e.get("pdl", False) is True)
         if cfg.astuple() not in CONFIGS or e["m"] > MAX_M or not cfg.takes(e["m"]):
             raise HarnessError(f"{where}: configuration {i} ({cfg.key()} at M = {e['m']}) is not one the GEMV "
                                f"takes; {fix}")

@@ -24,19 +24,16 @@ def test_the_candidates_are_configurations_the_kernel_takes_with_enough_programs
         for m in (1, 2, 8, 16):
             cands = candidates(n, k, m, 132)
             assert cands and all(c.astuple() in CONFIGS for c in cands)
-            assert all(c.takes(m) for c in cands) and len(cands) <= (34 if m <= 8 else 24)
+            assert all(c.takes(m) for c in cands) and len(cands) <= (27 if 1 < m <= 8 else 15)
             assert len(set(cands)) == len(cands)
             # at M = 2-8 the tuner also tries a CUDA-core tile of the fewest rows that hold M, beside the 16-row tiles
-            plain = {c.tile_m for c in cands if not c.swap}
-            assert plain == ({1} if m == 1 else {m if m in (2, 4, 8) else 4, 16} if m <= 8 else {16})
-            # and at every M the swapped tiles of 16 rows
-            assert {c.tile_m for c in cands if c.swap} == {16}
-    # a small-N, large-K weight is split until the programs fill the SMs twice (each tile shape's largest split), or
-    # 16 ways (a 128-row swapped tile: 16 tiles of N); a tall one is also tried unsplit
+            assert {c.tile_m for c in cands} == ({1} if m == 1 else {m if m in (2, 4, 8) else 4, 16} if m <= 8
+                                                 else {16})
+    # a small-N, large-K weight is split until the programs fill the SMs twice (each tile shape's largest split);
+    # a tall one is also tried unsplit
     small = candidates(2048, 4096, 1, 132)
     for tile in {(c.block_n, c.block_k) for c in small}:
-        widest = max((c for c in small if (c.block_n, c.block_k) == tile), key=lambda c: c.split_k)
-        assert -(-2048 // widest.block_n) * widest.split_k >= 264 or widest.split_k == 16
+        assert max(-(-2048 // c.block_n) * c.split_k for c in small if (c.block_n, c.block_k) == tile) >= 264
     assert min(c.split_k for c in candidates(248320, 2560, 1, 132)) == 1
 
 
@@ -194,9 +191,8 @@ def test_a_format_1_file_reads_as_the_tiles_it_ran_and_saves_as_the_current_form
 
 
 def test_a_configuration_that_launches_with_pdl_keeps_it_through_its_file(store, tmp_path):
-    """Format 3 says per configuration whether it launches with PDL (the tuner's choice), format 4 also whether its
-    tile is swapped; format 2 read as plain and format 3 as unswapped; an entry without a boolean pdl (format 3 on) or
-    swap (format 4) is refused in one line."""
+    """Format 3 says per configuration whether it launches with PDL (the tuner's choice); format 2 read as plain; a
+    format 3 entry without a boolean pdl is refused in one line."""
     from dispatch import gemv
     chained = gemv.GemvConfig(16, 256, 4, 4, 1, pdl=True)
     assert chained.key().endswith("_pdl") and not gemv.GemvConfig(16, 256, 4, 4, 1).key().endswith("_pdl")
@@ -204,27 +200,10 @@ def test_a_configuration_that_launches_with_pdl_keeps_it_through_its_file(store,
     store.configs[(2560, 4096, 1)] = chained
     gemv.save(tmp_path / "a.gemv.json")
     saved = json.loads((tmp_path / "a.gemv.json").read_text())
-    assert saved["format"] == 4 and saved["configs"][0]["pdl"] is True and saved["configs"][0]["swap"] is False
+    assert saved["format"] == 3 and saved["configs"][0]["pdl"] is True
     store.configs.clear()
     gemv.load(tmp_path / "a.gemv.json")
     assert store.configs[(2560, 4096, 1)] == chained
-    swapped = gemv.GemvConfig(64, 128, 4, 4, 8, pdl=True, swap=True)
-    assert swapped.key().endswith("_r8_swap_pdl") and swapped.astuple() in gemv.CONFIGS
-    assert gemv.GemvConfig(64, 128, 4, 4, 2, swap=True).astuple() not in gemv.CONFIGS  # swapped: 8 or 16 rows
-    store.configs[(2560, 4096, 4)] = swapped
-    gemv.save(tmp_path / "s.gemv.json")
-    store.configs.clear()
-    gemv.load(tmp_path / "s.gemv.json")
-    assert store.configs[(2560, 4096, 4)] == swapped
-    three = dict(saved, format=3, configs=[{k: v for k, v in saved["configs"][0].items() if k != "swap"}])
-    (tmp_path / "three.gemv.json").write_text(json.dumps(three))
-    gemv.load(tmp_path / "three.gemv.json")
-    assert store.configs[(2560, 4096, 1)] == chained  # format 3: none swapped
-    for swap in (None, 0, "no"):
-        bad = dict(saved, configs=[{**saved["configs"][0], "swap": swap}])
-        (tmp_path / "bad.gemv.json").write_text(json.dumps(bad))
-        with pytest.raises(HarnessError, match="needs swap, true or false"):
-            gemv.load(tmp_path / "bad.gemv.json")
     two = dict(saved, format=2, configs=[{k: v for k, v in saved["configs"][0].items() if k != "pdl"}])
     (tmp_path / "two.gemv.json").write_text(json.dumps(two))
     gemv.load(tmp_path / "two.gemv.json")

@@ -33,29 +33,30 @@ def test_pack_stores_each_weight_tile_as_one_contiguous_block():
             assert torch.equal(p[i, j], w[i * 8:(i + 1) * 8, j * 16:(j + 1) * 16])
 
 
-def test_the_swapped_tile_compiles_to_hoppers_wgmma_and_the_16_row_tile_to_mma_sync():
-    """Why the GEMV has a swapped tile: with the weight tile as the MMA's A (64 rows a warpgroup), Triton emits SM90's
-    wgmma fed from shared memory by its cp.async pipeline; the 16-row tile (x as A) can only emit mma.sync. A compile
-    for SM90 on the CPU (Triton's ptxas), with the alignment a real launch specializes on."""
+def test_the_swapped_product_compiles_to_hoppers_wgmma_and_the_16_row_tile_to_mma_sync():
+    """What the swap family tries: with the weight tile as the MMA's A (64 rows a warpgroup), Triton emits SM90's
+    wgmma fed from shared memory by its cp.async pipeline; dispatch/gemv.py's 16-row tile (x as A) can only emit
+    mma.sync. A compile for SM90 on the CPU (Triton's ptxas), with the alignment a real launch specializes on."""
     pytest.importorskip("triton")
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     from dispatch.gemv import GemvConfig, arguments, kernel
-    names = ["x_ptr", "w_ptr", "y_ptr", "part_ptr", "count_ptr", "M", "N", "K", "k_per", "stride_xm", "stride_wn",
-             "stride_ym"]
+    from tools.probes.gemv_variants import kernels
+    ints = ["M", "N", "K", "k_per", "stride_xm", "stride_wn", "stride_ym"]
 
-    def ptx(config):
-        _, _, options = arguments(4, 2560, 4096, config, None, (4096, 4096, 2560))
-        const = {k: v for k, v in options.items() if k.isupper()}
-        sig = {**{a: t for a, t in zip(names, ["*bf16"] * 3 + ["*fp32", "*i32"] + ["i32"] * 7)},
+    def ptx(fn, pointers, extra, const):
+        names = [*pointers, *ints, *extra]
+        sig = {**{a: t for a, t in zip(names, ["*bf16"] * 3 + ["*fp32", "*i32"] + ["i32"] * (len(names) - 5))},
                **{c: "constexpr" for c in const}}
         aligned = {(i,): [["tt.divisibility", 16]] for i, a in enumerate(names) if a != "M"}
-        src = ASTSource(kernel(), sig, const, aligned)
-        return triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                              options={"num_warps": options["num_warps"]}).asm["ptx"]
-    swapped = ptx(GemvConfig(64, 128, 4, 4, 16, swap=True))
+        return triton.compile(ASTSource(fn, sig, const, aligned), target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": 4}).asm["ptx"]
+    heads = ["x_ptr", "w_src", "y_ptr", "part_ptr", "count_ptr"]
+    swapped = ptx(kernels()["swap"][0], heads, ["k_tiles"],
+                  {"TILE_M": 16, "BLOCK_N": 64, "BLOCK_K": 128, "SPLIT_K": 4, "LOAD": 0})
     assert "wgmma.mma_async" in swapped and "cp.async" in swapped and "mma.sync" not in swapped
-    today = ptx(GemvConfig(32, 128, 4, 4, 16))
+    _, _, options = arguments(4, 2560, 4096, GemvConfig(32, 128, 4, 4, 16), None, (4096, 4096, 2560))
+    today = ptx(kernel(), ["x_ptr", "w_ptr", *heads[2:]], [], {k: v for k, v in options.items() if k.isupper()})
     assert "mma.sync" in today and "wgmma" not in today

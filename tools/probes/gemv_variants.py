@@ -16,7 +16,7 @@ copies, weights from HBM, CUDA events, the median replay):
 - `tma`, `tma16`: `defer`'s and the 16-row tensor-core product with the weight tiles loaded by the Hopper tensor
   memory accelerator (a host-made tensor descriptor), S stages deep.
 - `pipe`: dispatch/gemv.py's one-row tile (M = 1) with its loop pipelined S stages deep through shared memory;
-- `swap`: dispatch/gemv.py's swapped tensor-core tile (the weight tile the MMA's 64 or 128 rows, x's 8 or 16 rows
+- `swap`: the tensor-core product with A and B swapped (the weight tile the MMA's 64 or 128 rows, x's 8 or 16 rows
   its columns): on SM90 a wgmma fed from shared memory by Triton's cp.async pipeline, S stages deep.
 Every variant ends in dispatch/gemv.py's split-K epilogue (a slot per split, the last to arrive sums them in order).
 Writes DIR/variants.csv (every configuration) and DIR/run.json (command, environment, the reads). A diagnostic: what
@@ -123,6 +123,22 @@ def kernels() -> dict[str, Any]:
         finish(acc, y_ptr, part_ptr, count_ptr, pid_n, pid_k, rm, rn, M, N, stride_ym, TILE_M, BLOCK_N, SPLIT_K)
 
     @triton.jit
+    def gemv_swap(x_ptr, w_src, y_ptr, part_ptr, count_ptr, M, N, K, k_per, stride_xm, stride_wn, stride_ym,
+                  k_tiles, TILE_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                  SPLIT_K: tl.constexpr, LOAD: tl.constexpr):
+        """The tensor-core product with A and B swapped: the weight tile [BLOCK_N, BLOCK_K] the MMA's A (64 or 128
+        rows: on SM90 Triton emits a warpgroup's wgmma fed from shared memory by its cp.async pipeline, where the
+        16-row tile, x as A, is mma.sync), x's TILE_M rows transposed its B, the accumulator transposed at the end."""
+        pid_n, pid_k, rn, rm, k_lo = program(k_per, TILE_M, BLOCK_N)
+        acc = tl.zeros((BLOCK_N, TILE_M), dtype=tl.float32)
+        for k0 in range(0, k_per, BLOCK_K):
+            rk = k_lo + k0 + tl.arange(0, BLOCK_K)
+            w = weight_tile(w_src, pid_n, k_lo + k0, rn, rk, N, K, stride_wn, k_tiles, BLOCK_N, BLOCK_K, LOAD)
+            acc = tl.dot(w, tl.trans(x_tile(x_ptr, rm, rk, M, K, stride_xm)), acc)
+        finish(tl.trans(acc), y_ptr, part_ptr, count_ptr, pid_n, pid_k, rm, rn, M, N, stride_ym, TILE_M, BLOCK_N,
+               SPLIT_K)
+
+    @triton.jit
     def gemv_pipe(x_ptr, w_src, y_ptr, part_ptr, count_ptr, M, N, K, k_per, stride_xm, stride_wn, stride_ym,
                   k_tiles, TILE_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                   SPLIT_K: tl.constexpr, LOAD: tl.constexpr, STAGES: tl.constexpr):
@@ -140,7 +156,7 @@ def kernels() -> dict[str, Any]:
 
     # family -> (kernel, how it loads the weight)
     return {"defer": (gemv_defer, 0), "tma": (gemv_defer, 1), "tma16": (gemv_tile, 1), "packed": (gemv_tile, 2),
-            "packed16": (gemv_tile, 2), "pipe": (gemv_pipe, 0)}
+            "packed16": (gemv_tile, 2), "pipe": (gemv_pipe, 0), "swap": (gemv_swap, 0)}
 
 
 def pack(w: Any, bn: int, bk: int) -> Any:
@@ -159,7 +175,7 @@ def splits(n: int, k: int, bn: int, bk: int, sms: int) -> list[int]:
 
 def variants(n: int, k: int, m: int, sms: int) -> list[tuple[str, int, int, int, int, int, int]]:
     """(family, tile_m, block_n, block_k, split_k, num_warps, num_stages) for every configuration tried."""
-    from dispatch.gemv import CONFIGS, TILES_FEW_ROWS, TILES_ONE_ROW, TILES_ROWS, tile_rows
+    from dispatch.gemv import TILES_FEW_ROWS, TILES_ONE_ROW, TILES_ROWS, tile_rows
     rows = tile_rows(m)
     # today's kernel first (its tuner's list: the baseline), then the new structures, then deeper pipelines
     out = [("rows", rows, bn, bk, sk, nw, 3) for bn, bk, nw in (TILES_ONE_ROW if m == 1 else TILES_FEW_ROWS)
@@ -194,10 +210,11 @@ def variants(n: int, k: int, m: int, sms: int) -> list[tuple[str, int, int, int,
                     out += [("wide16", 16, bn, bk, sk, 4, 3)]
     if m > 1:
         out += [("tc16-s4", 16, bn, bk, sk, nw, 4) for bn, bk, nw in TILES_ROWS for sk in splits(n, k, bn, bk, sms)]
-    # A and B swapped (every swapped tile the GEMV takes): the weight tile the MMA's 64 or 128 rows, x's rows its
-    # columns, 16 (a wgmma) or, where they hold M, 8 (Triton 3.6 runs those as mma.sync, 3.9 as a wgmma)
+    # A and B swapped: the weight tile the MMA's 64 or 128 rows, x's rows its columns, 16 (a wgmma) or, where they
+    # hold M, 8 (Triton 3.6 runs those as mma.sync, 3.9 as a wgmma)
     out += [("swap", rows, bn, bk, sk, 4, s) for rows in ((8, 16) if m <= 8 else (16,))
-            for bn, bk in sorted({c[:2] for c in CONFIGS if c[5]}) for s in (3, 4) for sk in splits(n, k, bn, bk, sms)]
+            for bn, bk in ((64, 64), (64, 128), (128, 64), (128, 128)) for s in (3, 4)
+            for sk in splits(n, k, bn, bk, sms)]
     return out
 
 
@@ -208,7 +225,7 @@ def runner(family: str, tile_m: int, bn: int, bk: int, sk: int, nw: int, stages:
     from dispatch.gemv import GemvConfig, kernel, workspace_for
     space = workspace_for(n, GemvConfig(bn, bk, sk, nw, tile_m), device)
     fn, load = kernels().get(family, (kernel(), None))
-    extra = ({"USE_PDL": False, "SWAP": family == "swap"} if load is None else
+    extra = ({"USE_PDL": False} if load is None else
              {"LOAD": load, **({"STAGES": stages} if family == "pipe" else {})})
     packed: dict[int, Any] = {}  # a weight's packed copy, made on its first call (outside any timing)
 

@@ -101,7 +101,7 @@ def tune_gemv(ws, xs, m: int):
     from dispatch.gemv import CONFIGS, Gemv, GemvConfig
     best, best_us = None, float("inf")
     for geometry in CONFIGS:
-        cfg = GemvConfig(*geometry[:5], swap=geometry[5])
+        cfg = GemvConfig(*geometry)
         if cfg.block_k * cfg.split_k > ws[0].shape[1] * 2 or not cfg.takes(m):
             continue
         try:
