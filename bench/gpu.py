@@ -26,19 +26,22 @@ class Operands:
         return len(self.xs)
 
 
-def make_operands(m: int, n: int, k: int, rotations: int, seed: int = 0, weights: list[Any] | None = None
-                  ) -> Operands:
+def make_operands(m: int, n: int, k: int, rotations: int, seed: int = 0, weights: list[Any] | None = None,
+                  inputs: list[Any] | None = None) -> Operands:
     """Random bf16 inputs and weights (never zeros: they run faster), one independent copy per rotation. Each side is
     one allocation filled by one randn call, every copy a view starting on a 256-byte boundary: a few launches per
-    cell, not several per copy. weights: copies of the [n, k] weight made earlier (make_weights) to serve again,
-    at least `rotations` of them (the first are taken); made here when None."""
+    cell, not several per copy. weights, inputs: copies made earlier (make_weights, InputPool) to serve again, at
+    least `rotations` of them (the first are taken); made here when None."""
     import torch
     gen = torch.Generator(device="cuda").manual_seed(seed)
     if weights is None:
         weights = random_copies(n, k, rotations, k ** -0.5, gen)
-    elif len(weights) < rotations or tuple(weights[0].shape) != (n, k):
-        raise ValueError(f"{len(weights)} weight copies cannot serve {rotations} rotations of {n} x {k}")
-    return Operands(random_copies(m, k, rotations, 1.0, gen), weights[:rotations])
+    if inputs is None:
+        inputs = random_copies(m, k, rotations, 1.0, gen)
+    for side, copies, rows in (("weight", weights, n), ("input", inputs, m)):
+        if len(copies) < rotations or tuple(copies[0].shape) != (rows, k):
+            raise ValueError(f"{len(copies)} {side} copies cannot serve {rotations} rotations of {rows} x {k}")
+    return Operands(inputs[:rotations], weights[:rotations])
 
 
 def make_weights(n: int, k: int, rotations: int, seed: int = 0) -> list[Any]:
@@ -47,14 +50,56 @@ def make_weights(n: int, k: int, rotations: int, seed: int = 0) -> list[Any]:
     return random_copies(n, k, rotations, k ** -0.5, torch.Generator(device="cuda").manual_seed(seed))
 
 
+def aligned(elements: int) -> int:
+    """Elements rounded up to a 256-byte boundary: where the next copy of a flat allocation starts."""
+    return -(-elements // ALIGN_ELEMENTS) * ALIGN_ELEMENTS
+
+
+def copies_of(flat: Any, rows: int, k: int, rotations: int) -> list[Any]:
+    """`rotations` [rows, k] views of one flat allocation, each on a 256-byte boundary."""
+    stride = aligned(rows * k)
+    if flat.numel() < rotations * stride:
+        raise ValueError(f"{flat.numel()} elements cannot hold {rotations} copies of {rows} x {k}")
+    return [flat[i * stride:i * stride + rows * k].view(rows, k) for i in range(rotations)]
+
+
 def random_copies(rows: int, k: int, rotations: int, scale: float, gen: Any) -> list[Any]:
     """`rotations` [rows, k] bf16 views of one randn allocation (times scale), each on a 256-byte boundary."""
     import torch
-    stride = -(-rows * k // ALIGN_ELEMENTS) * ALIGN_ELEMENTS
-    flat = torch.randn(rotations * stride, device="cuda", dtype=torch.bfloat16, generator=gen)
+    flat = torch.randn(rotations * aligned(rows * k), device="cuda", dtype=torch.bfloat16, generator=gen)
     if scale != 1.0:
         flat.mul_(scale)
-    return [flat[i * stride:i * stride + rows * k].view(rows, k) for i in range(rotations)]
+    return copies_of(flat, rows, k, rotations)
+
+
+def random_flat(elements: int, seed: int) -> Any:
+    """One bf16 randn allocation of `elements` on the GPU."""
+    import torch
+    return torch.randn(elements, device="cuda", dtype=torch.bfloat16,
+                       generator=torch.Generator(device="cuda").manual_seed(seed))
+
+
+@dataclass
+class InputPool:
+    """The current shape's inputs: one random allocation, sized at the shape's first M for the most copies any of its M
+    takes (rotations x aligned rows x K), each M's copies views into it. A sweep releases the GPU's cached memory
+    after every cell, so inputs made per cell were a fresh allocation (a cudaMalloc) and fill each time. Values repeat
+    across M; a timing does not depend on them, and each cell's check has its own fp32 reference."""
+    fill: Callable[[int, int], Any] = random_flat  # (elements, seed) -> a flat bf16 tensor
+    shape: tuple[int, int] | None = None
+    flat: Any = None
+
+    def take(self, n: int, k: int, m: int, rotations: int, most: int) -> list[Any]:
+        """`rotations` [m, k] copies for shape (n, k); `most`: the elements the shape's largest need takes (a need
+        above it, or another shape, makes the allocation again)."""
+        need = rotations * aligned(m * k)
+        if self.shape != (n, k) or self.flat is None or self.flat.numel() < need:
+            self.clear()  # released before the next is made
+            self.flat, self.shape = self.fill(max(need, most), n * 7919 + k), (n, k)
+        return copies_of(self.flat, m, k, rotations)
+
+    def clear(self) -> None:
+        self.shape, self.flat = None, None
 
 
 def reference(x, w, max_rows: int = 256) -> tuple[Any, Any]:

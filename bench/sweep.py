@@ -14,8 +14,8 @@ from bench.ceiling import annotate
 from bench.ceiling import measure as measure_ceilings
 from bench.clocks import make_clock
 from bench.envinfo import nvml_clocks, run_info
-from bench.gpu import (REL_ERR_BOUND, L2Flush, Replays, Stopping, capture, determinism, flashinfer_choices,
-                       make_operands, make_weights, output_error, reference, replay_interleaved)
+from bench.gpu import (REL_ERR_BOUND, InputPool, L2Flush, Replays, Stopping, aligned, capture, determinism,
+                       flashinfer_choices, make_operands, make_weights, output_error, reference, replay_interleaved)
 from bench.hosttime import MIN_CALLS, host_times
 from bench.paths import DISPATCH, PATHS, GemmPath, kernel_twins
 from bench.skips import Skips, hopeless_after, shape_fields, skip_reason_at, split_runnable
@@ -248,6 +248,7 @@ class Sweeping:
     last_write: float = 0.0
     csv: CsvLines = field(default_factory=CsvLines)  # results.csv's rows formatted so far (rows are final once added)
     weights: "WeightPool" = field(default_factory=lambda: WeightPool())
+    inputs: InputPool = field(default_factory=InputPool)
     table: Any = None  # the table the dispatch path runs (None: the profile ships none)
 
 
@@ -306,8 +307,7 @@ def plan_group(run: Sweeping, shape: Shape, m: int, paths: list[GemmPath]) -> Gr
     cfg, l2_bytes, flush = run.cfg, run.l2_bytes, run.flush
     base = {**shape_fields(shape), "m": m, "timer": run.clock.name, "m_is_bucket": m in set(hybrid_buckets())}
     bytes_per_copy = 2 * (m * shape.k + shape.n * shape.k)
-    rotations = 1 if cfg.l2 != "rotate" else rotation_count(bytes_per_copy, l2_bytes, cap=cfg.max_rotations)
-    rotations = max(1, min(rotations, MAX_ROTATION_BYTES // bytes_per_copy))
+    rotations = rotations_of(cfg, l2_bytes, shape, m)
     calls = calls_per_graph(rotations, estimate(cfg, shape, m), cfg.target_replay_us)
     l2_multiple = flush.multiple if flush is not None else rotations * bytes_per_copy / l2_bytes
     buckets = set(hybrid_buckets())
@@ -317,6 +317,19 @@ def plan_group(run: Sweeping, shape: Shape, m: int, paths: list[GemmPath]) -> Gr
                      dispatcher_pdl(run.table, cfg.profile, run.sm, shape, m) if p.name == DISPATCH else None}
             for p in paths}
     return Group(shape, m, rows, rotations, calls, l2_multiple, paths)
+
+
+def rotations_of(cfg: SweepConfig, l2_bytes: int, shape: Shape, m: int) -> int:
+    """The rotated operand copies of a cell: enough to hold 5x L2 in --l2 rotate (rotation_count), else one; at most
+    MAX_ROTATION_BYTES of them."""
+    bytes_per_copy = 2 * (m * shape.k + shape.n * shape.k)
+    rotations = 1 if cfg.l2 != "rotate" else rotation_count(bytes_per_copy, l2_bytes, cap=cfg.max_rotations)
+    return max(1, min(rotations, MAX_ROTATION_BYTES // bytes_per_copy))
+
+
+def inputs_most(cfg: SweepConfig, l2_bytes: int, shape: Shape) -> int:
+    """The elements of the largest input copies any M of this run takes at a shape (InputPool's allocation)."""
+    return max(rotations_of(cfg, l2_bytes, shape, m) * aligned(m * shape.k) for m in cfg.ms_of(shape))
 
 
 def dispatcher_pdl(table: Any, profile: GpuProfile, sm: int, shape: Shape, m: int) -> bool:
@@ -497,6 +510,7 @@ def measure_group(run: Sweeping, shape: Shape, m: int, paths: list[GemmPath],
             group.ops = operands(run, shape, m, group.rotations)
     except torch.OutOfMemoryError as exc:
         run.weights.clear()
+        run.inputs.clear()
         torch.cuda.empty_cache()
         for p in paths:
             group.fail(p.name, "skipped", f"out of memory allocating {group.rotations} operand copies: "
@@ -513,16 +527,18 @@ def measure_group(run: Sweeping, shape: Shape, m: int, paths: list[GemmPath],
 
 
 def operands(run: Sweeping, shape: Shape, m: int, rotations: int) -> Any:
-    """The cell's rotated operand copies: inputs made for this M, the weight copies of the shape's pool where it holds
-    enough (made here and pooled otherwise)."""
+    """The cell's rotated operand copies: views of the shape's input pool, and the weight copies of its weight pool
+    where it holds enough (made here and pooled otherwise)."""
     import torch
     ws = run.weights.take(shape.n, shape.k, rotations)
     if ws is None:
         with run.phase(NEW_WEIGHTS):  # how much of `operands` a shape's first M takes (allocation included)
+            run.inputs.clear()
             torch.cuda.empty_cache()  # the previous shape's copies, just released
             ws = make_weights(shape.n, shape.k, rotations, seed=shape.n * 31 + shape.k)
         run.weights.keep(shape.n, shape.k, ws)
-    return make_operands(m, shape.n, shape.k, rotations, seed=m * 7919 + shape.n, weights=ws)
+    xs = run.inputs.take(shape.n, shape.k, m, rotations, inputs_most(run.cfg, run.l2_bytes, shape))
+    return make_operands(m, shape.n, shape.k, rotations, weights=ws, inputs=xs)
 
 
 def _profile_table(profile: GpuProfile) -> Any:

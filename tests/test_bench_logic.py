@@ -691,6 +691,41 @@ def test_weight_pool_serves_a_shape_s_copies_again_and_drops_another_s():
     assert pool.take(32, 128, 1) is None and pool.shape is None  # another shape: emptied first
 
 
+def test_input_pool_serves_a_shape_s_m_from_one_allocation_made_for_its_largest_need():
+    """InputPool: one allocation per shape, sized at its first M for the most any of its M takes (inputs_most), each
+    M's copies views into it on 256-byte boundaries; a need above it or another shape makes it again."""
+    import torch
+
+    from bench.gpu import ALIGN_ELEMENTS, InputPool, aligned
+    from bench.sweep import SweepConfig, inputs_most, rotations_of
+    from shapes.catalog import catalog
+    made = []
+
+    def fill(elements, seed):
+        made.append(elements)
+        return torch.randn(elements, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
+    shape = next(s for s in catalog() if (s.n, s.k) == (2560, 4096))
+    cfg = SweepConfig(get_profile("h200"), [shape], [1, 8, 2048, 16384], [], None)
+    l2 = 60 << 20
+    most = inputs_most(cfg, l2, shape)
+    needs = {m: rotations_of(cfg, l2, shape, m) * aligned(m * shape.k) for m in cfg.ms}
+    assert most == max(needs.values()) and needs[16384] == most  # the largest M's copies need the most here
+    assert rotations_of(cfg, l2, shape, 1) > rotations_of(cfg, l2, shape, 16384) >= 1
+    pool = InputPool(fill=fill)
+    for m in cfg.ms:
+        rot = rotations_of(cfg, l2, shape, m)
+        xs = pool.take(shape.n, shape.k, m, rot, most)
+        assert len(xs) == rot and all(tuple(x.shape) == (m, shape.k) for x in xs)
+        assert all((x.data_ptr() - pool.flat.data_ptr()) % (2 * ALIGN_ELEMENTS) == 0 for x in xs)
+        assert len({x.data_ptr() for x in xs}) == rot  # every rotation its own copy
+    assert made == [most]  # one allocation served every M
+    pool.take(shape.n, shape.k, 16384, rotations_of(cfg, l2, shape, 16384) + 1, most)  # more than it holds
+    pool.take(64, 4096, 1, 1, 0)  # another shape
+    assert len(made) == 3 and pool.shape == (64, 4096)
+    with pytest.raises(ValueError, match="cannot hold"):
+        from bench.gpu import copies_of
+        copies_of(pool.flat, 64, 4096, 2)
+
 def test_the_dispatch_row_is_read_as_a_pdl_launch_where_its_table_runs_a_pdl_kernel():
     """The dispatch row's pdl column follows its table's graph choice: a pdl TinyGEMM call overlaps the call before
     it, so its kernels' summed durations exceed their span and the row must be read by its span, as that path's own
