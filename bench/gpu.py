@@ -26,22 +26,19 @@ class Operands:
         return len(self.xs)
 
 
-def make_operands(m: int, n: int, k: int, rotations: int, seed: int = 0, weights: list[Any] | None = None,
-                  inputs: list[Any] | None = None) -> Operands:
+def make_operands(m: int, n: int, k: int, rotations: int, seed: int = 0, weights: list[Any] | None = None
+                  ) -> Operands:
     """Random bf16 inputs and weights (never zeros: they run faster), one independent copy per rotation. Each side is
     one allocation filled by one randn call, every copy a view starting on a 256-byte boundary: a few launches per
-    cell, not several per copy. weights, inputs: copies made earlier (make_weights, InputPool) to serve again, at
-    least `rotations` of them (the first are taken); made here when None."""
+    cell, not several per copy. weights: copies of the [n, k] weight made earlier (make_weights) to serve again,
+    at least `rotations` of them (the first are taken); made here when None."""
     import torch
     gen = torch.Generator(device="cuda").manual_seed(seed)
     if weights is None:
         weights = random_copies(n, k, rotations, k ** -0.5, gen)
-    if inputs is None:
-        inputs = random_copies(m, k, rotations, 1.0, gen)
-    for side, copies, rows in (("weight", weights, n), ("input", inputs, m)):
-        if len(copies) < rotations or tuple(copies[0].shape) != (rows, k):
-            raise ValueError(f"{len(copies)} {side} copies cannot serve {rotations} rotations of {rows} x {k}")
-    return Operands(inputs[:rotations], weights[:rotations])
+    elif len(weights) < rotations or tuple(weights[0].shape) != (n, k):
+        raise ValueError(f"{len(weights)} weight copies cannot serve {rotations} rotations of {n} x {k}")
+    return Operands(random_copies(m, k, rotations, 1.0, gen), weights[:rotations])
 
 
 def make_weights(n: int, k: int, rotations: int, seed: int = 0) -> list[Any]:

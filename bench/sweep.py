@@ -14,8 +14,8 @@ from bench.ceiling import annotate
 from bench.ceiling import measure as measure_ceilings
 from bench.clocks import make_clock
 from bench.envinfo import nvml_clocks, run_info
-from bench.gpu import (REL_ERR_BOUND, InputPool, L2Flush, Replays, Stopping, aligned, capture, determinism,
-                       flashinfer_choices, make_operands, make_weights, output_error, reference, replay_interleaved)
+from bench.gpu import (REL_ERR_BOUND, InputPool, L2Flush, Operands, Replays, Stopping, aligned, capture,
+                       determinism, flashinfer_choices, make_weights, output_error, reference, replay_interleaved)
 from bench.hosttime import MIN_CALLS, host_times
 from bench.paths import DISPATCH, PATHS, GemmPath, kernel_twins
 from bench.skips import Skips, hopeless_after, shape_fields, skip_reason_at, split_runnable
@@ -537,8 +537,7 @@ def operands(run: Sweeping, shape: Shape, m: int, rotations: int) -> Any:
             torch.cuda.empty_cache()  # the previous shape's copies, just released
             ws = make_weights(shape.n, shape.k, rotations, seed=shape.n * 31 + shape.k)
         run.weights.keep(shape.n, shape.k, ws)
-    xs = run.inputs.take(shape.n, shape.k, m, rotations, inputs_most(run.cfg, run.l2_bytes, shape))
-    return make_operands(m, shape.n, shape.k, rotations, weights=ws, inputs=xs)
+    return Operands(run.inputs.take(shape.n, shape.k, m, rotations, inputs_most(run.cfg, run.l2_bytes, shape)), ws)
 
 
 def _profile_table(profile: GpuProfile) -> Any:
