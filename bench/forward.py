@@ -28,7 +28,6 @@ from bench.stats import PhaseTimer, Window, attribute, kernel_digest, summary
 from bench.sustain import SUSTAIN_COLUMNS, SUSTAIN_FILE, summary_line, sustained
 from bench.sweep import (_keep_gemv, _keep_tactics, _load_pinned_tactics, _progress, require_gpu, serve_gemv,
                          tune_shape, tuning_info)
-from dispatch.gemv import MAX_M
 from dispatch.profiles import GpuProfile
 from dispatch.table import shipped_table
 from harness.console import divert_noise, terminal
@@ -547,7 +546,8 @@ def run_forward(cfg: ForwardConfig) -> Path:
     pinned = _load_pinned_tactics(cfg)
     dispatch.tactics_from_table(False)  # the dispatch rule runs this run's tactics, as every other rule does
     serve_gemv(False, cfg.table)  # the forward never tunes the GEMV: it serves the tactics' file, else the table's
-    ahead = start_ahead(cfg, seqs, sm)  # compiles in threads while the run starts and measures its ceilings
+    used = used_paths(cfg, seqs, sm)
+    ahead = start_ahead(cfg, seqs, used)  # compiles in threads while the run starts and measures its ceilings
     info = _run_info(cfg, seqs)
     cfg.out.mkdir(parents=True, exist_ok=True)
     rows = finished_rows(out_csv, ("model", "m", "path", "regime"), "forward table") if cfg.resume else []
@@ -556,7 +556,7 @@ def run_forward(cfg: ForwardConfig) -> Path:
     except (TypeError, ValueError):
         raise HarnessError(f"{out_csv} has a row whose m is not an integer; restore it or choose another --out") from None
     write_run_json(cfg.out, {**info, "status": "running"})
-    used, fns = _path_fns(cfg, seqs, sm)
+    fns = _path_fns(cfg, used)
     if dispatches:
         dispatch.configure(cfg.table)
     phase = PhaseTimer()
@@ -623,30 +623,32 @@ def _run_info(cfg: ForwardConfig, seqs) -> dict[str, Any]:
                     clocks_start=nvml_clocks())
 
 
-def start_ahead(cfg: ForwardConfig, seqs, sm: int) -> Ahead:
+def used_paths(cfg: ForwardConfig, seqs, sm: int) -> set[str]:
+    """The registry paths the run's rules serve at some linear, M and regime."""
+    return {path_for(r, lin, m, Target(sm, cfg.profile, cfg.table), regime) for r in cfg.rules for s in seqs.values()
+            for lin in s for m in cfg.ms for regime in REGIMES}
+
+
+def start_ahead(cfg: ForwardConfig, seqs, used: set[str]) -> Ahead:
     """The forward's compiles ahead: the C++ layer where a rule binds the dispatcher, and the GEMV's kernels of
-    every linear at every M <= MAX_M, launched as the rules that run the GEMV launch it."""
-    paths = {path_for(r, lin, m, Target(sm, cfg.profile, cfg.table), regime) for r in cfg.rules
-             for s in seqs.values() for lin in s for m in cfg.ms if m <= MAX_M for regime in REGIMES}
+    every linear at every M, launched as the paths the rules run (`used`) launch it."""
     binds = any(r in cfg.rules for r in BOUND_LAYER_RULES)
-    pdls = tuple(sorted({GEMV_LAUNCHES[p] for p in paths if p in GEMV_LAUNCHES} | ({None} if binds else set()),
+    pdls = tuple(sorted({GEMV_LAUNCHES[p] for p in used if p in GEMV_LAUNCHES} | ({None} if binds else set()),
                         key=str))
     return Ahead.start(cfg.compile_ahead, native_layer=binds,
                        cells=[(lin.n, lin.k, m) for s in seqs.values() for lin in s for m in cfg.ms] if pdls else [],
                        pdls=pdls)
 
 
-def _path_fns(cfg: ForwardConfig, seqs, sm: int) -> tuple[set[str], dict[str, Callable]]:
-    """The registry paths the run's rules serve at some linear, M and regime, and each one's built call."""
-    used = {path_for(r, lin, m, Target(sm, cfg.profile, cfg.table), regime) for r in cfg.rules for s in seqs.values()
-            for lin in s for m in cfg.ms for regime in REGIMES}
+def _path_fns(cfg: ForwardConfig, used: set[str]) -> dict[str, Callable]:
+    """Each path the run serves (`used`, and F.linear) built."""
     fns: dict[str, Callable] = {}
     for name in used | {ATEN}:
         try:
             fns[name] = PATHS[name].build(cfg.profile.pdl)
         except ImportError as exc:
             raise HarnessError(f"path {name} needs a package that is missing ({exc}); pip install -e '.[gpu]'") from None
-    return used, fns
+    return fns
 
 
 def _measure_model(run: Forwarding, model: str, seq, todo: list[int]) -> list[dict]:

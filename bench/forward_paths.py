@@ -31,7 +31,7 @@ TABLE_PDL = "table-pdl"
 # table-direct with every GEMV call launched plainly, whatever its configuration says: beside the dispatcher, which
 # launches each as its configuration says, what the tuner's PDL choices give a captured forward
 TABLE_PLAIN = "table-plain"
-GEMV_LAUNCH = {TABLE_PDL: GEMV_PDL, TABLE_PLAIN: GEMV_PLAIN}  # the GEMV path each of these two rules runs
+GEMV_PATH_OF_RULE = {TABLE_PDL: GEMV_PDL, TABLE_PLAIN: GEMV_PLAIN}  # the GEMV path each of these two rules runs
 # table-direct over the forward with each group of sibling linears as one GEMM (shapes/siblings.py): what fusing
 # them would give; a measurement, not something the dispatcher does
 FUSED_SIBLINGS = "fused-siblings"
@@ -182,7 +182,7 @@ def path_for(rule: str, linear: ForwardLinear, m: int, target: Target, regime: s
             raise HarnessError(f"the {rule} path needs a threshold table for this GPU; fit one with python -m calibrate fit")
         n, k = linear.lead if isinstance(linear, FusedLinear) else (linear.n, linear.k)
         chosen = table.choose(n, k, m, regime)
-        chosen = GEMV_LAUNCH.get(rule, GEMV) if chosen == GEMV else chosen
+        chosen = GEMV_PATH_OF_RULE.get(rule, GEMV) if chosen == GEMV else chosen
         if isinstance(linear, FusedLinear) and chosen != ATEN and not runnable(chosen, sm, linear, m):
             # the largest member's kernel cannot take the fused shape (TinyGEMM's N % 16): the GEMV where it can
             chosen = GEMV

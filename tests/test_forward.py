@@ -621,7 +621,7 @@ def test_a_forward_compiles_ahead_the_gemv_launches_its_rules_make(tmp_path, mon
     and M, launched as each GEMV-running rule launches them (table-pdl with PDL, table-plain plainly, the
     dispatcher as configured); nothing for rules that never run the GEMV, nor with --no-compile-ahead."""
     from bench import ahead as ahead_mod
-    from bench.forward import ForwardConfig, start_ahead
+    from bench.forward import ForwardConfig, start_ahead, used_paths
     from dispatch.backends import GEMV
     from dispatch.table import shipped_table
     table = shipped_table("h200")
@@ -634,7 +634,7 @@ def test_a_forward_compiles_ahead_the_gemv_launches_its_rules_make(tmp_path, mon
 
     def run(rules, **kw):
         cfg = ForwardConfig(profile=H200, models={}, ms=[1, 64], rules=rules, out=tmp_path, table=table, **kw)
-        start_ahead(cfg, {"m": seq}, 90)
+        start_ahead(cfg, {"m": seq}, used_paths(cfg, {"m": seq}, 90))
         return started[-1]
     cells = [(2560, 4096, 1), (2560, 4096, 64), (248320, 2560, 1), (248320, 2560, 64)]
     assert run(["aten", "table-pdl", "table-plain"]) == (True, False, cells, (False, True))
