@@ -86,10 +86,40 @@ def tile_rows(m: int) -> int:
 
 
 @functools.cache
+def epilogue():
+    """The split-K epilogue every GEMV product ends in (tools/probes/gemv_variants.py's too): unsplit, the tile
+    stored; split, each split its own fp32 slot and the tile's last split to arrive sums them in split order (the
+    same sum whatever the arrival order), then sets the tile's counter back to zero for the next call."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def store_result(acc, y_ptr, part_ptr, count_ptr, pid_n, pid_k, rm, rn, M, N, stride_ym,
+                     TILE_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr):
+        out_mask = (rm[:, None] < M) & (rn[None, :] < N)
+        if SPLIT_K == 1:
+            tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(tl.bfloat16), mask=out_mask)
+        else:
+            slot = rm[:, None] * N + rn[None, :]
+            tl.store(part_ptr + pid_k * (TILE_M * N) + slot, acc, mask=out_mask)
+            tl.debug_barrier()  # every thread's partial is written before the tile's counter says so
+            arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel")
+            if arrived == SPLIT_K - 1:
+                total = tl.zeros((TILE_M, BLOCK_N), dtype=tl.float32)
+                for s in tl.static_range(SPLIT_K):
+                    total += tl.load(part_ptr + s * (TILE_M * N) + slot, mask=out_mask, other=0.0,
+                                     cache_modifier=".cg")
+                tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], total.to(tl.bfloat16), mask=out_mask)
+                tl.store(count_ptr + pid_n, 0)
+    return store_result
+
+
+@functools.cache
 def kernel():
     """The Triton kernel, made once per process."""
     import triton
     import triton.language as tl
+    store_result = epilogue()
 
     @triton.jit
     def tile_product(acc, w, x_ptr, rk, rm, M, K, stride_xm, TILE_M: tl.constexpr):
@@ -134,21 +164,7 @@ def kernel():
             w = tl.load(w_ptr + rn[:, None] * stride_wn + rk[None, :],
                         mask=(rn[:, None] < N) & (rk[None, :] < K), other=0.0, eviction_policy="evict_first")
             acc = tile_product(acc, w, x_ptr, rk, rm, M, K, stride_xm, TILE_M)
-        out_mask = (rm[:, None] < M) & (rn[None, :] < N)
-        if SPLIT_K == 1:
-            tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(tl.bfloat16), mask=out_mask)
-        else:  # each split its own slot; the tile's last split to arrive sums them in split order
-            slot = rm[:, None] * N + rn[None, :]
-            tl.store(part_ptr + pid_k * (TILE_M * N) + slot, acc, mask=out_mask)
-            tl.debug_barrier()  # every thread's partial is written before the tile's counter says so
-            arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel")
-            if arrived == SPLIT_K - 1:
-                total = tl.zeros((TILE_M, BLOCK_N), dtype=tl.float32)
-                for s in tl.static_range(SPLIT_K):
-                    total += tl.load(part_ptr + s * (TILE_M * N) + slot, mask=out_mask, other=0.0,
-                                     cache_modifier=".cg")
-                tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], total.to(tl.bfloat16), mask=out_mask)
-                tl.store(count_ptr + pid_n, 0)
+        store_result(acc, y_ptr, part_ptr, count_ptr, pid_n, pid_k, rm, rn, M, N, stride_ym, TILE_M, BLOCK_N, SPLIT_K)
     return gemv_splitk
 
 

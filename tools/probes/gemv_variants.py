@@ -41,24 +41,8 @@ def kernels() -> dict[str, Any]:
     import triton
     import triton.language as tl
 
-    @triton.jit
-    def finish(acc, y_ptr, part_ptr, count_ptr, pid_n, pid_k, rm, rn, M, N, stride_ym,
-               TILE_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr):
-        out_mask = (rm[:, None] < M) & (rn[None, :] < N)
-        if SPLIT_K == 1:
-            tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(tl.bfloat16), mask=out_mask)
-        else:  # dispatch/gemv.py's deterministic reduction: a slot per split, summed in split order by the last
-            slot = rm[:, None] * N + rn[None, :]
-            tl.store(part_ptr + pid_k * (TILE_M * N) + slot, acc, mask=out_mask)
-            tl.debug_barrier()
-            arrived = tl.atomic_add(count_ptr + pid_n, 1, sem="acq_rel")
-            if arrived == SPLIT_K - 1:
-                total = tl.zeros((TILE_M, BLOCK_N), dtype=tl.float32)
-                for s in tl.static_range(SPLIT_K):
-                    total += tl.load(part_ptr + s * (TILE_M * N) + slot, mask=out_mask, other=0.0,
-                                     cache_modifier=".cg")
-                tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], total.to(tl.bfloat16), mask=out_mask)
-                tl.store(count_ptr + pid_n, 0)
+    from dispatch.gemv import epilogue
+    finish = epilogue()
 
     @triton.jit
     def weight_tile(w_src, pid_n, k, rn, rk, N, K, stride_wn, k_tiles,
