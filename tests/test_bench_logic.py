@@ -703,7 +703,7 @@ def test_input_pool_serves_a_shape_s_m_from_one_allocation_made_for_its_largest_
 
     def fill(elements, seed):
         made.append(elements)
-        return torch.randn(elements, generator=torch.Generator().manual_seed(seed)).to(torch.bfloat16)
+        return torch.empty(elements, dtype=torch.bfloat16)  # the values do not matter here, only where views lie
     shape = next(s for s in catalog() if (s.n, s.k) == (2560, 4096))
     cfg = SweepConfig(get_profile("h200"), [shape], [1, 8, 2048, 16384], [], None)
     l2 = 60 << 20
@@ -725,6 +725,7 @@ def test_input_pool_serves_a_shape_s_m_from_one_allocation_made_for_its_largest_
     with pytest.raises(ValueError, match="cannot hold"):
         from bench.gpu import copies_of
         copies_of(pool.flat, 64, 4096, 2)
+
 
 def test_the_dispatch_row_is_read_as_a_pdl_launch_where_its_table_runs_a_pdl_kernel():
     """The dispatch row's pdl column follows its table's graph choice: a pdl TinyGEMM call overlaps the call before
