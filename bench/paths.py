@@ -116,16 +116,11 @@ def _vllm_op(backend: str) -> Callable[[bool], LinearFn]:
 GEMV_LAUNCHES: dict[str, bool | None] = {GEMV: None, GEMV_PDL: True, GEMV_PLAIN: False}
 
 
-def _gemv(pdl: bool) -> LinearFn:
-    return GemvCall(tune=True, pdl=GEMV_LAUNCHES[GEMV])
-
-
-def _gemv_pdl(pdl: bool) -> LinearFn:
-    return GemvCall(tune=True, pdl=GEMV_LAUNCHES[GEMV_PDL])
-
-
-def _gemv_plain(pdl: bool) -> LinearFn:
-    return GemvCall(tune=True, pdl=GEMV_LAUNCHES[GEMV_PLAIN])
+def _gemv(name: str) -> Callable[[bool], LinearFn]:
+    """The build of GEMV path `name`: launched as GEMV_LAUNCHES says for it, whatever the profile's pdl."""
+    def build(pdl: bool) -> LinearFn:
+        return GemvCall(tune=True, pdl=GEMV_LAUNCHES[name])
+    return build
 
 
 def _dispatch(pdl: bool) -> LinearFn:
@@ -166,13 +161,13 @@ def vllm_op_path(backend: str) -> str:
 PATHS: dict[str, GemmPath] = {p.name: p for p in (
     GemmPath(ATEN, _aten, "baseline", note="torch.nn.functional.linear(x, w)"),
     *(p for b in BACKENDS.values() for p in _flashinfer_paths(b)),
-    GemmPath(GEMV, _gemv, "candidate", max_m=16, kernel=GEMV_KERNEL,
+    GemmPath(GEMV, _gemv(GEMV), "candidate", max_m=16, kernel=GEMV_KERNEL,
              note="dispatch/gemv.py: the project's split-K GEMV (Triton, one kernel), its configuration tuned per "
                   "(N, K, M) over rotated operands by CUDA-graph timing, served like FlashInfer's tactics"),
-    GemmPath(GEMV_PDL, _gemv_pdl, "candidate", max_m=16, kernel=GEMV_KERNEL,
+    GemmPath(GEMV_PDL, _gemv(GEMV_PDL), "candidate", max_m=16, kernel=GEMV_KERNEL,
              note="the GEMV with each call a programmatic dependent launch: its first weight loads overlap the kernel "
                   "before it (SM90 and newer); measured in forwards (table-pdl), never chosen by a table"),
-    GemmPath(GEMV_PLAIN, _gemv_plain, "candidate", max_m=16, kernel=GEMV_KERNEL,
+    GemmPath(GEMV_PLAIN, _gemv(GEMV_PLAIN), "candidate", max_m=16, kernel=GEMV_KERNEL,
              note="the GEMV with every call launched plainly, whatever its configuration says: measured in forwards "
                   "(table-plain, beside the dispatcher's PDL choices), never chosen by a table"),
     GemmPath(DISPATCH, _dispatch, "dispatcher", note="dispatch.linear: its table's path for the shape, M and regime "

@@ -898,3 +898,12 @@ def test_a_sweep_compiles_ahead_only_what_it_serves_and_only_unless_told_not_to(
     assert sweep.start_ahead(cfg(["triton:gemv"])).gemv is None and len(started) == 2 and len(built) == 1
     args = parser().parse_args(["run", "--gpu", "h200", "--no-compile-ahead"])
     assert args.no_compile_ahead
+
+
+def test_each_gemv_path_launches_as_its_entry_says_whatever_the_profiles_pdl():
+    """triton:gemv as each configuration says (None), triton:gemv-pdl every call with PDL, triton:gemv-plain every
+    call plainly: the built call's pdl, under a profile with PDL and one without."""
+    from bench.paths import GEMV, GEMV_LAUNCHES, GEMV_PDL, GEMV_PLAIN, PATHS
+    assert GEMV_LAUNCHES == {GEMV: None, GEMV_PDL: True, GEMV_PLAIN: False}
+    for name, launch in GEMV_LAUNCHES.items():
+        assert [PATHS[name].build(pdl).pdl for pdl in (True, False)] == [launch, launch]
