@@ -26,23 +26,18 @@ class Operands:
         return len(self.xs)
 
 
-def make_operands(m: int, n: int, k: int, rotations: int, seed: int = 0, weights: list[Any] | None = None
-                  ) -> Operands:
+def make_operands(m: int, n: int, k: int, rotations: int, seed: int = 0) -> Operands:
     """Random bf16 inputs and weights (never zeros: they run faster), one independent copy per rotation. Each side is
     one allocation filled by one randn call, every copy a view starting on a 256-byte boundary: a few launches per
-    cell, not several per copy. weights: copies of the [n, k] weight made earlier (make_weights) to serve again,
-    at least `rotations` of them (the first are taken); made here when None."""
+    cell, not several per copy. (The sweep serves its copies from its pools: InputPool, make_weights.)"""
     import torch
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    if weights is None:
-        weights = random_copies(n, k, rotations, k ** -0.5, gen)
-    elif len(weights) < rotations or tuple(weights[0].shape) != (n, k):
-        raise ValueError(f"{len(weights)} weight copies cannot serve {rotations} rotations of {n} x {k}")
-    return Operands(random_copies(m, k, rotations, 1.0, gen), weights[:rotations])
+    ws = random_copies(n, k, rotations, k ** -0.5, gen)  # the weights drawn first, then the inputs
+    return Operands(random_copies(m, k, rotations, 1.0, gen), ws)
 
 
 def make_weights(n: int, k: int, rotations: int, seed: int = 0) -> list[Any]:
-    """`rotations` independent random copies of an [n, k] bf16 weight (make_operands' weights)."""
+    """`rotations` independent random copies of an [n, k] bf16 weight, as make_operands makes them."""
     import torch
     return random_copies(n, k, rotations, k ** -0.5, torch.Generator(device="cuda").manual_seed(seed))
 
