@@ -32,6 +32,7 @@ def test_the_probes_run_nothing_at_import_and_use_public_names_only():
     imports at the top level, a __main__ guard) and imports no private name of the project."""
     import ast
     import importlib
+    import importlib.util
     from pathlib import Path
 
     from harness.floors import FLOORS
@@ -48,4 +49,7 @@ def test_the_probes_run_nothing_at_import_and_use_public_names_only():
         for node in ast.walk(tree):
             if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in FLOORS:
                 assert not any(a.name.startswith("_") for a in node.names), f"{path.name}: {ast.unparse(node)}"
-        importlib.import_module(f"tools.probes.{path.stem}")
+        try:
+            importlib.import_module(f"tools.probes.{path.stem}")
+        except ModuleNotFoundError as exc:  # a probe whose kernels are defined at import needs Triton, where absent
+            assert exc.name == "triton" and importlib.util.find_spec("triton") is None, f"{path.name}: {exc}"

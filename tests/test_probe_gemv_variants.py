@@ -2,7 +2,7 @@
 import pytest
 
 from dispatch.gemv import tile_rows
-from tools.probes.gemv_variants import REG_BUDGET, pack, variants
+from tools.probes.gemv_variants import REG_BUDGET, STREAMK_PER_SM, pack, variants
 
 
 @pytest.mark.parametrize("n,k", [(2560, 4096), (4096, 2048), (2560, 9216)])
@@ -14,6 +14,9 @@ def test_every_variant_fits_its_budget_and_splits_k_into_whole_tiles_where_packe
         tensor_core = family.endswith("16") or family.startswith("tc16")
         if family == "swap":  # the weight tile a warpgroup's 64 or 128 MMA rows, x's rows the MMA's 8 or 16 columns
             assert rows in ((8, 16) if m <= 8 else (16,)) and bn in (64, 128) and warps == 4
+        elif family == "streamk":  # one row or the 16-row tile; the fifth field is the programs per SM
+            assert rows == (1 if m == 1 else 16) and sk in STREAMK_PER_SM
+            continue
         else:
             assert rows == (16 if tensor_core else tile_rows(m)) and not (tensor_core and m == 1)
         if family in ("defer", "tma"):

@@ -17,8 +17,11 @@ copies, weights from HBM, CUDA events, the median replay):
   memory accelerator (a host-made tensor descriptor), S stages deep.
 - `pipe`: dispatch/gemv.py's one-row tile (M = 1) with its loop pipelined S stages deep through shared memory;
 - `swap`: the tensor-core product with A and B swapped (the weight tile the MMA's 64 or 128 rows, x's 8 or 16 rows
-  its columns): on SM90 a wgmma fed from shared memory by Triton's cp.async pipeline, S stages deep.
-Every variant ends in dispatch/gemv.py's split-K epilogue (a slot per split, the last to arrive sums them in order).
+  its columns): on SM90 a wgmma fed from shared memory by Triton's cp.async pipeline, S stages deep;
+- `streamk`: one, two or four programs per SM, each an equal share of the (N tile, K step) iterations in one loop
+  pipelined S deep (tools/probes/gemv_streamk.py; its `sk` field is the programs per SM): no partial last wave.
+Every other variant ends in dispatch/gemv.py's split-K epilogue (a slot per split, the last to arrive sums them in
+order); `streamk` sums a tile its shares cut the same way, in program order.
 Writes DIR/variants.csv (every configuration) and DIR/run.json (command, environment, the reads). A diagnostic: what
 it finds decides what dispatch/gemv.py runs; the harness's own numbers come from bench run.
 """
@@ -33,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 REG_BUDGET = 64  # fp32 accumulator registers per thread a `defer` tile may hold
+STREAMK_PER_SM = (1, 2, 4)  # the programs per SM a `streamk` launch tries
 
 
 @functools.cache
@@ -199,13 +203,24 @@ def variants(n: int, k: int, m: int, sms: int) -> list[tuple[str, int, int, int,
     out += [("swap", rows, bn, bk, sk, 4, s) for rows in ((8, 16) if m <= 8 else (16,))
             for bn, bk in ((64, 64), (64, 128), (128, 64), (128, 128)) for s in (3, 4)
             for sk in splits(n, k, bn, bk, sms)]
+    # equal shares of the iterations, one loop per program: the fifth field is the programs per SM, not a K split
+    out += [("streamk", 1 if m == 1 else 16, bn, bk, per_sm, nw, s)
+            for bn, bk, nw in (TILES_ONE_ROW if m == 1 else TILES_ROWS) for per_sm in STREAMK_PER_SM for s in (3, 4)]
     return out
+
+
+def streamk_programs(n: int, k: int, bn: int, bk: int, programs: int) -> int:
+    """The programs a stream-K launch runs: as asked, but no more than the iterations (N tiles x K steps), so that
+    every share holds at least one and the shares' starts strictly increase (gemv_streamk's sums count on it)."""
+    return max(1, min(programs, -(-n // bn) * -(-k // bk)))
 
 
 def runner(family: str, tile_m: int, bn: int, bk: int, sk: int, nw: int, stages: int, n: int, device):
     """(x, w) -> y for one configuration, its workspace made here (one stream)."""
     import torch
 
+    if family == "streamk":
+        return streamk_runner(tile_m, bn, bk, sk, nw, stages, n, device)
     from dispatch.gemv import GemvConfig, kernel, workspace_for
     space = workspace_for(n, GemvConfig(bn, bk, sk, nw, tile_m), device)
     fn, load = kernels().get(family, (kernel(), None))
@@ -236,6 +251,25 @@ def runner(family: str, tile_m: int, bn: int, bk: int, sk: int, nw: int, stages:
     return call
 
 
+def streamk_runner(tile_m: int, bn: int, bk: int, per_sm: int, nw: int, stages: int, n: int, device):
+    """(x, w) -> y for one stream-K configuration: per_sm programs per SM of this device, at most the iterations."""
+    import torch
+
+    from tools.probes.gemv_streamk import launch, workspace
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+
+    def call(x, w):
+        programs = streamk_programs(n, x.shape[1], bn, bk, per_sm * sms)
+        if programs not in spaces:
+            spaces[programs] = workspace(programs, tile_m, bn, n, device)
+        y = torch.empty((x.shape[0], n), device=x.device, dtype=torch.bfloat16)
+        launch(x, w, y, spaces[programs], programs, tile_m, bn, bk, nw, stages)
+        return y
+    spaces: dict[int, Any] = {}  # made at the first (eager) call, outside any capture
+    call.spaces = spaces  # type: ignore[attr-defined]
+    return call
+
+
 def probe_cell(n: int, k: int, m: int, sms: int, read_us: float, deadline: float, writer,
                families: set[str] | None = None) -> None:
     import torch
@@ -254,7 +288,7 @@ def probe_cell(n: int, k: int, m: int, sms: int, read_us: float, deadline: float
             print("  deadline: the rest of the grid is not timed", flush=True)
             break
         family, tile_m, bn, bk, sk, nw, stages = v
-        key = f"r{tile_m}_bn{bn}_bk{bk}_sk{sk}_w{nw}_s{stages}"
+        key = f"r{tile_m}_bn{bn}_bk{bk}_{'ps' if family == 'streamk' else 'sk'}{sk}_w{nw}_s{stages}"
         try:
             fn = runner(*v, n, ws[0].device)
             err = output_error(fn(xs[0], ws[0]), xs[0], ws[0], ref)
