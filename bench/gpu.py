@@ -32,14 +32,17 @@ def make_operands(m: int, n: int, k: int, rotations: int, seed: int = 0) -> Oper
     cell, not several per copy. (The sweep serves its copies from its pools: InputPool, make_weights.)"""
     import torch
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    ws = random_copies(n, k, rotations, k ** -0.5, gen)  # the weights drawn first, then the inputs
+    ws = make_weights(n, k, rotations, gen=gen)  # the weights drawn first, then the inputs
     return Operands(random_copies(m, k, rotations, 1.0, gen), ws)
 
 
-def make_weights(n: int, k: int, rotations: int, seed: int = 0) -> list[Any]:
-    """`rotations` independent random copies of an [n, k] bf16 weight, as make_operands makes them."""
+def make_weights(n: int, k: int, rotations: int, seed: int = 0, gen: Any = None) -> list[Any]:
+    """`rotations` independent random copies of an [n, k] bf16 weight, drawn from gen (a CUDA generator seeded
+    with seed where none is given)."""
     import torch
-    return random_copies(n, k, rotations, k ** -0.5, torch.Generator(device="cuda").manual_seed(seed))
+    if gen is None:
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+    return random_copies(n, k, rotations, k ** -0.5, gen)
 
 
 def aligned(elements: int) -> int:
