@@ -21,9 +21,9 @@ import triton.language as tl
 
 
 @triton.jit
-def _product(acc, w, x_ptr, rk, rm, M, K, stride_xm, TILE_M: tl.constexpr):
+def tile_product(acc, w, x_ptr, rk, rm, M, K, stride_xm, TILE_M: tl.constexpr):
     """acc + x's TILE_M rows (the rows past M zero) times one weight tile w [BLOCK_N, BLOCK_K] at K offsets rk:
-    the 16-row tensor-core tile or one row on the CUDA cores."""
+    the 16-row tensor-core tile or one row on the CUDA cores (the probe's `gemv_tile` and `gemv_pipe` call it too)."""
     tl.static_assert((TILE_M == 1) | (TILE_M == 16))
     if TILE_M == 16:
         x = tl.load(x_ptr + rm[:, None] * stride_xm + rk[None, :], mask=(rm[:, None] < M) & (rk[None, :] < K),
@@ -87,7 +87,7 @@ def gemv_streamk(x_ptr, w_ptr, y_ptr, part_ptr, count_ptr, M, N, K, stride_xm, s
         rk = step * BLOCK_K + tl.arange(0, BLOCK_K)
         w = tl.load(w_ptr + rn[:, None] * stride_wn + rk[None, :], mask=(rn[:, None] < N) & (rk[None, :] < K),
                     other=0.0, eviction_policy="evict_first")
-        acc = _product(acc, w, x_ptr, rk, rm, M, K, stride_xm, TILE_M)
+        acc = tile_product(acc, w, x_ptr, rk, rm, M, K, stride_xm, TILE_M)
         if (step == k_iters - 1) | (it == end - 1):
             if (tile * k_iters >= start) & ((tile + 1) * k_iters <= end):
                 tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], acc.to(tl.bfloat16),

@@ -46,6 +46,7 @@ def kernels() -> dict[str, Any]:
     import triton.language as tl
 
     from dispatch.gemv import epilogue
+    from tools.probes.gemv_streamk import tile_product
     finish = epilogue()
 
     @triton.jit
@@ -102,12 +103,7 @@ def kernels() -> dict[str, Any]:
         for k0 in range(0, k_per, BLOCK_K):
             rk = k_lo + k0 + tl.arange(0, BLOCK_K)
             w = weight_tile(w_src, pid_n, k_lo + k0, rn, rk, N, K, stride_wn, k_tiles, BLOCK_N, BLOCK_K, LOAD)
-            if TILE_M == 16:
-                x = x_tile(x_ptr, rm, rk, M, K, stride_xm)
-                acc += tl.dot(x, tl.trans(w))
-            else:
-                xi = tl.load(x_ptr + rk, mask=rk < K, other=0.0).to(tl.float32)
-                acc += tl.sum(w.to(tl.float32) * xi[None, :], axis=1)[None, :]
+            acc = tile_product(acc, w, x_ptr, rk, rm, M, K, stride_xm, TILE_M)
         finish(acc, y_ptr, part_ptr, count_ptr, pid_n, pid_k, rm, rn, M, N, stride_ym, TILE_M, BLOCK_N, SPLIT_K)
 
     @triton.jit
@@ -138,8 +134,7 @@ def kernels() -> dict[str, Any]:
         for k0 in tl.range(0, k_per, BLOCK_K, num_stages=STAGES):
             rk = k_lo + k0 + tl.arange(0, BLOCK_K)
             w = weight_tile(w_src, pid_n, k_lo + k0, rn, rk, N, K, stride_wn, k_tiles, BLOCK_N, BLOCK_K, LOAD)
-            xi = tl.load(x_ptr + rk, mask=rk < K, other=0.0).to(tl.float32)
-            acc += tl.sum(w.to(tl.float32) * xi[None, :], axis=1)[None, :]
+            acc = tile_product(acc, w, x_ptr, rk, rm, M, K, stride_xm, TILE_M)
         finish(acc, y_ptr, part_ptr, count_ptr, pid_n, pid_k, rm, rn, M, N, stride_ym, TILE_M, BLOCK_N, SPLIT_K)
 
     # family -> (kernel, how it loads the weight)
@@ -217,10 +212,10 @@ def streamk_programs(n: int, k: int, bn: int, bk: int, programs: int) -> int:
 
 def runner(family: str, tile_m: int, bn: int, bk: int, sk: int, nw: int, stages: int, n: int, device):
     """(x, w) -> y for one configuration, its workspace made here (one stream)."""
-    import torch
-
     if family == "streamk":
         return streamk_runner(tile_m, bn, bk, sk, nw, stages, n, device)
+    import torch
+
     from dispatch.gemv import GemvConfig, kernel, workspace_for
     space = workspace_for(n, GemvConfig(bn, bk, sk, nw, tile_m), device)
     fn, load = kernels().get(family, (kernel(), None))
