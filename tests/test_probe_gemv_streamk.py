@@ -34,23 +34,22 @@ def test_the_shares_cover_every_iteration_once_and_each_cut_tile_sums_exactly_it
     total = tiles * k_iters
     assert 1 <= programs <= min(asked, total)
     owner = [None] * total
-    slots = set()
     for p in range(programs):
         start, end = share(p, total, programs)
         assert start < end  # every share holds one iteration or more
         for it in range(start, end):
             assert owner[it] is None
             owner[it] = p
-        first_tile, last_tile = start // k_iters, (end - 1) // k_iters
-        for tile in {first_tile, last_tile}:  # only a share's first and last tile can be cut: two slots a program
-            slots.add((p, int(tile != first_tile)))
     assert None not in owner
-    assert len(slots) <= 2 * programs
+    slot_tile = {}
     for tile in range(tiles):
         holders = sorted(set(owner[tile * k_iters:(tile + 1) * k_iters]))
         assert owners_by_formula(tile, k_iters, total, programs)[0] == holders[0]
         if len(holders) > 1:  # a cut tile: the last to arrive waits for exactly these, sums them in this order
             assert owners_by_formula(tile, k_iters, total, programs) == holders
+            for q in holders:  # each holder's slot (0: its share's first tile, 1: its last) holds this tile alone
+                slot = (q, int(tile != share(q, total, programs)[0] // k_iters))
+                assert slot_tile.setdefault(slot, tile) == tile
 
 
 @pytest.mark.parametrize("m", [1, 2, 8])
