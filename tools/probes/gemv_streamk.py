@@ -2,8 +2,7 @@
 
 A launch of one program per SM (or two) splits the weight's (N tile, K step) iterations into equal contiguous
 shares, so every SM streams the same bytes and none waits on a partial last wave (a 160-tile weight on 132 SMs runs
-a second wave of 28 tiles; FlashInfer's TinyGEMM, one 16-row tile per CTA, reaches its read where the tiles fill one
-wave and falls to three quarters where they do not). A share runs as one flat loop, pipelined STAGES deep across its
+a second wave of 28 tiles; why that matters: docs/design.md, "Stream-K, built and not yet timed"). A share runs as one flat loop, pipelined STAGES deep across its
 tile boundaries. A tile whole in one share is stored; a tile two or more shares cut is summed by the last of them to
 arrive, in program order, from one fp32 slot per (program, its first or last tile): the same sum whatever the order
 the programs finish in. Where the iterations are few, fewer programs run, so that every share holds one or more
